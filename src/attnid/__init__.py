@@ -1,0 +1,18 @@
+"""attnid: reproducible pipeline for *Multi-Head Self Attention is a Parameter
+Identification Mechanism* (W. R. Morrow, arXiv:2609.01231).
+
+Modules, one concern each (see ``../shared/DESIGN.md`` §6):
+
+- ``counts``    closed-form parameter counts (T1-T6)
+- ``nullity``   Jacobian-nullity verification of those counts
+- ``latex``     jinja2 rendering of the LaTeX appendix
+- ``symmetry``  factor pairs, tangent projection, rebalancing (DESIGN §2, §4)
+- ``metrics``   rho, beta, tau, mu (DESIGN §3)
+- ``model``     nanoGPT-compatible GPT
+- ``data``      fetch + character-level prepare
+- ``train``     the optimizer cases and their logs
+- ``tables`` / ``figures``  gathering runs into tables and figures 1-4
+- ``cli``       the ``attnid`` command line
+"""
+
+__version__ = "0.1.0"

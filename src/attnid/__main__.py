@@ -1,0 +1,5 @@
+import sys
+
+from attnid.cli import main
+
+sys.exit(main())
