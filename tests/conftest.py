@@ -48,3 +48,16 @@ def _single_thread_torch():
         return
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture(scope="session")
+def prepared_data_dir(shakespeare_path: Path, tmp_path_factory) -> Path:
+    """tiny shakespeare encoded by ``attnid prepare`` (train.bin, val.bin, meta.json), once per session.
+
+    Treat it as read-only: copy it before corrupting anything.
+    """
+    from attnid.data import prepare
+
+    out_dir = tmp_path_factory.mktemp("prepared") / "shakespeare_char"
+    prepare(shakespeare_path, out_dir)
+    return out_dir
