@@ -1,0 +1,268 @@
+"""Factor pairs of multi-head attention and the geometry of their symmetry orbits.
+
+A *factor pair* is ``(A, B)`` with ``A`` in R^{D x n_a}, ``B`` in R^{D x n_b}, whose
+only effect on the model is through the product ``A^T B``. Every such pair has the
+symmetry ``A -> G A, B -> G^{-T} B`` for ``G`` in GL_D:
+
+- query-key (Lemma 4.1, Lemma 4.3, Cor. 4.4): ``A = [W_Q^h | b_Q^h]``,
+  ``B = [W_K^h | b_K^h]``; the attention score is ``[x;1]^T A^T B [y;1]``.
+- output-value (Lemma 4.6): ``A = [W_V^h | b_V^h]``, ``B = (W_O^h)^T``; the head's
+  contribution to the output is ``B^T A [x;1]``.
+
+Everything here is a pure function on float64 tensors. Pairs are *batched*: ``A``
+is ``(..., D, n_a)`` and ``B`` is ``(..., D, n_b)`` with any leading batch shape
+(heads, or layers x heads), so one ``torch.linalg.eigh`` call serves every head of
+the model. Nothing depends on the device or on global RNG state.
+
+The maths follows the project's design notes: §2 (pairs, tangent projection by a
+Sylvester solve with two eigendecompositions), §3 (imbalance, excess norm), §4
+(rebalancing to a target imbalance; the paper's §5). The conservation law that
+makes the imbalance interesting is Lemma 5.1: plain gradient flow keeps
+``A A^T - B B^T`` fixed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CIRCUITS = ("qk", "ov")
+
+# An eigenvalue sum b_i + a_j below this fraction of the pair's largest eigenvalue is
+# float64 round-off (eigh's absolute error is ~1e-16 * ||M||): that direction of S
+# moves nothing and is dropped (pseudo-inverse), and the pair is counted as singular.
+SINGULAR_RTOL = 1e-12
+# Rebalancing divides by the product's singular values: a pair whose product is this
+# close to rank-deficient (s_min / s_max) is left alone and counted (design §4).
+REBALANCE_MIN_SV_RATIO = 1e-6
+
+
+def _as_f64(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().to(torch.float64)
+
+
+# --------------------------------------------------------------------------------------
+# Extracting and writing back pairs (nanoGPT layout: c_attn rows [Q; K; V], c_proj E x E)
+# --------------------------------------------------------------------------------------
+
+def _head_rows(weight: torch.Tensor, bias: torch.Tensor | None, n_head: int) -> torch.Tensor:
+    """(H*D, E) rows [+ (H*D,) bias] -> (H, D, E[+1]): head h owns rows h*D:(h+1)*D."""
+    rows, width = weight.shape
+    head_dim = rows // n_head
+    per_head = _as_f64(weight).reshape(n_head, head_dim, width)  # (H, D, E)
+    if bias is None:
+        return per_head
+    bias_col = _as_f64(bias).reshape(n_head, head_dim, 1)  # (H, D, 1)
+    return torch.cat([per_head, bias_col], dim=-1)  # (H, D, E+1)
+
+
+def _check_layout(c_attn_weight: torch.Tensor, n_head: int) -> int:
+    three_e, n_embd = c_attn_weight.shape
+    if three_e != 3 * n_embd:
+        raise ValueError(f"c_attn.weight must be (3E, E), got {tuple(c_attn_weight.shape)}")
+    if n_embd % n_head != 0:
+        raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
+    return n_embd
+
+
+def qk_pairs(c_attn_weight: torch.Tensor, c_attn_bias: torch.Tensor | None,
+             n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query-key factor pairs of one layer (Lemma 4.1/4.3, Cor. 4.4).
+
+    Returns ``(A, B)``, each ``(H, D, E+1)`` float64 with biases (``(H, D, E)``
+    without): ``A[h] = [W_Q^h | b_Q^h]``, ``B[h] = [W_K^h | b_K^h]``.
+    """
+    n_embd = _check_layout(c_attn_weight, n_head)
+    bias_q = bias_k = None
+    if c_attn_bias is not None:
+        bias_q, bias_k = c_attn_bias[0:n_embd], c_attn_bias[n_embd:2 * n_embd]
+    query = _head_rows(c_attn_weight[0:n_embd], bias_q, n_head)
+    key = _head_rows(c_attn_weight[n_embd:2 * n_embd], bias_k, n_head)
+    return query, key
+
+
+def ov_pairs(c_attn_weight: torch.Tensor, c_attn_bias: torch.Tensor | None, c_proj_weight: torch.Tensor,
+             n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output-value factor pairs of one layer (Lemma 4.6).
+
+    Returns ``(A, B)`` with ``A[h] = [W_V^h | b_V^h]`` ``(H, D, E[+1])`` and
+    ``B[h] = c_proj.weight[:, h*D:(h+1)*D]^T`` ``(H, D, E)``, so ``B^T A`` is the
+    head's value-to-output map. ``c_proj.bias`` belongs to no pair.
+    """
+    n_embd = _check_layout(c_attn_weight, n_head)
+    bias_v = None if c_attn_bias is None else c_attn_bias[2 * n_embd:3 * n_embd]
+    value = _head_rows(c_attn_weight[2 * n_embd:3 * n_embd], bias_v, n_head)
+    # c_proj.weight is (E_out, E_in); its input columns are grouped by head, so the
+    # transpose's rows are: (E_in, E_out) -> (H, D, E_out)
+    output = _head_rows(c_proj_weight.t(), None, n_head)
+    return value, output
+
+
+def layer_tensors(block) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The three attention tensors of a nanoGPT block: c_attn weight, c_attn bias (or None), c_proj weight."""
+    attn = block.attn
+    return attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight
+
+
+def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, n_head: int,
+                       circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pairs of one circuit (``"qk"`` or ``"ov"``) from one layer's raw attention tensors."""
+    if circuit == "qk":
+        return qk_pairs(c_attn_weight, c_attn_bias, n_head)
+    if circuit == "ov":
+        return ov_pairs(c_attn_weight, c_attn_bias, c_proj_weight, n_head)
+    raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
+
+
+def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the float64 ``(A, B)`` pairs (each ``(H, D, n)``) of one circuit of a nanoGPT model."""
+    return [pairs_from_tensors(*layer_tensors(block), block.attn.n_head, circuit)
+            for block in model.transformer.h]
+
+
+@torch.no_grad()
+def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
+    """Write per-layer ``(A, B)`` pairs into the model's attention parameters, in place.
+
+    Exact inverse of :func:`model_pairs`; values are cast to the parameters' dtype.
+    Parameters outside the circuit (and ``c_proj.bias``) are untouched.
+    """
+    if circuit not in CIRCUITS:
+        raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
+    for block, (pair_a, pair_b) in zip(model.transformer.h, per_layer_pairs, strict=True):
+        c_attn, c_proj = block.attn.c_attn, block.attn.c_proj
+        n_embd = c_attn.weight.shape[1]
+        has_bias = c_attn.bias is not None
+        first = 0 if circuit == "qk" else 2 * n_embd  # row offset of A's block in c_attn
+        blocks = [(first, pair_a)] + ([(n_embd, pair_b)] if circuit == "qk" else [])
+        for row0, pair in blocks:
+            weight_part = pair[..., :n_embd].reshape(n_embd, n_embd)  # (H, D, E) -> (E, E)
+            c_attn.weight[row0:row0 + n_embd].copy_(weight_part.to(c_attn.weight.dtype))
+            if has_bias:
+                c_attn.bias[row0:row0 + n_embd].copy_(pair[..., n_embd].reshape(n_embd).to(c_attn.bias.dtype))
+        if circuit == "ov":
+            # (H, D, E_out) -> (E_in, E_out) -> c_proj.weight (E_out, E_in)
+            c_proj.weight.copy_(pair_b.reshape(n_embd, -1).t().to(c_proj.weight.dtype))
+
+
+# --------------------------------------------------------------------------------------
+# Orbit geometry
+# --------------------------------------------------------------------------------------
+
+def gram(matrix: torch.Tensor) -> torch.Tensor:
+    """``M M^T`` for a batch ``(..., D, n)`` -> ``(..., D, D)``."""
+    return matrix @ matrix.transpose(-1, -2)
+
+
+def imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
+    """``I = A A^T - B B^T`` ``(..., D, D)``: conserved by gradient flow (Lemma 5.1)."""
+    return gram(pair_a) - gram(pair_b)
+
+
+def tangent_solve(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """The generator ``S`` ``(..., D, D)`` of the projection of a step onto the orbit's tangent space.
+
+    The tangent space at ``(A, B)`` is ``{(S A, -S^T B)}`` (the derivative of the
+    GL_D action of Lemma 4.1/4.6). Minimising ``||dA - S A||^2 + ||dB + S^T B||^2``
+    gives the Sylvester equation ``S (A A^T) + (B B^T) S = dA A^T - B dB^T``, solved
+    in the eigenbases ``A A^T = U_a diag(a) U_a^T``, ``B B^T = U_b diag(b) U_b^T`` as
+    ``S = U_b [(U_b^T C U_a) / (b_i + a_j)] U_a^T``.
+
+    Where ``b_i + a_j`` is round-off (both Gram matrices singular), that component
+    of ``S`` moves neither ``A`` nor ``B``; it is set to zero, which is the
+    pseudo-inverse and still gives the exact orthogonal projection. Returns
+    ``(S, singular)`` with ``singular`` a bool ``(...)`` marking such pairs.
+    """
+    eig_a, vec_a = torch.linalg.eigh(gram(pair_a))  # (..., D), (..., D, D)
+    eig_b, vec_b = torch.linalg.eigh(gram(pair_b))
+    eig_a, eig_b = eig_a.clamp_min(0), eig_b.clamp_min(0)
+    rhs = step_a @ pair_a.transpose(-1, -2) - pair_b @ step_b.transpose(-1, -2)  # (..., D, D)
+    rhs_eig = vec_b.transpose(-1, -2) @ rhs @ vec_a
+    denom = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)  # (..., D, D): b_i + a_j
+    scale = torch.maximum(eig_a.amax(-1), eig_b.amax(-1)).unsqueeze(-1).unsqueeze(-1)
+    solvable = denom > SINGULAR_RTOL * scale
+    generator_eig = torch.where(solvable, rhs_eig / torch.where(solvable, denom, torch.ones_like(denom)),
+                                torch.zeros_like(denom))
+    generator = vec_b @ generator_eig @ vec_a.transpose(-1, -2)
+    singular = ~solvable.flatten(-2).all(-1)
+    return generator, singular
+
+
+def tangent_step(pair_a, pair_b, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tangent vector ``(S A, -S^T B)`` generated by ``S`` at ``(A, B)``."""
+    return generator @ pair_a, -generator.transpose(-1, -2) @ pair_b
+
+
+def tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """Orthogonal projection of a step ``(dA, dB)`` onto the orbit's tangent space at ``(A, B)``.
+
+    This is the unidentified part of the step (Lemma 4.1/4.3/4.6): moving along it
+    changes no ``A^T B`` to first order. See :func:`tangent_solve` for the solve.
+    """
+    generator, _ = tangent_solve(pair_a, pair_b, step_a, step_b)
+    return tangent_step(pair_a, pair_b, generator)
+
+
+def excess_norm_terms(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(||A||_F^2 + ||B||_F^2, 2 ||A^T B||_*)`` per pair, each of shape ``(...)``.
+
+    The first is at least the second on every orbit (AM-GM on the singular values),
+    with equality exactly at balanced points ``A A^T = B B^T``: their gap is the
+    weight norm spent in unidentified directions. The nuclear norm uses thin QRs
+    ``A^T = Q_1 R_1``, ``B^T = Q_2 R_2``: ``||A^T B||_* = ||R_1 R_2^T||_*``, a D x D SVD.
+    """
+    frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
+    r_a = torch.linalg.qr(pair_a.transpose(-1, -2), mode="r")[1]  # (..., D, D) when n >= D
+    r_b = torch.linalg.qr(pair_b.transpose(-1, -2), mode="r")[1]
+    nuclear = torch.linalg.svdvals(r_a @ r_b.transpose(-1, -2)).sum(-1)
+    return frobenius_sq, 2 * nuclear
+
+
+def rebalance_pairs(pair_a, pair_b, target_imbalance) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; design §4).
+
+    ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
+    initial ``I_0`` to restore the conservation law of Lemma 5.1). With thin QRs
+    ``A^T = Q_1 R_1``, ``B^T = Q_2 R_2`` and ``R_1 R_2^T = u diag(s) v^T``, the product is
+    ``A^T B = U diag(s) V^T`` (``U = Q_1 u``, ``V = Q_2 v``). With ``I* = P diag(b) P^T``
+    and ``p = (b + sqrt(b^2 + 4 s^2)) / 2``, ``W = P diag(sqrt p)``:
+
+        A' = W U^T,   B' = W^{-T} diag(s) V^T
+
+    keeps ``A'^T B' = A^T B`` and gives ``A' A'^T - B' B'^T = P diag(p - s^2/p) P^T = I*``.
+    ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
+
+    Returns ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero
+    product) are returned unchanged with ``done`` False.
+    """
+    if min(pair_a.shape[-1], pair_b.shape[-1]) < pair_a.shape[-2]:
+        raise ValueError(f"rebalancing needs n >= D, got A {tuple(pair_a.shape)}, B {tuple(pair_b.shape)}")
+    q_a, r_a = torch.linalg.qr(pair_a.transpose(-1, -2))  # (..., n_a, D), (..., D, D)
+    q_b, r_b = torch.linalg.qr(pair_b.transpose(-1, -2))
+    left, sing, right_h = torch.linalg.svd(r_a @ r_b.transpose(-1, -2))  # sing descending
+    left_full = q_a @ left  # U: (..., n_a, D)
+    right_full = q_b @ right_h.transpose(-1, -2)  # V: (..., n_b, D)
+
+    target_eig, target_vec = torch.linalg.eigh(target_imbalance)  # ascending
+    target_eig, target_vec = target_eig.flip(-1), target_vec.flip(-1)  # descending, to pair with s
+    root = torch.sqrt(target_eig.square() + 4 * sing.square())
+    # p = (b + r)/2 cancels catastrophically for b < 0; there use the equal 2 s^2 / (r - b)
+    p = torch.where(target_eig >= 0, (target_eig + root) / 2,
+                    2 * sing.square() / (root - target_eig).clamp_min(torch.finfo(sing.dtype).tiny))
+
+    done = sing[..., -1] >= REBALANCE_MIN_SV_RATIO * sing[..., 0]
+    done = done & (sing[..., 0] > 0)
+    p_safe = torch.where(done.unsqueeze(-1), p, torch.ones_like(p))
+    new_a = (target_vec * p_safe.sqrt().unsqueeze(-2)) @ left_full.transpose(-1, -2)  # W U^T
+    # W^{-T} = P diag(1/sqrt p) because P is orthogonal
+    new_b = (target_vec * (sing / p_safe.sqrt()).unsqueeze(-2)) @ right_full.transpose(-1, -2)
+    keep = done.unsqueeze(-1).unsqueeze(-1)
+    return torch.where(keep, new_a, pair_a), torch.where(keep, new_b, pair_b), done
+
+
+def rebalance_pair(pair_a, pair_b, target_imbalance):
+    """One pair ``(D, n_a), (D, n_b)`` to a target imbalance: ``(A', B')``, or ``None`` if skipped.
+
+    See :func:`rebalance_pairs` (the batched version) for the construction.
+    """
+    new_a, new_b, done = rebalance_pairs(pair_a, pair_b, target_imbalance)
+    return (new_a, new_b) if bool(done) else None
