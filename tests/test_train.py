@@ -1,0 +1,232 @@
+"""attnid train on tiny runs: the paper's E1-E3 signatures, resume, divergence, and one-line errors.
+
+Every run here is a real training run on tiny shakespeare (2 layers, E=32, block 32,
+batch 8, tens of steps), run in-process through the CLI entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+from attnid.cli import build_parser, main
+from attnid.errors import UserError
+from attnid.train import BASE_COLUMNS, CASES, TIMING_COLUMNS, config_from_args, get_lr, resolve_config
+
+TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
+        "--eval-iters", "2", "--progress-every", "1000"]
+
+
+def train(data_dir, out, *flags) -> int:
+    return main(["train", "--data", str(data_dir), "--out", str(out), *TINY, *map(str, flags)])
+
+
+def metrics(out) -> pd.DataFrame:
+    return pd.read_csv(out / "metrics.csv")
+
+
+def run_json(out) -> dict:
+    return json.loads((out / "run.json").read_text())
+
+
+def without_timing(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.drop(columns=list(TIMING_COLUMNS))
+
+
+def test_lr_schedule_is_nanogpts():
+    cfg = resolve_config(dict(data="d", out="o", lr=1e-3, max_iters=1000, warmup_iters=100))
+    assert get_lr(0, cfg) == pytest.approx(1e-3 / 101)
+    assert get_lr(99, cfg) == pytest.approx(1e-3 * 100 / 101)
+    assert get_lr(100, cfg) == pytest.approx(1e-3)  # peak right after warmup
+    assert get_lr(550, cfg) == pytest.approx((1e-3 + 1e-4) / 2)  # cosine midpoint
+    assert get_lr(1000, cfg) == pytest.approx(1e-4) and get_lr(5000, cfg) == pytest.approx(1e-4)
+    tiny = resolve_config(dict(data="d", out="o", max_iters=30))
+    assert tiny.warmup_iters == 3 and tiny.lr_decay_iters == 30 and tiny.min_lr == pytest.approx(tiny.lr / 10)
+
+
+def test_sgd_step_is_identified_adamw_is_not(prepared_data_dir, tmp_path):
+    """E1/E2: plain SGD puts ~no weight in unidentified directions; AdamW clearly does."""
+    assert train(prepared_data_dir, tmp_path / "sgd", "--case", "sgd", "--lr", "0.2", "--max-iters", "40",
+                 "--log-every", "10", "--eval-every", "20") == 0
+    assert train(prepared_data_dir, tmp_path / "adamw", "--case", "adamw", "--lr", "1e-3", "--max-iters", "40",
+                 "--log-every", "10", "--eval-every", "20") == 0
+    sgd, adamw = metrics(tmp_path / "sgd"), metrics(tmp_path / "adamw")
+
+    assert list(sgd.columns[:len(BASE_COLUMNS)]) == list(BASE_COLUMNS)
+    assert {"rho_qk_l0", "rho_qk_l1", "beta_ov_l1", "mu_qk_l0"} <= set(sgd.columns)
+    assert sgd.step.tolist() == [0, 10, 20, 30, 40]
+    stepped = sgd[sgd.step > 0]
+    assert stepped.rho_qk.max() < 1e-6 and stepped.rho_ov.max() < 1e-6
+    assert adamw[adamw.step > 0].rho_qk.min() > 1e-3
+    # eval losses only at eval steps, a minibatch loss at every step row
+    assert sgd.val_loss.notna().tolist() == [True, False, True, False, True]
+    assert stepped.train_loss.notna().all() and math.isnan(sgd.train_loss[0])
+    assert sgd.val_loss.iloc[-1] < sgd.val_loss.iloc[0]  # it learns
+    assert sgd.beta_qk[0] == 0.0 and (stepped.tau < 1e-5).all()
+
+    info = run_json(tmp_path / "sgd")
+    assert info["status"] == "completed" and info["steps_completed"] == 40 and info["case"] == "sgd"
+    assert info["final_val_loss"] == pytest.approx(sgd.val_loss.iloc[-1])
+    assert info["config"]["lr"] == 0.2 and info["seed"] == 1337 and info["device"] == "cpu"
+    assert set(info["versions"]) >= {"python", "torch", "attnid"} and "git_commit" in info
+    assert (tmp_path / "sgd" / "ckpt.pt").is_file()
+
+
+def test_sgd_imbalance_drift_scales_like_lr_squared(prepared_data_dir, tmp_path):
+    """E1: SGD moves I = A A^T - B B^T only at second order, so halving lr divides beta by ~4.
+
+    (At this size beta_qk sits at float32 round-off, so the output-value circuit carries the test.)
+    """
+    betas = {}
+    for lr in (0.002, 0.001):
+        assert train(prepared_data_dir, tmp_path / str(lr), "--case", "sgd", "--lr", lr, "--max-iters", "40",
+                     "--log-every", "40", "--eval-every", "1000") == 0
+        betas[lr] = metrics(tmp_path / str(lr)).beta_ov.iloc[-1]
+    assert 3.0 <= betas[0.002] / betas[0.001] <= 5.3
+
+
+def test_rebalancing_keeps_the_function_and_resets_beta(prepared_data_dir, tmp_path):
+    """E3: every rebalance leaves the probe loss unchanged (tau) and brings I back to I_0 (beta ~ 0)."""
+    out = tmp_path / "rebalance"
+    assert train(prepared_data_dir, out, "--case", "adamw_rebalance", "--lr", "3e-3", "--max-iters", "40",
+                 "--log-every", "5", "--rebalance-every", "10", "--eval-every", "1000") == 0
+    frame = metrics(out)
+    rebalanced = frame[frame.rebalanced == 1]
+    assert rebalanced.step.tolist() == [10, 20, 30, 40]
+    assert (rebalanced.tau < 1e-5).all() and (rebalanced.tau_logits < 1e-4).all()
+    assert frame[(frame.rebalanced == 0) & (frame.step > 0)].tau.isna().all()  # no probe in rebalancing runs
+    for step in (20, 30, 40):
+        before = frame[frame.step == step - 5].iloc[0]
+        after = frame[frame.step == step].iloc[0]
+        assert before.beta_qk > 1e-4 and before.beta_ov > 1e-4
+        assert after.beta_qk < 0.01 * before.beta_qk and after.beta_ov < 0.01 * before.beta_ov
+
+    balanced = tmp_path / "balanced"
+    assert train(prepared_data_dir, balanced, "--case", "adamw_rebalance", "--max-iters", "20", "--log-every", "10",
+                 "--rebalance-every", "10", "--rebalance-target", "balanced", "--reset-optimizer-state",
+                 "--eval-every", "1000") == 0
+    rows = metrics(balanced)
+    assert (rows[rows.rebalanced == 1].mu_qk < 1e-6).all() and (rows[rows.rebalanced == 1].mu_ov < 1e-6).all()
+    assert (rows[rows.rebalanced == 1].tau < 1e-5).all()
+    assert rows.mu_qk[0] > 1e-3  # the random init is not balanced
+
+
+def test_resume_after_stop_equals_uninterrupted_run(prepared_data_dir, tmp_path, capsys):
+    """Stopped at step 15 (as on SIGTERM) and rerun: metrics.csv equals the uninterrupted run's."""
+    flags = ["--case", "adamw_rebalance", "--rebalance-every", "10", "--dropout", "0.1", "--max-iters", "30",
+             "--log-every", "5", "--eval-every", "10", "--ckpt-every", "10", "--seed", "7"]
+    assert train(prepared_data_dir, tmp_path / "straight", *flags) == 0
+
+    stopped = tmp_path / "stopped"
+    assert train(prepared_data_dir, stopped, *flags, "--stop-after", "15") == 128 + signal.SIGTERM
+    assert (stopped / "ckpt.pt").is_file() and not (stopped / "run.json").exists()
+    assert torch.load(stopped / "ckpt.pt", weights_only=False)["iter_num"] == 15
+    capsys.readouterr()
+    assert train(prepared_data_dir, stopped, *flags, "--lr", "5e-3") == 2  # another lr cannot resume it
+    assert "--fresh" in capsys.readouterr().err
+    assert train(prepared_data_dir, stopped, *flags) == 0
+    assert run_json(stopped)["resumed_at"] == [15]
+    pd.testing.assert_frame_equal(without_timing(metrics(stopped)), without_timing(metrics(tmp_path / "straight")),
+                                  check_exact=True)
+
+    # a finished run's outputs come back from ckpt.pt without training again
+    expected = (stopped / "metrics.csv").read_text()
+    (stopped / "metrics.csv").unlink()
+    (stopped / "run.json").unlink()
+    assert train(prepared_data_dir, stopped, *flags) == 0
+    assert (stopped / "metrics.csv").read_text() == expected and run_json(stopped)["status"] == "completed"
+
+
+def test_sigterm_checkpoints_and_exits_nonzero(prepared_data_dir, tmp_path):
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "attnid", "train", "--data", str(prepared_data_dir), "--out", str(out), *TINY,
+               "--case", "sgd", "--max-iters", "1000000", "--ckpt-every", "1000000", "--log-every", "1000"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    started = process.stderr.readline()  # printed once the model is built and training begins
+    assert "case sgd" in started, started
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM" in stderr and "resume" in stderr
+    checkpoint = torch.load(out / "ckpt.pt", weights_only=False)
+    assert 0 < checkpoint["iter_num"] < 1000000
+    assert not (out / "run.json").exists() and not (out / "metrics.csv").exists()
+
+
+def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
+    out = tmp_path / "diverged"
+    assert train(prepared_data_dir, out, "--case", "sgd", "--lr", "1000", "--max-iters", "50", "--log-every", "1",
+                 "--eval-every", "1000", "--warmup-iters", "0") == 0
+    info = run_json(out)
+    assert info["status"] == "diverged"
+    assert 1 < info["diverged_step"] <= 50 and info["steps_completed"] == info["diverged_step"] - 1
+    frame = metrics(out)
+    assert frame.step.max() == info["diverged_step"] - 1  # rows up to the last good step
+    assert frame.train_loss.dropna().max() <= 3 * frame.train_loss.iloc[1]
+
+
+def test_no_metrics_logs_losses_only(prepared_data_dir, tmp_path):
+    out = tmp_path / "plain"
+    assert train(prepared_data_dir, out, "--case", "sgd_momentum", "--no-metrics", "--max-iters", "20",
+                 "--log-every", "10", "--eval-every", "10") == 0
+    frame = metrics(out)
+    assert frame.step.tolist() == [0, 10, 20] and frame.val_loss.notna().all()
+    assert frame[["rho_qk", "beta_qk", "tau", "mu_ov"]].isna().all().all()
+
+
+def test_config_file_and_flag_precedence(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("data: /some/data\ncase: sgd_wd\nlr: 0.05\nweight_decay: 0.01\nbias: true\nmax_iters: 300\n")
+    parser = build_parser("train")
+    args = parser.parse_args(["train", "--config", str(config), "--lr", "0.2", "--out", str(tmp_path / "o")])
+    cfg = config_from_args(args)
+    assert (cfg.case, cfg.lr, cfg.weight_decay, cfg.bias, cfg.max_iters) == ("sgd_wd", 0.2, 0.01, True, 300)
+    assert cfg.min_lr == pytest.approx(0.02) and cfg.warmup_iters == 30
+
+    config.write_text("data: /some/data\nlearning_rate: 0.1\n")
+    with pytest.raises(UserError, match="unknown keys.*learning_rate"):
+        config_from_args(parser.parse_args(["train", "--config", str(config), "--out", "o"]))
+    config.write_text("data: /some/data\nmax_iters: lots\n")
+    with pytest.raises(UserError, match="max_iters"):
+        config_from_args(parser.parse_args(["train", "--config", str(config), "--out", "o"]))
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--data", "d", "--out", "o", "--lr", "abc"], "--lr"),
+    (["--data", "d", "--out", "o", "--case", "adamm"], "sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance"),
+    (["--out", "o"], "missing --data"),
+    (["--data", "d", "--out", "o", "--n-embd", "30", "--n-head", "4"], "multiple"),
+    (["--data", "d", "--out", "o", "--rebalance-target", "zero"], "initial or balanced"),
+    (["--data", "{tmp}/nowhere", "--out", "{tmp}/o"], "meta.json not found"),
+])
+def test_bad_flags_give_one_clear_line(tmp_path, capsys, flags, expected):
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    try:
+        status = main(["train", *flags])
+    except SystemExit as exit_:  # argparse's own errors
+        status = exit_.code
+    assert status == 2
+    stderr = capsys.readouterr().err.strip()
+    assert len(stderr.splitlines()) == 1 and expected in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+def test_every_case_is_documented_and_runs(prepared_data_dir, tmp_path):
+    for case in CASES:
+        out = tmp_path / case
+        assert train(prepared_data_dir, out, "--case", case, "--max-iters", "4", "--log-every", "2",
+                     "--eval-every", "4", "--rebalance-every", "2") == 0, case
+        info = run_json(out)
+        assert info["status"] == "completed" and info["config"]["case"] == case
+        assert math.isfinite(info["final_val_loss"])
