@@ -1,0 +1,54 @@
+# Tables, figures 1-4 (with report captions) and the LaTeX appendix.
+
+TABLES_DIR = "results/tables"
+TABLE_FILES = [
+    f"{TABLES_DIR}/{name}"
+    for name in ["runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex",
+                 "sweep_slopes.csv", "claims.csv"]
+]
+RUN_OUTPUTS = [f"{d}/{name}" for d in RUN_DIRS + SWEEP_DIRS for name in ("metrics.csv", "run.json")]
+THEORY_FILES = rules.counts.output + rules.verify.output
+
+
+rule tables:
+    input:
+        RUN_OUTPUTS,
+    output:
+        TABLE_FILES,
+    log:
+        "results/logs/tables.log",
+    shell:
+        "attnid tables --runs-dir results/runs --sweep-dir results/sweep --out-dir {TABLES_DIR} > {log:q} 2>&1"
+
+
+rule figures:
+    input:
+        TABLE_FILES,
+        RUN_OUTPUTS,
+        THEORY_FILES,
+    output:
+        [report(f"figures/fig{i}.png", caption=f"../report/fig{i}.rst", category="Figures") for i in range(1, 5)],
+        [f"figures/fig{i}.pdf" for i in range(1, 5)],
+    log:
+        "results/logs/figures.log",
+    shell:
+        "attnid figures --tables {TABLES_DIR} --runs-dir results/runs --sweep-dir results/sweep"
+        " --theory-dir results/theory --out-dir figures > {log:q} 2>&1"
+
+
+rule appendix:
+    input:
+        counts=rules.counts.output.counts,
+        single_head=rules.counts.output.single_head,
+        nullity=rules.verify.output[0],
+        tables=TABLE_FILES,
+        figures=rules.figures.output,
+    output:
+        ["paper/appendix.tex"] + (["paper/appendix.pdf"] if want_pdf() else []),
+    params:
+        pdf="--pdf" if want_pdf() else "",
+    log:
+        "results/logs/appendix.log",
+    shell:
+        "attnid appendix --counts {input.counts:q} --nullity {input.nullity:q} --single-head {input.single_head:q}"
+        " --out paper/appendix.tex --experiment-tables {TABLES_DIR} --figures figures {params.pdf} > {log:q} 2>&1"
