@@ -254,22 +254,22 @@ class MetricTracker:
 # attnid inspect CKPT
 # --------------------------------------------------------------------------------------
 
-def layer_counts(n_embd: int, n_head: int, bias: bool) -> dict[str, int]:
-    """Attention parameters and unidentified ones in one nanoGPT layer (D = C = E/H).
+def layer_counts(n_embd: int, n_head: int, bias: bool) -> dict[str, int | float]:
+    """Attention parameters and unidentified ones in one nanoGPT layer, from :mod:`attnid.counts`.
 
     ``D²`` per head in each of the query-key (Cor. 4.4) and output-value (Lemma 4.6)
-    products; with biases, also the key bias (``HD``, softmax shift) and the value
-    bias (``HC``, absorbed by ``c_proj.bias``) (§4.7).
+    products; with biases also the key and value biases (§4.7).
     """
-    head_dim = n_embd // n_head
-    weights = 4 * n_embd * n_embd + (4 * n_embd if bias else 0)  # c_attn + c_proj, with their biases
-    unidentified_qk = n_head * head_dim * head_dim
-    unidentified_ov = n_head * head_dim * head_dim
-    unidentified_bias = 2 * n_head * head_dim if bias else 0
-    unidentified = unidentified_qk + unidentified_ov + unidentified_bias
-    return {"attention_params": weights, "unidentified_qk": unidentified_qk, "unidentified_ov": unidentified_ov,
-            "unidentified_bias": unidentified_bias, "unidentified": unidentified,
-            "identified_fraction": 1 - unidentified / weights}
+    from attnid import counts
+
+    shape = counts.layer_shape(n_embd, n_head, bias=bias)
+    return {"attention_params": counts.attention_params_per_layer(shape),
+            "unidentified_qk": counts.unidentified_qk_params(shape),
+            "unidentified_ov": counts.unidentified_ov_params(shape),
+            "unidentified_bias": counts.unidentified_bias_params(shape),
+            "unidentified": counts.unidentified_params_per_layer(shape),
+            "identified_fraction": 1 - counts.unidentified_params_per_layer(shape)
+            / counts.attention_params_per_layer(shape)}
 
 
 @torch.no_grad()
