@@ -3,8 +3,9 @@
 Everything (configuration, state, sockets, logs, the MariaDB data directory) lives
 under one directory; every daemon listens on 127.0.0.1 on a free port, runs in the
 foreground as a child of this process, and is stopped by the PID it was started
-with. No systemd, no cgroups (``proctrack/linuxproc``, ``task/none``), and one fake
-GPU (``Gres=gpu:fake:1`` backed by ``/dev/null``: SLURM drops a GPU without ``File=``).
+with. No systemd, no cgroups (``proctrack/linuxproc``, ``task/none``), and two fake
+GPUs (``Gres=gpu:fake:2`` backed by ``/dev/null`` and ``/dev/zero``: SLURM drops a GPU without ``File=``),
+so two GPU jobs can run at once on the two test cores.
 
 Use it as a context manager::
 
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 
 PROGRAMS = ("munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sbatch",
-            "sacct", "squeue", "sinfo", "sacctmgr", "scontrol")
+            "srun", "sacct", "squeue", "sinfo", "sacctmgr", "scontrol")
 PARTITION = "attnid"
 CLUSTER_NAME = "attnidtest"
 DB_NAME = "slurm_acct_db"
@@ -79,7 +80,11 @@ class SlurmCluster:
         self.conf = self.root / "etc" / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.db_socket = self.root / "mysql" / "mysqld.sock"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        # The Snakemake job step drops every SLURM_* variable (SLURM_CONF too) before its
+        # nested `srun`; on a real cluster srun finds /etc/slurm/slurm.conf, here an srun
+        # wrapper first on PATH points it back at this cluster's configuration.
+        self.bin = self.root / "bin"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf), PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}")
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -129,12 +134,15 @@ class SlurmCluster:
     # -- configuration --------------------------------------------------------------------
 
     def _write_configs(self) -> None:
-        for sub in ("etc", "log", "run", "munge", "mysql", "ctld-state", "slurmd-spool"):
+        for sub in ("bin", "etc", "log", "run", "munge", "mysql", "ctld-state", "slurmd-spool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        srun = self.bin / "srun"
+        srun.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {shutil.which("srun")} "$@"\n')
+        srun.chmod(0o755)
         hardware = _node_hardware()
         etc, log, run = self.root / "etc", self.root / "log", self.root / "run"
         (etc / "plugstack.conf").write_text("")
-        (etc / "gres.conf").write_text(f"NodeName={self.hostname} Name=gpu Type=fake File=/dev/null\n")
+        (etc / "gres.conf").write_text(f"NodeName={self.hostname} Name=gpu Type=fake File=/dev/null,/dev/zero\n")
         munge_auth = f"AuthInfo=socket={self.munge_socket}"
         self.conf.write_text(f"""\
 ClusterName={CLUSTER_NAME}
@@ -171,10 +179,11 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort={self.ports['slurmdbd']}
 AccountingStorageTRES=gres/gpu
+AccountingStoreFlags=job_comment
 AccountingStoragePass={self.munge_socket}
 MailProg=/bin/true
 JobCompType=jobcomp/none
-NodeName={self.hostname} NodeAddr=127.0.0.1 {hardware} Gres=gpu:fake:1 State=UNKNOWN
+NodeName={self.hostname} NodeAddr=127.0.0.1 {hardware} Gres=gpu:fake:2 State=UNKNOWN
 PartitionName={PARTITION} Nodes={self.hostname} Default=YES MaxTime=INFINITE State=UP
 """)
         dbd_conf = etc / "slurmdbd.conf"
