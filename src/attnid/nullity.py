@@ -183,7 +183,9 @@ def measure_case(case: Case, seed: int = 0) -> dict:
             return (p["A"].T @ p["B"]).reshape(-1)  # every entry of A^T B
     else:
         shape = case.shape()
-        rows_per_sequence = case.seq_len * case.n_embd
+        # Each position's output lies in the span of W_O (rank <= min(E, H C)): count only those
+        # informative rows, or narrow-value layers would look less identified than they are.
+        rows_per_sequence = case.seq_len * min(case.n_embd, shape.n_head * shape.value_dim)
         n_sequences = math.ceil(ROW_FACTOR * n_params / rows_per_sequence)
         x = torch.randn(n_sequences, case.seq_len, case.n_embd, generator=generator, dtype=torch.float64)
 

@@ -1,0 +1,190 @@
+"""Closed-form counts (claims T1-T6): exact values, property tests, the architectures file, the CLI."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnid import counts, nullity
+from attnid.cli import main
+
+REQUIRED_ARCHITECTURES = {"nanoGPT shakespeare-char", "GPT-2 124M", "GPT-2 355M", "GPT-2 774M", "GPT-2 1.5B",
+                          "Llama-2 7B", "Llama-2 13B", "Llama-2 70B", "Llama-3 8B", "Llama-3 70B", "Mistral-7B"}
+REQUIRED_COLUMNS = {"architecture", "n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias",
+                    "attn_weights_per_layer", "unidentified_qk_per_layer", "unidentified_ov_per_layer",
+                    "unidentified_bias_per_layer", "identified_fraction", "unidentified_per_layer",
+                    "total_attn_params", "total_unidentified", "qk_if_mha_per_layer", "qk_with_gqa_only_per_layer"}
+
+
+def _exact_unidentified_share(shape: counts.LayerShape) -> Fraction:
+    return Fraction(counts.unidentified_params_per_layer(shape), counts.attention_params_per_layer(shape))
+
+
+@pytest.mark.parametrize("n_head", [1, 2, 3, 4, 8, 12, 16, 25, 64])
+def test_t3_identified_share_is_one_minus_one_over_2h(n_head):
+    shape = counts.layer_shape(n_embd=64 * n_head, n_head=n_head)
+    assert counts.attention_weights_per_layer(shape) == 4 * shape.n_embd ** 2
+    assert _exact_unidentified_share(shape) == Fraction(1, 2 * n_head)
+    assert counts.identified_fraction(64 * n_head, n_head) == pytest.approx(1 - 1 / (2 * n_head), abs=1e-15)
+
+
+def test_t3_eight_heads_is_fifteen_sixteenths_and_one_head_is_half():
+    assert 1 - _exact_unidentified_share(counts.layer_shape(512, 8)) == Fraction(15, 16)
+    assert 1 - _exact_unidentified_share(counts.layer_shape(512, 1)) == Fraction(1, 2)
+
+
+def test_t5_llama2_70b_gqa_query_key_count(repo_root):
+    spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 70B"]
+    row = counts.architecture_row("Llama-2 70B", spec)
+    assert row["qk_with_gqa_only_per_layer"] == 131_072
+    assert row["qk_if_mha_per_layer"] == 1_048_576
+    # RoPE shrinks it further, to D per KV group (Prop. 4.8).
+    assert row["unidentified_qk_per_layer"] == spec["n_kv_head"] * 128 == 1_024
+
+
+def test_t4_bias_counts_for_nanogpt_layer_with_biases():
+    shape = counts.layer_shape(12, 3, bias=True)
+    assert counts.attention_params_per_layer(shape) == 624
+    assert counts.unidentified_params_per_layer(shape) == 2 * 3 * 16 + 3 * 4 + 3 * 4 == 120
+    # Without an output bias the value biases are identified (H C = E), with RoPE the key biases are.
+    assert counts.unidentified_value_bias_params(counts.layer_shape(12, 3, bias=True, out_bias=False)) == 0
+    assert counts.unidentified_key_bias_params(counts.layer_shape(12, 3, bias=True, rope=True)) == 0
+
+
+def test_factor_pair_nullity_small_cases_by_hand():
+    assert counts.factor_pair_nullity(3, 5, 5) == 9  # D^2 when D <= n
+    assert counts.factor_pair_nullity(4, 4, 4) == 16
+    assert counts.factor_pair_nullity(5, 3, 3) == 5 * 6 - 9  # products fill all 3 x 3 matrices
+
+
+small = st.integers(min_value=1, max_value=6)
+
+
+@st.composite
+def shapes(draw, max_embd=512):
+    n_kv_head = draw(st.integers(1, 8))
+    n_head = n_kv_head * draw(st.integers(1, 4))
+    n_embd = draw(st.integers(2, max_embd))
+    rope = draw(st.booleans())
+    head_dim = draw(st.integers(1, n_embd // 2) if rope else st.integers(1, n_embd)) * (2 if rope else 1)
+    head_dim = min(head_dim, n_embd - n_embd % 2) if rope else head_dim
+    value_dim = draw(st.integers(1, n_embd))
+    bias, out_bias = draw(st.booleans()), draw(st.booleans())
+    return counts.layer_shape(n_embd, n_head, n_kv_head, head_dim, value_dim, rope, bias, out_bias)
+
+
+@given(shapes())
+@settings(max_examples=200, deadline=None, derandomize=True)
+def test_counts_properties_over_random_shapes(shape):
+    params = counts.attention_params_per_layer(shape)
+    unidentified = counts.unidentified_params_per_layer(shape)
+    assert 0 < unidentified < params
+    row = counts.layer_counts(shape)
+    assert row["unidentified_per_layer"] == (row["unidentified_qk_per_layer"] + row["unidentified_ov_per_layer"]
+                                             + row["unidentified_bias_per_layer"])
+    # GQA divides the plain-MHA query-key count by H/G; RoPE replaces D^2 by D.
+    heads_per_group = shape.n_head // shape.n_kv_head
+    assert row["qk_if_mha_per_layer"] == heads_per_group * row["qk_with_gqa_only_per_layer"]
+    if shape.rope:
+        assert row["unidentified_qk_per_layer"] * shape.head_dim == row["qk_with_gqa_only_per_layer"]
+    else:
+        assert row["unidentified_qk_per_layer"] == row["qk_with_gqa_only_per_layer"] == shape.n_kv_head * shape.head_dim ** 2
+    assert row["unidentified_ov_per_layer"] == shape.n_kv_head * shape.value_dim ** 2
+    assert 0 < row["identified_fraction"] < 1
+
+
+@given(n_head=st.integers(1, 64), head_dim=st.integers(1, 128))
+@settings(max_examples=100, deadline=None, derandomize=True)
+def test_identified_fraction_mha_closed_form_over_random_shapes(n_head, head_dim):
+    shape = counts.layer_shape(n_head * head_dim, n_head)
+    assert 1 - _exact_unidentified_share(shape) == 1 - Fraction(1, 2 * n_head)
+
+
+@st.composite
+def tiny_cases(draw):
+    n_kv_head = draw(st.integers(1, 2))
+    n_head = n_kv_head * draw(st.integers(1, 2))
+    n_embd = draw(st.integers(2, 7))
+    rope = draw(st.sampled_from([None, "interleaved", "half"]))
+    head_dim = 2 * draw(st.integers(1, n_embd // 2)) if rope else draw(st.integers(1, n_embd))
+    value_dim = draw(st.integers(1, n_embd))
+    bias, out_bias = draw(st.booleans()), draw(st.booleans())
+    return nullity.Case("hypothesis", "random", n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+                        value_dim=value_dim, rope=rope, bias=bias, out_bias=out_bias)
+
+
+@given(tiny_cases())
+@settings(max_examples=12, deadline=None, derandomize=True)
+def test_closed_form_equals_jacobian_nullity_on_random_small_shapes(case):
+    row = nullity.measure_case(case)
+    assert row["measured"] == row["theory"], row
+    assert row["gap"] >= nullity.GAP_REQUIRED, row
+
+
+def test_t6_single_head_matchings_satisfy_their_definitions():
+    # E=1600, H=25: sqrt(2 - 1/25) = 1.4 exactly, so E_0 = 2240 is a whole layer we can count.
+    e0 = counts.single_head_match_equal_identified(1600, 25)
+    assert e0 == pytest.approx(2240)
+    multi, single = counts.layer_shape(1600, 25), counts.layer_shape(2240, 1)
+    identified = lambda s: counts.attention_params_per_layer(s) - counts.unidentified_params_per_layer(s)  # noqa: E731
+    assert identified(single) == identified(multi)
+    # E=1024, H=16: D_0 = 256, E_0 = 4096 gives equal totals and equal unidentified counts.
+    e0_alt, d0_alt = counts.single_head_match_equal_total_and_unidentified(1024, 16)
+    assert (e0_alt, d0_alt) == pytest.approx((4096, 256))
+    alt = counts.layer_shape(4096, 1, head_dim=256)
+    assert counts.attention_params_per_layer(alt) == counts.attention_params_per_layer(counts.layer_shape(1024, 16))
+    assert counts.unidentified_params_per_layer(alt) == counts.unidentified_params_per_layer(counts.layer_shape(1024, 16))
+    # No single head of the same embedding matches a multi-head layer (T6).
+    for n_head in (2, 4, 12, 64):
+        assert counts.single_head_match_equal_identified(768, n_head) > 768 * 1.2
+    assert counts.single_head_match_equal_identified(768, 1) == pytest.approx(768)
+
+
+def test_architectures_file_has_required_models_with_sources(repo_root):
+    architectures = counts.load_architectures(repo_root / "config" / "architectures.yaml")
+    assert REQUIRED_ARCHITECTURES <= set(architectures)
+    assert len(architectures) >= 12
+    assert any(s.get("rope") and s.get("bias") and s.get("n_kv_head", s["n_head"]) < s["n_head"]
+               for s in architectures.values()), "need one with biases + RoPE + GQA"
+    for name, spec in architectures.items():
+        assert len(spec["source"]) > 10, name
+
+
+def test_counts_cli_writes_csv(tmp_path, repo_root):
+    out, single = tmp_path / "t" / "counts.csv", tmp_path / "t" / "single_head.csv"
+    assert main(["counts", "--architectures", str(repo_root / "config" / "architectures.yaml"), "--out", str(out),
+                 "--single-head-out", str(single)]) == 0
+    frame = pd.read_csv(out)
+    assert REQUIRED_COLUMNS <= set(frame.columns)
+    assert set(out.read_text().split("\n")[1].split(",")) & {"True", "False"}
+    gpt2 = frame.set_index("architecture").loc["GPT-2 124M"]
+    assert gpt2["total_attn_params"] == 12 * (4 * 768 ** 2 + 4 * 768)
+    assert gpt2["total_unidentified"] == 12 * gpt2["unidentified_per_layer"]
+    assert math.isclose(gpt2["identified_fraction"], 1 - gpt2["unidentified_per_layer"] / gpt2["attn_params_per_layer"])
+    assert {"e0_equal_identified", "e0_equal_total_unidentified"} <= set(pd.read_csv(single).columns)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("architectures: {}\n", "non-empty"),
+    ("architectures:\n  x: {n_layer: 1, n_embd: 10, n_head: 3, source: s}\n", "multiple of n_head"),
+    ("architectures:\n  x: {n_layer: 1, n_embd: 8, n_head: 2, rope: maybe, source: s}\n", "true or false"),
+    ("architectures:\n  x: {n_layer: 1, n_embd: 8, n_head: 2, heads: 3, source: s}\n", "unknown field"),
+    ("architectures: [\n", "not valid YAML"),
+])
+def test_counts_cli_bad_config_is_one_line_error(tmp_path, capsys, text, fragment):
+    config = tmp_path / "arch.yaml"
+    config.write_text(text)
+    assert main(["counts", "--architectures", str(config), "--out", str(tmp_path / "c.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fragment in err
+    assert not (tmp_path / "c.csv").exists()
+
+
+def test_counts_cli_missing_file(tmp_path, capsys):
+    assert main(["counts", "--architectures", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "c.csv")]) == 2
+    assert "not found" in capsys.readouterr().err
