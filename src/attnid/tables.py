@@ -40,7 +40,6 @@ SUMMARY_COLUMNS = [
     "rho_qk_mean", "rho_qk_max", "rho_ov_mean", "rho_ov_max",
     "beta_qk_final", "beta_ov_final", "tau_max", "mu_qk_final", "mu_ov_final",
 ]
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "paper" / "templates"
 
 
 # ---------------------------------------------------------------------------- reading runs
@@ -264,13 +263,6 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- LaTeX
 
-def tex_escape(text) -> str:
-    """Escape the LaTeX specials that occur in case names and statuses."""
-    replacements = {"\\": r"\textbackslash{}", "_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$",
-                    "~": r"$\sim$", "<": "$<$", ">": "$>$", "{": r"\{", "}": r"\}"}
-    return "".join(replacements.get(ch, ch) for ch in str(text))
-
-
 def tex_number(value, digits: int = 3) -> str:
     """A number for a table cell: plain for moderate magnitudes, a×10^b otherwise, -- for missing."""
     try:
@@ -293,25 +285,15 @@ def tex_mean_sd(mean, sd, digits: int = 3) -> str:
     return f"{tex_number(mean, digits)} $\\pm$ {tex_number(sd, 2)}"
 
 
-def latex_environment():
-    """The jinja2 environment for the experiment templates (LaTeX-safe delimiters)."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
-        block_start_string="<%", block_end_string="%>",
-        variable_start_string="<<", variable_end_string=">>",
-        comment_start_string="<#", comment_end_string="#>",
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined, autoescape=False,
-    )
-    env.filters.update(tex=tex_escape, num=tex_number)
-    env.globals.update(mean_sd=tex_mean_sd)
-    return env
-
-
 def render_table(template_name: str, **context) -> str:
-    return latex_environment().get_template(template_name).render(**context)
+    """Render one experiment template with the project's TeX-safe jinja2 environment
+    (``attnid.latex``: ``\\VAR{..}``, ``\\BLOCK{..}``, filter ``tex``) plus ``num`` and ``mean_sd``."""
+    from attnid.latex import find_template_dir, latex_environment
+
+    env = latex_environment(find_template_dir())
+    env.filters["num"] = tex_number
+    env.globals["mean_sd"] = tex_mean_sd
+    return env.get_template(template_name).render(**context)
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:

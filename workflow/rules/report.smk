@@ -44,7 +44,7 @@ rule appendix:
         tables=TABLE_FILES,
         figures=rules.figures.output,
     output:
-        ["paper/appendix.tex"] + (["paper/appendix.pdf"] if want_pdf() else []),
+        ["paper/appendix.tex"] + (["paper/main.pdf"] if want_pdf() else []),
     params:
         pdf="--pdf" if want_pdf() else "",
     log:

@@ -1,0 +1,401 @@
+"""Figures 1-4 of the paper, from the tables and run logs, in one consistent style.
+
+    attnid figures --tables results/tables --runs-dir results/runs --sweep-dir results/sweep \\
+                   --theory-dir results/theory --out-dir figures
+
+1. Identification by design (T3, T5): identified fraction of an attention layer vs
+   number of heads; closed forms for MHA, GQA and RoPE (``attnid.counts``), the
+   measured Jacobian nullity points, real architectures marked.
+2. Loss and ρ vs step for every optimizer case (E1, E2): mean over seeds, band = min..max.
+3. β and μ vs step (E1-E3), with the SGD + weight-decay prediction of DESIGN §3,
+   ``I_t ≈ Π_s (1 - lr_s λ)^2 I_0``, overlaid; rebalancing shows as a sawtooth.
+4. LR sweep: final β and mean ρ vs lr (log-log, fitted slopes annotated), final
+   val loss vs lr; diverged points marked with a cross at the top of the panel.
+
+Each is written as PNG and PDF. Only the Agg backend is used (no display needed).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from attnid.errors import UserError
+from attnid.files import atomic_path
+from attnid.tables import find_run_dirs, load_run
+
+# One style for every figure: matplotlib rc settings, case colours and labels.
+STYLE = {
+    "figure.dpi": 110,
+    "savefig.dpi": 200,
+    "savefig.bbox": "tight",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "lines.linewidth": 1.4,
+    "lines.markersize": 4,
+}
+CASE_STYLE = {  # colour-blind-safe (Okabe-Ito)
+    "sgd": {"color": "#0072B2", "label": "SGD"},
+    "sgd_wd": {"color": "#E69F00", "label": "SGD + weight decay"},
+    "sgd_momentum": {"color": "#56B4E9", "label": "SGD + momentum"},
+    "adamw": {"color": "#D55E00", "label": "AdamW"},
+    "adamw_rebalance": {"color": "#009E73", "label": "AdamW + rebalancing"},
+}
+PREDICTION_COLOR = "black"
+BAND_ALPHA = 0.2
+PANEL_WIDTH = 3.6   # inches per panel
+PANEL_HEIGHT = 2.9
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(STYLE)
+    return plt
+
+
+def case_style(case: str) -> dict:
+    return CASE_STYLE.get(case, {"color": "gray", "label": str(case)})
+
+
+def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
+    """Write ``name.png`` and ``name.pdf`` atomically; returns both paths."""
+    paths = []
+    for suffix in ("png", "pdf"):
+        path = Path(out_dir) / f"{name}.{suffix}"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format=suffix)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------------------- data helpers
+
+def load_runs_by_case(runs_dir: str | Path) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
+    """{case: [(run.json, metrics.csv) per seed]} for every run under ``runs_dir``, in case order."""
+    by_case: dict[str, list] = {}
+    for run_dir in find_run_dirs(runs_dir):
+        info, metrics = load_run(run_dir)
+        by_case.setdefault(str(info.get("case")), []).append((info, metrics))
+    order = {case: i for i, case in enumerate(CASE_STYLE)}
+    return dict(sorted(by_case.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def seed_band(runs: list[tuple[dict, pd.DataFrame]], column: str, positive: bool = False) -> pd.DataFrame:
+    """Mean, min and max of ``column`` over seeds at every logged step (NaN rows dropped).
+
+    With ``positive`` (for log axes) non-positive values are dropped too.
+    """
+    parts = []
+    for seed_index, (_, metrics) in enumerate(runs):
+        if column not in metrics:
+            continue
+        values = pd.to_numeric(metrics[column], errors="coerce").replace([np.inf, -np.inf], np.nan)
+        part = pd.DataFrame({"step": metrics["step"], "value": values, "seed": seed_index}).dropna()
+        if positive:
+            part = part[part["value"] > 0]
+        parts.append(part)
+    if not parts:
+        return pd.DataFrame(columns=["step", "mean", "min", "max"])
+    stacked = pd.concat(parts)
+    band = stacked.groupby("step")["value"].agg(["mean", "min", "max"]).reset_index()
+    return band
+
+
+def plot_band(ax, band: pd.DataFrame, color: str, label: str | None, **line_kwargs) -> None:
+    if band.empty:
+        return
+    ax.plot(band["step"], band["mean"], color=color, label=label, **line_kwargs)
+    ax.fill_between(band["step"], band["min"], band["max"], color=color, alpha=BAND_ALPHA, linewidth=0)
+
+
+def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
+    """``c_t = Π_{s<t} (1 - lr_s λ)^2``: coupled L2 weight decay shrinks both factors of
+    every pair by ``(1 - lr λ)`` per step, so ``I_t ≈ c_t I_0`` (DESIGN §3; Lemma 5.1
+    says the gradient part conserves ``I`` up to O(lr²)). ``lr_at(s)`` is the
+    learning rate of 0-based step ``s``; ``steps`` are the logged step counts."""
+    steps = np.asarray(steps, dtype=int)
+    horizon = int(steps.max()) if steps.size else 0
+    log_factor = np.zeros(horizon + 1)
+    for s in range(horizon):
+        log_factor[s + 1] = log_factor[s] + 2.0 * math.log1p(-lr_at(s) * weight_decay)
+    return np.exp(log_factor[steps])
+
+
+def predicted_beta_sgd_wd(steps, lr_at, weight_decay: float, scale: float) -> np.ndarray:
+    """β_t predicted for SGD + weight decay: ``|c_t - 1| · ||I_0||_F / N`` with
+    ``scale = ||I_0||_F / N`` (N = β's normaliser, DESIGN §3)."""
+    return np.abs(sgd_wd_imbalance_factor(steps, lr_at, weight_decay) - 1.0) * scale
+
+
+def initial_imbalance_scale(run_dir: str | Path, circuit: str = "qk") -> float | None:
+    """``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)`` of a run, from the I_0 its
+    checkpoint keeps for β; None when there is no checkpoint to read."""
+    ckpt = Path(run_dir) / "ckpt.pt"
+    if not ckpt.is_file():
+        return None
+    import torch
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    tracker = (state.get("attnid") or {}).get("tracker")
+    if not tracker:
+        return None
+    initial = tracker["initial_imbalance"][circuit].double()
+    norm_sq = tracker["beta_norm_sq"][circuit].double()
+    return float(initial.square().sum().sqrt() / norm_sq.sum().sqrt())
+
+
+def lr_schedule(config: dict):
+    """The run's learning rate as a function of the 0-based step (nanoGPT's schedule)."""
+    from types import SimpleNamespace
+
+    from attnid.train import get_lr
+
+    cfg = SimpleNamespace(**config)
+    return lambda step: get_lr(step, cfg)
+
+
+# ---------------------------------------------------------------------------- figure 1
+
+def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Figure 1 (T3, T5): identified fraction vs heads, closed forms + nullity + real models."""
+    from attnid.counts import identified_fraction
+
+    plt = _pyplot()
+    theory_dir = Path(theory_dir)
+    counts = pd.read_csv(theory_dir / "counts.csv")
+    nullity = pd.read_csv(theory_dir / "nullity.csv")
+
+    fig, (ax, ax_log) = plt.subplots(1, 2, figsize=(3 * PANEL_WIDTH, 1.3 * PANEL_HEIGHT))
+    n_embd = 8192  # wide enough that every power-of-two head count up to 128 divides it
+    heads = np.array([1, 2, 4, 8, 16, 32, 64, 128])
+    curves = [
+        ("MHA: $1 - 1/(2H)$", {}, "-", "#0072B2"),
+        ("GQA, 8 query heads per key/value head", {"gqa": 8}, "--", "#D55E00"),
+        ("MHA + RoPE", {"rope": True}, ":", "#009E73"),
+        ("GQA (8 per group) + RoPE", {"gqa": 8, "rope": True}, "-.", "#CC79A7"),
+    ]
+    for label, kind, linestyle, color in curves:
+        values = np.array([identified_fraction(n_embd, h, n_kv_head=max(1, h // kind["gqa"]) if "gqa" in kind
+                                               else None, rope=kind.get("rope", False)) for h in heads])
+        ax.plot(heads, values, linestyle=linestyle, color=color, label=f"closed form: {label}, E = {n_embd}")
+        ax_log.plot(heads, 1.0 - values, linestyle=linestyle, color=color)
+
+    attention = nullity[nullity["kind"] == "attention"].copy()
+    if not attention.empty:
+        attention["measured_fraction"] = 1.0 - attention["measured"] / attention["n_params"]
+        for axis, values in ((ax, attention["measured_fraction"]), (ax_log, 1.0 - attention["measured_fraction"])):
+            axis.scatter(attention["n_head"], values, marker="o", facecolors="none", edgecolors="black", s=30,
+                         zorder=3, label=f"measured: Jacobian nullity of random MHA layers, E = "
+                                         f"{', '.join(str(e) for e in sorted(attention['n_embd'].unique()))}")
+
+    if "identified_fraction" in counts:
+        for axis, values in ((ax, counts["identified_fraction"]), (ax_log, 1.0 - counts["identified_fraction"])):
+            axis.scatter(counts["n_head"], values, marker="*", color="#E69F00", s=80, zorder=4,
+                         edgecolors="black", linewidths=0.4, label="real architectures (named on the right)")
+        # one label per distinct point: models with the same attention shape share it
+        shared = counts.groupby(["n_head", "identified_fraction"], sort=True)["architecture"].apply(", ".join)
+        for i, ((n_head, fraction), names) in enumerate(shared.items()):
+            ax_log.annotate(names, (n_head, 1.0 - fraction), fontsize=6, color="#333333",
+                            xytext=(6, 4 if i % 2 else -7), textcoords="offset points")
+
+    for axis in (ax, ax_log):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(heads, [str(h) for h in heads])
+        axis.set_xlabel("number of heads $H$")
+    ax.set_ylabel("identified fraction of attention parameters")
+    ax.set_ylim(0.45, 1.01)
+    ax.set_title("identified fraction vs heads")
+    ax_log.set_yscale("log")
+    ax_log.set_ylabel("unidentified fraction (log)")
+    ax_log.set_title("unidentified fraction: real architectures")
+    ax_log.set_xlim(0.8, 256)
+    ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    paths = save_figure(fig, out_dir, "fig1")
+    plt.close(fig)
+    return paths
+
+
+# ---------------------------------------------------------------------------- figure 2
+
+def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
+    """Figure 2 (E1, E2): loss and ρ (QK, OV) vs step for every case."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
+    for case, case_runs in runs.items():
+        style = case_style(case)
+        plot_band(axes[0], seed_band(case_runs, "train_loss"), style["color"], style["label"], alpha=0.8)
+        val = seed_band(case_runs, "val_loss")
+        if not val.empty:
+            axes[0].plot(val["step"], val["mean"], "o", color=style["color"], markersize=3)
+        for ax, circuit in zip(axes[1:], ("qk", "ov")):
+            plot_band(ax, seed_band(case_runs, f"rho_{circuit}", positive=True), style["color"], style["label"])
+    axes[0].set_ylabel("loss (line: train batch, dots: val)")
+    axes[0].set_title("loss")
+    for ax, circuit in zip(axes[1:], ("QK", "OV")):
+        ax.set_yscale("log")
+        ax.set_ylabel(rf"$\rho_{{{circuit}}}$ (unidentified share of a step)")
+        ax.set_title(rf"$\rho_{{{circuit}}}$")
+    for ax in axes:
+        ax.set_xlabel("step")
+    _figure_legend(fig, axes[0])
+    paths = save_figure(fig, out_dir, "fig2")
+    plt.close(fig)
+    return paths
+
+
+def _figure_legend(fig, ax, ncol: int = 6) -> None:
+    """One legend for the whole figure, below the panels, without repeated labels."""
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=min(len(unique), ncol),
+               bbox_to_anchor=(0.5, -0.08))
+    fig.tight_layout()
+
+
+# ---------------------------------------------------------------------------- figure 3
+
+def figure_conservation(runs: dict, runs_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Figure 3 (E1-E3): β and μ vs step, with the SGD + weight-decay prediction."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT), sharex=True)
+    for case, case_runs in runs.items():
+        style = case_style(case)
+        for column, (ax_beta, ax_mu) in zip(("qk", "ov"), axes.T):
+            plot_band(ax_beta, seed_band(case_runs, f"beta_{column}", positive=True), style["color"], style["label"])
+            plot_band(ax_mu, seed_band(case_runs, f"mu_{column}"), style["color"], style["label"])
+    for column, ax in zip(("qk", "ov"), axes[0]):
+        _overlay_sgd_wd_prediction(ax, runs.get("sgd_wd", []), column)
+    for column, ax_beta, ax_mu in zip(("QK", "OV"), axes[0], axes[1]):
+        ax_beta.set_yscale("log")
+        ax_beta.set_title(rf"$\beta_{{{column}}}$: drift of the conserved imbalance")
+        ax_beta.set_ylabel(rf"$\beta_{{{column}}}$")
+        ax_mu.set_title(rf"$\mu_{{{column}}}$: excess norm on the orbit")
+        ax_mu.set_ylabel(rf"$\mu_{{{column}}}$")
+        ax_mu.set_xlabel("step")
+    _figure_legend(fig, axes[0][0], ncol=3)
+    paths = save_figure(fig, out_dir, "fig3")
+    plt.close(fig)
+    return paths
+
+
+def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
+    """Mean over seeds of the predicted β of the SGD + weight-decay runs, dashed black.
+
+    The scale ``||I_0|| / N`` comes from each run's checkpoint; without one it is
+    fitted to the run's own β (median ratio), and the label says so.
+    """
+    predictions, fitted = [], False
+    for info, metrics in sgd_wd_runs:
+        config = info.get("config") or {}
+        if info.get("status") == "diverged" or not config.get("weight_decay"):
+            continue
+        steps = metrics["step"].to_numpy(dtype=int)
+        factor = np.abs(sgd_wd_imbalance_factor(steps, lr_schedule(config), float(config["weight_decay"])) - 1.0)
+        scale = initial_imbalance_scale(info["run_dir"], circuit)
+        if scale is None:
+            measured = pd.to_numeric(metrics[f"beta_{circuit}"], errors="coerce").to_numpy()
+            ok = (factor > 0) & np.isfinite(measured) & (measured > 0)
+            scale = float(np.median(measured[ok] / factor[ok])) if ok.any() else math.nan
+            fitted = True
+        predictions.append(pd.Series(factor * scale, index=steps))
+    if not predictions:
+        return
+    mean = pd.concat(predictions, axis=1).mean(axis=1)
+    mean = mean[mean > 0]
+    label = r"prediction, SGD + wd: $|\prod_s(1-\eta_s\lambda)^2 - 1|\,\|I_0\|/N$" + (" (scale fitted)" if fitted else "")
+    ax.plot(mean.index, mean.to_numpy(), linestyle="--", color=PREDICTION_COLOR, linewidth=1.0, label=label)
+    ax.legend(handles=ax.get_lines()[-1:], loc="lower right", fontsize=7)
+
+
+# ---------------------------------------------------------------------------- figure 4
+
+def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Figure 4 (E1, E2): final β, mean ρ and final val loss vs lr; slopes annotated, diverged marked."""
+    plt = _pyplot()
+    sweep = pd.read_csv(Path(tables_dir) / "sweep.csv")
+    slopes = pd.read_csv(Path(tables_dir) / "sweep_slopes.csv")
+    fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
+    panels = [("beta_qk_final", r"final $\beta_{QK}$", True), ("rho_qk_mean", r"mean $\rho_{QK}$", True),
+              ("final_val_loss", "final val loss", False)]
+    for optimizer, group in sweep.groupby("optimizer", sort=False):
+        style = case_style(optimizer)
+        group = group.sort_values("lr")
+        done = group[group["status"] != "diverged"]
+        diverged = group[group["status"] == "diverged"]
+        for ax, (column, _, log_y) in zip(axes, panels):
+            ax.plot(done["lr"], done[column], "o-", color=style["color"], label=style["label"])
+            if log_y:
+                fit = slopes[(slopes["optimizer"] == optimizer) & (slopes["quantity"] == column)]
+                if len(fit) and np.isfinite(fit["slope"].iloc[0]):
+                    slope, intercept = float(fit["slope"].iloc[0]), float(fit["intercept"].iloc[0])
+                    xs = np.array([done["lr"].min(), done["lr"].max()])
+                    ax.plot(xs, 10 ** (intercept + slope * np.log10(xs)), ":", color=style["color"], linewidth=1)
+                    ax.annotate(f"slope {slope:.2f}", (xs[-1], 10 ** (intercept + slope * np.log10(xs[-1]))),
+                                xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=7,
+                                color=style["color"])
+            if len(diverged):
+                # diverged points have no value: a cross at the top edge, at their lr
+                ax.plot(diverged["lr"], np.full(len(diverged), 0.97), "x", color=style["color"], markersize=7,
+                        markeredgewidth=1.8, transform=ax.get_xaxis_transform(), clip_on=False,
+                        label=f"{style['label']}: diverged")
+    for ax, (column, label, log_y) in zip(axes, panels):
+        ax.set_xscale("log")
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel(label)
+        ax.set_title(label + " vs learning rate")
+    _figure_legend(fig, axes[0])
+    paths = save_figure(fig, out_dir, "fig4")
+    plt.close(fig)
+    return paths
+
+
+# ---------------------------------------------------------------------------- command line
+
+def make_figures(tables_dir, runs_dir, sweep_dir, theory_dir, out_dir) -> list[Path]:
+    """Draw figures 1-4 into ``out_dir``; returns the written paths."""
+    for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
+        if not needed.is_file():
+            raise UserError(f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
+                            f"(or simply snakemake --cores all)")
+    runs = load_runs_by_case(runs_dir)
+    if not runs:
+        raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
+    paths = figure_identification(theory_dir, out_dir)
+    paths += figure_training(runs, out_dir)
+    paths += figure_conservation(runs, runs_dir, out_dir)
+    paths += figure_sweep(tables_dir, out_dir)
+    return paths
+
+
+def add_figures_arguments(parser) -> None:
+    parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
+    parser.add_argument("--runs-dir", required=True, help="results/runs")
+    parser.add_argument("--sweep-dir", default=None, help="results/sweep (read through the tables)")
+    parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
+    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 .png/.pdf go")
+
+
+def run_figures(args) -> int:
+    paths = make_figures(args.tables, args.runs_dir, args.sweep_dir, args.theory_dir, args.out_dir)
+    print(f"wrote {len(paths)} files to {args.out_dir}")
+    return 0
