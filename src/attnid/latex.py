@@ -164,7 +164,7 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
     env = latex_environment(templates)
     context = {
         "sources": sources,
-        "templates": str(templates),
+        "templates": os.path.relpath(templates) if templates.is_absolute() else str(templates),
         "counts_rows": _records(counts_frame),
         "nullity_rows": _records(nullity_frame),
         "single_head_rows": _records(single_frame),
