@@ -17,7 +17,12 @@ from snakemake.utils import min_version, validate
 min_version("8.0")
 
 
-configfile: "config/config.yaml"
+# The default config, unless --configfile names another: then that file alone is the
+# config (snakemake would otherwise merge it into the default, so a config listing
+# fewer cases or seeds would silently keep the default's).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 def validate_config_or_exit(config):

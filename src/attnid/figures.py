@@ -329,9 +329,15 @@ def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
 
 def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Figure 4 (E1, E2): final β, mean ρ and final val loss vs lr; slopes annotated, diverged marked."""
+    fig = draw_sweep(pd.read_csv(Path(tables_dir) / "sweep.csv"), pd.read_csv(Path(tables_dir) / "sweep_slopes.csv"))
+    paths = save_figure(fig, out_dir, "fig4")
+    _pyplot().close(fig)
+    return paths
+
+
+def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
+    """Figure 4 from the sweep and slope tables; returns the matplotlib figure."""
     plt = _pyplot()
-    sweep = pd.read_csv(Path(tables_dir) / "sweep.csv")
-    slopes = pd.read_csv(Path(tables_dir) / "sweep_slopes.csv")
     fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
     panels = [("beta_qk_final", r"final $\beta_{QK}$", True), ("rho_qk_mean", r"mean $\rho_{QK}$", True),
               ("final_val_loss", "final val loss", False)]
@@ -364,9 +370,7 @@ def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
         ax.set_ylabel(label)
         ax.set_title(label + " vs learning rate")
     _figure_legend(fig, axes[0])
-    paths = save_figure(fig, out_dir, "fig4")
-    plt.close(fig)
-    return paths
+    return fig
 
 
 # ---------------------------------------------------------------------------- command line

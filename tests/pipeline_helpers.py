@@ -1,0 +1,117 @@
+"""Run the Snakemake pipeline in a scratch directory (for the pipeline, notebook and scale tests).
+
+    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, paper/
+    proc = run_smoke_dag(workdir, shakespeare_url)          # the whole smoke DAG, --cores 2
+    proc = run_snakemake(workdir, "-n", configfile="config/paper.yaml")
+
+``shared_smoke_run`` builds the smoke outputs once per test session, even under
+``pytest -n 2`` (a file lock in the directory all xdist workers share), for tests
+that only read them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+# What a user's checkout needs to run the DAG (results/ and figures/ are outputs).
+PIPELINE_FILES = ("Snakefile", "workflow", "config", "paper/templates", "paper/main.tex")
+SMOKE_CONFIG = "config/smoke.yaml"
+TABLES = ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex", "sweep_slopes.csv", "claims.csv")
+
+
+def copy_pipeline(dest: str | os.PathLike) -> Path:
+    """Copy the files the pipeline needs from the repository into ``dest``; returns ``dest``."""
+    dest = Path(dest)
+    for name in PIPELINE_FILES:
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, dest / name, dirs_exist_ok=True)
+        elif source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+def snakemake_env() -> dict:
+    """The environment for a snakemake child: this Python's ``attnid`` first on PATH, 1 torch thread."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", MPLBACKEND="Agg")
+    return env
+
+
+def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None = SMOKE_CONFIG,
+                  config: dict | None = None, cores: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``snakemake --cores N [--configfile F] [ARGS] [--config K=V ...]`` in ``workdir``.
+
+    ``--config`` goes last because it swallows every following argument.
+    """
+    command = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
+    if configfile:
+        command += ["--configfile", configfile]
+    command += list(args)
+    if config:
+        command += ["--config"] + [f"{key}={value}" for key, value in config.items()]
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=snakemake_env())
+
+
+def run_smoke_dag(workdir: str | os.PathLike, shakespeare_url: str, *args: str, config: dict | None = None,
+                  timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``."""
+    return run_snakemake(workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout)
+
+
+def smoke_config() -> dict:
+    return yaml.safe_load((REPO / SMOKE_CONFIG).read_text())
+
+
+def lr_label(lr: float) -> str:
+    """Same as workflow/rules/train.smk."""
+    return f"{float(lr):.10g}"
+
+
+def expected_outputs(config: dict) -> list[str]:
+    """Every file the DAG promises for ``config`` (paths relative to the work directory)."""
+    runs = [f"results/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
+    sweeps = [f"results/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
+              for opt, sweep in config["sweep"].items() for lr in sweep["lrs"] for seed in sweep["seeds"]]
+    files = [f"{d}/{name}" for d in runs + sweeps for name in ("metrics.csv", "run.json")]
+    files += [f"results/tables/{name}" for name in TABLES]
+    files += [f"figures/fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf")]
+    files += ["results/theory/counts.csv", "results/theory/single_head.csv", "results/theory/nullity.csv",
+              "paper/appendix.tex", "data/tinyshakespeare/train.bin"]
+    return files
+
+
+def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
+    """The smoke DAG's work directory, built once per session and shared by xdist workers.
+
+    The first caller runs the DAG under an exclusive lock; later callers (in any
+    worker) wait for it and reuse the result. A failed build is recorded and
+    re-raised for every caller, with snakemake's output.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by all workers of this session
+    workdir = root / "smoke_pipeline"
+    status_file = root / "smoke_pipeline.status.json"
+    with open(root / "smoke_pipeline.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not status_file.exists():
+            copy_pipeline(workdir)
+            proc = run_smoke_dag(workdir, shakespeare_url)
+            status = {"returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-6000:]}
+            status_file.write_text(json.dumps(status))
+        status = json.loads(status_file.read_text())
+    if status["returncode"] != 0:
+        raise AssertionError(f"the smoke DAG failed (exit {status['returncode']}):\n{status['output']}")
+    return workdir

@@ -1,0 +1,70 @@
+"""Synthetic run directories (run.json + metrics.csv with attnid train's columns), for the
+table and figure tests: numbers chosen so the expected summaries are known exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+def write_run(run_dir: Path, case: str, seed: int, lr: float, *, steps: int = 40, log_every: int = 10,
+              rho_qk: float = 1e-9, rho_ov: float = 1e-9, final_beta: float = 1e-3, tau: float = 1e-7,
+              mu: float = 0.1, final_val_loss: float = 2.0, status: str = "completed",
+              rebalance_every: int = 0, weight_decay: float = 0.0) -> Path:
+    """One run: β grows linearly to ``final_beta`` (and drops to 1e-9 on rebalance rows),
+    ρ constant, a diverged run's last row is NaN."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    step = np.arange(0, steps + 1, log_every)
+    beta = final_beta * step / steps
+    rebalanced = np.zeros_like(step)
+    if rebalance_every:
+        rebalanced = ((step % rebalance_every == 0) & (step > 0)).astype(int)
+        beta = np.where(rebalanced == 1, 1e-9, beta)
+    frame = pd.DataFrame({
+        "step": step, "lr": lr, "train_loss": 3.0 - step / steps, "eval_train_loss": np.nan,
+        "val_loss": np.where(step % 20 == 0, final_val_loss + (steps - step) / steps, np.nan),
+        "rho_qk": np.where(step > 0, rho_qk, np.nan), "rho_ov": np.where(step > 0, rho_ov, np.nan),
+        "beta_qk": beta, "beta_ov": 2 * beta, "tau": tau, "tau_logits": 3 * tau,
+        "mu_qk": mu, "mu_ov": 2 * mu, "grad_norm": 1.0, "tokens_per_s": 1000.0, "wall_s": step / 10.0,
+        "rebalanced": rebalanced, "skipped_pairs": 0,
+    })
+    diverged_step = None
+    if status == "diverged":
+        frame.loc[frame.index[-1], ["train_loss", "val_loss", "rho_qk", "rho_ov", "beta_qk", "beta_ov"]] = np.nan
+        diverged_step = int(step[-1])
+    frame.to_csv(run_dir / "metrics.csv", index=False)
+    summary = {
+        "status": status, "case": case, "lr": lr, "seed": seed, "steps_completed": int(step[-1]),
+        "diverged_step": diverged_step,
+        "final_train_loss": None if status == "diverged" else final_val_loss - 0.1,
+        "final_val_loss": None if status == "diverged" else final_val_loss,
+        "wall_time_s": 4.0, "device": "cpu",
+        "config": {"case": case, "lr": lr, "seed": seed, "max_iters": steps, "weight_decay": weight_decay,
+                   "warmup_iters": 0, "lr_decay_iters": steps, "min_lr": lr, "rebalance_every": rebalance_every},
+    }
+    (run_dir / "run.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+def write_study(root: Path) -> tuple[Path, Path]:
+    """A small study under ``root``: runs/<case>/seed<S> (3 seeds of sgd, adamw, adamw_rebalance,
+    sgd_wd) and sweep/<opt>/lr<lr>/seed0 with β = 0.5 lr² for SGD, 0.3 lr for AdamW, and one
+    diverged SGD point. Returns (runs_dir, sweep_dir)."""
+    runs, sweep = root / "runs", root / "sweep"
+    for seed in range(3):
+        write_run(runs / "sgd" / f"seed{seed}", "sgd", seed, 0.5, rho_qk=1e-9 * (seed + 1),
+                  final_val_loss=1.0 + seed)
+        write_run(runs / "sgd_wd" / f"seed{seed}", "sgd_wd", seed, 0.5, rho_qk=0.2, final_beta=0.4,
+                  weight_decay=0.1)
+        write_run(runs / "adamw" / f"seed{seed}", "adamw", seed, 1e-3, rho_qk=0.05 + 0.01 * seed, final_beta=0.2)
+        write_run(runs / "adamw_rebalance" / f"seed{seed}", "adamw_rebalance", seed, 1e-3, rho_qk=0.06,
+                  final_beta=0.2, rebalance_every=20)
+    for lr in (0.01, 0.1, 1.0):
+        write_run(sweep / "sgd" / f"lr{lr:g}" / "seed0", "sgd", 0, lr, final_beta=0.5 * lr ** 2)
+        write_run(sweep / "adamw" / f"lr{lr / 100:g}" / "seed0", "adamw", 0, lr / 100, rho_qk=0.05,
+                  final_beta=0.3 * lr / 100)
+    write_run(sweep / "sgd" / "lr1000" / "seed0", "sgd", 0, 1000.0, status="diverged")
+    return runs, sweep

@@ -1,0 +1,125 @@
+"""attnid tables on synthetic runs: exact summaries, mean ± sd, slopes, claims, diverged runs, LaTeX."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from attnid import tables
+from synthetic_runs import write_run, write_study
+
+
+@pytest.fixture()
+def study(tmp_path):
+    runs_dir, sweep_dir = write_study(tmp_path)
+    out = tmp_path / "tables"
+    return tables.write_tables(runs_dir, sweep_dir, out), out
+
+
+def test_loglog_slope_of_beta_proportional_to_lr_squared_is_two():
+    lr = np.array([1e-3, 1e-2, 3e-2, 1e-1])
+    fit = tables.fit_loglog_slope(lr, 7.0 * lr ** 2)
+    assert fit["slope"] == pytest.approx(2.0, abs=1e-12)
+    assert fit["intercept"] == pytest.approx(math.log10(7.0), abs=1e-12)
+    assert fit["r2"] == pytest.approx(1.0) and fit["n_points"] == 4
+
+
+def test_loglog_slope_ignores_missing_and_needs_two_points():
+    assert tables.fit_loglog_slope([0.1, 1.0, 10.0], [0.01, np.nan, 1.0])["slope"] == pytest.approx(1.0)
+    assert math.isnan(tables.fit_loglog_slope([0.1, 1.0], [0.01, np.nan])["slope"])
+
+
+def test_per_run_summary_is_exact(study):
+    frames, _ = study
+    runs = frames["runs"]
+    assert len(runs) == 12
+    sgd0 = runs[(runs["case"] == "sgd") & (runs["seed"] == 0)].iloc[0]
+    assert sgd0["rho_qk_mean"] == pytest.approx(1e-9) and sgd0["rho_qk_max"] == pytest.approx(1e-9)
+    assert sgd0["beta_qk_final"] == pytest.approx(1e-3) and sgd0["beta_ov_final"] == pytest.approx(2e-3)
+    assert sgd0["tau_max"] == pytest.approx(1e-7) and sgd0["tau_logits_max"] == pytest.approx(3e-7)
+    assert sgd0["mu_qk_final"] == pytest.approx(0.1) and sgd0["final_val_loss"] == pytest.approx(1.0)
+    rebalanced = runs[runs["case"] == "adamw_rebalance"].iloc[0]
+    assert rebalanced["n_rebalances"] == 2 and rebalanced["beta_after_rebalance_max"] == pytest.approx(2e-9)
+
+
+def test_cases_table_mean_and_sample_sd_over_seeds(study):
+    cases = study[0]["cases"].set_index("case")
+    assert cases.loc["sgd", "n_seeds"] == 3
+    assert cases.loc["sgd", "final_val_loss_mean"] == pytest.approx(2.0)  # seeds: 1, 2, 3
+    assert cases.loc["sgd", "final_val_loss_sd"] == pytest.approx(1.0)
+    assert cases.loc["adamw", "rho_qk_mean_mean"] == pytest.approx(0.06)
+    assert cases.loc["adamw", "rho_qk_mean_sd"] == pytest.approx(0.01)
+
+
+def test_sweep_table_marks_diverged_points_and_fits_slopes(study):
+    frames, _ = study
+    sweep = frames["sweep"].set_index(["optimizer", "lr"])
+    assert sweep.loc[("sgd", 1000.0), "status"] == "diverged"
+    assert math.isnan(sweep.loc[("sgd", 1000.0), "final_val_loss"])
+    assert (sweep.drop(index=("sgd", 1000.0))["status"] == "ok").all()
+    slopes = frames["sweep_slopes"].set_index(["optimizer", "quantity"])
+    assert slopes.loc[("sgd", "beta_qk_final"), "slope"] == pytest.approx(2.0, abs=1e-9)
+    assert slopes.loc[("sgd", "beta_qk_final"), "n_points"] == 3  # the diverged point is left out
+    assert slopes.loc[("adamw", "beta_qk_final"), "slope"] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_claims_pass_on_a_study_that_shows_them(study):
+    claims = study[0]["claims"].set_index("claim")
+    assert (claims["result"] == "pass").all(), claims[["measured", "result"]]
+    assert claims.loc["rho_qk sgd max < 1e-6", "measured"] == pytest.approx(3e-9)
+    assert claims.loc["rho_qk adamw mean > 1e-2", "measured"] == pytest.approx(0.05)
+    assert claims.loc["sgd beta slope in [1.6, 2.4]", "measured"] == pytest.approx(2.0)
+
+
+def test_claims_fail_or_go_missing_when_the_runs_do_not_show_them(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs / "sgd" / "seed0", "sgd", 0, 0.5, rho_qk=1e-3, tau=1e-3)
+    frames = tables.write_tables(runs, tmp_path / "no_sweep", tmp_path / "out")
+    result = frames["claims"].set_index("claim")["result"]
+    assert result["rho_qk sgd max < 1e-6"] == "fail"
+    assert result["tau max < 1e-5"] == "fail"
+    assert result["sgd beta slope in [1.6, 2.4]"] == "missing"
+    assert result["rho_qk adamw mean > 1e-2"] == "missing"
+
+
+def test_diverged_main_run_is_listed_but_not_averaged(tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs / "adamw" / "seed0", "adamw", 0, 1e-3, final_val_loss=2.0)
+    write_run(runs / "adamw" / "seed1", "adamw", 1, 1e-3, status="diverged")
+    frames = tables.write_tables(runs, None, tmp_path / "out")
+    assert frames["runs"]["status"].tolist() == ["completed", "diverged"]
+    case = frames["cases"].iloc[0]
+    assert case["n_seeds"] == 2 and case["n_diverged"] == 1
+    assert case["final_val_loss_mean"] == pytest.approx(2.0)
+
+
+def test_every_file_is_written_and_latex_is_escaped(study):
+    _, out = study
+    for name in ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex",
+                 "sweep_slopes.csv", "claims.csv"):
+        assert (out / name).stat().st_size > 0, name
+    cases_tex = (out / "cases.tex").read_text()
+    assert r"sgd\_wd" in cases_tex and r"$\pm$" in cases_tex and "\\begin{tabular}" in cases_tex
+    assert cases_tex.count("\\\\") == 1 + 4  # header + one row per case
+    sweep_tex = (out / "sweep.tex").read_text()
+    assert "diverged" in sweep_tex and "slope" in sweep_tex
+    assert pd.read_csv(out / "claims.csv")["result"].eq("pass").all()
+
+
+def test_tex_number_formats():
+    assert tables.tex_number(0.1234) == "0.123"
+    assert tables.tex_number(1.5e-9) == r"$1.50\times10^{-9}$"
+    assert tables.tex_number(float("nan")) == "--" and tables.tex_number(None) == "--"
+    assert tables.tex_mean_sd(2.0, 1.0) == r"2 $\pm$ 1"
+
+
+def test_cli_without_runs_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "attnid", "tables", "--runs-dir", str(tmp_path / "none"),
+                           "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no runs" in proc.stderr
