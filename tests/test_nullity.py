@@ -136,3 +136,27 @@ def test_counts_and_verify_agree_on_the_formula():
     for case in nullity.default_cases():
         if case.kind != "pair":
             assert nullity.theory_nullity(case) == counts.layer_counts(case.shape())["unidentified_per_layer"]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_project_nanogpt_attention_has_the_closed_form_nullity(bias):
+    """The model we train (attnid.model) loses exactly the counted directions, not just our own layer."""
+    from attnid.model import CausalSelfAttention, GPTConfig
+
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(GPTConfig(block_size=8, n_embd=12, n_head=3, bias=bias, dropout=0.0)).double().eval()
+    names = [name for name, _ in layer.named_parameters()]
+    shapes = [p.shape for _, p in layer.named_parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for _, p in layer.named_parameters()]) * 3  # O(1) scores
+    x = torch.randn(40, 6, 12, dtype=torch.float64)
+
+    def outputs(theta):
+        pieces = torch.split(theta, [math.prod(s) for s in shapes])
+        params = {n: piece.reshape(s) for n, piece, s in zip(names, pieces, shapes)}
+        return torch.func.functional_call(layer, params, (x,)).reshape(-1)
+
+    singular = torch.linalg.svdvals(torch.func.jacrev(outputs)(flat))
+    rank = int((singular > nullity.RANK_RTOL * singular[0]).sum())
+    assert singular[rank - 1] / singular[rank] >= nullity.GAP_REQUIRED
+    expected = counts.unidentified_params_per_layer(counts.layer_shape(12, 3, bias=bias))
+    assert flat.numel() - rank == expected == (120 if bias else 96)

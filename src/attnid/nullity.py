@@ -25,7 +25,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -51,7 +51,6 @@ class Case:
     bias: bool = False
     out_bias: bool | None = None
     seq_len: int = 6
-    extra: dict = field(default_factory=dict)
 
     def shape(self) -> counts.LayerShape:
         return counts.layer_shape(self.n_embd, self.n_head, self.n_kv_head, self.head_dim, self.value_dim,
