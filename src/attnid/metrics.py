@@ -102,6 +102,17 @@ class MetricTracker:
             self.initial_imbalance[circuit] = gram_a - gram_b
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
+        self._cache_target_eigh()
+
+    def _cache_target_eigh(self) -> None:
+        """eigh of each target imbalance, computed once: rebalancing targets are fixed over a run."""
+        self._target_eigh: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        for circuit, initial in self.initial_imbalance.items():
+            self._target_eigh[circuit, "initial"] = torch.linalg.eigh(initial)
+            # a zero target: eigenvalues 0, any orthonormal basis; the identity keeps A' = sqrt(s) U^T simple
+            eye = torch.eye(initial.shape[-1], dtype=initial.dtype, device=initial.device).expand_as(initial)
+            self._target_eigh[circuit, "balanced"] = (torch.zeros(initial.shape[:-1], dtype=initial.dtype,
+                                                                  device=initial.device), eye)
 
     # ----- ρ ------------------------------------------------------------------------
 
@@ -130,9 +141,8 @@ class MetricTracker:
             pre_a, pre_b = _stack(_circuit_pairs(pre, n_head, circuit))
             now_a, now_b = _stack(_circuit_pairs(now, n_head, circuit))
             step_a, step_b = now_a - pre_a, now_b - pre_b  # pairs are linear in the weights
-            generator, singular = symmetry.tangent_solve(pre_a, pre_b, step_a, step_b)
-            proj_a, proj_b = symmetry.tangent_step(pre_a, pre_b, generator)
-            proj_sq = _per_layer(proj_a.square().sum((-1, -2)) + proj_b.square().sum((-1, -2)), self.n_layer)
+            proj_sq, singular = symmetry.unidentified_sq_norm(pre_a, pre_b, step_a, step_b)
+            proj_sq = _per_layer(proj_sq, self.n_layer)
             step_sq = _per_layer(step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2)), self.n_layer)
             proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
             row[f"rho_{circuit}"] = _ratio(sum(proj_sq), sum(step_sq))
@@ -188,11 +198,10 @@ class MetricTracker:
         skipped = 0
         for circuit in CIRCUITS:
             pair_a, pair_b = _stack(symmetry.model_pairs(model, circuit))
-            if target == "initial":
-                goal = self.initial_imbalance[circuit].to(device)
-            else:
-                goal = torch.zeros_like(self.initial_imbalance[circuit], device=device)
-            new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, goal)
+            goal = self.initial_imbalance[circuit] if target == "initial" else None  # None: 0, via the cache
+            eigenvalues, eigenvectors = self._target_eigh[circuit, target]
+            new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, goal,
+                                                          target_eigh=(eigenvalues.to(device), eigenvectors.to(device)))
             symmetry.write_pairs_back(model, circuit, _unstack(new_a, new_b, self.n_layer))
             skipped += int((~done).sum())
         return skipped
@@ -248,6 +257,7 @@ class MetricTracker:
             device = self.initial_imbalance[circuit].device
             self.initial_imbalance[circuit] = saved.to(device=device, dtype=torch.float64)
             self.beta_norm_sq[circuit] = state["beta_norm_sq"][circuit].to(device=device, dtype=torch.float64)
+        self._cache_target_eigh()
 
 
 # --------------------------------------------------------------------------------------

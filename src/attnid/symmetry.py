@@ -158,6 +158,25 @@ def imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
     return gram(pair_a) - gram(pair_b)
 
 
+def _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b):
+    """The normal equations of the tangent projection, diagonalised (design §2).
+
+    Returns ``(rhs_eig, inv_denom, vec_a, vec_b, singular)``: ``C' = U_b^T C U_a`` with
+    ``C = dA A^T - B dB^T``, ``1 / (b_i + a_j)`` (0 where the sum is round-off), the two
+    eigenbases, and a bool ``(...)`` marking pairs with such round-off sums.
+    """
+    eig_a, vec_a = torch.linalg.eigh(gram(pair_a))  # (..., D), (..., D, D)
+    eig_b, vec_b = torch.linalg.eigh(gram(pair_b))
+    eig_a, eig_b = eig_a.clamp_min(0), eig_b.clamp_min(0)
+    rhs = step_a @ pair_a.transpose(-1, -2) - pair_b @ step_b.transpose(-1, -2)  # (..., D, D)
+    rhs_eig = vec_b.transpose(-1, -2) @ rhs @ vec_a
+    denom = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)  # (..., D, D): b_i + a_j
+    scale = torch.maximum(eig_a.amax(-1), eig_b.amax(-1)).unsqueeze(-1).unsqueeze(-1)
+    solvable = denom > SINGULAR_RTOL * scale
+    inv_denom = torch.where(solvable, 1 / torch.where(solvable, denom, torch.ones_like(denom)), torch.zeros_like(denom))
+    return rhs_eig, inv_denom, vec_a, vec_b, ~solvable.flatten(-2).all(-1)
+
+
 def tangent_solve(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
     """The generator ``S`` ``(..., D, D)`` of the projection of a step onto the orbit's tangent space.
 
@@ -172,19 +191,21 @@ def tangent_solve(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.T
     pseudo-inverse and still gives the exact orthogonal projection. Returns
     ``(S, singular)`` with ``singular`` a bool ``(...)`` marking such pairs.
     """
-    eig_a, vec_a = torch.linalg.eigh(gram(pair_a))  # (..., D), (..., D, D)
-    eig_b, vec_b = torch.linalg.eigh(gram(pair_b))
-    eig_a, eig_b = eig_a.clamp_min(0), eig_b.clamp_min(0)
-    rhs = step_a @ pair_a.transpose(-1, -2) - pair_b @ step_b.transpose(-1, -2)  # (..., D, D)
-    rhs_eig = vec_b.transpose(-1, -2) @ rhs @ vec_a
-    denom = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)  # (..., D, D): b_i + a_j
-    scale = torch.maximum(eig_a.amax(-1), eig_b.amax(-1)).unsqueeze(-1).unsqueeze(-1)
-    solvable = denom > SINGULAR_RTOL * scale
-    generator_eig = torch.where(solvable, rhs_eig / torch.where(solvable, denom, torch.ones_like(denom)),
-                                torch.zeros_like(denom))
-    generator = vec_b @ generator_eig @ vec_a.transpose(-1, -2)
-    singular = ~solvable.flatten(-2).all(-1)
+    rhs_eig, inv_denom, vec_a, vec_b, singular = _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b)
+    generator = vec_b @ (rhs_eig * inv_denom) @ vec_a.transpose(-1, -2)
     return generator, singular
+
+
+def unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``||proj(dA, dB)||²`` per pair ``(...)``, without forming the projection, and the singular flags.
+
+    With ``T(S) = (S A, -S^T B)`` and ``S`` solving the normal equations
+    ``T*T(S) = C`` (:func:`tangent_solve`), ``||T S||² = <S, T*T S> = <S, C>``, which in
+    the eigenbases is ``sum_ij C'_ij² / (b_i + a_j)``: no D x n products (this runs on
+    every log step).
+    """
+    rhs_eig, inv_denom, _, _, singular = _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b)
+    return (rhs_eig.square() * inv_denom).sum((-1, -2)), singular
 
 
 def tangent_step(pair_a, pair_b, generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,7 +238,9 @@ def excess_norm_terms(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
     return frobenius_sq, 2 * nuclear
 
 
-def rebalance_pairs(pair_a, pair_b, target_imbalance) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rebalance_pairs(pair_a, pair_b, target_imbalance,
+                    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; design §4).
 
     ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
@@ -231,7 +254,8 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance) -> tuple[torch.Tensor, tor
     keeps ``A'^T B' = A^T B`` and gives ``A' A'^T - B' B'^T = P diag(p - s^2/p) P^T = I*``.
     ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
 
-    Returns ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero
+    ``target_eigh`` may pass ``torch.linalg.eigh(target_imbalance)`` precomputed (the
+    target is fixed over a run, so the tracker caches it). Returns ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero
     product) are returned unchanged with ``done`` False.
     """
     if min(pair_a.shape[-1], pair_b.shape[-1]) < pair_a.shape[-2]:
@@ -242,7 +266,7 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance) -> tuple[torch.Tensor, tor
     left_full = q_a @ left  # U: (..., n_a, D)
     right_full = q_b @ right_h.transpose(-1, -2)  # V: (..., n_b, D)
 
-    target_eig, target_vec = torch.linalg.eigh(target_imbalance)  # ascending
+    target_eig, target_vec = torch.linalg.eigh(target_imbalance) if target_eigh is None else target_eigh  # ascending
     target_eig, target_vec = target_eig.flip(-1), target_vec.flip(-1)  # descending, to pair with s
     root = torch.sqrt(target_eig.square() + 4 * sing.square())
     # p = (b + r)/2 cancels catastrophically for b < 0; there use the equal 2 s^2 / (r - b)
