@@ -209,3 +209,24 @@ def test_inspect_bad_file_is_one_line_error(tmp_path, capsys, content):
     assert main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("attnid inspect: error:") and len(err.strip().splitlines()) == 1
+
+
+class Wrapper(torch.nn.Module):
+    """Stands in for DistributedDataParallel: the model sits under ``.module``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.module = model
+
+    def forward(self, *args):
+        return self.module(*args)
+
+
+def test_tracker_sees_through_a_ddp_style_wrapper():
+    model = tiny_gpt(torch.float32)
+    wrapped = Wrapper(copy.deepcopy(model))
+    batch = probe()
+    plain, through = MetricTracker(model, batch), MetricTracker(wrapped, batch)
+    assert through.state_metrics(wrapped) == plain.state_metrics(model)
+    assert through.rebalance(wrapped, "balanced") == plain.rebalance(model, "balanced")
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in wrapped.module.state_dict().items())

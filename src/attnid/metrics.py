@@ -56,7 +56,7 @@ def _ratio(numerator: float, denominator: float) -> float:
 
 
 def _device(model) -> torch.device:
-    return model.transformer.h[0].attn.c_attn.weight.device
+    return symmetry.attention_blocks(model)[0].attn.c_attn.weight.device
 
 
 def _circuit_pairs(tensors_per_layer, n_head: int, circuit: str):
@@ -64,11 +64,11 @@ def _circuit_pairs(tensors_per_layer, n_head: int, circuit: str):
 
 
 def _model_tensors(model):
-    return [symmetry.layer_tensors(block) for block in model.transformer.h]
+    return [symmetry.layer_tensors(block) for block in symmetry.attention_blocks(model)]
 
 
 def _n_head(model) -> int:
-    return model.transformer.h[0].attn.n_head
+    return symmetry.attention_blocks(model)[0].attn.n_head
 
 
 def excess_norm(frobenius_sq: torch.Tensor, twice_nuclear: torch.Tensor) -> float:
@@ -93,7 +93,7 @@ class MetricTracker:
 
     def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor]):
         self.probe_batch = probe_batch
-        self.n_layer = len(model.transformer.h)
+        self.n_layer = len(symmetry.attention_blocks(model))
         self.initial_imbalance: dict[str, torch.Tensor] = {}  # circuit -> (L*H, D, D)
         self.beta_norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||A0A0ᵀ||² + ||B0B0ᵀ||²
         for circuit in CIRCUITS:
@@ -286,12 +286,12 @@ def layer_counts(n_embd: int, n_head: int, bias: bool) -> dict[str, int | float]
 def inspect_model(model) -> dict:
     """Per-layer μ, imbalance norm ‖I‖_F and identification counts of both circuits of a nanoGPT model."""
     n_head = _n_head(model)
-    n_embd = model.transformer.h[0].attn.c_attn.weight.shape[1]
-    has_bias = model.transformer.h[0].attn.c_attn.bias is not None
+    n_embd = symmetry.attention_blocks(model)[0].attn.c_attn.weight.shape[1]
+    has_bias = symmetry.attention_blocks(model)[0].attn.c_attn.bias is not None
     layers = []
     per_circuit = {c: symmetry.model_pairs(model, c) for c in CIRCUITS}
     totals = {c: [torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)] for c in CIRCUITS}
-    for layer in range(len(model.transformer.h)):
+    for layer in range(len(symmetry.attention_blocks(model))):
         row = {"layer": layer, "heads": n_head, "head_dim": n_embd // n_head}
         for circuit in CIRCUITS:
             pair_a, pair_b = per_circuit[circuit][layer]
@@ -303,6 +303,8 @@ def inspect_model(model) -> dict:
         row.update(layer_counts(n_embd, n_head, has_bias))
         layers.append(row)
     summary = {f"mu_{c}": excess_norm(*totals[c]) for c in CIRCUITS}
+    for circuit in CIRCUITS:  # sqrt of the sum over layers of ||I||_F^2
+        summary[f"imbalance_norm_{circuit}"] = math.sqrt(sum(r[f"imbalance_norm_{circuit}"] ** 2 for r in layers))
     summary["attention_params"] = sum(r["attention_params"] for r in layers)
     summary["unidentified"] = sum(r["unidentified"] for r in layers)
     summary["identified_fraction"] = 1 - summary["unidentified"] / summary["attention_params"]
@@ -319,7 +321,8 @@ def format_inspection(report: dict) -> str:
                "unid qk", "unid ov", "unid bias", "identified"]
     cells = [[fmt.format(row[key]) for key, fmt in columns] for row in report["layers"]]
     total = report["total"]
-    cells.append(["all", "", f"{total['mu_qk']:.4g}", f"{total['mu_ov']:.4g}", "", "",
+    cells.append(["all", "", f"{total['mu_qk']:.4g}", f"{total['mu_ov']:.4g}",
+                  f"{total['imbalance_norm_qk']:.4g}", f"{total['imbalance_norm_ov']:.4g}",
                   str(total["attention_params"]), "", "", str(total["unidentified"]),
                   f"{total['identified_fraction']:.6f}"])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]

@@ -97,6 +97,13 @@ def ov_pairs(c_attn_weight: torch.Tensor, c_attn_bias: torch.Tensor | None, c_pr
     return value, output
 
 
+def attention_blocks(model):
+    """The model's transformer blocks, through DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    while not hasattr(model, "transformer") and (hasattr(model, "module") or hasattr(model, "_orig_mod")):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model.transformer.h
+
+
 def layer_tensors(block) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The three attention tensors of a nanoGPT block: c_attn weight, c_attn bias (or None), c_proj weight."""
     attn = block.attn
@@ -116,7 +123,7 @@ def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, n_head: int,
 def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the float64 ``(A, B)`` pairs (each ``(H, D, n)``) of one circuit of a nanoGPT model."""
     return [pairs_from_tensors(*layer_tensors(block), block.attn.n_head, circuit)
-            for block in model.transformer.h]
+            for block in attention_blocks(model)]
 
 
 @torch.no_grad()
@@ -128,7 +135,7 @@ def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
     """
     if circuit not in CIRCUITS:
         raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
-    for block, (pair_a, pair_b) in zip(model.transformer.h, per_layer_pairs, strict=True):
+    for block, (pair_a, pair_b) in zip(attention_blocks(model), per_layer_pairs, strict=True):
         c_attn, c_proj = block.attn.c_attn, block.attn.c_proj
         n_embd = c_attn.weight.shape[1]
         has_bias = c_attn.bias is not None
