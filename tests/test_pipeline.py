@@ -78,9 +78,20 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
 
 @pytest.mark.slow
 def test_second_run_has_nothing_to_do(smoke_dir, shakespeare_url):
-    proc = run_smoke_dag(smoke_dir, shakespeare_url, "-n")
+    proc = run_smoke_dag(smoke_dir, shakespeare_url, "-n", "--nolock")  # --nolock: other tests read it too
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Nothing to be done" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
+@pytest.mark.slow
+def test_report_has_all_four_figures(smoke_dir, shakespeare_url, tmp_path):
+    report = tmp_path / "report.html"
+    proc = run_smoke_dag(smoke_dir, shakespeare_url, "--nolock", "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    html = report.read_text(errors="replace")
+    for i in range(1, 5):
+        assert f"fig{i}.png" in html
+    assert "Identification by design" in html and "learning-rate sweep" in html  # the .rst captions
 
 
 @pytest.mark.parametrize("setting, where", [
