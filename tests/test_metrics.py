@@ -128,7 +128,11 @@ def test_tau_probe_leaves_the_model_untouched_and_matches_a_real_rebalance():
         optimizer_step(model, optimizer, probe(20 + step))
     model.train()
     before = copy.deepcopy(model.state_dict())
+    direct = tracker.state_metrics(model)
     info = tracker.tau_probe(model, target="initial")
+    after_probe = tracker.state_metrics(model)  # mu reuses the probe's singular values at the same weights
+    assert after_probe.keys() == direct.keys()
+    assert all(after_probe[k] == pytest.approx(direct[k], rel=1e-12, abs=1e-15) for k in direct)
     assert model.training  # train/eval mode restored
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
     copy_model = copy.deepcopy(model)

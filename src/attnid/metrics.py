@@ -103,6 +103,8 @@ class MetricTracker:
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
         self._cache_target_eigh()
+        # circuit -> (A, B, 2 * nuclear norms) at the weights of the last rebalance (see state_metrics)
+        self._nuclear_memo: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _cache_target_eigh(self) -> None:
         """eigh of each target imbalance, computed once: rebalancing targets are fixed over a run."""
@@ -167,7 +169,13 @@ class MetricTracker:
             row[f"beta_{circuit}"] = _ratio(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))
             for layer in range(self.n_layer):
                 row[f"beta_{circuit}_l{layer}"] = _ratio(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
-            frobenius_sq, twice_nuclear = symmetry.excess_norm_terms(pair_a, pair_b)
+            memo = self._nuclear_memo.pop(circuit, None)
+            if memo is not None and torch.equal(memo[0], pair_a) and torch.equal(memo[1], pair_b):
+                # the product's singular values at these bit-identical weights, from the last rebalance/tau_probe
+                frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
+                twice_nuclear = memo[2]
+            else:
+                frobenius_sq, twice_nuclear = symmetry.excess_norm_terms(pair_a, pair_b)
             row[f"mu_{circuit}"] = excess_norm(frobenius_sq, twice_nuclear)
             for layer, (frob, nuc) in enumerate(zip(frobenius_sq.chunk(self.n_layer),
                                                     twice_nuclear.chunk(self.n_layer))):
@@ -200,7 +208,10 @@ class MetricTracker:
             pair_a, pair_b = _stack(symmetry.model_pairs(model, circuit))
             goal = self.initial_imbalance[circuit] if target == "initial" else None  # None: 0, via the cache
             eigenvalues, eigenvectors = self._target_eigh[circuit, target]
-            new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, goal,
+            product = symmetry.product_svd(pair_a, pair_b)
+            # tau_probe restores these exact weights, and state_metrics follows on a log step: keep s for mu
+            self._nuclear_memo[circuit] = (pair_a, pair_b, 2 * product[1].sum(-1))
+            new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, goal, product=product,
                                                           target_eigh=(eigenvalues.to(device), eigenvectors.to(device)))
             symmetry.write_pairs_back(model, circuit, _unstack(new_a, new_b, self.n_layer))
             skipped += int((~done).sum())

@@ -245,15 +245,30 @@ def excess_norm_terms(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
     return frobenius_sq, 2 * nuclear
 
 
-def rebalance_pairs(pair_a, pair_b, target_imbalance,
+def product_svd(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Thin SVD of the product, ``A^T B = U diag(s) V^T``, without forming the n_a x n_b product.
+
+    Thin QRs ``A^T = Q_1 R_1``, ``B^T = Q_2 R_2`` and ``R_1 R_2^T = u diag(s) v^T`` give
+    ``U = Q_1 u`` ``(..., n_a, D)``, ``s`` ``(..., D)`` descending, ``V = Q_2 v`` ``(..., n_b, D)``.
+    Needs ``n_a, n_b >= D``.
+    """
+    if min(pair_a.shape[-1], pair_b.shape[-1]) < pair_a.shape[-2]:
+        raise ValueError(f"product_svd needs n >= D, got A {tuple(pair_a.shape)}, B {tuple(pair_b.shape)}")
+    q_a, r_a = torch.linalg.qr(pair_a.transpose(-1, -2))  # (..., n_a, D), (..., D, D)
+    q_b, r_b = torch.linalg.qr(pair_b.transpose(-1, -2))
+    left, sing, right_h = torch.linalg.svd(r_a @ r_b.transpose(-1, -2))
+    return q_a @ left, sing, q_b @ right_h.transpose(-1, -2)
+
+
+def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
                     target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    product: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; design §4).
 
     ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
-    initial ``I_0`` to restore the conservation law of Lemma 5.1). With thin QRs
-    ``A^T = Q_1 R_1``, ``B^T = Q_2 R_2`` and ``R_1 R_2^T = u diag(s) v^T``, the product is
-    ``A^T B = U diag(s) V^T`` (``U = Q_1 u``, ``V = Q_2 v``). With ``I* = P diag(b) P^T``
+    initial ``I_0`` to restore the conservation law of Lemma 5.1). With the product's
+    thin SVD ``A^T B = U diag(s) V^T`` (:func:`product_svd`), ``I* = P diag(b) P^T``
     and ``p = (b + sqrt(b^2 + 4 s^2)) / 2``, ``W = P diag(sqrt p)``:
 
         A' = W U^T,   B' = W^{-T} diag(s) V^T
@@ -261,18 +276,12 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance,
     keeps ``A'^T B' = A^T B`` and gives ``A' A'^T - B' B'^T = P diag(p - s^2/p) P^T = I*``.
     ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
 
-    ``target_eigh`` may pass ``torch.linalg.eigh(target_imbalance)`` precomputed (the
-    target is fixed over a run, so the tracker caches it). Returns ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero
-    product) are returned unchanged with ``done`` False.
+    ``target_eigh`` (``torch.linalg.eigh(target_imbalance)``) and ``product``
+    (``product_svd(A, B)``) may be passed precomputed, which the tracker does. Returns
+    ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero product) are
+    returned unchanged with ``done`` False.
     """
-    if min(pair_a.shape[-1], pair_b.shape[-1]) < pair_a.shape[-2]:
-        raise ValueError(f"rebalancing needs n >= D, got A {tuple(pair_a.shape)}, B {tuple(pair_b.shape)}")
-    q_a, r_a = torch.linalg.qr(pair_a.transpose(-1, -2))  # (..., n_a, D), (..., D, D)
-    q_b, r_b = torch.linalg.qr(pair_b.transpose(-1, -2))
-    left, sing, right_h = torch.linalg.svd(r_a @ r_b.transpose(-1, -2))  # sing descending
-    left_full = q_a @ left  # U: (..., n_a, D)
-    right_full = q_b @ right_h.transpose(-1, -2)  # V: (..., n_b, D)
-
+    left_full, sing, right_full = product_svd(pair_a, pair_b) if product is None else product
     target_eig, target_vec = torch.linalg.eigh(target_imbalance) if target_eigh is None else target_eigh  # ascending
     target_eig, target_vec = target_eig.flip(-1), target_vec.flip(-1)  # descending, to pair with s
     root = torch.sqrt(target_eig.square() + 4 * sing.square())
