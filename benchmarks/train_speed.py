@@ -12,7 +12,7 @@ case (AdamW), same threads, run one after another in this process:
 It prints ms/iter for each and the two ratios the project targets:
 ``train/bare`` (target <= 1.0, within noise) and ``metrics/no-metrics`` (target <= 1.05).
 
-    python benchmarks/train_speed.py --data DIR [--steps 300] [--threads 2]
+    python benchmarks/train_speed.py --data DIR [--steps 300] [--threads 2] [--rounds 3]
 
 ``--data`` is a directory prepared by ``attnid prepare``; without it one is prepared
 in a temporary directory from ``--text`` (tiny shakespeare).
@@ -90,6 +90,7 @@ def main(argv=None) -> int:
                         / "tinyshakespeare.txt", help="tiny shakespeare, used when --data is not given")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per measurement (multiple of 10)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; the best of each is kept")
     args = parser.parse_args(argv)
     if args.steps % 10:
         parser.error("--steps must be a multiple of 10")
@@ -102,11 +103,16 @@ def main(argv=None) -> int:
 
             data_dir = Path(tmp) / "data"
             prepare(args.text, data_dir)
-        bare = bare_nanogpt_loop(data_dir, args.steps)
-        no_metrics = attnid_loop(data_dir, Path(tmp) / "plain", args.steps, args.threads, metrics=False)
-        with_metrics = attnid_loop(data_dir, Path(tmp) / "metrics", args.steps, args.threads, metrics=True)
+        # interleaved rounds, best of each: other load on the machine only ever adds time
+        timings = {"bare": [], "plain": [], "metrics": []}
+        for _ in range(args.rounds):
+            timings["bare"].append(bare_nanogpt_loop(data_dir, args.steps))
+            timings["plain"].append(attnid_loop(data_dir, Path(tmp) / "plain", args.steps, args.threads, False))
+            timings["metrics"].append(attnid_loop(data_dir, Path(tmp) / "metrics", args.steps, args.threads, True))
+        bare, no_metrics, with_metrics = (min(timings[k]) for k in ("bare", "plain", "metrics"))
 
-    print(f"nanoGPT CPU config {NANOGPT_CPU}, AdamW, {args.threads} threads, {args.steps} timed steps")
+    print(f"nanoGPT CPU config {NANOGPT_CPU}, AdamW, {args.threads} threads, {args.steps} timed steps, "
+          f"best of {args.rounds} interleaved rounds")
     print(f"  bare nanoGPT-style loop      {bare:8.2f} ms/iter")
     print(f"  attnid train --no-metrics    {no_metrics:8.2f} ms/iter")
     print(f"  attnid train (log-every 10)  {with_metrics:8.2f} ms/iter")

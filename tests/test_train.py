@@ -20,6 +20,7 @@ import torch
 
 from attnid.cli import build_parser, main
 from attnid.errors import UserError
+from attnid.model import load_nanogpt_checkpoint
 from attnid.train import BASE_COLUMNS, CASES, TIMING_COLUMNS, config_from_args, get_lr, resolve_config
 
 TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
@@ -78,7 +79,10 @@ def test_sgd_step_is_identified_adamw_is_not(prepared_data_dir, tmp_path):
     assert info["final_val_loss"] == pytest.approx(sgd.val_loss.iloc[-1])
     assert info["config"]["lr"] == 0.2 and info["seed"] == 1337 and info["device"] == "cpu"
     assert set(info["versions"]) >= {"python", "torch", "attnid"} and "git_commit" in info
-    assert (tmp_path / "sgd" / "ckpt.pt").is_file()
+    # the run's ckpt.pt is a nanoGPT checkpoint of the final weights
+    final = load_nanogpt_checkpoint(tmp_path / "sgd" / "ckpt.pt")
+    assert final.config.n_embd == 32 and final.config.vocab_size == 65
+    assert torch.load(tmp_path / "sgd" / "ckpt.pt", weights_only=False)["iter_num"] == 40
 
 
 def test_sgd_imbalance_drift_scales_like_lr_squared(prepared_data_dir, tmp_path):
@@ -176,13 +180,15 @@ def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
     assert frame.train_loss.dropna().max() <= 3 * frame.train_loss.iloc[1]
 
 
-def test_no_metrics_logs_losses_only(prepared_data_dir, tmp_path):
+def test_no_metrics_logs_losses_only_and_progress_lines(prepared_data_dir, tmp_path, capsys):
     out = tmp_path / "plain"
     assert train(prepared_data_dir, out, "--case", "sgd_momentum", "--no-metrics", "--max-iters", "20",
-                 "--log-every", "10", "--eval-every", "10") == 0
+                 "--log-every", "10", "--eval-every", "10", "--progress-every", "1e-6") == 0
     frame = metrics(out)
     assert frame.step.tolist() == [0, 10, 20] and frame.val_loss.notna().all()
     assert frame[["rho_qk", "beta_qk", "tau", "mu_ov"]].isna().all().all()
+    progress = [line for line in capsys.readouterr().err.splitlines() if " tok/s eta " in line]
+    assert progress and progress[-1].startswith("attnid train: step 20/20 loss ")
 
 
 def test_config_file_and_flag_precedence(tmp_path):
