@@ -1,17 +1,20 @@
-"""Cost of ρ β τ μ per log step, side by side with one training step, on nanoGPT's CPU config.
+"""Cost of ρ β τ μ per log step, side by side with training, on nanoGPT's CPU config.
 
-Model: 4 layers, 4 heads, E=128, block 64, batch 12 (the probe batch is one training
-batch, as ``attnid train`` uses). Measured one after another in this process, with
-the same threads:
+Model: 4 layers, 4 heads, E=128, block 64, batch 12, AdamW. The probe batch has
+``--probe-rows`` sequences (``attnid train`` uses one training batch, 12).
 
-1. ``train step``: forward, backward, AdamW step (random tokens; speed does not depend on them);
-2. ``metrics``: what a log step adds: snapshot + step_metrics + state_metrics + tau_probe,
-   and each part alone (tau_probe's two probe-batch forwards dominate).
+One *round* is ``--log-every`` training steps (forward, backward, AdamW step) and
+then what a log step adds: snapshot + step_metrics + state_metrics + tau_probe.
+Rounds alternate, so the two are measured under the same machine load; times are
+process CPU time (other jobs on a shared machine inflate wall time unevenly). It
+prints the median over rounds of
 
-Times are process CPU time (see ``CLOCK``). Prints ms for each and the ratio ``metrics / (log_every * train step)``: the
-fraction of training time spent on metrics at ``--log-every`` (target <= 0.05).
+    overhead = metrics per log step / (log_every * training step)     target <= 0.05
 
-    python benchmarks/metrics_overhead.py [--repeats 30] [--threads 1] [--log-every 10]
+and the median cost of each part, with tau_probe split into its two probe-batch
+forwards and its maths.
+
+    python benchmarks/metrics_overhead.py [--rounds 15] [--threads 1] [--log-every 10] [--probe-rows 12]
 """
 
 from __future__ import annotations
@@ -25,27 +28,21 @@ import torch
 from attnid.metrics import MetricTracker
 from attnid.model import GPT, GPTConfig
 
-
-# CPU time of this process, not wall time: on a shared machine other jobs' load inflates
-# wall time unevenly, while the work done here (with a fixed thread count) stays the same.
 CLOCK = time.process_time
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = CLOCK()
-        fn()
-        times.append(1e3 * (CLOCK() - start))
-    return statistics.median(times)
+def timed(fn) -> float:
+    start = CLOCK()
+    fn()
+    return 1e3 * (CLOCK() - start)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--probe-rows", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -54,7 +51,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 65, (12, 64), generator=gen), torch.randint(0, 65, (12, 64), generator=gen))
-    tracker = MetricTracker(model, probe_batch=batch)
+    tracker = MetricTracker(model, probe_batch=(batch[0][:args.probe_rows], batch[1][:args.probe_rows]))
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
@@ -62,36 +59,36 @@ def main() -> None:
         loss.backward()
         optimizer.step()
 
-    pre = tracker.snapshot(model)
-    train_step()
-    parts = {
-        "snapshot": lambda: tracker.snapshot(model),
-        "step_metrics": lambda: tracker.step_metrics(model, pre),
-        "state_metrics": lambda: tracker.state_metrics(model),
-        "tau_probe": lambda: tracker.tau_probe(model),
-        "probe forward (x1)": lambda: tracker._probe(model),
-    }
+    parts: dict[str, list[float]] = {k: [] for k in ("snapshot", "step_metrics", "state_metrics", "tau_probe",
+                                                     "probe forward x2", "train step", "overhead")}
+    for round_index in range(args.rounds + 1):  # round 0 warms up
+        train_ms = [timed(train_step) for _ in range(args.log_every - 1)]
+        snap = {}
+        snapshot_ms = timed(lambda: snap.setdefault("pre", tracker.snapshot(model)))
+        train_ms.append(timed(train_step))
+        step_ms = timed(lambda: tracker.step_metrics(model, snap["pre"]))
+        tau_ms = timed(lambda: tracker.tau_probe(model))
+        state_ms = timed(lambda: tracker.state_metrics(model))
+        forwards_ms = timed(lambda: (tracker._probe(model), tracker._probe(model)))
+        if round_index == 0:
+            continue
+        metrics_ms = snapshot_ms + step_ms + tau_ms + state_ms
+        for key, value in [("snapshot", snapshot_ms), ("step_metrics", step_ms), ("state_metrics", state_ms),
+                           ("tau_probe", tau_ms), ("probe forward x2", forwards_ms),
+                           ("train step", statistics.median(train_ms)),
+                           ("overhead", metrics_ms / sum(train_ms))]:
+            parts[key].append(value)
 
-    def all_metrics():
-        snap = tracker.snapshot(model)
-        tracker.step_metrics(model, snap)
-        tracker.state_metrics(model)
-        tracker.tau_probe(model)
-
-    step_ms = median_ms(train_step, args.repeats)
-    print(f"threads={args.threads}  train step: {step_ms:.2f} ms")
-    for name, fn in parts.items():
-        print(f"  {name:>20}: {median_ms(fn, args.repeats):7.2f} ms")
-    metrics_ms = median_ms(all_metrics, args.repeats)
-    maths_ms = metrics_ms - parts_ms_probe(parts, args.repeats)
-    print(f"  {'all per log step':>20}: {metrics_ms:7.2f} ms  (of which maths, without tau's two forwards: "
-          f"{maths_ms:.2f} ms)")
-    print(f"overhead ratio metrics / ({args.log_every} train steps): {metrics_ms / (args.log_every * step_ms):.4f}"
-          f"   (target <= 0.05)")
-
-
-def parts_ms_probe(parts, repeats: int) -> float:
-    return 2 * median_ms(parts["probe forward (x1)"], repeats)
+    median = {k: statistics.median(v) for k, v in parts.items()}
+    print(f"threads={args.threads} log_every={args.log_every} probe_rows={args.probe_rows} rounds={args.rounds} "
+          f"(medians, process CPU ms)")
+    print(f"  {'train step':>24}: {median['train step']:8.2f}")
+    for key in ("snapshot", "step_metrics", "state_metrics", "tau_probe", "probe forward x2"):
+        print(f"  {key:>24}: {median[key]:8.2f}")
+    maths = median["snapshot"] + median["step_metrics"] + median["state_metrics"] + median["tau_probe"] \
+        - median["probe forward x2"]
+    print(f"  {'maths (all but forwards)':>24}: {maths:8.2f}   = {maths / median['train step']:.2f} train steps")
+    print(f"overhead = metrics / ({args.log_every} train steps): {median['overhead']:.4f}   (target <= 0.05)")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ from attnid import symmetry
 from attnid.model import GPT, GPTConfig
 
 F64 = torch.float64
-PROPERTY = settings(max_examples=40, deadline=None)
+# derandomized and without an example database: the same examples on every run (CI is reproducible,
+# nothing written into the repo); wider searches (300-400 examples) were run by hand when writing these
+PROPERTY = settings(max_examples=40, deadline=None, database=None, derandomize=True)
 
 
 @st.composite
