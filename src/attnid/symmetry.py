@@ -100,7 +100,7 @@ def ov_pairs(c_attn_weight: torch.Tensor, c_attn_bias: torch.Tensor | None, c_pr
 def attention_blocks(model):
     """The model's transformer blocks, through DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
     while not hasattr(model, "transformer") and (hasattr(model, "module") or hasattr(model, "_orig_mod")):
-        model = getattr(model, "module", None) or model._orig_mod
+        model = model.module if hasattr(model, "module") else model._orig_mod
     return model.transformer.h
 
 
@@ -140,8 +140,8 @@ def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
         n_embd = c_attn.weight.shape[1]
         has_bias = c_attn.bias is not None
         first = 0 if circuit == "qk" else 2 * n_embd  # row offset of A's block in c_attn
-        blocks = [(first, pair_a)] + ([(n_embd, pair_b)] if circuit == "qk" else [])
-        for row0, pair in blocks:
+        c_attn_parts = [(first, pair_a)] + ([(n_embd, pair_b)] if circuit == "qk" else [])  # (row offset, pair)
+        for row0, pair in c_attn_parts:
             weight_part = pair[..., :n_embd].reshape(n_embd, n_embd)  # (H, D, E) -> (E, E)
             c_attn.weight[row0:row0 + n_embd].copy_(weight_part.to(c_attn.weight.dtype))
             if has_bias:
