@@ -276,10 +276,16 @@ StorageLoc={DB_NAME}
             parts.append(f"==> {path.name} <==\n" + "\n".join(tail))
         return "\n".join(parts)
 
-    def sacct(self, fields: list[str], all_steps: bool = False) -> list[dict[str, str]]:
-        """Every job in the accounting database as dictionaries of ``fields`` (``-X``: allocations only)."""
+    def sacct(self, fields: list[str], all_steps: bool = False, duplicates: bool = False) -> list[dict[str, str]]:
+        """Every job in the accounting database as dictionaries of ``fields``.
+
+        ``-X`` (allocations, not steps) unless ``all_steps``; ``duplicates`` adds ``-D``: one
+        record per run of a job, so a requeued job shows its REQUEUED run(s) before the last.
+        """
         argv = ["sacct", "-a", "-n", "-P", "--starttime=now-1days", "--format=" + ",".join(fields)]
         if not all_steps:
             argv.append("-X")
+        if duplicates:
+            argv.append("-D")
         result = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=30, check=True)
         return [dict(zip(fields, line.split("|"))) for line in result.stdout.splitlines() if line.strip()]

@@ -1,0 +1,172 @@
+"""The smoke pipeline on a real single-node SLURM cluster, through profiles/slurm (issue #5).
+
+Starts munge, MariaDB, slurmdbd, slurmctld and slurmd under tmp_path
+(tests/slurm_cluster.py), runs the whole smoke DAG with ``--profile profiles/slurm`` plus
+test-only overrides, preempts one running training job with ``scontrol requeue``, and checks:
+
+- every training job ran as a SLURM job (sacct), requested the GPU and no other job did;
+- the preempted job was requeued by SLURM (the profile's ``slurm-requeue``) and the DAG finished;
+- the tables equal those of a local run of the same DAG.
+
+Needs root and Debian's slurm/munge/mariadb packages (``.ci/run`` installs them); without
+them the test fails and says so: it never skips.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline_helpers import REPO, TABLES, copy_pipeline, expected_outputs, shared_smoke_run, smoke_config, \
+    snakemake_env
+from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
+
+PROFILE = REPO / "profiles" / "slurm"
+TRAINING_RULES = ("train_case", "train_sweep")
+SNAKEMAKE_TIMEOUT_S = 1500
+TIMING = ("wall_time_s", "wall_s", "tokens_per_s")
+
+
+def profile_settings() -> dict:
+    return yaml.safe_load((PROFILE / "config.yaml").read_text())
+
+
+def test_profile_requeues_and_sets_resources():
+    profile = profile_settings()
+    assert profile["executor"] == "slurm" and profile["slurm-requeue"] is True
+    assert profile["retries"] >= 1 and profile["rerun-incomplete"] is True
+    assert {"runtime", "mem_mb"} <= set(profile["default-resources"])
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert '"snakemake-executor-plugin-slurm==' in pyproject  # pinned in the [slurm] extra
+
+
+def slurm_snakemake_command(shakespeare_url: str) -> list[str]:
+    """snakemake --profile profiles/slurm + the overrides this test cluster needs.
+
+    A command-line option replaces the profile's value of the same option, so the
+    profile's default-resources and set-resources are repeated with the additions.
+    """
+    profile = profile_settings()
+    default_resources = [f"{k}={v}" for k, v in profile["default-resources"].items()]
+    default_resources.append(f"slurm_partition={PARTITION}")
+    set_resources = [f"{rule}:{k}={v}" for rule, res in profile["set-resources"].items() for k, v in res.items()]
+    # The smoke config trains on the CPU; ask for the (fake) GPU anyway, as config/paper.yaml does.
+    set_resources += [f"{rule}:gpu=1" for rule in TRAINING_RULES]
+    return [
+        "timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S),
+        sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "--configfile", "config/smoke.yaml",
+        "--slurm-no-account",
+        "--default-resources", *default_resources,
+        "--set-resources", *set_resources,
+        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
+        "--jobs", "4",
+        "--config", f"data_url={shakespeare_url}",
+    ]
+
+
+def preempt_first_training_job(cluster: SlurmCluster, stop: threading.Event, preempted: list[str]) -> None:
+    """Requeue (as a preemption would) the first training job seen RUNNING for a few seconds."""
+    while not stop.is_set():
+        result = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%M"], capture_output=True,
+                                text=True, env=cluster.env, timeout=30)
+        for line in result.stdout.splitlines():
+            job_id, comment, elapsed = line.split("|")
+            if comment.startswith("rule_train_case") and elapsed not in ("0:00", "0:01", "0:02"):
+                requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                                         env=cluster.env, timeout=30)
+                if requeue.returncode == 0:
+                    preempted.append(job_id)
+                    return
+        stop.wait(0.5)
+
+
+def _numeric_equal(a: pd.Series, b: pd.Series, atol: float) -> bool:
+    pairs = zip(a.astype(float), b.astype(float))
+    return all((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=atol) for x, y in pairs)
+
+
+def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
+    """Same rows and values, timing aside; tau (a round-off measurement, ~1e-7) to 1e-5 absolute."""
+    for name in (t for t in TABLES if t.endswith(".csv")):
+        got, want = pd.read_csv(got_dir / name), pd.read_csv(want_dir / name)
+        assert list(got.columns) == list(want.columns) and got.shape == want.shape, name
+        for column in got.columns:
+            if column in TIMING:
+                continue
+            if pd.api.types.is_numeric_dtype(want[column]):
+                round_off = column.startswith("tau") or (name == "claims.csv" and column == "measured")
+                tau_rows = want["claim"].str.contains("tau") if name == "claims.csv" else None
+                if tau_rows is not None and round_off:
+                    ok = _numeric_equal(got[column][~tau_rows], want[column][~tau_rows], 0.0) and \
+                        _numeric_equal(got[column][tau_rows], want[column][tau_rows], 1e-5)
+                else:
+                    ok = _numeric_equal(got[column], want[column], 1e-5 if round_off else 0.0)
+                assert ok, f"{name}: column {column} differs:\n{got[column]}\n{want[column]}"
+            else:
+                assert got[column].fillna("").astype(str).tolist() == want[column].fillna("").astype(str).tolist(), \
+                    f"{name}: column {column} differs"
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_path_factory):
+    missing = missing_requirements()
+    if missing:
+        pytest.fail("the SLURM test needs " + ", ".join(missing) + ": run it as root after .ci/run installed "
+                    "slurmctld slurmd slurm-client slurmdbd munge mariadb-server")
+    local_dir = shared_smoke_run(tmp_path_factory, shakespeare_url)  # the local reference (shared, built once)
+    workdir = copy_pipeline(tmp_path / "wf")
+    config = smoke_config()
+    n_training = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
+
+    with SlurmCluster(tmp_path / "slurm") as cluster:
+        env = snakemake_env()
+        env.update(SLURM_CONF=cluster.env["SLURM_CONF"], PATH=f"{cluster.bin}:{env['PATH']}")
+        stop, preempted = threading.Event(), []
+        watcher = threading.Thread(target=preempt_first_training_job, args=(cluster, stop, preempted), daemon=True)
+        watcher.start()
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(slurm_snakemake_command(shakespeare_url), cwd=workdir, env=env,
+                                  capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S + 60)
+        finally:
+            stop.set()
+            watcher.join(timeout=60)
+        elapsed = time.monotonic() - started
+        diagnostics = f"\n--- snakemake ---\n{(proc.stdout + proc.stderr)[-5000:]}\n--- daemons ---\n{cluster.logs()}"
+        assert proc.returncode == 0, f"snakemake exited {proc.returncode} after {elapsed:.0f} s" + diagnostics
+        print(f"smoke DAG through SLURM: {elapsed:.0f} s")
+
+        fields = ["JobID", "JobName", "State", "Comment", "AllocTRES", "ReqTRES", "ExitCode"]
+        jobs = cluster.sacct(fields)                       # the last record of every job
+        attempts = cluster.sacct(fields, duplicates=True)  # every run of every job (requeues too)
+
+    training = [job for job in jobs if job["Comment"].startswith(tuple(f"rule_{r}_" for r in TRAINING_RULES))]
+    others = [job for job in jobs if job not in training]
+    # every training job was a SLURM job that completed, and asked for (and got) the GPU
+    assert len(training) == n_training, [job["Comment"] for job in jobs]
+    assert len({job["Comment"] for job in training}) == n_training
+    for job in training:
+        assert job["State"] == "COMPLETED", job
+        assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], job
+    # the other rules ran on SLURM too, without a GPU
+    assert {job["Comment"].split("_wildcards")[0] for job in others} >= {"rule_fetch_data", "rule_prepare_data",
+                                                                         "rule_tables"}, others
+    assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
+    # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed
+    assert preempted, "no training job was seen running long enough to preempt"
+    runs_of_preempted = [a for a in attempts if a["JobID"] == preempted[0]]
+    assert any(a["State"] == "REQUEUED" for a in runs_of_preempted), runs_of_preempted
+    assert runs_of_preempted[-1]["State"] == "COMPLETED", runs_of_preempted
+
+    missing_outputs = [path for path in expected_outputs(config) if not (workdir / path).is_file()]
+    assert not missing_outputs, missing_outputs
+    assert_tables_match(workdir / "results/tables", local_dir / "results/tables")
