@@ -65,8 +65,11 @@ def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None
 
 
 def run_smoke_dag(workdir: str | os.PathLike, shakespeare_url: str, *args: str, config: dict | None = None,
-                  timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``."""
+                  timeout: float = 1800) -> subprocess.CompletedProcess:
+    """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``.
+
+    About 100 s of CPU time on 2 idle cores; the generous timeout is for a machine shared with other jobs.
+    """
     return run_snakemake(workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout)
 
 
