@@ -51,7 +51,7 @@ def write_run(run_dir: Path, case: str, seed: int, lr: float, *, steps: int = 40
 
 def write_study(root: Path) -> tuple[Path, Path]:
     """A small study under ``root``: runs/<case>/seed<S> (3 seeds of sgd, adamw, adamw_rebalance,
-    sgd_wd) and sweep/<opt>/lr<lr>/seed0 with β = 0.5 lr² for SGD, 0.3 lr for AdamW, and one
+    sgd_wd) and sweep/<opt>/lr<lr>/seed0 with β_QK = 0.5 lr² (β_OV = lr²) for SGD, 0.3 lr for AdamW, and one
     diverged SGD point. Returns (runs_dir, sweep_dir)."""
     runs, sweep = root / "runs", root / "sweep"
     for seed in range(3):

@@ -64,6 +64,7 @@ def test_sweep_table_marks_diverged_points_and_fits_slopes(study):
     assert (sweep.drop(index=("sgd", 1000.0))["status"] == "ok").all()
     slopes = frames["sweep_slopes"].set_index(["optimizer", "quantity"])
     assert slopes.loc[("sgd", "beta_qk_final"), "slope"] == pytest.approx(2.0, abs=1e-9)
+    assert slopes.loc[("sgd", "beta_ov_final"), "slope"] == pytest.approx(2.0, abs=1e-9)
     assert slopes.loc[("sgd", "beta_qk_final"), "n_points"] == 3  # the diverged point is left out
     assert slopes.loc[("adamw", "beta_qk_final"), "slope"] == pytest.approx(1.0, abs=1e-9)
 

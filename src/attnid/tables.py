@@ -31,6 +31,10 @@ CIRCUITS = ("qk", "ov")
 RHO_SGD_MAX = 1e-6            # E1: plain SGD has no component along unidentified directions
 RHO_ADAMW_MIN = 1e-2          # E2: AdamW does
 SGD_BETA_SLOPE = (1.6, 2.4)   # E1: the SGD drift of the conserved imbalance is O(lr^2)
+# The O(lr^2) law holds while the trajectory barely depends on lr (short runs, small lr). There
+# the query-key drift sits at float32 round-off (~1e-7: its gradients are small at init), so the
+# output-value circuit carries the slope; both slopes are in sweep_slopes.csv.
+SGD_SLOPE_CIRCUIT = "ov"
 TAU_MAX = 1e-5                # E3: an orbit move does not change the function
 BETA_AFTER_REBALANCE_MAX = 1e-3  # E3: rebalancing to I_0 restores the conservation law
 
@@ -249,8 +253,8 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
                rho_adamw.min() if len(rho_adamw) else math.nan, ">", RHO_ADAMW_MIN,
                f"smallest per-run mean rho_qk over {len(rho_adamw)} adamw runs"),
         _claim("sgd beta slope in [1.6, 2.4]", "E1, Section 5",
-               slope_of("sgd", "beta_qk_final"), "in", SGD_BETA_SLOPE,
-               "log-log slope of final beta_qk against lr over the sgd sweep"),
+               slope_of("sgd", f"beta_{SGD_SLOPE_CIRCUIT}_final"), "in", SGD_BETA_SLOPE,
+               f"log-log slope of final beta_{SGD_SLOPE_CIRCUIT} against lr over the sgd sweep"),
         _claim("tau max < 1e-5", "E3, Lemma 4.1",
                tau.max() if len(tau) else math.nan, "<", TAU_MAX,
                f"largest relative loss change of an orbit move over {len(tau)} runs"),
