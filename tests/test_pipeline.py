@@ -91,7 +91,7 @@ def test_report_has_all_four_figures(smoke_dir, shakespeare_url, tmp_path):
     html = report.read_text(errors="replace")
     for i in range(1, 5):
         assert f"fig{i}.png" in html
-    assert "Identification by design" in html and "learning-rate sweep" in html  # the .rst captions
+    assert "identification by design" in html and "learning-rate sweep" in html  # the .rst captions
 
 
 @pytest.mark.parametrize("setting, where", [
