@@ -211,10 +211,16 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
                          edgecolors="black", linewidths=0.4, label="real architectures (named on the right)")
         # one label per distinct point: models with the same attention shape share it
         shared = counts.groupby(["n_head", "identified_fraction"], sort=True)["architecture"].apply(", ".join)
-        for i, ((n_head, fraction), names) in enumerate(shared.items()):
-            ax_log.annotate(names, (n_head, 1.0 - fraction), fontsize=6, color="#333333",
-                            xytext=(6, 4 if i % 2 else -7), textcoords="offset points")
-
+        # names in a column right of the curves, spread apart in log space, with leader lines
+        ordered = sorted(shared.items(), key=lambda item: -(1.0 - item[0][1]))
+        label_log_y, min_gap = [], 0.16
+        for (_, fraction), _ in ordered:
+            wanted = math.log10(1.0 - fraction)
+            label_log_y.append(min(wanted, label_log_y[-1] - min_gap) if label_log_y else wanted)
+        for ((n_head, fraction), names), log_y in zip(ordered, label_log_y):
+            ax_log.annotate(names, xy=(n_head, 1.0 - fraction), xytext=(190, 10 ** log_y), textcoords="data",
+                            fontsize=6, color="#333333", va="center",
+                            arrowprops={"arrowstyle": "-", "color": "#999999", "linewidth": 0.5})
     for axis in (ax, ax_log):
         axis.set_xscale("log", base=2)
         axis.set_xticks(heads, [str(h) for h in heads])
@@ -225,7 +231,7 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
     ax_log.set_yscale("log")
     ax_log.set_ylabel("unidentified fraction (log)")
     ax_log.set_title("unidentified fraction: real architectures")
-    ax_log.set_xlim(0.8, 256)
+    ax_log.set_xlim(0.8, 1400)  # room for the names
     ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
     paths = save_figure(fig, out_dir, "fig1")
