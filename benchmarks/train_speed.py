@@ -12,7 +12,7 @@ case (AdamW), same threads, run one after another in this process:
 It prints ms/iter for each and the two ratios the project targets:
 ``train/bare`` (target <= 1.0, within noise) and ``metrics/no-metrics`` (target <= 1.05).
 
-    python benchmarks/train_speed.py --data DIR [--steps 300] [--threads 2] [--rounds 3]
+    python benchmarks/train_speed.py --data DIR [--steps 300] [--threads 2] [--rounds 3] [--clock wall|cpu]
 
 ``--data`` is a directory prepared by ``attnid prepare``; without it one is prepared
 in a temporary directory from ``--text`` (tiny shakespeare).
@@ -35,11 +35,11 @@ from attnid.model import GPT, GPTConfig
 from attnid.train import resolve_config, train
 
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
-WARMUP_STEPS = 20  # excluded from every timing: allocator and thread-pool warm-up
+WARMUP_STEPS = 20  # the short run of each pair: its set-up and warm-up cancel out of the difference
 
 
-def bare_nanogpt_loop(data_dir: Path, steps: int) -> float:
-    """ms/iter of nanoGPT's training loop, reduced to its work per step."""
+def bare_nanogpt_loop(data_dir: Path, steps: int) -> None:
+    """nanoGPT's training loop, reduced to its work per step."""
     meta_vocab = int(pd.read_json(data_dir / "meta.json", typ="series")["vocab_size"])
     torch.manual_seed(1337)
     config = GPTConfig(block_size=NANOGPT_CPU["block_size"], vocab_size=meta_vocab, n_layer=NANOGPT_CPU["n_layer"],
@@ -56,10 +56,7 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> float:
         return x, y
 
     x, y = get_batch()
-    start = None
-    for step in range(steps + WARMUP_STEPS):
-        if step == WARMUP_STEPS:
-            start = time.perf_counter()
+    for step in range(steps):
         _, loss = model(x, y)
         x, y = get_batch()
         loss.backward()
@@ -68,19 +65,24 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> float:
         optimizer.zero_grad(set_to_none=True)
         if step % 10 == 0:
             loss.item()
-    return (time.perf_counter() - start) / steps * 1000
 
 
-def attnid_loop(data_dir: Path, out: Path, steps: int, threads: int, metrics: bool) -> float:
-    """ms/iter of ``attnid train`` between its first and last log rows (no eval in between)."""
-    total = steps + 2 * WARMUP_STEPS
-    cfg = resolve_config(dict(data=str(data_dir), out=str(out), case="adamw", lr=1e-3, max_iters=total,
-                              eval_every=10 * total, eval_iters=1, ckpt_every=10 * total, threads=threads,
+def attnid_loop(data_dir: Path, out: Path, steps: int, threads: int, metrics: bool) -> None:
+    """``attnid train`` for ``steps`` steps (eval only at step 0 and the end, no checkpoint before the end)."""
+    cfg = resolve_config(dict(data=str(data_dir), out=str(out), case="adamw", lr=1e-3, max_iters=steps,
+                              eval_every=10 * steps, eval_iters=1, ckpt_every=10 * steps, threads=threads,
                               metrics=metrics, device="cpu", fresh=True, progress_every=1e9, **NANOGPT_CPU))
     assert train(cfg) == 0
-    rows = pd.read_csv(out / "metrics.csv").set_index("step")
-    first, last = WARMUP_STEPS, WARMUP_STEPS + steps  # both are log steps (multiples of 10) with no eval
-    return (rows.wall_s[last] - rows.wall_s[first]) / steps * 1000
+
+
+def ms_per_iter(run, steps: int, clock) -> float:
+    """Time per step as the difference of a long and a short run: set-up, eval and saving cancel out."""
+    timings = []
+    for n in (WARMUP_STEPS, WARMUP_STEPS + steps):
+        start = clock()
+        run(n)
+        timings.append(clock() - start)
+    return (timings[1] - timings[0]) / steps * 1000
 
 
 def main(argv=None) -> int:
@@ -91,6 +93,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=300, help="timed steps per measurement (multiple of 10)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; the best of each is kept")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall clock, or process CPU time (steadier on a busy machine; use with --threads 1)")
     args = parser.parse_args(argv)
     if args.steps % 10:
         parser.error("--steps must be a multiple of 10")
@@ -104,15 +108,20 @@ def main(argv=None) -> int:
             data_dir = Path(tmp) / "data"
             prepare(args.text, data_dir)
         # interleaved rounds, best of each: other load on the machine only ever adds time
-        timings = {"bare": [], "plain": [], "metrics": []}
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        runs = {
+            "bare": lambda n: bare_nanogpt_loop(data_dir, n),
+            "plain": lambda n: attnid_loop(data_dir, Path(tmp) / "plain", n, args.threads, metrics=False),
+            "metrics": lambda n: attnid_loop(data_dir, Path(tmp) / "metrics", n, args.threads, metrics=True),
+        }
+        timings = {name: [] for name in runs}
         for _ in range(args.rounds):
-            timings["bare"].append(bare_nanogpt_loop(data_dir, args.steps))
-            timings["plain"].append(attnid_loop(data_dir, Path(tmp) / "plain", args.steps, args.threads, False))
-            timings["metrics"].append(attnid_loop(data_dir, Path(tmp) / "metrics", args.steps, args.threads, True))
+            for name, run in runs.items():
+                timings[name].append(ms_per_iter(run, args.steps, clock))
         bare, no_metrics, with_metrics = (min(timings[k]) for k in ("bare", "plain", "metrics"))
 
     print(f"nanoGPT CPU config {NANOGPT_CPU}, AdamW, {args.threads} threads, {args.steps} timed steps, "
-          f"best of {args.rounds} interleaved rounds")
+          f"best of {args.rounds} interleaved rounds, {args.clock} clock")
     print(f"  bare nanoGPT-style loop      {bare:8.2f} ms/iter")
     print(f"  attnid train --no-metrics    {no_metrics:8.2f} ms/iter")
     print(f"  attnid train (log-every 10)  {with_metrics:8.2f} ms/iter")
