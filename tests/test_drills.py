@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,9 +34,13 @@ def smoke_dir(tmp_path_factory, shakespeare_url):
     return shared_smoke_run(tmp_path_factory, shakespeare_url)
 
 
-def _drill_workdir(tmp_path: Path, shakespeare_url: str, **training) -> Path:
-    """A pipeline copy whose smoke config is extended by config/drill.yaml (checkpoint every 5 steps)."""
+def _drill_workdir(tmp_path: Path, shakespeare_url: str, smoke_dir: Path, **training) -> Path:
+    """A pipeline copy whose smoke config is extended by config/drill.yaml (checkpoint every 5 steps).
+
+    The prepared data is copied (mtimes kept) from the smoke run, so only the training job runs.
+    """
     workdir = copy_pipeline(tmp_path / "wf")
+    shutil.copytree(smoke_dir / "data", workdir / "data")
     settings = {"data_url": shakespeare_url, "training": {**smoke_config()["training"], "ckpt_every": 5, **training}}
     (workdir / DRILL_CONFIG).write_text(yaml.safe_dump(settings))
     return workdir
@@ -70,7 +75,7 @@ def _comparable(path: Path) -> pd.DataFrame:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, tmp_path, shakespeare_url, smoke_dir):
-    workdir = _drill_workdir(tmp_path, shakespeare_url)
+    workdir = _drill_workdir(tmp_path, shakespeare_url, smoke_dir)
     ckpt = workdir / RUN / "ckpt.pt"
     command = [sys.executable, "-m", "snakemake", "--cores", "1", *_snakemake_args(f"{RUN}/run.json")]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
@@ -101,8 +106,6 @@ def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, tmp_pat
     # Nothing Snakemake would trust: no declared output, no temporary file; the checkpoint survives.
     leftovers = sorted(p.name for p in (workdir / RUN).iterdir())
     assert leftovers == ["ckpt.pt"], leftovers
-    plan = run_snakemake(workdir, "-n", *_snakemake_args(f"{RUN}/run.json"), configfile=None)
-    assert plan.returncode == 0 and "train_case" in plan.stdout, plan.stdout + plan.stderr
 
     rerun = run_snakemake(workdir, *_snakemake_args(f"{RUN}/run.json"), configfile=None, cores=1)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
