@@ -45,6 +45,8 @@ def test_per_run_summary_is_exact(study):
     assert sgd0["mu_qk_final"] == pytest.approx(0.1) and sgd0["final_val_loss"] == pytest.approx(1.0)
     rebalanced = runs[runs["case"] == "adamw_rebalance"].iloc[0]
     assert rebalanced["n_rebalances"] == 2 and rebalanced["beta_after_rebalance_max"] == pytest.approx(2e-9)
+    # before the rebalances at steps 20 and 40: beta_ov at steps 10 and 30 = 2 * 0.2 * (10, 30) / 40
+    assert rebalanced["beta_rebalance_ratio_max"] == pytest.approx(2e-9 / 0.1)
 
 
 def test_cases_table_mean_and_sample_sd_over_seeds(study):

@@ -36,7 +36,9 @@ SGD_BETA_SLOPE = (1.6, 2.4)   # E1: the SGD drift of the conserved imbalance is 
 # output-value circuit carries the slope; both slopes are in sweep_slopes.csv.
 SGD_SLOPE_CIRCUIT = "ov"
 TAU_MAX = 1e-5                # E3: an orbit move does not change the function
-BETA_AFTER_REBALANCE_MAX = 1e-3  # E3: rebalancing to I_0 restores the conservation law
+# E3: rebalancing to I_0 restores the conservation law: β right after a rebalance is ~0, i.e.
+# tiny next to the β the run had built up just before it (the sawtooth of Figure 3).
+BETA_REBALANCE_RATIO_MAX = 1e-2
 
 # Per-run summary columns whose mean ± sd over seeds make the per-case table.
 SUMMARY_COLUMNS = [
@@ -126,6 +128,12 @@ def summarize_run(info: dict, metrics: pd.DataFrame) -> dict:
     beta_both = pd.concat([_column(metrics, f"beta_{c}") for c in CIRCUITS], axis=1).max(axis=1)
     row["n_rebalances"] = int(after.sum())
     row["beta_after_rebalance_max"] = float(beta_both[after].max()) if after.any() else math.nan
+    # β just after each rebalance over β at the logged step before it (skipped when that row is
+    # itself a rebalance, or has no drift to undo)
+    before = beta_both.shift(1)
+    usable = after & ~after.shift(1, fill_value=False) & (before > 0)
+    ratios = beta_both[usable] / before[usable]
+    row["beta_rebalance_ratio_max"] = float(ratios.max()) if len(ratios) else math.nan
     return row
 
 
@@ -244,7 +252,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
     rho_sgd = of_case("sgd", "rho_qk_max")
     rho_adamw = of_case("adamw", "rho_qk_mean")
     tau = pd.to_numeric(done["tau_max"], errors="coerce").dropna() if not done.empty else pd.Series(dtype=float)
-    after = of_case("adamw_rebalance", "beta_after_rebalance_max")
+    after = of_case("adamw_rebalance", "beta_rebalance_ratio_max")
     rows = [
         _claim("rho_qk sgd max < 1e-6", "E1, Lemma 5.1",
                rho_sgd.max() if len(rho_sgd) else math.nan, "<", RHO_SGD_MAX,
@@ -258,9 +266,10 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
         _claim("tau max < 1e-5", "E3, Lemma 4.1",
                tau.max() if len(tau) else math.nan, "<", TAU_MAX,
                f"largest relative loss change of an orbit move over {len(tau)} runs"),
-        _claim("beta after rebalance ~ 0 (< 1e-3)", "E3, Section 5",
-               after.max() if len(after) else math.nan, "<", BETA_AFTER_REBALANCE_MAX,
-               f"largest beta logged right after a rebalance over {len(after)} adamw_rebalance runs"),
+        _claim("beta after rebalance ~ 0 (< 1e-2 x before)", "E3, Section 5",
+               after.max() if len(after) else math.nan, "<", BETA_REBALANCE_RATIO_MAX,
+               f"largest ratio of beta right after a rebalance to beta at the log step before it, "
+               f"over {len(after)} adamw_rebalance runs"),
     ]
     return pd.DataFrame(rows)
 
