@@ -22,6 +22,7 @@ def write_theory(theory_dir):
                  ).to_csv(theory_dir / "nullity.csv", index=False)
 
 
+@pytest.mark.slow  # ~12 s idle, ~35 s on a loaded machine (matplotlib text layout)
 def test_all_four_figures_are_written_as_png_and_pdf(tmp_path):
     runs_dir, sweep_dir = write_study(tmp_path)
     tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")
