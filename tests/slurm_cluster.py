@@ -59,11 +59,13 @@ def _port_open(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _node_hardware() -> str:
-    """The node's CPUs, sockets, cores and memory as slurmd sees them, so it registers without being drained."""
+def _node_hardware(min_cpus: int) -> str:
+    """The node's memory as slurmd sees it, and at least ``min_cpus`` CPUs (one socket, one thread per core)."""
     output = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
-    keys = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
-    return " ".join(item for item in output.split() if item.split("=", 1)[0] in keys)
+    fields = dict(item.split("=", 1) for item in output.split() if "=" in item)
+    cpus = max(int(fields["CPUs"]), min_cpus)
+    return (f"CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
+            f"RealMemory={fields['RealMemory']}")
 
 
 class ClusterError(RuntimeError):
@@ -71,10 +73,13 @@ class ClusterError(RuntimeError):
 
 
 class SlurmCluster:
-    def __init__(self, root: str | os.PathLike, hostname: str | None = None):
+    def __init__(self, root: str | os.PathLike, hostname: str | None = None, min_cpus: int = 6):
         self.root = Path(root).resolve()
         self.hostname = hostname or subprocess.run(["hostname", "-s"], capture_output=True, text=True,
                                                    check=True).stdout.strip()
+        # More CPUs than the machine has: short jobs spend much of their life starting up and
+        # waiting for status polls, so running more at once shortens the test (config_overrides).
+        self.min_cpus = min_cpus
         self.processes: dict[str, subprocess.Popen] = {}
         self.ports = {name: free_port() for name in ("mariadb", "slurmdbd", "slurmctld", "slurmd")}
         self.conf = self.root / "etc" / "slurm.conf"
@@ -139,7 +144,7 @@ class SlurmCluster:
         srun = self.bin / "srun"
         srun.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {shutil.which("srun")} "$@"\n')
         srun.chmod(0o755)
-        hardware = _node_hardware()
+        hardware = _node_hardware(self.min_cpus)
         etc, log, run = self.root / "etc", self.root / "log", self.root / "run"
         (etc / "plugstack.conf").write_text("")
         (etc / "gres.conf").write_text(f"NodeName={self.hostname} Name=gpu Type=fake File=/dev/null,/dev/zero\n")
@@ -170,6 +175,7 @@ SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
+SlurmdParameters=config_overrides
 MinJobAge=600
 SlurmdTimeout=60
 InactiveLimit=0
