@@ -25,7 +25,7 @@ import pandas as pd
 
 from attnid.errors import UserError
 from attnid.files import atomic_path
-from attnid.tables import find_run_dirs, load_run
+from attnid.tables import add_run_selection_arguments, check_run_selection, find_run_dirs, load_run
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
 STYLE = {
@@ -87,10 +87,11 @@ def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
 
 # ---------------------------------------------------------------------------- data helpers
 
-def load_runs_by_case(runs_dir: str | Path) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
-    """{case: [(run.json, metrics.csv) per seed]} for every run under ``runs_dir``, in case order."""
+def load_runs_by_case(runs_dir: str | Path | None,
+                      listed: list[str] | None = None) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
+    """{case: [(run.json, metrics.csv) per seed]} for the listed runs (or every run under ``runs_dir``), in case order."""
     by_case: dict[str, list] = {}
-    for run_dir in find_run_dirs(runs_dir):
+    for run_dir in find_run_dirs(runs_dir, listed):
         info, metrics = load_run(run_dir)
         by_case.setdefault(str(info.get("case")), []).append((info, metrics))
     order = {case: i for i, case in enumerate(CASE_STYLE)}
@@ -381,13 +382,13 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 
 # ---------------------------------------------------------------------------- command line
 
-def make_figures(tables_dir, runs_dir, sweep_dir, theory_dir, out_dir) -> list[Path]:
+def make_figures(tables_dir, runs_dir, sweep_dir, theory_dir, out_dir, listed_runs=None) -> list[Path]:
     """Draw figures 1-4 into ``out_dir``; returns the written paths."""
     for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
         if not needed.is_file():
             raise UserError(f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
                             f"(or simply snakemake --cores all)")
-    runs = load_runs_by_case(runs_dir)
+    runs = load_runs_by_case(runs_dir, listed_runs)
     if not runs:
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
     paths = figure_identification(theory_dir, out_dir)
@@ -399,13 +400,13 @@ def make_figures(tables_dir, runs_dir, sweep_dir, theory_dir, out_dir) -> list[P
 
 def add_figures_arguments(parser) -> None:
     parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
-    parser.add_argument("--runs-dir", required=True, help="results/runs")
-    parser.add_argument("--sweep-dir", default=None, help="results/sweep (read through the tables)")
+    add_run_selection_arguments(parser)
     parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
     parser.add_argument("--out-dir", required=True, help="where fig1..fig4 .png/.pdf go")
 
 
 def run_figures(args) -> int:
-    paths = make_figures(args.tables, args.runs_dir, args.sweep_dir, args.theory_dir, args.out_dir)
+    check_run_selection(args)
+    paths = make_figures(args.tables, args.runs_dir, args.sweep_dir, args.theory_dir, args.out_dir, args.runs)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0

@@ -50,12 +50,22 @@ SUMMARY_COLUMNS = [
 
 # ---------------------------------------------------------------------------- reading runs
 
-def find_run_dirs(root: str | Path) -> list[Path]:
-    """Every directory under ``root`` that holds a finished run (its ``run.json``)."""
-    root = Path(root)
-    if not root.is_dir():
+def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> list[Path]:
+    """The run directories to gather: ``listed`` when given, else every one under ``root``.
+
+    The pipeline passes the runs its config asks for (``listed``), so runs left over from
+    an older config in the same ``results/`` folder never leak into tables or figures.
+    A listed directory without ``run.json`` is an error, not a silent gap.
+    """
+    if listed:
+        missing = [d for d in listed if not (Path(d) / "run.json").is_file()]
+        if missing:
+            raise UserError(f"no run.json in {missing[0]} ({len(missing)} listed runs unfinished); "
+                            "run the training jobs first (snakemake --cores all)")
+        return [Path(d) for d in listed]
+    if root is None or not Path(root).is_dir():
         return []
-    return sorted(path.parent for path in root.rglob("run.json"))
+    return sorted(path.parent for path in Path(root).rglob("run.json"))
 
 
 def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
@@ -315,13 +325,19 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 # ---------------------------------------------------------------------------- command line
 
-def write_tables(runs_dir: str | Path, sweep_dir: str | Path | None, out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Build every table from the run directories and write them under ``out_dir``."""
-    run_dirs = find_run_dirs(runs_dir)
+def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_dir: str | Path,
+                 runs: list[str] | None = None, sweep_runs: list[str] | None = None) -> dict[str, pd.DataFrame]:
+    """Build every table from the run directories and write them under ``out_dir``.
+
+    ``runs`` / ``sweep_runs`` list the run directories explicitly (what the pipeline does);
+    otherwise every run under ``runs_dir`` / ``sweep_dir`` is gathered.
+    """
+    run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first (snakemake --cores all)")
+    sweep_dirs = find_run_dirs(sweep_dir, sweep_runs)
     runs = runs_table(run_dirs)
-    sweep_runs = runs_table(find_run_dirs(sweep_dir)) if sweep_dir else pd.DataFrame()
+    sweep_runs = runs_table(sweep_dirs) if sweep_dirs else pd.DataFrame()
     cases = cases_table(runs)
     sweep = sweep_table(sweep_runs)
     slopes = sweep_slopes_table(sweep) if not sweep.empty else sweep_slopes_table(
@@ -341,14 +357,29 @@ def write_tables(runs_dir: str | Path, sweep_dir: str | Path | None, out_dir: st
     return {"runs": runs, "cases": cases, "sweep": sweep, "sweep_slopes": slopes, "claims": claims}
 
 
-def add_tables_arguments(parser) -> None:
-    parser.add_argument("--runs-dir", required=True, help="results/runs: <case>/seed<S>/{run.json,metrics.csv}")
+def add_run_selection_arguments(parser) -> None:
+    """--runs-dir/--sweep-dir (gather everything below) or --runs/--sweep-runs (exactly these)."""
+    parser.add_argument("--runs-dir", default=None, help="results/runs: <case>/seed<S>/{run.json,metrics.csv}")
     parser.add_argument("--sweep-dir", default=None, help="results/sweep: <optimizer>/lr<lr>/seed<S>/...")
+    parser.add_argument("--runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="exactly these run directories (instead of everything under --runs-dir)")
+    parser.add_argument("--sweep-runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="exactly these sweep run directories (instead of everything under --sweep-dir)")
+
+
+def check_run_selection(args) -> None:
+    if args.runs_dir is None and not args.runs:
+        raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
+
+
+def add_tables_arguments(parser) -> None:
+    add_run_selection_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
 
 
 def run_tables(args) -> int:
-    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir)
+    check_run_selection(args)
+    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")

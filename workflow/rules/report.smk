@@ -10,15 +10,24 @@ RUN_OUTPUTS = [f"{d}/{name}" for d in RUN_DIRS + SWEEP_DIRS for name in ("metric
 THEORY_FILES = rules.counts.output + rules.verify.output
 
 
+# Only the runs this config asks for are gathered, never leftovers of an older config.
+RUN_SELECTION = {
+    "runs": " ".join(RUN_DIRS),
+    "sweep_runs": ("--sweep-runs " + " ".join(SWEEP_DIRS)) if SWEEP_DIRS else "",
+}
+
+
 rule tables:
     input:
         RUN_OUTPUTS,
     output:
         TABLE_FILES,
+    params:
+        **RUN_SELECTION,
     log:
         "results/logs/tables.log",
     shell:
-        "attnid tables --runs-dir results/runs --sweep-dir results/sweep --out-dir {TABLES_DIR} > {log:q} 2>&1"
+        "attnid tables --runs {params.runs} {params.sweep_runs} --out-dir {TABLES_DIR} > {log:q} 2>&1"
 
 
 rule figures:
@@ -29,10 +38,12 @@ rule figures:
     output:
         [report(f"figures/fig{i}.png", caption=f"../report/fig{i}.rst", category="Figures") for i in range(1, 5)],
         [f"figures/fig{i}.pdf" for i in range(1, 5)],
+    params:
+        **RUN_SELECTION,
     log:
         "results/logs/figures.log",
     shell:
-        "attnid figures --tables {TABLES_DIR} --runs-dir results/runs --sweep-dir results/sweep"
+        "attnid figures --tables {TABLES_DIR} --runs {params.runs}"
         " --theory-dir results/theory --out-dir figures > {log:q} 2>&1"
 
 
