@@ -345,9 +345,12 @@ def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
 def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
     """Figure 4 from the sweep and slope tables; returns the matplotlib figure."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
-    panels = [("beta_qk_final", r"final $\beta_{QK}$", True), ("rho_qk_mean", r"mean $\rho_{QK}$", True),
-              ("final_val_loss", "final val loss", False)]
+    fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT))
+    axes = axes.ravel()
+    # both circuits' beta: the O(lr^2) claim is read off beta_OV, since SGD's beta_QK sits at the
+    # float32 round-off floor in the short small-lr sweep (README, "pipeline")
+    panels = [("beta_qk_final", r"final $\beta_{QK}$", True), ("beta_ov_final", r"final $\beta_{OV}$", True),
+              ("rho_qk_mean", r"mean $\rho_{QK}$", True), ("final_val_loss", "final val loss", False)]
     for optimizer, group in sweep.groupby("optimizer", sort=False):
         style = case_style(optimizer)
         group = group.sort_values("lr")
