@@ -1,11 +1,11 @@
 """The smoke pipeline on a real single-node SLURM cluster, through profiles/slurm (issue #5).
 
 Starts munge, MariaDB, slurmdbd, slurmctld and slurmd under tmp_path
-(tests/slurm_cluster.py), runs the smoke DAG's training runs and tables with ``--profile
-profiles/slurm`` plus test-only overrides (the data and theory stages are copied from the local
-smoke run), preempts one running training job with ``scontrol requeue``, and checks:
+(tests/slurm_cluster.py), runs the whole smoke DAG (fetch, prepare, counts, verify, every training
+run, tables, figures, appendix) with ``--profile profiles/slurm`` plus test-only overrides,
+preempts one running training job with ``scontrol requeue``, and checks:
 
-- every training job ran as a SLURM job (sacct), requested the GPU and no other job did;
+- every job of the DAG ran as a SLURM job (sacct); the training jobs requested the GPU and no other job did;
 - the preempted job was requeued by SLURM (the profile's ``slurm-requeue``) and the DAG finished;
 - the tables equal those of a local run of the same DAG.
 
@@ -16,7 +16,6 @@ them the test fails and says so: it never skips.
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import sys
 import threading
@@ -35,11 +34,8 @@ PROFILE = REPO / "profiles" / "slurm"
 TRAINING_RULES = ("train_case", "train_sweep")
 SNAKEMAKE_TIMEOUT_S = 1500
 TIMING = ("wall_time_s", "wall_s", "tokens_per_s")
-# Every training run and the tables built from them. The data and theory stages are copied
-# from the local run (as data prepared on a login node would be) to keep the test short;
-# the figures and the appendix are presentation, tested locally by test_pipeline.py.
-TARGETS = tuple(f"results/tables/{name}" for name in TABLES)
-REUSED_FROM_LOCAL_RUN = ("data", "results/theory")
+# Every rule of the DAG but the target rule `all` (which has no command and runs no job).
+OTHER_RULES = ("fetch_data", "prepare_data", "counts", "verify", "tables", "figures", "appendix")
 
 
 def profile_settings() -> dict:
@@ -75,7 +71,6 @@ def slurm_snakemake_command(shakespeare_url: str) -> list[str]:
         "--set-resources", *set_resources,
         "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
         "--jobs", "6",
-        *TARGETS,
         "--config", f"data_url={shakespeare_url}",
     ]
 
@@ -132,8 +127,6 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
                     "slurmctld slurmd slurm-client slurmdbd munge mariadb-server")
     local_dir = shared_smoke_run(tmp_path_factory, shakespeare_url)  # the local reference (shared, built once)
     workdir = copy_pipeline(tmp_path / "wf")
-    for name in REUSED_FROM_LOCAL_RUN:  # copytree keeps mtimes: Snakemake sees these stages as done
-        shutil.copytree(local_dir / name, workdir / name)
     config = smoke_config()
     n_training = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
 
@@ -167,8 +160,8 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     for job in training:
         assert job["State"] == "COMPLETED", job
         assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], job
-    # the other rules ran on SLURM too, without a GPU
-    assert {job["Comment"] for job in others} == {"rule_tables"}, others
+    # every other rule of the DAG ran on SLURM too, without a GPU
+    assert sorted(job["Comment"] for job in others) == sorted(f"rule_{rule}" for rule in OTHER_RULES), others
     assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
     # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed
     assert preempted, "no training job was seen running long enough to preempt"
@@ -176,7 +169,6 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     assert any(a["State"] == "REQUEUED" for a in runs_of_preempted), runs_of_preempted
     assert runs_of_preempted[-1]["State"] == "COMPLETED", runs_of_preempted
 
-    wanted = [path for path in expected_outputs(config) if path.startswith(("results/runs", "results/sweep"))]
-    missing_outputs = [path for path in [*wanted, *TARGETS] if not (workdir / path).is_file()]
+    missing_outputs = [path for path in expected_outputs(config) if not (workdir / path).is_file()]
     assert not missing_outputs, missing_outputs
     assert_tables_match(workdir / "results/tables", local_dir / "results/tables")
