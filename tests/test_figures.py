@@ -27,7 +27,7 @@ def test_all_four_figures_are_written_as_png_and_pdf(tmp_path):
     runs_dir, sweep_dir = write_study(tmp_path)
     tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")
     write_theory(tmp_path / "theory")
-    paths = figures.make_figures(tmp_path / "tables", runs_dir, sweep_dir, tmp_path / "theory", tmp_path / "figs")
+    paths = figures.make_figures(tmp_path / "tables", runs_dir, tmp_path / "theory", tmp_path / "figs")
     assert sorted(p.name for p in paths) == sorted(f"fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf"))
     for path in paths:
         head = path.read_bytes()[:8]
@@ -76,7 +76,7 @@ def test_missing_inputs_are_a_user_error(tmp_path):
     from attnid.errors import UserError
 
     with pytest.raises(UserError, match="not found"):
-        figures.make_figures(tmp_path / "t", tmp_path / "r", None, tmp_path / "th", tmp_path / "out")
+        figures.make_figures(tmp_path / "t", tmp_path / "r", tmp_path / "th", tmp_path / "out")
 
 
 def test_one_style_for_every_case():

@@ -1,6 +1,6 @@
 """Figures 1-4 of the paper, from the tables and run logs, in one consistent style.
 
-    attnid figures --tables results/tables --runs-dir results/runs --sweep-dir results/sweep \\
+    attnid figures --tables results/tables --runs-dir results/runs \\
                    --theory-dir results/theory --out-dir figures
 
 1. Identification by design (T3, T5): identified fraction of an attention layer vs
@@ -279,7 +279,7 @@ def _figure_legend(fig, ax, ncol: int = 6) -> None:
 
 # ---------------------------------------------------------------------------- figure 3
 
-def figure_conservation(runs: dict, runs_dir: str | Path, out_dir: str | Path) -> list[Path]:
+def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
     """Figure 3 (E1-E3): β and μ vs step, with the SGD + weight-decay prediction."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT), sharex=True)
@@ -385,8 +385,8 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 
 # ---------------------------------------------------------------------------- command line
 
-def make_figures(tables_dir, runs_dir, sweep_dir, theory_dir, out_dir, listed_runs=None) -> list[Path]:
-    """Draw figures 1-4 into ``out_dir``; returns the written paths."""
+def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None) -> list[Path]:
+    """Draw figures 1-4 into ``out_dir``; returns the written paths (the sweep is read from the tables)."""
     for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
         if not needed.is_file():
             raise UserError(f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
@@ -396,20 +396,20 @@ def make_figures(tables_dir, runs_dir, sweep_dir, theory_dir, out_dir, listed_ru
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
     paths = figure_identification(theory_dir, out_dir)
     paths += figure_training(runs, out_dir)
-    paths += figure_conservation(runs, runs_dir, out_dir)
+    paths += figure_conservation(runs, out_dir)
     paths += figure_sweep(tables_dir, out_dir)
     return paths
 
 
 def add_figures_arguments(parser) -> None:
     parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
-    add_run_selection_arguments(parser)
+    add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
     parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
     parser.add_argument("--out-dir", required=True, help="where fig1..fig4 .png/.pdf go")
 
 
 def run_figures(args) -> int:
     check_run_selection(args)
-    paths = make_figures(args.tables, args.runs_dir, args.sweep_dir, args.theory_dir, args.out_dir, args.runs)
+    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0

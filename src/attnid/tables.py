@@ -357,14 +357,15 @@ def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_
     return {"runs": runs, "cases": cases, "sweep": sweep, "sweep_slopes": slopes, "claims": claims}
 
 
-def add_run_selection_arguments(parser) -> None:
-    """--runs-dir/--sweep-dir (gather everything below) or --runs/--sweep-runs (exactly these)."""
+def add_run_selection_arguments(parser, sweep: bool = True) -> None:
+    """--runs-dir (gather everything below) or --runs (exactly these); the same for the sweep if ``sweep``."""
     parser.add_argument("--runs-dir", default=None, help="results/runs: <case>/seed<S>/{run.json,metrics.csv}")
-    parser.add_argument("--sweep-dir", default=None, help="results/sweep: <optimizer>/lr<lr>/seed<S>/...")
     parser.add_argument("--runs", nargs="+", default=None, metavar="RUN_DIR",
                         help="exactly these run directories (instead of everything under --runs-dir)")
-    parser.add_argument("--sweep-runs", nargs="+", default=None, metavar="RUN_DIR",
-                        help="exactly these sweep run directories (instead of everything under --sweep-dir)")
+    if sweep:
+        parser.add_argument("--sweep-dir", default=None, help="results/sweep: <optimizer>/lr<lr>/seed<S>/...")
+        parser.add_argument("--sweep-runs", nargs="+", default=None, metavar="RUN_DIR",
+                            help="exactly these sweep run directories (instead of everything under --sweep-dir)")
 
 
 def check_run_selection(args) -> None:
