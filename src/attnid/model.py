@@ -9,12 +9,29 @@ loads unchanged (:func:`load_nanogpt_checkpoint`) and our own checkpoints load i
 nanoGPT. The same seed gives the same initial weights as nanoGPT, because the
 modules are created and initialised in the same order.
 
-Layout that the symmetry code relies on (DESIGN §2): ``c_attn.weight`` is
+Layout that the symmetry code relies on (docs/design.md §2): ``c_attn.weight`` is
 ``(3E, E)`` with rows ``[W_Q; W_K; W_V]``, head ``h`` owning rows ``h*D:(h+1)*D``
 of each block; ``c_proj.weight`` is ``(E, E)``, head ``h`` owning its columns
 ``h*D:(h+1)*D``.
-"""
 
+Variants (docs/design.md §8), all off by default; off, the model is nanoGPT's
+bit for bit (same modules, init order, state-dict keys and ``model_args``):
+
+- ``n_kv_head = G`` (grouped-query attention; ``G = 1`` is multi-query): ``G``
+  key/value heads, query head ``h`` reads group ``h // (H/G)``.
+- ``head_dim = D`` when it is not ``E/H`` (e.g. one head wider than ``E/H``).
+  Values have the same width ``C = D``.
+- ``rope``: rotary position embedding on queries and keys (Su et al. 2021), base
+  10000, half-split pairing (GPT-NeoX/Llama ``rotate_half``: coordinate ``m`` is
+  paired with ``m + D/2``), and no learned position embedding ``wpe``.
+
+Checkpoint layout of a variant: the same two tensors per layer, resized.
+``c_attn.weight`` is ``(H*D + 2*G*D, E)`` with rows ``[W_Q (H*D); W_K (G*D);
+W_V (G*D)]`` (``c_attn.bias`` likewise), query head ``h`` owning rows
+``h*D:(h+1)*D`` of the first block and group ``g`` rows ``g*D:(g+1)*D`` of the
+other two; ``c_proj.weight`` is ``(E, H*D)``, head ``h`` owning columns
+``h*D:(h+1)*D``. With ``G = H`` and ``D = E/H`` this is nanoGPT's layout.
+"""
 from __future__ import annotations
 
 import math
@@ -40,10 +57,76 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linears and LayerNorms, like GPT-2
+    # variants (docs/design.md §8); the defaults are nanoGPT's model
+    n_kv_head: int | None = None  # G key/value heads (grouped-query attention); None means n_head
+    rope: bool = False  # rotary embeddings on queries and keys instead of the learned wpe
+    head_dim: int | None = None  # D per head; None means n_embd // n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """``G``: the number of key/value heads."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def per_head_dim(self) -> int:
+        """``D``: the query/key/value width of one head."""
+        return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
 
     def model_args(self) -> dict:
-        """The ``model_args`` dict of a nanoGPT checkpoint."""
-        return asdict(self)
+        """The ``model_args`` dict of a nanoGPT checkpoint.
+
+        The variant fields are written only when set, so a stock model's
+        ``model_args`` has exactly nanoGPT's keys (nanoGPT's ``GPTConfig(**model_args)``
+        rejects unknown ones) and old checkpoints, which lack them, mean the defaults.
+        """
+        args = asdict(self)
+        for name, default in VARIANT_DEFAULTS.items():
+            if args[name] == default:
+                del args[name]
+        return args
+
+
+VARIANT_DEFAULTS = {"n_kv_head": None, "rope": False, "head_dim": None}
+
+
+def check_config(config: GPTConfig) -> None:
+    """Raise ValueError for an attention shape the model cannot build."""
+    if config.head_dim is None and config.n_embd % config.n_head != 0:
+        raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head} "
+                         "(or set head_dim)")
+    if config.per_head_dim < 1:
+        raise ValueError(f"head_dim must be positive, got {config.per_head_dim}")
+    if config.kv_heads < 1 or config.n_head % config.kv_heads != 0:
+        raise ValueError(f"n_kv_head={config.n_kv_head} must divide n_head={config.n_head}")
+    if config.rope and config.per_head_dim % 2 != 0:
+        raise ValueError(f"rope needs an even head_dim, got {config.per_head_dim}")
+
+
+ROPE_BASE = 10000.0
+
+
+def rope_rotate(x: torch.Tensor, pairing: str = "half", base: float = ROPE_BASE) -> torch.Tensor:
+    """Rotate each plane of x (B, heads, T, D) by angle position * base^(-2m/D) (Su et al. 2021).
+
+    ``half`` pairs coordinates (m, m + D/2) (GPT-NeoX, Llama: ``x cos + rotate_half(x) sin``);
+    ``interleaved`` pairs (2m, 2m+1) (GPT-J, RoFormer). Plane ``m`` is rotated by
+    ``R = cos I + sin J``, ``J = [[0, -1], [1, 0]]``. Position ``t`` is the index along T.
+    """
+    _, _, seq_len, head_dim = x.shape
+    freqs = base ** (-torch.arange(0, head_dim, 2, dtype=x.dtype, device=x.device) / head_dim)  # (D/2,)
+    angles = torch.arange(seq_len, dtype=x.dtype, device=x.device)[:, None] * freqs[None, :]  # (T, D/2)
+    cos, sin = angles.cos(), angles.sin()
+    if pairing == "interleaved":
+        first, second = x[..., 0::2], x[..., 1::2]  # (B, heads, T, D/2) each
+    elif pairing == "half":
+        first, second = x[..., : head_dim // 2], x[..., head_dim // 2:]
+    else:
+        raise ValueError(f"unknown RoPE pairing {pairing!r}; expected 'half' or 'interleaved'")
+    rotated_first = first * cos - second * sin
+    rotated_second = first * sin + second * cos
+    if pairing == "interleaved":
+        return torch.stack((rotated_first, rotated_second), dim=-1).flatten(-2)
+    return torch.cat((rotated_first, rotated_second), dim=-1)
 
 
 class LayerNorm(nn.Module):
@@ -59,29 +142,43 @@ class LayerNorm(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention; all heads' Q, K, V come from one matmul."""
+    """Causal self-attention; all heads' Q, K, V come from one matmul.
+
+    Multi-head by default; grouped-query with ``n_kv_head``, rotary with ``rope``
+    (see the module docstring for the layout).
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        assert config.n_embd % config.n_head == 0, "n_embd must be a multiple of n_head"
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # rows [W_Q; W_K; W_V]
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)  # W_O, head h = columns h*D:(h+1)*D
+        check_config(config)
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.per_head_dim
+        # widths of the Q, K, V row blocks of c_attn: (E, E, E) for nanoGPT
+        self.split_sizes = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim,
+                            self.n_kv_head * self.head_dim)
+        self.c_attn = nn.Linear(config.n_embd, sum(self.split_sizes), bias=config.bias)  # rows [W_Q; W_K; W_V]
+        # W_O, head h = columns h*D:(h+1)*D
+        self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.n_head = config.n_head
         self.n_embd = config.n_embd
         self.dropout = config.dropout
+        self.rope = config.rope
 
     def forward(self, x):
         B, T, E = x.size()
-        H, D = self.n_head, E // self.n_head
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # each (B, T, E)
+        H, G, D = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)  # (B, T, H*D), (B, T, G*D), (B, T, G*D)
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        # softmax(q k^T / sqrt(D)) v with a causal mask; the scale is SDPA's default 1/sqrt(D)
+        k = k.view(B, T, G, D).transpose(1, 2)  # (B, G, T, D)
+        v = v.view(B, T, G, D).transpose(1, 2)  # (B, G, T, D)
+        if self.rope:
+            q, k = rope_rotate(q), rope_rotate(k)
+        # softmax(q k^T / sqrt(D)) v with a causal mask; the scale is SDPA's default 1/sqrt(D).
+        # With G < H, enable_gqa lets query head h read key/value head h // (H/G).
+        extra = {"enable_gqa": True} if G != H else {}
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=None,
-                                           dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, E)  # heads side by side again: (B, T, E)
+                                           dropout_p=self.dropout if self.training else 0.0, is_causal=True,
+                                           **extra)
+        y = y.transpose(1, 2).contiguous().view(B, T, H * D)  # heads side by side again: (B, T, H*D)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -122,7 +219,8 @@ class GPT(nn.Module):
         self.config = config
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            # RoPE models carry positions in the attention instead (no wpe, as Llama)
+            **({} if config.rope else {"wpe": nn.Embedding(config.block_size, config.n_embd)}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=LayerNorm(config.n_embd, bias=config.bias),
@@ -150,7 +248,7 @@ class GPT(nn.Module):
     def get_num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; like nanoGPT, position embeddings are left out by default."""
         n_params = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
@@ -164,8 +262,11 @@ class GPT(nn.Module):
         """
         B, T = idx.size()
         assert T <= self.config.block_size, f"sequence of length {T} > block size {self.config.block_size}"
-        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, E)
+        x = self.transformer.wte(idx)  # (B, T, E)
+        if "wpe" in self.transformer:
+            pos = torch.arange(0, T, dtype=torch.long, device=idx.device)  # (T,)
+            x = x + self.transformer.wpe(pos)
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x)
         x = self.transformer.ln_f(x)  # (B, T, E)

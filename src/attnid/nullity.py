@@ -14,7 +14,8 @@ inherit that file's conventions): nanoGPT's causal attention with separate
 ``W_Q (HD x E)``, ``W_K (GD x E)``, ``W_V (GC x E)``, ``W_O (E x HC)``,
 optional biases, GQA (query head ``h`` uses key/value group ``h // (H/G)``),
 and RoPE with interleaved (GPT-J, RoFormer) or half-split (GPT-NeoX, Llama)
-pairing. RoPE cases use base 10 rather than 10,000: the theory holds for any
+pairing (the rotation itself is model.py's ``rope_rotate``, so these checks cover
+the RoPE the model runs). RoPE cases use base 10 rather than 10,000: the theory holds for any
 distinct nonzero frequencies, and short random sequences would barely rotate
 the slow planes of base 10,000, blurring the rank.
 """
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from attnid import counts
+from attnid.model import rope_rotate  # the model's rotation: the nullity checks test the RoPE the model runs
 
 GAP_REQUIRED = 1e6
 RANK_RTOL = 1e-9  # singular values below RANK_RTOL * s_max count as zero
@@ -119,26 +121,6 @@ def parameter_shapes(case: Case) -> dict[str, tuple[int, ...]]:
 def unflatten(flat: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     sizes = [math.prod(shape) for shape in shapes.values()]
     return {name: piece.reshape(shape) for (name, shape), piece in zip(shapes.items(), torch.split(flat, sizes))}
-
-
-def rope_rotate(x: torch.Tensor, pairing: str, base: float) -> torch.Tensor:
-    """Rotate each plane of x (B, heads, T, D) by angle position * base^(-2m/D) (Su et al. 2021).
-
-    ``interleaved`` pairs coordinates (2m, 2m+1); ``half`` pairs (m, m + D/2).
-    """
-    _, _, seq_len, head_dim = x.shape
-    freqs = base ** (-torch.arange(0, head_dim, 2, dtype=x.dtype) / head_dim)  # (D/2,)
-    angles = torch.arange(seq_len, dtype=x.dtype)[:, None] * freqs[None, :]  # (T, D/2)
-    cos, sin = angles.cos(), angles.sin()
-    if pairing == "interleaved":
-        first, second = x[..., 0::2], x[..., 1::2]  # (B, heads, T, D/2) each
-    else:
-        first, second = x[..., : head_dim // 2], x[..., head_dim // 2:]
-    rotated_first = first * cos - second * sin
-    rotated_second = first * sin + second * cos
-    if pairing == "interleaved":
-        return torch.stack((rotated_first, rotated_second), dim=-1).flatten(-2)
-    return torch.cat((rotated_first, rotated_second), dim=-1)
 
 
 def attention_layer(x: torch.Tensor, p: dict[str, torch.Tensor], shape: counts.LayerShape,
