@@ -317,3 +317,17 @@ def test_orbit_kind_and_bad_arguments():
         orbits.tangent_projection("so", *_rope_pair())
     with pytest.raises(ValueError, match="out of range"):
         orbits.orbit_dimension(GPTConfig(**TINY), 5, "qk")
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_orbit_dimensions_add_up_to_the_jacobian_nullity(rope):
+    """Against nullity.py's Jacobian of a bias-free GQA layer (E=8, H=2, G=1): the
+    architecture's orbits account for every unidentified direction."""
+    from attnid import nullity
+
+    case = nullity.Case("mqa", "rope_gqa" if rope else "gqa", n_embd=8, n_head=2, n_kv_head=1,
+                        rope="half" if rope else None)
+    measured = nullity.measure_case(case)
+    config = GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=2, n_kv_head=1, n_embd=8, rope=rope, bias=False)
+    assert measured["gap"] >= nullity.GAP_REQUIRED
+    assert measured["measured"] == sum(orbits.orbit_dimension(config, 0, c) for c in symmetry.CIRCUITS)
