@@ -358,18 +358,20 @@ def excess_norm_terms(kind: str, pair_a, pair_b) -> tuple[torch.Tensor, torch.Te
     return symmetry.excess_norm_terms(pair_a, pair_b)
 
 
-def rebalance_pairs(kind: str, pair_a, pair_b, target_imbalance=None
+def rebalance_pairs(kind: str, pair_a, pair_b, target_imbalance=None, target_eigh=None, product=None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move pairs along their orbit to a target conserved imbalance (None = balanced): ``(A', B', done)``.
 
     ``target_imbalance`` is (..., D, D), e.g. :func:`conserved_imbalance` at step 0.
+    ``"gl"`` passes the optional precomputed ``target_eigh`` / ``product`` on to
+    symmetry.rebalance_pairs; ``"rope"`` needs neither.
     """
     _check_kind(kind)
     if kind == "rope":
         return rope_rebalance_pairs(pair_a, pair_b, target_imbalance)
-    if target_imbalance is None:
+    if target_imbalance is None and target_eigh is None:
         target_imbalance = torch.zeros(*pair_a.shape[:-1], pair_a.shape[-2], dtype=pair_a.dtype)
-    return symmetry.rebalance_pairs(pair_a, pair_b, target_imbalance)
+    return symmetry.rebalance_pairs(pair_a, pair_b, target_imbalance, target_eigh=target_eigh, product=product)
 
 
 def random_group_element(kind: str, batch_shape, head_dim: int, generator: torch.Generator,
