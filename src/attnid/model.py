@@ -32,6 +32,7 @@ W_V (G*D)]`` (``c_attn.bias`` likewise), query head ``h`` owning rows
 other two; ``c_proj.weight`` is ``(E, H*D)``, head ``h`` owning columns
 ``h*D:(h+1)*D``. With ``G = H`` and ``D = E/H`` this is nanoGPT's layout.
 """
+
 from __future__ import annotations
 
 import math
