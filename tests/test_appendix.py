@@ -88,8 +88,8 @@ def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
         assert cells[0] == row.label
         assert [_integer(c) for c in cells[1:3]] == [row.n_embd, row.n_head]
         numbers = [float(c) for c in cells[3:]]
-        expected = [row.e0_equal_identified, row.e0_ratio_equal_identified, row.e0_equal_total_unidentified,
-                    row.d0_equal_total_unidentified, row.e0_ratio_equal_total_unidentified]
+        expected = [row.e0_equal_identified, row.e0_ratio_equal_identified, row.param_ratio_equal_identified,
+                    row.e0_half_identified, row.e0_ratio_half_identified, row.param_ratio_half_identified]
         assert numbers == pytest.approx(expected, abs=0.051)
 
 
