@@ -170,7 +170,8 @@ def test_t6_single_head_matching_at_twelve_heads():
     # E=1600, H=25: sqrt(2 - 1/25) = 7/5, so E_0 = 2240 is whole and its counts are integers.
     assert counts.single_head_match_equal_identified(1600, 25) == pytest.approx(2240, rel=1e-15)
     e0 = 2240
-    assert counts.single_head_params(e0) - counts.single_head_unidentified_params(e0) == _multi_head_identified(1600, 25)
+    single_identified = counts.single_head_params(e0) - counts.single_head_unidentified_params(e0)
+    assert single_identified == _multi_head_identified(1600, 25)
     # No single head of the same embedding matches a multi-head layer (T6); one head is its own match.
     for n_head in (2, 4, 12, 64):
         assert counts.single_head_match_equal_identified(768, n_head) > 768 * 1.2
