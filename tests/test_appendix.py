@@ -120,7 +120,8 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     assert tex.index("sweep-marker") < tex.index("runs-marker")
     assert r"Table~\ref{tab:experiment-runs} lists every training run." in tex  # no cases table to mention
     for k in range(1, 5):
-        assert rf"\includegraphics[width=\linewidth,height=0.62\textheight,keepaspectratio]{{../figs/fig{k}.pdf}}" in tex
+        size = r"width=\linewidth,height=0.62\textheight,keepaspectratio"
+        assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
         title = latex.figure_caption(f"fig{k}")["title"]
         assert rf"\caption[{title}]{{\textbf{{{title}.}}" in tex and rf"Figure~\ref{{fig:fig{k}}}, {title}" in tex
 
@@ -129,6 +130,8 @@ def test_missing_inputs_are_one_line_errors(theory_csvs, tmp_path, capsys):
     out = tmp_path / "appendix.tex"
     assert _render(theory_csvs, out, "--figures", str(tmp_path / "nothing")) == 2
     assert "fig1.pdf" in capsys.readouterr().err
+    assert _render(theory_csvs, out, "--templates", str(tmp_path)) == 2
+    assert "appendix.tex.j2" in capsys.readouterr().err
     assert main(["appendix", "--counts", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not found" in err

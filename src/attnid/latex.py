@@ -88,7 +88,8 @@ def gap_note(row) -> str:
     dropped singular value came out exactly 0.0. Empty for a finite gap."""
     if not math.isinf(float(row["gap"])):
         return ""
-    if int(row["n_outputs"]) < int(row["n_params"]) and int(row["measured"]) == int(row["n_params"]) - int(row["n_outputs"]):
+    n_params, n_rows = int(row["n_params"]), int(row["n_outputs"])
+    if n_rows < n_params and int(row["measured"]) == n_params - n_rows:
         return "rows"
     return "zero"
 
@@ -154,8 +155,8 @@ def _records(rows) -> list[dict]:
 def render_table(template: str, rows, template_dir: str | os.PathLike | None = None, **context) -> str:
     """Render ``template`` with ``rows`` (list of dicts or DataFrame) and any extra context.
 
-    ``template`` is a file name inside ``template_dir`` (default: the project's
-    ``paper/templates``) or, if it contains a newline, the template text itself.
+    ``template`` is a file name inside ``template_dir`` (default: the package's
+    ``attnid/templates``) or, if it contains a newline, the template text itself.
     """
     if "\n" in template:
         compiled = latex_environment().from_string(template)
