@@ -65,3 +65,16 @@ def test_unknown_command_is_one_line():
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "invalid choice" in proc.stderr
+
+
+def test_repository_needs_no_sibling_folder(repo_root):
+    """Code, tests, notebooks and CI find everything inside the clone (the data ships in assets/)."""
+    sibling = "shared" + "/"  # spelled in two parts so this file does not match itself
+    offenders = []
+    for folder in ("src", "tests", "notebooks", ".ci", "workflow", "config"):
+        for path in sorted((repo_root / folder).rglob("*")):
+            if path.is_file() and path.suffix not in (".pyc",) and "__pycache__" not in path.parts:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                offenders += [f"{path.relative_to(repo_root)}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                              if sibling in line]
+    assert not offenders, f"mentions of a sibling {sibling} folder: {offenders}"
