@@ -12,6 +12,7 @@ import yaml
 from attnid.cli import COMMANDS, main
 
 CONDA_NAMES = {"torch": "pytorch"}
+ENVIRONMENT_EXTRAS = ("test", "hf", "notebook")  # environment.yml installs these; slurm is a pip extra
 
 
 def _name(requirement: str) -> str:
@@ -20,7 +21,9 @@ def _name(requirement: str) -> str:
 
 def test_environment_yml_matches_pyproject(repo_root):
     project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
-    wanted = {CONDA_NAMES.get(_name(r), _name(r)): r for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    requirements = project["dependencies"] + [r for extra in ENVIRONMENT_EXTRAS for r in extras[extra]]
+    wanted = {CONDA_NAMES.get(_name(r), _name(r)): r for r in requirements}
     env = yaml.safe_load((repo_root / "environment.yml").read_text())
     conda = {_name(d): d for d in env["dependencies"] if isinstance(d, str)}
     missing = sorted(set(wanted) - set(conda))
