@@ -19,7 +19,7 @@
 #   CONFIG          a config file instead of config/$SIZE.yaml
 #   STEPS [200]     optimizer steps per run
 #   CASE [sgd]      optimizer case of the runs (sgd gives both the E1 and the E3 number)
-#   DTYPES ["bf16 float32 float64"]
+#   DTYPES ["bf16 float32 float64"; "float32 float64" when DEVICE=cpu, where attnid refuses bf16]
 #   THREADS         torch CPU threads per run [the config's threads]
 #   DAG [1]         0 skips (a)
 #   CORES [all]     snakemake --cores for (a)
@@ -31,8 +31,8 @@
 # Output: $OUT/summary.tsv, also printed at the end between "=== summary ===" and "=== end ===":
 # lines starting with "#" are comments (date, attnid version, the smoke DAG's result, the device
 # name), then one tab-separated header row and one row per run with the columns
-#   dtype metrics case steps status ms_per_step max_rho_qk max_rho_ov max_tau e1_rho e3_tau
-#   peak_mb peak_source run_dtype final_val_loss
+#   dtype metrics case steps status ms_per_step max_rho_qk max_rho_ov max_tau max_drift1_qk
+#   max_drift1_ov e1_rho e3_tau peak_mb peak_source run_dtype final_val_loss
 # defined in benchmarks/gpu_check_summary.py (and docs/cluster.md). NA marks a value not measured.
 # Exit status: 0 when the smoke DAG (if run) and every run finished, 1 otherwise.
 
@@ -44,7 +44,7 @@ SIZE=${SIZE:-paper}
 CONFIG=${CONFIG:-$REPO/config/$SIZE.yaml}
 STEPS=${STEPS:-200}
 CASE=${CASE:-sgd}
-DTYPES=${DTYPES:-bf16 float32 float64}
+if [[ $DEVICE == cpu ]]; then DTYPES=${DTYPES:-float32 float64}; else DTYPES=${DTYPES:-bf16 float32 float64}; fi
 THREADS=${THREADS:-}
 DAG=${DAG:-1}
 CORES=${CORES:-all}

@@ -27,6 +27,9 @@ tab-separated header row and one row per run, with these columns:
     max_rho_qk   largest per-step rho of the query-key circuit (design.md §3.1)
     max_rho_ov   the same for the output-value circuit
     max_tau      largest tau (design.md §3.3)
+    max_drift1_qk, max_drift1_ov
+                 largest first-order imbalance drift (design.md §7; zero up to the training precision's
+                 round-off for plain SGD); NA where this attnid does not log it
     e1_rho       pass | fail: max_rho_qk < RHO_SGD_MAX (the tables' E1 threshold); only for case sgd
     e3_tau       pass | fail: max_tau < TAU_MAX (the tables' E3 threshold)
     peak_mb      peak memory in MiB: torch.cuda.max_memory_allocated() on CUDA (tensors only, without the
@@ -54,7 +57,8 @@ import yaml
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "dropout", "bias")
 CASE_KEYS = ("lr", "weight_decay", "momentum", "rebalance_every", "rebalance_target")
 COLUMNS = ("dtype", "metrics", "case", "steps", "status", "ms_per_step", "max_rho_qk", "max_rho_ov", "max_tau",
-           "e1_rho", "e3_tau", "peak_mb", "peak_source", "run_dtype", "final_val_loss")
+           "max_drift1_qk", "max_drift1_ov", "e1_rho", "e3_tau", "peak_mb", "peak_source", "run_dtype",
+           "final_val_loss")
 RESULT_FILE = "gpu_check.json"
 
 
@@ -158,6 +162,7 @@ def summary_row(run_dir: Path) -> dict:
         "dtype": result.get("dtype"), "metrics": result.get("metrics"), "case": result.get("case"),
         "steps": run.get("steps_completed", "NA"), "status": status, "ms_per_step": ms_per_step(rows),
         "max_rho_qk": max_rho_qk, "max_rho_ov": _column_max(rows, "rho_ov"), "max_tau": max_tau,
+        "max_drift1_qk": _column_max(rows, "drift1_qk"), "max_drift1_ov": _column_max(rows, "drift1_ov"),
         "e1_rho": _verdict(max_rho_qk, RHO_SGD_MAX, metrics_on and result.get("case") == "sgd"),
         "e3_tau": _verdict(max_tau, TAU_MAX, metrics_on),
         "peak_mb": result.get("peak_mb"), "peak_source": result.get("peak_source"),
@@ -174,9 +179,10 @@ def _cell(value) -> str:
 
 
 def summarize(out: Path, run_dirs: list[Path], comments: list[str]) -> str:
-    rows = [summary_row(d) for d in run_dirs if (d / RESULT_FILE).is_file()]
-    devices = sorted({json.loads((d / RESULT_FILE).read_text(encoding="utf-8")).get("device_name", "?")
-                      for d in run_dirs if (d / RESULT_FILE).is_file()})
+    run_dirs = [d for d in run_dirs if (d / RESULT_FILE).is_file()]
+    rows = [summary_row(d) for d in run_dirs]
+    results = [json.loads((d / RESULT_FILE).read_text(encoding="utf-8")) for d in run_dirs]
+    devices = sorted({result["device_name"] for result in results if result.get("device_name")})
     lines = [f"# {line}" for line in comments] + [f"# device: {', '.join(devices) or 'NA'}"]
     lines.append("\t".join(COLUMNS))
     lines += ["\t".join(_cell(row[column]) for column in COLUMNS) for row in rows]
