@@ -62,6 +62,9 @@ die() { say "error: $*"; exit 2; }
 DATA=$(cd "$(dirname "$DATA")" && pwd)/$(basename "$DATA")
 "$PYTHON" -c "import attnid" 2>/dev/null || die "$PYTHON cannot import attnid: pip install -e . first"
 
+if [[ -e $OUT && ! -d $OUT/runs ]] && [[ -n $(ls -A "$OUT" 2>/dev/null) ]]; then
+  die "OUT=$OUT exists and is not an earlier gpu_check output; choose another OUT"
+fi
 rm -rf "$OUT"
 mkdir -p "$OUT/runs"
 failures=0
@@ -96,8 +99,9 @@ else
   say "this attnid train has no --dtype flag: one run pair at its default precision (labelled 'default')"
   comments+=("attnid train has no --dtype: runs at the default precision (run_dtype says which)")
 fi
-read -r -a flags <<<"$("${HELPER[@]}" flags --config "$CONFIG" --case "$CASE" --steps "$STEPS")" \
+flag_line=$("${HELPER[@]}" flags --config "$CONFIG" --case "$CASE" --steps "$STEPS") \
   || die "cannot read the model and case $CASE from $CONFIG"
+read -r -a flags <<<"$flag_line"
 
 run_dirs=()
 for dtype in "${dtypes[@]}"; do
