@@ -48,8 +48,12 @@ def load_weights_only(path: str | os.PathLike):
     containers; a pickle that names any other callable (``os.system``, ``exec``, a
     class of ours) is refused before it is called.
     """
+    from torch.torch_version import TorchVersion
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        # TorchVersion: a str subclass (torch.__version__) that attnid train's checkpoints record
+        with torch.serialization.safe_globals([TorchVersion]):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         lines = str(err).splitlines()
         reason = next((ln.strip() for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[0] if lines else "")

@@ -137,6 +137,7 @@ def _hf_model(folder: Path):
     import transformers
 
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     # the folder's weights passed the weights-only loader already; nothing is downloaded
     model = transformers.GPT2LMHeadModel.from_pretrained(str(folder), local_files_only=True,
                                                          attn_implementation="eager").eval()
