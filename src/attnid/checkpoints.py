@@ -21,10 +21,12 @@ and leaves every other tensor, and every other entry of the file, as it was.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import pickle
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,11 +50,16 @@ def load_weights_only(path: str | os.PathLike):
     containers; a pickle that names any other callable (``os.system``, ``exec``, a
     class of ours) is refused before it is called.
     """
+    import contextlib
+
     from torch.torch_version import TorchVersion
 
+    # TorchVersion: a str subclass (torch.__version__) that attnid train's checkpoints record
+    allow = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5
     try:
-        # TorchVersion: a str subclass (torch.__version__) that attnid train's checkpoints record
-        with torch.serialization.safe_globals([TorchVersion]):
+        with allow([TorchVersion]) if allow else contextlib.nullcontext(), warnings.catch_warnings():
+            # a raw pickle (not torch's zip format) makes torch warn about its protocol before refusing it
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         lines = str(err).splitlines()
@@ -62,6 +69,15 @@ def load_weights_only(path: str | os.PathLike):
     except Exception as err:  # noqa: BLE001 - any other failure is a damaged or foreign file
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise UserError(f"cannot read checkpoint {path}: {type(err).__name__}: {first}") from None
+
+
+def require(module: str, purpose: str):
+    """Import an optional dependency (the ``hf`` extra), or say in one line how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{purpose} needs the Python package {module.split('.')[0]!r}: "
+                        f"pip install 'attnid[hf]'") from None
 
 
 @dataclass
@@ -178,12 +194,11 @@ def _hf_weight_files(folder: Path) -> list[str]:
 
 def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
     if path.suffix == ".safetensors":
-        from safetensors import SafetensorError, safe_open
-
+        safetensors = require("safetensors", f"reading {path}")
         try:
-            with safe_open(str(path), framework="pt") as handle:
+            with safetensors.safe_open(str(path), framework="pt") as handle:
                 return {k: handle.get_tensor(k) for k in handle.keys()}, handle.metadata()
-        except (SafetensorError, OSError) as err:
+        except (safetensors.SafetensorError, OSError) as err:
             raise UserError(f"cannot read {path}: {err}") from None
     state = load_weights_only(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -255,8 +270,7 @@ def _save_hf(checkpoint: Checkpoint, out: Path) -> Path:
         state = {k: checkpoint.tensors[k].contiguous() for k in keys}
         with atomic_path(out / name) as tmp:
             if name.endswith(".safetensors"):
-                from safetensors.torch import save_file
-
+                save_file = require("safetensors.torch", f"writing {out / name}").save_file
                 save_file(state, str(tmp), metadata=checkpoint.file_metadata.get(name) or {"format": "pt"})
             else:
                 torch.save(state, tmp)

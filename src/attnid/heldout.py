@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from attnid.checkpoints import NANOGPT, Checkpoint
+from attnid.checkpoints import NANOGPT, Checkpoint, require
 from attnid.errors import UserError
 
 PIPELINE_DATA_DIR = Path("data") / "tinyshakespeare"
@@ -75,9 +75,8 @@ def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[n
                                 f"vocabulary ({unknown[:5]!r}): pass --text with text of the training alphabet")
             return data_module.encode(text, stoi).astype(np.int64), f"text encoded with {meta_dir / 'meta.json'}"
     elif any((checkpoint.path / name).is_file() for name in ("tokenizer.json", "vocab.json")):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.path), local_files_only=True)
+        transformers = require("transformers", "reading a Hugging Face tokenizer")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint.path), local_files_only=True)
         return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64), "text encoded with the folder's tokenizer"
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     return raw % vocab, f"text bytes modulo the vocabulary size {vocab}"
@@ -134,8 +133,7 @@ def load_for_eval(checkpoint: Checkpoint):
 
 
 def _hf_model(folder: Path):
-    import transformers
-
+    transformers = require("transformers", "evaluating a Hugging Face model")
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     # the folder's weights passed the weights-only loader already; nothing is downloaded
