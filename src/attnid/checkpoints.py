@@ -117,19 +117,19 @@ class Checkpoint:
     def block_size(self) -> int:
         return int(self.payload["model_args"]["block_size"] if self.kind == NANOGPT else self.payload["n_positions"])
 
+    def attention_layer(self, layer: int) -> AttentionLayer:
+        """One layer's attention tensors as float64 copies in nanoGPT's layout."""
+        parts = []
+        for part in ATTENTION_PARTS:
+            tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
+            if tensor is not None:
+                tensor = tensor.detach().to(torch.float64, copy=True)
+                tensor = tensor.t().contiguous() if self.transposed and tensor.dim() == 2 else tensor
+            parts.append(tensor)
+        return AttentionLayer(*parts)
+
     def attention_layers(self) -> list[AttentionLayer]:
-        """Every layer's attention tensors as float64 copies in nanoGPT's layout."""
-        layers = []
-        for layer in range(self.n_layer):
-            parts = []
-            for part in ATTENTION_PARTS:
-                tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
-                if tensor is not None:
-                    tensor = tensor.detach().to(torch.float64, copy=True)
-                    tensor = tensor.t() if self.transposed and tensor.dim() == 2 else tensor
-                parts.append(tensor)
-            layers.append(AttentionLayer(*parts))
-        return layers
+        return [self.attention_layer(layer) for layer in range(self.n_layer)]
 
     def set_attention_layers(self, layers: list[AttentionLayer]) -> None:
         """Write edited layers back, each tensor in its stored layout and dtype."""

@@ -116,7 +116,7 @@ def redundant_bias_count(checkpoint: Checkpoint, rope: bool = False) -> dict[str
     """Biases that pruning makes redundant, from the closed forms of :mod:`attnid.counts` (§4.7)."""
     from attnid import counts
 
-    first = checkpoint.attention_layers()[0]
+    first = checkpoint.attention_layer(0)
     shape = counts.layer_shape(checkpoint.n_embd, checkpoint.n_head, rope=rope, bias=first.c_attn_bias is not None,
                                out_bias=first.c_proj_bias is not None)
     folded = counts.unidentified_value_bias_params(shape) if shape.out_bias else 0  # fold only into a b_O
@@ -201,7 +201,7 @@ def _edit_and_prove(args, command: str, edit) -> dict:
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
     report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
               "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
-              "bias": checkpoint.attention_layers()[0].c_attn_bias is not None}
+              "bias": checkpoint.attention_layer(0).c_attn_bias is not None}
     report.update(edit(checkpoint))
     from attnid.checkpoints import save_checkpoint
 
