@@ -20,6 +20,7 @@ from attnid.cli import main
 from attnid.errors import UserError
 from attnid.metrics import inspect_model
 from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
+from test_model import reference_logits  # an independent nanoGPT forward
 
 TINY = GPTConfig(block_size=32, vocab_size=65, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 TOLERANCE = 1e-5  # max |logit change| / max |logit|, float32
@@ -132,7 +133,15 @@ def test_prune_then_balance_keeps_the_function(tmp_path):
     both = load_nanogpt_checkpoint(tmp_path / "both.pt")
     assert relative_logit_change(both, model) <= TOLERANCE
     assert torch.equal(both.transformer.h[0].attn.c_attn.bias[TINY.n_embd:], torch.zeros(2 * TINY.n_embd))
-    assert len(torch.load(tmp_path / "both.pt", weights_only=True)["attnid_edits"]) == 2
+    written = torch.load(tmp_path / "both.pt", weights_only=True)
+    assert len(written["attnid_edits"]) == 2
+
+    # nanoGPT's own forward (explicit matmuls on the raw state dict, as nanoGPT's sample.py loads it)
+    raw = {k.removeprefix("_orig_mod."): v for k, v in written["model"].items()}
+    with torch.no_grad():
+        expected, _ = model(probe_ids(), full_logits=True)
+    independent = reference_logits(raw, written["model_args"], probe_ids())
+    assert float((independent - expected).abs().max() / expected.abs().max()) <= TOLERANCE
 
 
 def test_prune_without_biases_changes_nothing(tmp_path):

@@ -423,7 +423,7 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
     name, spec = hf_architecture(path)
     try:
         table = counts_table({name: spec})
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         raise UserError(f"{spec['source']}: {err}") from None
     row = table.iloc[0].to_dict()
     width = max(len(key) for key in row)

@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from attnid import symmetry
-from attnid.checkpoints import NANOGPT, AttentionLayer, Checkpoint, check_output_path, load_checkpoint
+from attnid.checkpoints import (NANOGPT, AttentionLayer, Checkpoint, check_output_path, load_checkpoint,
+                                save_checkpoint)
 from attnid.errors import UserError
 from attnid.symmetry import CIRCUITS
 
@@ -203,8 +204,6 @@ def _edit_and_prove(args, command: str, edit) -> dict:
               "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
               "bias": checkpoint.attention_layer(0).c_attn_bias is not None}
     report.update(edit(checkpoint))
-    from attnid.checkpoints import save_checkpoint
-
     save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
     loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
     report.update({"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)})
