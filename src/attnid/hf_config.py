@@ -104,6 +104,9 @@ def architecture_from_hf_config(config: dict, source: str = "config.json") -> di
             "n_head": n_head, "n_kv_head": _kv_heads(config, model_type, n_head, source)}
     if config.get("head_dim") is not None:
         spec["head_dim"] = config["head_dim"]
+    for name, value in spec.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{source}: the field giving {name} must be a positive integer, got {value!r}")
     spec["rope"], spec["bias"], spec["out_bias"] = _rope_and_biases(config, model_type)
     spec["source"] = source
     return spec
