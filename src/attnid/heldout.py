@@ -6,7 +6,8 @@ Tokens, first source found wins (the report names it):
    (``attnid prepare``: tiny shakespeare's last 10 %) -- ``--data DIR``, else the
    checkpoint's own folder, the ``data`` folder its ``attnid train`` config names,
    nanoGPT's ``data/<dataset>``, or the pipeline's ``data/tinyshakespeare``.
-2. Text: ``--text FILE``, else the last 10 % of ``data/tinyshakespeare/input.txt``.
+2. Text: ``--text FILE``, else the last 10 % of tiny shakespeare (the pipeline's
+   ``data/tinyshakespeare/input.txt``, or the repository's ``assets/tinyshakespeare.txt``).
    Character models encode it with the ``meta.json`` vocabulary of the folders above;
    Hugging Face folders with their own tokenizer files when they have them (read
    offline). Otherwise each token is the text's byte value modulo the vocabulary
@@ -30,6 +31,7 @@ from attnid.checkpoints import NANOGPT, Checkpoint, require
 from attnid.errors import UserError
 
 PIPELINE_DATA_DIR = Path("data") / "tinyshakespeare"
+DEFAULT_TEXTS = (PIPELINE_DATA_DIR / "input.txt", Path("assets") / "tinyshakespeare.txt")  # relative to the repository
 VAL_FRACTION = 0.1  # nanoGPT's split: the last 10 % of the text is validation
 RANDOM_TOKENS_SEED = 0
 
@@ -94,10 +96,10 @@ def _tokens(checkpoint: Checkpoint, args) -> tuple[np.ndarray | None, str]:
                     raise UserError(f"{folder / 'val.bin'} has token {int(tokens.max())}, beyond the model's "
                                     f"vocabulary of {checkpoint.vocab_size}: pass --data of the model's dataset")
                 return tokens, f"{folder / 'val.bin'}"
-    text_path = args.text if args.text is not None else PIPELINE_DATA_DIR / "input.txt"
-    if not text_path.is_file():
-        if args.text is not None:
-            raise UserError(f"--text {text_path} not found")
+    if args.text is not None and not args.text.is_file():
+        raise UserError(f"--text {args.text} not found")
+    text_path = args.text if args.text is not None else next((p for p in DEFAULT_TEXTS if p.is_file()), None)
+    if text_path is None:
         return None, f"random token ids (seed {RANDOM_TOKENS_SEED}): no held-out text found"
     text = text_path.read_text(encoding="utf-8")
     if args.text is None:
