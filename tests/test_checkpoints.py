@@ -250,3 +250,14 @@ def test_code_carrying_checkpoints_are_refused_before_the_code_runs(tmp_path, ca
         load_nanogpt_checkpoint(path)
     assert not marker.exists()
     assert not (tmp_path / "p.pt").exists() and not (tmp_path / "b.pt").exists()
+
+
+@pytest.mark.parametrize("variant, command", [({"n_kv_head": 1}, "prune-biases"), ({"rope": True}, "balance")])
+def test_variants_outside_the_edits_are_one_line_errors(tmp_path, capsys, variant, command):
+    """GQA layouts are not (3E, E); RoPE pairs have a smaller orbit than the GL_D that balance uses."""
+    model = trained_model()
+    checkpoint = {"model": model.state_dict(), "model_args": {**model.config.model_args(), **variant}}
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    assert run(command, tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt") == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.pt").exists()

@@ -132,18 +132,25 @@ def redundant_bias_count(checkpoint: Checkpoint, rope: bool = False) -> dict[str
 # --------------------------------------------------------------------------------------
 
 def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
-    """``(rope, gqa)`` from a nanoGPT checkpoint's ``model_args`` (GPT-2 folders have neither)."""
+    """``(rope, resized)`` from a nanoGPT checkpoint's ``model_args`` (GPT-2 folders have neither).
+
+    ``resized``: grouped key/value heads (``n_kv_head != n_head``) or ``head_dim != E/H``,
+    whose ``c_attn`` is not the ``(3E, E)`` block these edits slice.
+    """
     if checkpoint.kind != NANOGPT:
         return False, False
     args = checkpoint.payload["model_args"]
-    kv_heads = args.get("n_kv_head")
-    return bool(args.get("rope", False)), kv_heads is not None and int(kv_heads) != checkpoint.n_head
+    kv_heads, head_dim = args.get("n_kv_head"), args.get("head_dim")
+    resized = (kv_heads is not None and int(kv_heads) != checkpoint.n_head) or \
+        (head_dim is not None and int(head_dim) * checkpoint.n_head != checkpoint.n_embd)
+    return bool(args.get("rope", False)), resized
 
 
 def check_plain_layout(checkpoint: Checkpoint, command: str, allow_rope: bool) -> bool:
-    rope, gqa = attention_variant(checkpoint)
-    if gqa:
-        raise UserError(f"{checkpoint.path} uses grouped key/value heads; {command} edits plain multi-head attention only")
+    rope, resized = attention_variant(checkpoint)
+    if resized:
+        raise UserError(f"{checkpoint.path} has grouped key/value heads or a head_dim other than n_embd/n_head; "
+                        f"{command} edits the (3E, E) attention layout of nanoGPT and GPT-2 only")
     if rope and not allow_rope:
         raise UserError(f"{checkpoint.path} uses RoPE, whose orbits are smaller (docs/design.md §8); "
                         f"{command} moves pairs in the full GL_D orbit and would change the function")
@@ -192,18 +199,19 @@ def _initial_imbalance(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     return initial
 
 
-def _edit_and_prove(args, command: str, edit) -> dict:
-    """Load, measure, edit (``edit(checkpoint) -> report fields``), save, reload, measure; the report."""
+def _edit_and_prove(args, command: str, edit, allow_rope: bool) -> dict:
+    """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
     from attnid.heldout import compare, evaluate, heldout_batch, load_for_eval
 
     check_output_path(args.checkpoint, args.out)
     checkpoint = load_checkpoint(args.checkpoint)
+    rope = check_plain_layout(checkpoint, command, allow_rope)
     batch, token_source = heldout_batch(checkpoint, args)
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
     report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
               "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
               "bias": checkpoint.attention_layer(0).c_attn_bias is not None}
-    report.update(edit(checkpoint))
+    report.update(edit(checkpoint, rope))
     save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
     loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
     report.update({"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)})
@@ -225,15 +233,14 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
 
 def run_prune_biases(args) -> int:
-    def edit(checkpoint: Checkpoint) -> dict:
-        rope = check_plain_layout(checkpoint, "prune-biases", allow_rope=True)
+    def edit(checkpoint: Checkpoint, rope: bool) -> dict:
         edited = [prune_layer_biases(layer, rope) for layer in checkpoint.attention_layers()]
         checkpoint.set_attention_layers([layer for layer, _, _ in edited])
         return {**redundant_bias_count(checkpoint, rope), "rope": rope,
                 "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
                 "nonzero_value_biases_folded": sum(v for _, _, v in edited)}
 
-    report = _edit_and_prove(args, "prune-biases", edit)
+    report = _edit_and_prove(args, "prune-biases", edit, allow_rope=True)
     lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}, "
              f"attention biases: {'yes' if report['bias'] else 'none (nothing to prune)'}",
              f"redundant biases set to 0: {report['redundant_params']:,} of {report['attention_params']:,} attention "
@@ -243,8 +250,7 @@ def run_prune_biases(args) -> int:
 
 
 def run_balance(args) -> int:
-    def edit(checkpoint: Checkpoint) -> dict:
-        check_plain_layout(checkpoint, "balance", allow_rope=False)
+    def edit(checkpoint: Checkpoint, rope: bool) -> dict:
         targets = _initial_imbalance(checkpoint) if args.target == "initial" else None
         layers = checkpoint.attention_layers()
         before = pair_summary(layers, checkpoint.n_head)
@@ -254,7 +260,7 @@ def run_balance(args) -> int:
         return {"target": args.target, "skipped_pairs": skipped, **{f"{k}_before": v for k, v in before.items()},
                 **{f"{k}_after": v for k, v in after.items()}}
 
-    report = _edit_and_prove(args, "balance", edit)
+    report = _edit_and_prove(args, "balance", edit, allow_rope=False)
     lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}; "
              f"target {report['target']}, {report['skipped_pairs']} pair(s) skipped (near rank-deficient)",
              f"mu_qk {report['mu_qk_before']:.4g} -> {report['mu_qk_after']:.4g}; "
