@@ -112,7 +112,7 @@ def measure_in_subprocess(name: str, data_dir: Path, args) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="prepared data directory")
-    parser.add_argument("--text", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data"
+    parser.add_argument("--text", type=Path, default=Path(__file__).resolve().parents[1] / "assets"
                         / "tinyshakespeare.txt", help="tiny shakespeare, used when --data is not given")
     parser.add_argument("--steps", type=int, default=300, help="timed steps per measurement (multiple of 10)")
     parser.add_argument("--threads", type=int, default=2)

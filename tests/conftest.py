@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -9,15 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-
-
-def _find_shakespeare() -> Path | None:
-    candidates = [os.environ.get("ATTNID_SHAKESPEARE", ""), REPO.parent / "shared" / "data" / "tinyshakespeare.txt",
-                  REPO / "data" / "tinyshakespeare.txt"]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
+# The repository ships tiny shakespeare, so a bare clone tests offline with no setup.
+SHIPPED_SHAKESPEARE = REPO / "assets" / "tinyshakespeare.txt"
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +21,17 @@ def repo_root() -> Path:
 
 @pytest.fixture(scope="session")
 def shakespeare_path() -> Path:
-    """The tiny shakespeare text. Missing data is a failure, not a skip."""
-    path = _find_shakespeare()
-    if path is None:
-        pytest.fail("tiny shakespeare not found: set ATTNID_SHAKESPEARE or put it at ../shared/data/tinyshakespeare.txt")
+    """The tiny shakespeare text: the shipped copy, or the file ``ATTNID_SHAKESPEARE`` names.
+
+    A missing or altered file is a failure, not a skip.
+    """
+    path = Path(os.environ.get("ATTNID_SHAKESPEARE") or SHIPPED_SHAKESPEARE)
+    if not path.is_file():
+        pytest.fail(f"tiny shakespeare not found at {path}: restore assets/tinyshakespeare.txt from git "
+                    f"(or point ATTNID_SHAKESPEARE at a copy)")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    if digest != SHAKESPEARE_SHA256:
+        pytest.fail(f"{path} has sha256 {digest}, expected {SHAKESPEARE_SHA256}: not tiny shakespeare")
     return path
 
 

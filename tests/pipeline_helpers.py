@@ -1,6 +1,6 @@
 """Run the Snakemake pipeline in a scratch directory (for the pipeline, notebook and scale tests).
 
-    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, paper/
+    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, paper/main.tex
     proc = run_smoke_dag(workdir, shakespeare_url)          # the whole smoke DAG, --cores 2
     proc = run_snakemake(workdir, "-n", configfile="config/paper.yaml")
 
@@ -23,7 +23,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and figures/ are outputs).
-PIPELINE_FILES = ("Snakefile", "workflow", "config", "paper/templates", "paper/main.tex")
+PIPELINE_FILES = ("Snakefile", "workflow", "config", "paper/main.tex")
 SMOKE_CONFIG = "config/smoke.yaml"
 TABLES = ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex", "sweep_slopes.csv", "claims.csv")
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import tomllib
 
 import pandas as pd
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from attnid import latex, nullity
 from attnid.cli import main
 from attnid.files import write_csv_atomic
+from synthetic_runs import write_run, write_study
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +63,8 @@ def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
     for cells, cells_b, (_, row) in zip(a1, a1b, counts.iterrows()):
         assert cells[0] == cells_b[0] == row.architecture
         assert [_integer(c) for c in cells[1:6]] == [row[c] for c in integer_columns]
-        assert cells[6:8] == ["yes" if row.rope else "no", "yes" if row.bias else "no"]
+        bias = {(True, True): "yes", (True, False): "qkv", (False, True): "out", (False, False): "no"}
+        assert cells[6:8] == ["yes" if row.rope else "no", bias[bool(row.bias), bool(row.out_bias)]]
         assert [_integer(c) for c in cells[8:12]] == [row.attn_params_per_layer, row.unidentified_qk_per_layer,
                                                      row.unidentified_ov_per_layer, row.unidentified_bias_per_layer]
         assert float(cells[12]) == pytest.approx(row.identified_fraction, abs=5e-5)
@@ -73,13 +77,17 @@ def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
     assert len(a2) == len(null)
     for cells, (_, row) in zip(a2, null.iterrows()):
         assert _unescape(cells[0]) == row.case
-        assert [_integer(c) for c in cells[1:4]] == [row.n_params, row.theory, row.measured]
+        assert [_integer(c) for c in cells[1:5]] == [row.n_params, row.n_outputs, row.theory, row.measured]
         if row.gap == float("inf"):
-            assert cells[4] == r"$\infty$"
+            # no singular value dropped: the rank is the row count, footnoted as such (*)
+            rank_is_rows = row.n_outputs < row.n_params and row.measured == row.n_params - row.n_outputs
+            assert cells[5] == (r"$\infty^{*}$" if rank_is_rows else r"$\infty^{\dagger}$")
         else:
-            mantissa, exponent = re.fullmatch(r"\$([\d.]+)\\times10\^\{(-?\d+)\}\$", cells[4]).groups()
+            mantissa, exponent = re.fullmatch(r"\$([\d.]+)\\times10\^\{(-?\d+)\}\$", cells[5]).groups()
             assert float(mantissa) * 10 ** int(exponent) == pytest.approx(row.gap, rel=0.06)
-        assert cells[5] == ("yes" if row.passed else "no")
+        assert cells[6] == ("yes" if row.passed else "no")
+    if (null.gap == float("inf")).any():
+        assert "No singular value was dropped" in tex
 
     single = pd.read_csv(theory_csvs / "single_head.csv")
     a3 = _table_rows(tex, "tab:a3-single-head")
@@ -88,8 +96,8 @@ def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
         assert cells[0] == row.label
         assert [_integer(c) for c in cells[1:3]] == [row.n_embd, row.n_head]
         numbers = [float(c) for c in cells[3:]]
-        expected = [row.e0_equal_identified, row.e0_ratio_equal_identified, row.e0_equal_total_unidentified,
-                    row.d0_equal_total_unidentified, row.e0_ratio_equal_total_unidentified]
+        expected = [row.e0_equal_identified, row.e0_ratio_equal_identified, row.param_ratio_equal_identified,
+                    row.e0_half_identified, row.e0_ratio_half_identified, row.param_ratio_half_identified]
         assert numbers == pytest.approx(expected, abs=0.051)
 
 
@@ -105,15 +113,25 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     assert _render(theory_csvs, out, "--experiment-tables", str(tables), "--figures", str(figures)) == 0
     tex = out.read_text()
     assert "runs-marker" in tex and "sweep-marker" in tex and "cases.tex" not in tex
-    assert tex.index("runs-marker") < tex.index("sweep-marker")
+    # the portrait sweep table follows the section's text; the wide per-run table gets a landscape page
+    landscape = tex[tex.index(r"\section{Experiments}"):]
+    landscape = landscape[landscape.index(r"\begin{landscape}"):landscape.index(r"\end{landscape}")]
+    assert "runs-marker" in landscape and "sweep-marker" not in landscape
+    assert tex.index("sweep-marker") < tex.index("runs-marker")
+    assert r"Table~\ref{tab:experiment-runs} lists every training run." in tex  # no cases table to mention
     for k in range(1, 5):
-        assert rf"\includegraphics[width=0.85\linewidth]{{../figs/fig{k}.pdf}}" in tex
+        size = r"width=\linewidth,height=0.62\textheight,keepaspectratio"
+        assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
+        title = latex.figure_caption(f"fig{k}")["title"]
+        assert rf"\caption[{title}]{{\textbf{{{title}.}}" in tex and rf"Figure~\ref{{fig:fig{k}}}, {title}" in tex
 
 
 def test_missing_inputs_are_one_line_errors(theory_csvs, tmp_path, capsys):
     out = tmp_path / "appendix.tex"
     assert _render(theory_csvs, out, "--figures", str(tmp_path / "nothing")) == 2
     assert "fig1.pdf" in capsys.readouterr().err
+    assert _render(theory_csvs, out, "--templates", str(tmp_path)) == 2
+    assert "appendix.tex.j2" in capsys.readouterr().err
     assert main(["appendix", "--counts", str(tmp_path / "missing.csv"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not found" in err
@@ -134,9 +152,108 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
         assert not list(paper.glob(".latexmk-*")), "scratch build folder left behind"
 
 
+def _figure_pdfs(folder):
+    """Stand-in figures (the appendix is under test, not the plots), with TrueType text."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    folder.mkdir()
+    with matplotlib.rc_context({"pdf.fonttype": 42}):
+        for name in latex.FIGURES:
+            fig, ax = plt.subplots(figsize=(6, 3))
+            ax.plot([1, 2, 3], [1, 4, 9], label=name)
+            ax.legend()
+            fig.savefig(folder / f"{name}.pdf")
+            plt.close(fig)
+
+
+def _overfull_boxes(log: str) -> list[float]:
+    """Widths (pt) of every overfull box LaTeX reports; horizontal ones are what runs off a page."""
+    return [float(width) for width in re.findall(r"Overfull \\[hv]box \(([\d.]+)pt too (?:wide|high)\)", log)]
+
+
+def _font_types(pdffonts_output: str) -> set[str]:
+    """The ``type`` column of ``pdffonts`` (cut at the positions of its dashed header rule)."""
+    lines = pdffonts_output.splitlines()
+    columns = [match.span() for match in re.finditer(r"-+", lines[1])]
+    start, end = columns[1]
+    return {line[start:end].strip() for line in lines[2:] if line.strip()}
+
+
+@pytest.mark.skipif(shutil.which("latexmk") is None or shutil.which("pdffonts") is None,
+                    reason="needs TeX (latexmk) and poppler-utils (pdffonts)")
+def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
+    """The whole document (theory tables, experiment tables of a synthetic study, figures with
+    their captions) compiles with no box more than 5 pt too wide, no float too tall, and no
+    Type 3 (bitmap) font."""
+    runs, sweep = write_study(tmp_path / "study")
+    for seed in range(3):  # every cell a mean +- sd in scientific notation: the widest the tables get
+        write_run(runs / "sgd_momentum" / f"seed{seed}", "sgd_momentum", seed, 0.05, rho_qk=1.3e-9 * (seed + 1),
+                  rho_ov=2.7e-13 * (seed + 1), final_beta=1.1e-5 * (seed + 1), tau=1.7e-7 * (seed + 1),
+                  mu=0.147 + 0.0043 * seed, final_val_loss=3.14 + 0.022 * seed)
+    tables, figures, paper = tmp_path / "tables", tmp_path / "figures", tmp_path / "paper"
+    assert main(["tables", "--runs-dir", str(runs), "--sweep-dir", str(sweep), "--out-dir", str(tables)]) == 0
+    _figure_pdfs(figures)
+    paper.mkdir()
+    shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
+    assert _render(theory_csvs, paper / "appendix.tex", "--experiment-tables", str(tables),
+                   "--figures", str(figures), "--pdf") == 0
+    log = (paper / "main.log").read_text(errors="replace")
+    assert "Overfull" not in log or max(_overfull_boxes(log)) <= 5.0, re.findall(r"Overfull.*", log)
+    assert "Float too large" not in log and "undefined" not in log.lower().replace("undefined references", "")
+    fonts = subprocess.run(["pdffonts", str(paper / "main.pdf")], capture_output=True, text=True, check=True).stdout
+    kinds = _font_types(fonts)
+    assert kinds and "Type 3" not in kinds, fonts
+    assert kinds <= {"Type 1", "Type 1C", "TrueType", "CID Type 0C", "CID TrueType"}, fonts
+    tex = (paper / "appendix.tex").read_text()
+    assert r"\resizebox" not in tex and r"\scriptsize" not in tex and r"\tiny" not in tex
+
+
+def test_log_and_font_parsers():
+    log = "Overfull \\hbox (17.59224pt too wide) in paragraph\nOverfull \\vbox (3.0pt too high) has occurred"
+    assert _overfull_boxes(log) == [17.59224, 3.0]
+    fonts = ("name                                 type              encoding         emb sub uni object ID\n"
+             "------------------------------------ ----------------- ---------------- --- --- --- ---------\n"
+             "ULCCWF+LMRoman17-Regular             Type 1            Custom           yes yes yes      4  0\n"
+             "FTUMPH+DejaVuSans-Oblique            Type 3            Custom           yes yes yes     19  0\n")
+    assert _font_types(fonts) == {"Type 1", "Type 3"}
+
+
+def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
+    report_rules = (repo_root / "workflow" / "rules" / "report.smk").read_text()
+    assert 'caption=caption_file(f"fig{i}")' in report_rules
+    for name in latex.FIGURES:
+        source = latex.caption_file(name)
+        text = open(source, encoding="utf-8").read()
+        assert text.startswith(f"**Figure {name.removeprefix('fig')} ")
+        caption = latex.figure_caption(name)
+        assert caption["caption"].startswith(rf"\textbf{{{caption['title']}.}} ")
+        assert all(ord(char) < 128 for char in caption["caption"]), name  # pdflatex-safe
+    assert latex.rst_to_tex("the drift :math:`\\beta` of ``run.json`` is *small* — 50% off") == (
+        r"the drift $\beta$ of \texttt{run.\allowbreak{}json} is \emph{small} --- 50\% off")
+    with pytest.raises(ValueError, match="ρ"):
+        latex.rst_to_tex("a bare ρ")
+
+
+def test_templates_are_package_data(repo_root):
+    """Every shipped template and caption matches a package-data glob, so a wheel has them;
+    they are found through importlib.resources, not through the source tree."""
+    patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnid"]
+    package = repo_root / "src" / "attnid"
+    shipped = {path for pattern in patterns for path in package.glob(pattern)}
+    templates = {path for path in (package / "templates").rglob("*") if path.is_file()}
+    assert templates and templates <= shipped, sorted(map(str, templates - shipped))
+    assert {f"{name}.rst" for name in latex.FIGURES} <= {path.name for path in templates}
+    assert str(latex.find_template_dir()) == str(package / "templates")
+    assert not (repo_root / "paper" / "templates").exists()
+
+
 def test_helpers_escape_and_format():
     assert latex.thousands(1048576) == "1,048,576" and latex.thousands(131072.0) == "131,072"
     assert latex.tex_escape("a_b & 50% <x>") == r"a\_b \& 50\% \textless{}x\textgreater{}"
+    assert latex.tex_escape("beta ~ 0") == r"beta $\sim$ 0"  # "about", not a raised tilde
     assert latex.fixed(0.9375, 3) == "0.938" or latex.fixed(0.9375, 3) == "0.937"
     assert latex.scientific(2.8e13) == r"$2.8\times10^{13}$"
     text = latex.render_table("\\BLOCK{for row in rows}\\VAR{row.name | tex} & \\VAR{row.n | thousands} \\\\\n"

@@ -126,23 +126,66 @@ def test_closed_form_equals_jacobian_nullity_on_random_small_shapes(case):
     assert row["gap"] >= nullity.GAP_REQUIRED, row
 
 
-def test_t6_single_head_matchings_satisfy_their_definitions():
-    # E=1600, H=25: sqrt(2 - 1/25) = 1.4 exactly, so E_0 = 2240 is a whole layer we can count.
-    e0 = counts.single_head_match_equal_identified(1600, 25)
-    assert e0 == pytest.approx(2240)
-    multi, single = counts.layer_shape(1600, 25), counts.layer_shape(2240, 1)
-    identified = lambda s: counts.attention_params_per_layer(s) - counts.unidentified_params_per_layer(s)  # noqa: E731
-    assert identified(single) == identified(multi)
-    # E=1024, H=16: D_0 = 256, E_0 = 4096 gives equal totals and equal unidentified counts.
-    e0_alt, d0_alt = counts.single_head_match_equal_total_and_unidentified(1024, 16)
-    assert (e0_alt, d0_alt) == pytest.approx((4096, 256))
-    alt = counts.layer_shape(4096, 1, head_dim=256)
-    assert counts.attention_params_per_layer(alt) == counts.attention_params_per_layer(counts.layer_shape(1024, 16))
-    assert counts.unidentified_params_per_layer(alt) == counts.unidentified_params_per_layer(counts.layer_shape(1024, 16))
-    # No single head of the same embedding matches a multi-head layer (T6).
+def _multi_head_identified(n_embd: int, n_head: int) -> int:
+    shape = counts.layer_shape(n_embd, n_head)
+    return counts.attention_params_per_layer(shape) - counts.unidentified_params_per_layer(shape)
+
+
+@pytest.mark.parametrize("n_head", [1, 2, 3, 4, 8, 12, 16, 25, 64])
+def test_t6_single_head_readings_are_exact(n_head):
+    """§4.10 with the paper's single head (3 E_0^2 parameters, E_0^2 unidentified), in exact fractions."""
+    n_embd = 64 * n_head
+    multi = Fraction(_multi_head_identified(n_embd, n_head), n_embd ** 2)  # 4 - 2/H, from the layer counts
+    assert counts.multi_head_identified_share(n_head) == multi
+    # The single head's identified share per E_0^2, from its own counts (E_0 = 5 is any width).
+    single = Fraction(counts.single_head_params(5) - counts.single_head_unidentified_params(5), 5 ** 2)
+    assert single == 2 and Fraction(counts.single_head_params(5), 5 ** 2) == 3
+    equal_identified = counts.single_head_ratio_sq_equal_identified(n_head)
+    assert single * equal_identified == multi
+    # The paper's "roughly 60 %" reading: half of the 3 E_0^2 counted as identified.
+    half_identified = counts.single_head_ratio_sq_half_identified(n_head)
+    assert Fraction(counts.single_head_params(5), 2 * 5 ** 2) * half_identified == multi
+    row = counts.single_head_row(n_embd, n_head)
+    assert row["identified_multi_head"] == _multi_head_identified(n_embd, n_head)
+    assert row["params_multi_head"] == counts.attention_weights_per_layer(counts.layer_shape(n_embd, n_head))
+    assert row["e0_ratio_equal_identified"] ** 2 == pytest.approx(float(equal_identified), rel=1e-14)
+    assert row["e0_equal_identified"] == pytest.approx(n_embd * row["e0_ratio_equal_identified"], rel=1e-14)
+    assert row["e0_ratio_half_identified"] ** 2 == pytest.approx(float(half_identified), rel=1e-14)
+    assert row["e0_half_identified"] == pytest.approx(n_embd * row["e0_ratio_half_identified"], rel=1e-14)
+    for reading, ratio_sq in (("equal_identified", equal_identified), ("half_identified", half_identified)):
+        params_ratio = Fraction(counts.single_head_params(1), 1) * ratio_sq / Fraction(
+            counts.attention_weights_per_layer(counts.layer_shape(n_embd, n_head)), n_embd ** 2)
+        assert row[f"param_ratio_{reading}"] == pytest.approx(float(params_ratio), rel=1e-14)
+
+
+def test_t6_single_head_matching_at_twelve_heads():
+    # Equal identified counts: E_0/E = sqrt(23/12) = 1.384, parameters 3 E_0^2 / 4 E^2 = 23/16.
+    row = counts.single_head_row(768, 12)
+    assert round(row["e0_ratio_equal_identified"], 3) == 1.384
+    assert row["param_ratio_equal_identified"] == float(Fraction(3, 4) * (2 - Fraction(1, 12)))
+    assert round(row["param_ratio_equal_identified"], 2) == 1.44
+    # The reading behind the paper's "roughly 60 % larger": 1.5 E_0^2 = (4 - 2/12) E^2.
+    assert round(row["e0_ratio_half_identified"], 3) == 1.599
+    assert row["e0_ratio_half_identified"] == pytest.approx(math.sqrt((4 - 2 / 12) / 1.5), rel=1e-14)
+    # E=1600, H=25: sqrt(2 - 1/25) = 7/5, so E_0 = 2240 is whole and its counts are integers.
+    assert counts.single_head_match_equal_identified(1600, 25) == pytest.approx(2240, rel=1e-15)
+    e0 = 2240
+    single_identified = counts.single_head_params(e0) - counts.single_head_unidentified_params(e0)
+    assert single_identified == _multi_head_identified(1600, 25)
+    # No single head of the same embedding matches a multi-head layer (T6); one head is its own match.
     for n_head in (2, 4, 12, 64):
         assert counts.single_head_match_equal_identified(768, n_head) > 768 * 1.2
     assert counts.single_head_match_equal_identified(768, 1) == pytest.approx(768)
+    # The stated matching stays below sqrt(2) E for every H: it can never give 60 %.
+    assert all(counts.single_head_ratio_sq_equal_identified(h) < 2 for h in range(1, 1000))
+
+
+def test_t6_single_head_unidentified_count_is_the_jacobian_nullity():
+    case = next(c for c in nullity.default_cases() if c.kind == "single_head")
+    row = nullity.measure_case(case)
+    assert row["n_params"] == counts.single_head_params(case.n_embd)
+    assert row["measured"] == row["theory"] == counts.single_head_unidentified_params(case.n_embd) == case.n_embd ** 2
+    assert row["gap"] >= nullity.GAP_REQUIRED
 
 
 def test_architectures_file_has_required_models_with_sources(repo_root):
@@ -166,7 +209,8 @@ def test_counts_cli_writes_csv(tmp_path, repo_root):
     assert gpt2["total_attn_params"] == 12 * (4 * 768 ** 2 + 4 * 768)
     assert gpt2["total_unidentified"] == 12 * gpt2["unidentified_per_layer"]
     assert math.isclose(gpt2["identified_fraction"], 1 - gpt2["unidentified_per_layer"] / gpt2["attn_params_per_layer"])
-    assert {"e0_equal_identified", "e0_equal_total_unidentified"} <= set(pd.read_csv(single).columns)
+    assert {"e0_equal_identified", "param_ratio_equal_identified", "e0_half_identified",
+            "param_ratio_half_identified"} <= set(pd.read_csv(single).columns)
 
 
 @pytest.mark.parametrize("text, fragment", [

@@ -7,6 +7,7 @@ import hashlib
 import http.server
 import json
 import pickle
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from attnid import data
 from attnid.cli import main
 from attnid.errors import UserError
+from pipeline_helpers import copy_pipeline, snakemake_env
 
 SHAKESPEARE_SHA256 = data.SHAKESPEARE_SHA256
 
@@ -88,8 +91,40 @@ def test_fetch_replaces_a_bad_existing_file_only_when_the_new_one_verifies(shake
     assert data.sha256_of_file(out) == SHAKESPEARE_SHA256
 
 
+def test_repository_ships_tiny_shakespeare(repo_root):
+    """The shipped copy is byte for byte the file the pipeline's config names by sha256."""
+    shipped = repo_root / "assets" / "tinyshakespeare.txt"
+    content = shipped.read_bytes()
+    assert len(content) == data.SHAKESPEARE_BYTES
+    assert hashlib.sha256(content).hexdigest() == SHAKESPEARE_SHA256
+    config = yaml.safe_load((repo_root / "config" / "config.yaml").read_text())
+    assert config["data_sha256"] == SHAKESPEARE_SHA256
+
+
+def test_fetch_copies_a_relative_local_path(shakespeare_path, tmp_path, monkeypatch):
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "tinyshakespeare.txt").write_bytes(shakespeare_path.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    assert main(["fetch", "--url", "assets/tinyshakespeare.txt", "--sha256", SHAKESPEARE_SHA256,
+                 "--out", "data/input.txt"]) == 0
+    assert data.sha256_of_file(tmp_path / "data" / "input.txt") == SHAKESPEARE_SHA256
+
+
+def test_offline_pipeline_command_fetches_the_shipped_copy(repo_root, tmp_path):
+    """The README's offline spelling, ``--config data_url=file://$PWD/assets/tinyshakespeare.txt``, in a bare copy."""
+    workdir = copy_pipeline(tmp_path / "clone")
+    (workdir / "assets").mkdir()
+    shutil.copy2(repo_root / "assets" / "tinyshakespeare.txt", workdir / "assets")
+    command = ('snakemake --cores 1 data/tinyshakespeare/input.txt --configfile config/smoke.yaml '
+               '--config data_url=file://$PWD/assets/tinyshakespeare.txt')
+    proc = subprocess.run(["bash", "-c", command], cwd=workdir, capture_output=True, text=True, timeout=600,
+                          env=snakemake_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert data.sha256_of_file(workdir / "data" / "tinyshakespeare" / "input.txt") == SHAKESPEARE_SHA256
+
+
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9/nothing-listens-here", "file:///no/such/file.txt",
-                                 "ftp://example.org/x"])
+                                 "ftp://example.org/x", "no/such/local.txt"])
 def test_unreachable_or_unsupported_url_is_one_line(url, tmp_path, capsys):
     out = tmp_path / "input.txt"
     status = main(["fetch", "--url", url, "--sha256", SHAKESPEARE_SHA256, "--out", str(out), "--timeout", "5"])

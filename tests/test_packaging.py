@@ -12,6 +12,7 @@ import yaml
 from attnid.cli import COMMANDS, main
 
 CONDA_NAMES = {"torch": "pytorch"}
+ENVIRONMENT_EXTRAS = ("test", "hf", "notebook")  # environment.yml installs these; slurm is a pip extra
 
 
 def _name(requirement: str) -> str:
@@ -20,7 +21,9 @@ def _name(requirement: str) -> str:
 
 def test_environment_yml_matches_pyproject(repo_root):
     project = tomllib.loads((repo_root / "pyproject.toml").read_text())["project"]
-    wanted = {CONDA_NAMES.get(_name(r), _name(r)): r for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    requirements = project["dependencies"] + [r for extra in ENVIRONMENT_EXTRAS for r in extras[extra]]
+    wanted = {CONDA_NAMES.get(_name(r), _name(r)): r for r in requirements}
     env = yaml.safe_load((repo_root / "environment.yml").read_text())
     conda = {_name(d): d for d in env["dependencies"] if isinstance(d, str)}
     missing = sorted(set(wanted) - set(conda))
@@ -65,3 +68,18 @@ def test_unknown_command_is_one_line():
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "invalid choice" in proc.stderr
+
+
+def test_repository_needs_no_sibling_folder(repo_root):
+    """Code, tests, notebooks, benchmarks and CI find everything inside the clone (the data ships in assets/)."""
+    # a path into a sibling folder ("<that>/..." or "<that>" / ...), spelled in parts so this file does not match itself
+    sibling = re.compile(r"\b" + "sha" + r"red\b\W{0,4}/")
+    offenders = []
+    for folder in ("src", "tests", "notebooks", ".ci", "workflow", "config", "benchmarks"):
+        for path in sorted((repo_root / folder).rglob("*")):
+            built = any(part == "__pycache__" or part.endswith(".egg-info") for part in path.parts)
+            if path.is_file() and not built:
+                text = path.read_text(encoding="utf-8", errors="replace")
+                offenders += [f"{path.relative_to(repo_root)}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                              if sibling.search(line)]
+    assert not offenders, f"paths into a folder beside the clone: {offenders}"

@@ -1,8 +1,8 @@
 """The ``attnid`` command line.
 
 Each subcommand lives in the module of its concern, which provides two functions:
-``add_<name>_arguments(parser)`` and ``run_<name>(args) -> int | None``. Only the
-module of the chosen subcommand is imported, so ``attnid fetch`` does not pay for
+``add_<name>_arguments(parser)`` and ``run_<name>(args) -> int | None`` (a ``-`` in the
+name becomes ``_``). Only the module of the chosen subcommand is imported, so ``attnid fetch`` does not pay for
 importing torch. A :class:`~attnid.errors.UserError` (or a bad flag) becomes one
 line on stderr and exit status 2, never a traceback.
 """
@@ -23,6 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("attnid.train", "train one run (one optimizer case, lr, seed) and log rho, beta, tau, mu"),
     "inspect": ("attnid.metrics", "mu, imbalance and identification counts per layer of a nanoGPT checkpoint"),
     "counts": ("attnid.counts", "closed-form (un)identified parameter counts for real architectures"),
+    "prune-biases": ("attnid.edits", "zero the key biases and fold the value biases into the output bias "
+                                      "(exact), for nanoGPT and Hugging Face GPT-2 checkpoints"),
+    "balance": ("attnid.edits", "move every attention factor pair to balance (mu = 0) without changing the function"),
     "verify": ("attnid.nullity", "check every closed form against the numerical nullity of a Jacobian"),
     "appendix": ("attnid.latex", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.tables", "gather run logs into per-run, per-case and LR-sweep tables"),
@@ -45,8 +48,9 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             module = importlib.import_module(module_name)
-            getattr(module, f"add_{name}_arguments")(command_parser)
-            command_parser.set_defaults(_run=getattr(module, f"run_{name}"))
+            function_name = name.replace("-", "_")  # prune-biases -> add_prune_biases_arguments
+            getattr(module, f"add_{function_name}_arguments")(command_parser)
+            command_parser.set_defaults(_run=getattr(module, f"run_{function_name}"))
     return parser
 
 

@@ -1,6 +1,6 @@
 """Closed-form counts of (un)identified attention parameters (claims T1-T6).
 
-Notation (DESIGN §1): embedding ``E = n_embd``, query heads ``H = n_head``,
+Notation (docs/design.md §1): embedding ``E = n_embd``, query heads ``H = n_head``,
 key/value groups ``G = n_kv_head`` (``G = H`` is plain multi-head attention,
 ``G = 1`` multi-query), query/key width ``D = head_dim``, value width
 ``C = value_dim`` (``D = C = E/H`` by default). Query head ``h`` reads the keys
@@ -31,9 +31,13 @@ Where the counts come from:
   ``sum_h W_O^h b_V^{g(h)}`` (attention rows sum to one) plus the output bias:
   with an output bias all ``G C`` value biases are unidentified; without one
   only ``max(0, G C - E)`` are (the kernel of that linear map).
-* §4.10 (T6): the single-head embedding ``E_0`` that matches a multi-head
-  layer, in two readings (see :func:`single_head_match_equal_identified` and
-  :func:`single_head_match_equal_total_and_unidentified`).
+* §4.10 (T6): the paper's single head has ``W_Q``, ``W_K`` and a square value
+  layer, all ``E_0 x E_0``, and no output projection: ``3 E_0^2`` parameters,
+  ``E_0^2`` unidentified (its query-key pair). The embedding ``E_0`` that
+  matches a multi-head layer comes in two readings (docs/design.md §10):
+  :func:`single_head_match_equal_identified` (the counts as stated) and
+  :func:`single_head_match_half_identified` (the one that gives the paper's
+  "roughly 60 %").
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from attnid.errors import UserError
@@ -245,45 +250,78 @@ def layer_counts(shape: LayerShape) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# §4.10: the single-head layer that matches a multi-head one (T6)
+# §4.10: the single-head layer that matches a multi-head one (T6, docs/design.md §10)
+
+
+def single_head_params(e0: int) -> int:
+    """Parameters of the paper's single head (§4.10): ``W_Q``, ``W_K`` (``D_0 = E_0``) and a
+    square value layer, each ``E_0 x E_0``, no separate output projection: ``3 E_0^2``."""
+    return 3 * e0 * e0
+
+
+def single_head_unidentified_params(e0: int) -> int:
+    """Unidentified parameters of the paper's single head: ``E_0^2``, the ``GL_{E_0}`` of its
+    query-key pair (Lemma 4.3). Its value layer is a single factor, hence identified."""
+    return factor_pair_nullity(e0, e0, e0)
+
+
+def multi_head_identified_share(n_head: int) -> Fraction:
+    """Identified weights of a plain ``H``-head layer (``D = C = E/H``) in units of ``E^2``:
+    ``4 - 2/H`` (§4.5: ``4E^2`` weights, ``2 H D^2 = 2E^2/H`` unidentified)."""
+    return Fraction(4) - Fraction(2, n_head)
+
+
+def single_head_ratio_sq_equal_identified(n_head: int) -> Fraction:
+    """``(E_0/E)^2`` for equal identified counts as stated: ``2 E_0^2 = (4 - 2/H) E^2``, so ``2 - 1/H``.
+
+    The single head's identified count ``3E_0^2 - E_0^2 = 2E_0^2`` (§4.10)."""
+    return multi_head_identified_share(n_head) / 2
+
+
+def single_head_ratio_sq_half_identified(n_head: int) -> Fraction:
+    """``(E_0/E)^2`` when the single head's identified count is taken as half of ``3E_0^2``:
+    ``1.5 E_0^2 = (4 - 2/H) E^2``, so ``(8H - 4) / (3H)``.
+
+    This reading reproduces the paper's "roughly 60 % larger" at ``H = 12`` but
+    contradicts the paper's own count of ``E_0^2`` unidentified (which leaves
+    ``2E_0^2`` identified, not ``1.5 E_0^2``); it is reported as the likely
+    source of the paper's number, not as the correct matching.
+    """
+    return multi_head_identified_share(n_head) / Fraction(3, 2)
 
 
 def single_head_match_equal_identified(n_embd: int, n_head: int) -> float:
-    """``E_0`` of a single full-width head (``D_0 = E_0``) with as many identified weights as
-    an ``H``-head layer of width ``E`` (§4.10, the matching the paper states).
-
-    Multi-head: ``4E^2 - 2E^2/H`` identified. Single head: ``4E_0^2 - 2E_0^2 = 2E_0^2``.
-    So ``E_0 = E sqrt(2 - 1/H)``, which is never ``E`` for ``H > 1`` (no single head
-    of the same embedding matches).
-    """
-    return n_embd * math.sqrt(2.0 - 1.0 / n_head)
+    """``E_0`` of the paper's single head with as many identified weights as an ``H``-head layer
+    of width ``E`` (§4.10): ``E_0 = E sqrt(2 - 1/H)``, never ``E`` for ``H > 1`` (no single
+    head of the same embedding matches); 1.384 E at ``H = 12``."""
+    return n_embd * math.sqrt(single_head_ratio_sq_equal_identified(n_head))
 
 
-def single_head_match_equal_total_and_unidentified(n_embd: int, n_head: int) -> tuple[float, float]:
-    """``(E_0, D_0)`` of a single head with both the same total weights (``4 D_0 E_0 = 4 E^2``)
-    and the same unidentified weights (``2 D_0^2 = 2 E^2 / H``) as an ``H``-head layer (§4.10,
-    the alternative reading): ``D_0 = E / sqrt(H)``, ``E_0 = E sqrt(H)``."""
-    head_dim = n_embd / math.sqrt(n_head)
-    return n_embd * n_embd / head_dim, head_dim
+def single_head_match_half_identified(n_embd: int, n_head: int) -> float:
+    """``E_0`` under the half-identified reading (:func:`single_head_ratio_sq_half_identified`):
+    ``E_0 = E sqrt((8H - 4) / (3H))``, 1.599 E at ``H = 12`` (the paper's "roughly 60 %")."""
+    return n_embd * math.sqrt(single_head_ratio_sq_half_identified(n_head))
 
 
 def single_head_row(n_embd: int, n_head: int) -> dict:
-    """One row of the §4.10 table for a plain ``H``-head layer of width ``E``."""
-    e0_identified = single_head_match_equal_identified(n_embd, n_head)
-    e0_total, d0_total = single_head_match_equal_total_and_unidentified(n_embd, n_head)
-    multi = layer_shape(n_embd, n_head) if n_embd % n_head == 0 else None
-    identified = (attention_weights_per_layer(multi) - unidentified_params_per_layer(multi)) if multi else \
-        4 * n_embd ** 2 - 2 * n_embd ** 2 / n_head
+    """One row of the §4.10 table (A3) for a plain ``H``-head layer of width ``E`` (``D = E/H``).
+
+    Parameter ratios compare the single head's ``3 E_0^2`` with the multi-head layer's ``4 E^2``.
+    """
+    ratio_sq = single_head_ratio_sq_equal_identified(n_head)
+    ratio_sq_half = single_head_ratio_sq_half_identified(n_head)
+    identified = multi_head_identified_share(n_head) * n_embd ** 2  # whole whenever H divides E
     return {
         "n_embd": n_embd,
         "n_head": n_head,
-        "identified_multi_head": identified,
-        "e0_equal_identified": e0_identified,
-        "e0_ratio_equal_identified": e0_identified / n_embd,
-        "param_ratio_equal_identified": (e0_identified / n_embd) ** 2,
-        "e0_equal_total_unidentified": e0_total,
-        "d0_equal_total_unidentified": d0_total,
-        "e0_ratio_equal_total_unidentified": e0_total / n_embd,
+        "params_multi_head": 4 * n_embd ** 2,
+        "identified_multi_head": int(identified) if identified.denominator == 1 else float(identified),
+        "e0_equal_identified": single_head_match_equal_identified(n_embd, n_head),
+        "e0_ratio_equal_identified": math.sqrt(ratio_sq),
+        "param_ratio_equal_identified": float(Fraction(3, 4) * ratio_sq),
+        "e0_half_identified": single_head_match_half_identified(n_embd, n_head),
+        "e0_ratio_half_identified": math.sqrt(ratio_sq_half),
+        "param_ratio_half_identified": float(Fraction(3, 4) * ratio_sq_half),
     }
 
 
@@ -358,9 +396,9 @@ def counts_table(architectures: dict[str, dict]):
 
 
 def single_head_table(architectures: dict[str, dict], extra_heads=(1, 2, 4, 8, 12, 16, 32, 64)):
-    """§4.10 rows: one per distinct ``(E, H)`` among the architectures (labelled with their
-    names; plain MHA with ``D = E/H`` is assumed, as in the paper), then a sweep over ``H``
-    at ``E = 768``."""
+    """§4.10 rows (A3): one per distinct ``(E, H)`` among the architectures (labelled with
+    their names; plain MHA with ``D = E/H`` is assumed, as in the paper), then a sweep over
+    ``H`` at ``E = 768``. Both readings of docs/design.md §10 are columns of every row."""
     import pandas as pd
 
     rows, seen = [], {}
@@ -374,19 +412,46 @@ def single_head_table(architectures: dict[str, dict], extra_heads=(1, 2, 4, 8, 1
     return pd.DataFrame(rows)
 
 
+DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
+
+
+def run_hf_config_counts(path: str, out: str | None) -> int:
+    """``attnid counts --hf-config PATH``: print (and with ``--out`` write) the model's counts row."""
+    from attnid.files import write_csv_atomic
+    from attnid.hf_config import hf_architecture
+
+    name, spec = hf_architecture(path)
+    try:
+        table = counts_table({name: spec})
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{spec['source']}: {err}") from None
+    row = table.iloc[0].to_dict()
+    width = max(len(key) for key in row)
+    print("\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items()))
+    if out:
+        write_csv_atomic(out, table)
+    return 0
+
+
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--architectures", default="config/architectures.yaml",
                         help="YAML of architecture shapes (default: %(default)s)")
-    parser.add_argument("--out", default="results/theory/counts.csv", help="CSV to write (default: %(default)s)")
+    parser.add_argument("--out", default=None,
+                        help=f"CSV to write (default: {DEFAULT_COUNTS_OUT}; with --hf-config only when given)")
     parser.add_argument("--single-head-out", default=None,
                         help="also write the §4.10 single-head matching table here (e.g. results/theory/single_head.csv)")
+    parser.add_argument("--hf-config", default=None, metavar="PATH",
+                        help="count one Hugging Face model instead: its config.json, or the folder holding it "
+                             "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon); prints its row")
 
 
 def run_counts(args: argparse.Namespace) -> int:
     from attnid.files import write_csv_atomic
 
+    if args.hf_config is not None:
+        return run_hf_config_counts(args.hf_config, args.out)
     architectures = load_architectures(args.architectures)
-    write_csv_atomic(args.out, counts_table(architectures))
+    write_csv_atomic(args.out or DEFAULT_COUNTS_OUT, counts_table(architectures))
     if args.single_head_out:
         write_csv_atomic(args.single_head_out, single_head_table(architectures))
     return 0

@@ -3,9 +3,11 @@
 Two commands and two loaders:
 
 - ``attnid fetch --url URL --sha256 HEX --out PATH`` streams an http(s) or ``file://``
-  URL into a temporary file next to ``PATH``, checks its sha256 and only then renames
-  it into place, so a wrong checksum or a dropped connection never leaves a file that
-  Snakemake would trust.
+  URL, or a local path (relative to the working directory), into a temporary file next
+  to ``PATH``, checks its sha256 and only then renames it into place, so a wrong
+  checksum or a dropped connection never leaves a file that Snakemake would trust.
+  The repository ships tiny shakespeare as ``assets/tinyshakespeare.txt``, so
+  ``--url assets/tinyshakespeare.txt`` works offline.
 - ``attnid prepare --text PATH --out-dir DIR`` is nanoGPT's ``shakespeare_char``
   preparation: sorted character vocabulary, first 90 % of the text for training, last
   10 % for validation, uint16 ``train.bin`` / ``val.bin``, and the vocabulary in
@@ -24,6 +26,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import sys
 import time
 import urllib.error
@@ -45,6 +48,7 @@ TOKEN_DTYPE = np.uint16  # nanoGPT's on-disk token type; caps the vocabulary at 
 CHUNK_BYTES = 1 << 20
 PROGRESS_MIN_BYTES = 8 << 20  # only large downloads print progress
 META_NAME = "meta.json"
+URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 
 
 # ---------------------------------------------------------------------------------------
@@ -66,8 +70,27 @@ def _check_sha256_argument(sha256: str) -> str:
     return sha256
 
 
+def source_url(source: str) -> str:
+    """``source`` as a URL that urllib opens: http(s):// and file:// URLs unchanged, a local path
+    (absolute, or relative to the working directory) as a ``file://`` URL.
+
+    A one-letter "scheme" is a Windows drive (``C:\\data\\input.txt``), so it counts as a path.
+    """
+    match = URL_SCHEME.match(source)
+    if match and len(match.group(1)) > 1:
+        scheme = match.group(1).lower()
+        if scheme not in ("http", "https", "file"):
+            raise UserError(f"unsupported URL {source!r}: use http(s)://, file:///absolute/path or a local path")
+        return source
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise UserError(f"{source} is not a file (looked in {path.resolve()}): pass an existing local path, "
+                        f"a file:///absolute/path or an http(s):// URL")
+    return path.resolve().as_uri()
+
+
 def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, progress: bool = True) -> Path:
-    """Download ``url`` to ``out`` if and only if its content has the given sha256.
+    """Download ``url`` (or copy a local path) to ``out`` if and only if its content has the given sha256.
 
     Streams in chunks into a temporary file in ``out``'s directory (never holding the
     file in memory); the rename onto ``out`` happens only after the checksum matched.
@@ -77,9 +100,7 @@ def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, 
     out = Path(out)
     if out.is_file() and sha256_of_file(out) == sha256:
         return out
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-    if scheme not in ("http", "https", "file"):
-        raise UserError(f"unsupported URL {url!r}: use http(s):// or file:///absolute/path")
+    url = source_url(url)
     digest = hashlib.sha256()
     received = 0
     started = time.monotonic()
@@ -110,7 +131,9 @@ def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, 
 
 
 def add_fetch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=SHAKESPEARE_URL, help="http(s):// or file:// URL (default: tiny shakespeare)")
+    parser.add_argument("--url", default=SHAKESPEARE_URL,
+                        help="http(s):// or file:// URL, or a local path such as assets/tinyshakespeare.txt "
+                             "(default: tiny shakespeare's URL)")
     parser.add_argument("--sha256", default=SHAKESPEARE_SHA256, help="expected sha256 of the content (64 hex digits)")
     parser.add_argument("--out", required=True, help="where to write the verified file")
     parser.add_argument("--timeout", type=float, default=60.0, help="network timeout in seconds (default 60)")

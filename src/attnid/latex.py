@@ -6,19 +6,25 @@ Reusable helpers (the experiment tables in tables.py use them too):
   clash with TeX: ``\\VAR{expr}`` prints, ``\\BLOCK{for ...}`` / ``\\BLOCK{endfor}``
   are statements, ``\\#{...}`` is a comment. Undefined names are errors. Filters:
   ``thousands`` (1048576 -> ``1,048,576``), ``fixed(n)`` (n decimals), ``tex``
-  (escape ``& % $ # _ { } ~ ^ \\``), ``yesno`` (True -> ``yes``).
+  (escape ``& % $ # _ { } ~ ^ \\``), ``yesno`` (True -> ``yes``), ``sci``, ``gap``.
 * :func:`render_table` -- render one template (a file name in the template
   folder, or template text) with ``rows`` (a list of dicts or a DataFrame).
 
-Templates live in ``paper/templates/``: ``appendix.tex.j2`` is the skeleton,
-``counts.tex.j2`` (A1), ``nullity.tex.j2`` (A2), ``single_head.tex.j2`` (A3).
+The templates are package data, ``attnid/templates/``: ``appendix.tex.j2`` is the
+skeleton, ``counts.tex.j2`` (A1), ``nullity.tex.j2`` (A2), ``single_head.tex.j2``
+(A3), ``experiment_*.tex.j2`` (the tables of ``attnid tables``). The figure
+captions, ``attnid/templates/captions/<figure>.rst``, are shared with the Snakemake
+report (``report(..., caption=...)`` in workflow/rules/report.smk): a new figure is
+its caption file plus its name in :data:`FIGURES`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,10 +32,9 @@ from pathlib import Path
 
 from attnid.errors import UserError
 
-PACKAGE_TEMPLATES = Path(__file__).resolve().parents[2] / "paper" / "templates"
-
+# "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
 _TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+                "{": r"\{", "}": r"\}", "~": r"$\sim$", "^": r"\textasciicircum{}",
                 "<": r"\textless{}", ">": r"\textgreater{}"}
 
 
@@ -69,11 +74,65 @@ def yesno(value) -> str:
     return "yes" if str(value).strip().lower() in {"true", "1", "yes"} else "no"
 
 
-def latex_environment(template_dir: str | os.PathLike | None = None):
-    """A jinja2 Environment with TeX-safe delimiters and the filters above."""
+def bias_label(row) -> str:
+    """The bias column of table A1: ``yes`` (q, k, v and output), ``qkv`` (q, k, v only, as Qwen2),
+    ``out`` (output only) or ``no``, from counts.csv's ``bias`` and ``out_bias``."""
+    qkv, out = yesno(row["bias"]) == "yes", yesno(row.get("out_bias", row["bias"])) == "yes"
+    return {(True, True): "yes", (True, False): "qkv", (False, True): "out", (False, False): "no"}[(qkv, out)]
+
+
+def gap_note(row) -> str:
+    """Why a row of nullity.csv has ``gap = inf`` (no positive dropped singular value):
+    ``rows`` -- the Jacobian has fewer rows than parameters and every singular value is kept
+    (rank = rows), so the null directions are exactly those no row sees; ``zero`` -- the largest
+    dropped singular value came out exactly 0.0. Empty for a finite gap."""
+    if not math.isinf(float(row["gap"])):
+        return ""
+    n_params, n_rows = int(row["n_params"]), int(row["n_outputs"])
+    if n_rows < n_params and int(row["measured"]) == n_params - n_rows:
+        return "rows"
+    return "zero"
+
+
+GAP_MARKS = {"rows": "*", "zero": r"\dagger"}
+
+
+def nullity_gap(row) -> str:
+    """The gap cell of table A2: ``$2.8\\times10^{15}$``, or for an infinite gap ``$\\infty$``
+    with the mark of its reason (:func:`gap_note`), explained under the table."""
+    note = gap_note(row)
+    return rf"$\infty^{{{GAP_MARKS[note]}}}$" if note else scientific(row["gap"])
+
+
+def package_template_dir():
+    """The templates shipped with the package, found with importlib.resources (a Traversable:
+    a folder in a checkout or an installed package, a zip member in a zipped one)."""
+    return importlib.resources.files("attnid").joinpath("templates")
+
+
+def _resource_loader(folder):
+    """A jinja2 loader over a Traversable folder (what importlib.resources returns)."""
     import jinja2
 
-    loader = jinja2.FileSystemLoader(str(template_dir)) if template_dir is not None else None
+    def load(name: str):
+        resource = folder.joinpath(*name.split("/"))
+        return resource.read_text(encoding="utf-8") if resource.is_file() else None
+
+    return jinja2.FunctionLoader(load)
+
+
+def latex_environment(template_dir=None):
+    """A jinja2 Environment with TeX-safe delimiters and the filters above.
+
+    Templates are read from ``template_dir`` (a folder path, or a Traversable such as
+    :func:`package_template_dir`), by default from the package's own templates.
+    """
+    import jinja2
+
+    if isinstance(template_dir, (str, os.PathLike)):
+        loader = jinja2.FileSystemLoader(str(template_dir))
+    else:
+        loader = _resource_loader(template_dir if template_dir is not None else package_template_dir())
     env = jinja2.Environment(
         loader=loader,
         block_start_string=r"\BLOCK{", block_end_string="}",
@@ -82,7 +141,8 @@ def latex_environment(template_dir: str | os.PathLike | None = None):
         trim_blocks=True, lstrip_blocks=True, autoescape=False,
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
     )
-    env.filters.update(thousands=thousands, fixed=fixed, tex=tex_escape, yesno=yesno, sci=scientific)
+    env.filters.update(thousands=thousands, fixed=fixed, tex=tex_escape, yesno=yesno, sci=scientific,
+                       bias=bias_label, gap=nullity_gap)
     return env
 
 
@@ -95,8 +155,8 @@ def _records(rows) -> list[dict]:
 def render_table(template: str, rows, template_dir: str | os.PathLike | None = None, **context) -> str:
     """Render ``template`` with ``rows`` (list of dicts or DataFrame) and any extra context.
 
-    ``template`` is a file name inside ``template_dir`` (default: the project's
-    ``paper/templates``) or, if it contains a newline, the template text itself.
+    ``template`` is a file name inside ``template_dir`` (default: the package's
+    ``attnid/templates``) or, if it contains a newline, the template text itself.
     """
     if "\n" in template:
         compiled = latex_environment().from_string(template)
@@ -105,19 +165,93 @@ def render_table(template: str, rows, template_dir: str | os.PathLike | None = N
     return compiled.render(rows=_records(rows), **context)
 
 
-def find_template_dir(explicit: str | os.PathLike | None = None) -> Path:
-    for candidate in ([Path(explicit)] if explicit else [Path.cwd() / "paper" / "templates", PACKAGE_TEMPLATES]):
-        if (candidate / "appendix.tex.j2").is_file():
-            return candidate
-    raise UserError("appendix templates not found (looked for paper/templates/appendix.tex.j2): "
-                    "run from the repository root or pass --templates DIR")
+def find_template_dir(explicit: str | os.PathLike | None = None):
+    """``explicit`` (``--templates DIR``) if given, else the package's own templates."""
+    if explicit is None:
+        return package_template_dir()
+    if not (Path(explicit) / "appendix.tex.j2").is_file():
+        raise UserError(f"--templates {explicit}: no appendix.tex.j2 there (copy attnid/templates to start from)")
+    return Path(explicit)
 
 
 # ---------------------------------------------------------------------------------------------
 # attnid appendix
 
 EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex")
-FIGURES = ("fig1.pdf", "fig2.pdf", "fig3.pdf", "fig4.pdf")
+# One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.
+LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
+# The figures of `attnid figures`, in order; each has its caption in templates/captions/<name>.rst.
+FIGURES = ("fig1", "fig2", "fig3", "fig4")
+
+# Typographic characters of the caption files and their TeX; anything else non-ASCII must be
+# written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
+_CAPTION_CHARACTERS = {"—": "---", "–": "--", "’": "'", "‘": "`", "“": "``", "”": "''", "\u00a0": "~"}
+_RST_INLINE = re.compile(r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*",
+                         re.S)
+
+
+def caption_file(name: str) -> str:
+    """The caption file of figure ``name`` (e.g. ``fig1``): the Snakemake report's caption too."""
+    return str(package_template_dir().joinpath("captions", f"{name}.rst"))
+
+
+def _caption_text(text: str, where: str) -> str:
+    escaped = tex_escape(text)
+    for char, tex in _CAPTION_CHARACTERS.items():
+        escaped = escaped.replace(char, tex)
+    strange = sorted({char for char in escaped if ord(char) > 127})
+    if strange:
+        raise ValueError(f"{where}: {''.join(strange)!r} has no TeX form here; write it as :math:`...`")
+    return escaped
+
+
+def rst_to_tex(text: str, where: str = "caption") -> str:
+    """TeX for the reStructuredText subset of the caption files: ``code``, :math:`x`,
+    **strong**, *emphasis* and plain text (special characters escaped)."""
+    pieces, position = [], 0
+    for match in _RST_INLINE.finditer(text):
+        pieces.append(_caption_text(text[position:match.start()], where))
+        if match["code"] is not None:  # long identifiers may break after . _ /
+            code = tex_escape(match["code"])
+            for breakable in (".", r"\_", "/"):
+                code = code.replace(breakable, breakable + r"\allowbreak{}")
+            pieces.append(rf"\texttt{{{code}}}")
+        elif match["math"] is not None:
+            pieces.append(f"${match['math']}$")
+        elif match["strong"] is not None:
+            pieces.append(rf"\textbf{{{rst_to_tex(match['strong'], where)}}}")
+        else:
+            pieces.append(rf"\emph{{{rst_to_tex(match['emph'], where)}}}")
+        position = match.end()
+    pieces.append(_caption_text(text[position:], where))
+    return " ".join("".join(pieces).split())
+
+
+def figure_caption(name: str, caption_dir=None) -> dict:
+    """Title and caption TeX of figure ``name`` from its caption file, whose first sentence is
+    ``**Figure N — title.**`` (the report shows it as is; LaTeX numbers the figure itself)."""
+    folder = caption_dir if caption_dir is not None else package_template_dir().joinpath("captions")
+    source = folder.joinpath(f"{name}.rst")
+    if not source.is_file():
+        raise UserError(f"no caption for figure {name}: add {source} and list it in attnid.latex.FIGURES")
+    text = source.read_text(encoding="utf-8").strip()
+    heading = re.match(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", text, re.S)
+    if heading is None:
+        raise UserError(f"{source}: the caption must start with **Figure N — title.**")
+    title = rst_to_tex(heading["title"], str(source))
+    return {"name": name, "title": title.rstrip("."), "caption": rf"\textbf{{{title}}} " + rst_to_tex(
+        heading["rest"], str(source))}
+
+
+def _figures(figures, out_dir: Path) -> list[dict]:
+    """Each figure's PDF (relative to the appendix) with its caption; one error lists all missing."""
+    if figures is None:
+        return []
+    missing = [f"{name}.pdf" for name in FIGURES if not (Path(figures) / f"{name}.pdf").is_file()]
+    if missing:
+        raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
+    return [figure_caption(name) | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf",
+                                                                 out_dir)).as_posix()} for name in FIGURES]
 
 
 def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
@@ -141,7 +275,8 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, plus the
     experiment tables and figures when given)."""
     counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
-    nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "theory", "measured", "gap", "passed"})
+    nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured",
+                                                       "gap", "passed"})
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
     templates = find_template_dir(template_dir)
     out_dir = Path(out_path).resolve().parent
@@ -151,27 +286,26 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         for name in EXPERIMENT_TABLES:
             path = Path(experiment_tables) / name
             if path.is_file():
-                experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8")})
-    figure_paths = []
-    if figures is not None:
-        missing = [name for name in FIGURES if not (Path(figures) / name).is_file()]
-        if missing:
-            raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
-        figure_paths = [Path(os.path.relpath(Path(figures).resolve() / name, out_dir)).as_posix() for name in FIGURES]
+                experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
+                                          "landscape": name in LANDSCAPE_TABLES})
+    figure_entries = _figures(figures, out_dir)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
     sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks]
+    shown_templates = "attnid/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {
         "sources": sources,
-        "templates": os.path.relpath(templates) if templates.is_absolute() else str(templates),
+        "templates": shown_templates,
         "counts_rows": _records(counts_frame),
         "nullity_rows": _records(nullity_frame),
         "single_head_rows": _records(single_frame),
         "experiment_blocks": experiment_blocks,
-        "figure_paths": figure_paths,
+        "experiment_tables": {block["name"] for block in experiment_blocks},
+        "figures": figure_entries,
         "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
         "n_cases": len(nullity_frame),
+        "gap_notes": {gap_note(row) for row in _records(nullity_frame)} - {""},
     }
     return env.get_template("appendix.tex.j2").render(**context)
 
@@ -183,13 +317,16 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
                         help="folder with runs.tex, cases.tex, sweep.tex to include verbatim (those that exist)")
-    parser.add_argument("--figures", default=None, help="folder with fig1.pdf .. fig4.pdf to include")
-    parser.add_argument("--templates", default=None, help="template folder (default: paper/templates)")
+    parser.add_argument("--figures", default=None,
+                        help=f"folder with {', '.join(name + '.pdf' for name in FIGURES)} to include")
+    parser.add_argument("--templates", default=None,
+                        help="template folder overriding the package's (copy of attnid/templates)")
     parser.add_argument("--pdf", action="store_true", help="then run latexmk -pdf on main.tex next to --out")
 
 
 def compile_pdf(main_tex: Path) -> Path:
-    """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path."""
+    """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path. The LaTeX
+    log is kept next to it (``main.log``)."""
     if shutil.which("latexmk") is None:
         raise UserError("latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) or drop --pdf")
     if not main_tex.is_file():
@@ -200,11 +337,11 @@ def compile_pdf(main_tex: Path) -> Path:
         result = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
                                  f"-outdir={build.name}", main_tex.name],
                                 cwd=main_tex.parent, capture_output=True, text=True)
+        log = main_tex.with_suffix(".log")
+        if (build / log.name).is_file():  # the log outlives the scratch folder (overfull boxes, errors)
+            shutil.copyfile(build / log.name, log)
         if result.returncode != 0:
             errors = [line for line in result.stdout.splitlines() if line.startswith("!")]
-            log = main_tex.with_suffix(".log")
-            if (build / log.name).is_file():  # keep the log for the user after the scratch folder goes
-                shutil.copyfile(build / log.name, log)
             raise UserError(f"latexmk failed on {main_tex}: {errors[0] if errors else 'see ' + str(log)}")
         pdf = main_tex.with_suffix(".pdf")
         os.replace(build / pdf.name, pdf)

@@ -323,14 +323,13 @@ def model_from_checkpoint(checkpoint: dict) -> GPT:
 
 def load_nanogpt_checkpoint(path: str | os.PathLike, map_location="cpu") -> GPT:
     """Load a nanoGPT ``ckpt.pt`` (ours or nanoGPT's, compiled or not) as a GPT in eval mode."""
+    from attnid.checkpoints import load_weights_only
+
     if not os.path.isfile(path):
         raise UserError(f"checkpoint {path} does not exist")
-    try:
-        # weights_only=False: nanoGPT checkpoints hold a plain 'config' dict of python values and,
-        # for ours, numpy/RNG state; they are files the user produced, not downloads
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file
-        raise UserError(f"cannot read checkpoint {path}: {type(err).__name__}: {err}") from None
+    # weights only: a checkpoint that carries code is refused before the code runs
+    checkpoint = load_weights_only(path)
     model = model_from_checkpoint(checkpoint)
+    model.to(map_location)
     model.eval()
     return model

@@ -17,7 +17,8 @@ and RoPE with interleaved (GPT-J, RoFormer) or half-split (GPT-NeoX, Llama)
 pairing (the rotation itself is model.py's ``rope_rotate``, so these checks cover
 the RoPE the model runs). RoPE cases use base 10 rather than 10,000: the theory holds for any
 distinct nonzero frequencies, and short random sequences would barely rotate
-the slow planes of base 10,000, blurring the rank.
+the slow planes of base 10,000, blurring the rank. The ``single_head`` case is the
+paper's §4.10 single head: ``W_Q``, ``W_K``, ``W_V`` all ``E x E`` and no ``W_O``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def default_cases() -> list[Case]:
                           bias=True))
     cases.append(Case("RoPE half+GQA+qkv bias, no out bias (Qwen2-like) E=16 H=4 G=2", "rope_gqa_bias",
                       n_embd=16, n_head=4, n_kv_head=2, rope="half", bias=True, out_bias=False))
+    cases.append(Case("single head of the paper, Q K V without output projection, E=6", "single_head", n_embd=6))
     return cases
 
 
@@ -98,6 +100,8 @@ def theory_nullity(case: Case) -> int:
     """The closed form from counts.py that the case checks."""
     if case.kind == "pair":
         return counts.factor_pair_nullity(case.head_dim, case.n_embd, case.n_embd)
+    if case.kind == "single_head":
+        return counts.single_head_unidentified_params(case.n_embd)
     return counts.unidentified_params_per_layer(case.shape())
 
 
@@ -108,6 +112,8 @@ def theory_nullity(case: Case) -> int:
 def parameter_shapes(case: Case) -> dict[str, tuple[int, ...]]:
     if case.kind == "pair":
         return {"A": (case.head_dim, case.n_embd), "B": (case.head_dim, case.n_embd)}
+    if case.kind == "single_head":  # docs/design.md §10: 3 E^2 parameters
+        return {name: (case.n_embd, case.n_embd) for name in ("w_q", "w_k", "w_v")}
     s = case.shape()
     e, h, g, d, c = s.n_embd, s.n_head, s.n_kv_head, s.head_dim, s.value_dim
     shapes = {"w_q": (h * d, e), "w_k": (g * d, e), "w_v": (g * c, e), "w_o": (e, h * c)}
@@ -144,7 +150,7 @@ def attention_layer(x: torch.Tensor, p: dict[str, torch.Tensor], shape: counts.L
     causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
     weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
     y = (weights @ v).transpose(1, 2).reshape(batch, seq_len, h * c)  # (B, T, H*C)
-    out = y @ p["w_o"].T  # (B, T, E)
+    out = y @ p["w_o"].T if "w_o" in p else y  # (B, T, E); the paper's single head has no W_O
     if shape.out_bias:
         out = out + p["b_o"]
     return out

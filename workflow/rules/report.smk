@@ -1,4 +1,6 @@
 # Tables, figures 1-4 (with report captions) and the LaTeX appendix.
+# Figure captions are package data (attnid/templates/captions), shared with the LaTeX appendix.
+from attnid.latex import caption_file
 
 TABLES_DIR = "results/tables"
 TABLE_FILES = [
@@ -36,7 +38,7 @@ rule figures:
         RUN_OUTPUTS,
         THEORY_FILES,
     output:
-        [report(f"figures/fig{i}.png", caption=f"../report/fig{i}.rst", category="Figures") for i in range(1, 5)],
+        [report(f"figures/fig{i}.png", caption=caption_file(f"fig{i}"), category="Figures") for i in range(1, 5)],
         [f"figures/fig{i}.pdf" for i in range(1, 5)],
     params:
         **RUN_SELECTION,
