@@ -155,6 +155,21 @@ def test_rebalance_to_balance_and_back_keeps_logits_and_hits_the_target(name):
     assert _relative_change(_logits(model), before) < 1e-12
 
 
+@pytest.mark.parametrize("name", ["mha", "rope+gqa G=2", "gqa D=12"])
+def test_rebalance_model_restores_the_initial_conserved_imbalance(name):
+    model = _model(VARIANTS[name])
+    before = _logits(model)
+    initial = {c: orbits.initial_conserved(model, c) for c in symmetry.CIRCUITS}
+    for circuit in symmetry.CIRCUITS:
+        assert orbits.rebalance_model(model, circuit) == 0  # balance
+        assert orbits.initial_conserved(model, circuit).abs().max() < 1e-10 * initial[circuit].abs().max()
+    for circuit in symmetry.CIRCUITS:
+        assert orbits.rebalance_model(model, circuit, initial[circuit]) == 0  # and back
+        torch.testing.assert_close(orbits.initial_conserved(model, circuit), initial[circuit],
+                                   rtol=0, atol=1e-10 * initial[circuit].abs().max().item())
+    assert _relative_change(_logits(model), before) < 1e-12
+
+
 def _rope_pair(seed: int = 0, d: int = 6, n_a: int = 9, n_b: int = 7, batch: int = 3):
     generator = torch.Generator().manual_seed(seed)
     a = torch.randn(batch, d, n_a, generator=generator, dtype=torch.float64)

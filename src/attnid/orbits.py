@@ -455,3 +455,31 @@ def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
     else:
         n_a, n_b = columns, layout.heads_per_group * layout.n_embd
     return generic_orbit_dimension(kind, layout.n_kv_head, layout.head_dim, n_a, n_b)
+
+
+# --------------------------------------------------------------------------------------
+# Whole-model moves
+# --------------------------------------------------------------------------------------
+
+def initial_conserved(model, circuit: str) -> torch.Tensor:
+    """The conserved imbalance of every pair of one circuit, stacked ``(L, G, D, D)``:
+    the target that :func:`rebalance_model` restores (beta's reference ``I_0``)."""
+    kind = orbit_kind(model, circuit)
+    return torch.stack([conserved_imbalance(kind, a, b) for a, b in model_pairs(model, circuit)])
+
+
+@torch.no_grad()
+def rebalance_model(model, circuit: str, targets: torch.Tensor | None = None) -> int:
+    """Move every pair of one circuit along the architecture's own orbit, in place (docs/design.md §4, §8).
+
+    ``targets`` ``(L, G, D, D)`` (e.g. :func:`initial_conserved` at step 0), or None to
+    balance. The function of the model is unchanged up to round-off. Returns the
+    number of pairs left alone because they are too close to degenerate.
+    """
+    kind = orbit_kind(model, circuit)
+    per_layer = model_pairs(model, circuit)
+    pair_a, pair_b = torch.stack([a for a, _ in per_layer]), torch.stack([b for _, b in per_layer])
+    goal = None if targets is None else targets.to(pair_a)
+    new_a, new_b, done = rebalance_pairs(kind, pair_a, pair_b, goal)
+    write_pairs_back(model, circuit, list(zip(new_a.unbind(0), new_b.unbind(0), strict=True)))
+    return int((~done).sum())
