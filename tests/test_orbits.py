@@ -305,6 +305,14 @@ def test_orbit_dimension_equals_the_closed_form(variant, bias):
             assert orbits.orbit_dimension(config, layer, circuit) == expected[circuit]
 
 
+def test_orbit_dimension_rows_for_inspect():
+    rows = orbits.orbit_dimension_rows(_model(dict(rope=True, n_kv_head=1)))
+    assert [(r["layer"], r["circuit"], r["orbit"]) for r in rows] == [
+        (0, "qk", "rope"), (0, "ov", "gl"), (1, "qk", "rope"), (1, "ov", "gl")]
+    assert all(r["orbit_dimension"] == r["closed_form"] for r in rows)
+    assert [r["closed_form"] for r in rows[:2]] == [8, 64]  # G D and G D^2 with G = 1, D = 8
+
+
 def test_orbit_dimension_drops_at_degenerate_weights():
     """Computed from the weights, not copied from the formula: zero a head's key and query
     rows in one RoPE plane and the rank loses that plane's 2 directions."""

@@ -457,6 +457,16 @@ def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
     return generic_orbit_dimension(kind, layout.n_kv_head, layout.head_dim, n_a, n_b)
 
 
+def orbit_dimension_rows(model) -> list[dict]:
+    """Per layer and circuit: the orbit kind, the orbit dimension at the model's weights and
+    counts.py's closed form for the layer shape (for ``attnid inspect``)."""
+    shape = layer_shape(model)
+    closed_form = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
+    return [{"layer": layer, "circuit": circuit, "orbit": orbit_kind(model, circuit),
+             "orbit_dimension": orbit_dimension(model, layer, circuit), "closed_form": closed_form[circuit]}
+            for layer in range(len(symmetry.attention_blocks(model))) for circuit in CIRCUITS]
+
+
 # --------------------------------------------------------------------------------------
 # Whole-model moves
 # --------------------------------------------------------------------------------------
