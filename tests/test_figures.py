@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnid import figures, tables
+from attnid import figures, rundir, tables
+from attnid.cases import CASES
 from synthetic_runs import write_run, write_study
 
 
@@ -51,7 +52,7 @@ def test_sgd_wd_factor_follows_the_schedule():
 
 
 def test_seed_band_is_mean_min_max_per_step(tmp_path):
-    runs = [tables.load_run(write_run(tmp_path / f"s{seed}", "sgd", seed, 0.5, rho_qk=10.0 ** -(seed + 8)))
+    runs = [rundir.load_run(write_run(tmp_path / f"s{seed}", "sgd", seed, 0.5, rho_qk=10.0 ** -(seed + 8)))
             for seed in range(3)]
     band = figures.seed_band(runs, "rho_qk", positive=True).set_index("step")
     assert 0 not in band.index  # step 0 has no step to measure
@@ -80,6 +81,6 @@ def test_missing_inputs_are_a_user_error(tmp_path):
 
 
 def test_one_style_for_every_case():
-    colors = [figures.case_style(case)["color"] for case in figures.CASE_STYLE]
+    colors = [figures.case_style(case)["color"] for case in CASES]
     assert len(set(colors)) == len(colors) == 5
     assert not math.isnan(figures.STYLE["font.size"])

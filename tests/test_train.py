@@ -21,7 +21,10 @@ import torch
 from attnid.cli import build_parser, main
 from attnid.errors import UserError
 from attnid.model import load_nanogpt_checkpoint
-from attnid.train import BASE_COLUMNS, CASES, TIMING_COLUMNS, config_from_args, get_lr, resolve_config
+from attnid.cases import CASES
+from attnid.config import config_from_args, resolve_config
+from attnid.rundir import BASE_COLUMNS, TIMING_COLUMNS
+from attnid.train import get_lr
 
 TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
         "--eval-iters", "2", "--progress-every", "1000"]

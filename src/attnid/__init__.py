@@ -1,16 +1,21 @@
 """attnid: reproducible pipeline for *Multi-Head Self Attention is a Parameter
 Identification Mechanism* (W. R. Morrow, arXiv:2609.01231).
 
-Modules, one concern each (see ``../shared/DESIGN.md`` §6):
+Modules, one concern each (see ``docs/design.md`` §6):
 
 - ``counts``    closed-form parameter counts (T1-T6)
 - ``nullity``   Jacobian-nullity verification of those counts
 - ``latex``     jinja2 rendering of the LaTeX appendix
-- ``symmetry``  factor pairs, tangent projection, rebalancing (DESIGN §2, §4)
-- ``metrics``   rho, beta, tau, mu (DESIGN §3)
+- ``symmetry``  factor pairs, tangent projection, rebalancing (docs/design.md §2, §4)
+- ``orbit``     orbit moves of a training model with tau measured across them
+- ``metrics``   rho, beta, tau, mu (docs/design.md §3)
 - ``model``     nanoGPT-compatible GPT
 - ``data``      fetch + character-level prepare
-- ``train``     the optimizer cases and their logs
+- ``cases``     the optimizer cases: one record each (optimizer, default lr, plot style)
+- ``config``    the options of ``attnid train`` (flags, --config file, validation)
+- ``train``     the training loop
+- ``batches``   training and eval batches
+- ``rundir``    the run directory: metrics.csv, run.json, ckpt.pt, finding and loading runs
 - ``tables`` / ``figures``  gathering runs into tables and figures 1-4
 - ``cli``       the ``attnid`` command line
 """
