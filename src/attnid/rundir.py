@@ -69,8 +69,9 @@ def versions() -> dict:
     import numpy as np
     import torch
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "attnid": __version__}
+    # str(): torch.__version__ is a TorchVersion, which weights_only loading refuses
+    return {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(np.__version__),
+            "attnid": str(__version__)}
 
 
 def git_commit() -> str | None:
