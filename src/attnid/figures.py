@@ -328,8 +328,8 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
         done = group[group["status"] != "diverged"]
         diverged = group[group["status"] == "diverged"]
         for ax, (column, _, log_y) in zip(axes, panels):
-            ax.plot(done["lr"], done[column], marker=style["marker"], linestyle=style["linestyle"], color=style["color"],
-                    label=style["label"])
+            ax.plot(done["lr"], done[column], marker=style["marker"], linestyle=style["linestyle"],
+                    color=style["color"], label=style["label"])
             if log_y:
                 fit = slopes[(slopes["optimizer"] == optimizer) & (slopes["quantity"] == column)]
                 if len(fit) and np.isfinite(fit["slope"].iloc[0]):

@@ -14,7 +14,7 @@ is ``(..., D, n_a)`` and ``B`` is ``(..., D, n_b)`` with any leading batch shape
 (heads, or layers x heads), so one ``torch.linalg.eigh`` call serves every head of
 the model. Nothing depends on the device or on global RNG state.
 
-The maths follows the project's design notes: §2 (pairs, tangent projection by a
+The maths follows docs/design.md: §2 (pairs, tangent projection by a
 Sylvester solve with two eigendecompositions), §3 (imbalance, excess norm), §4
 (rebalancing to a target imbalance; the paper's §5). The conservation law that
 makes the imbalance interesting is Lemma 5.1: plain gradient flow keeps
@@ -34,7 +34,7 @@ CIRCUITS = ("qk", "ov")
 # moves nothing and is dropped (pseudo-inverse), and the pair is counted as singular.
 SINGULAR_RTOL = 1e-12
 # Rebalancing divides by the product's singular values: a pair whose product is this
-# close to rank-deficient (s_min / s_max) is left alone and counted (design §4).
+# close to rank-deficient (s_min / s_max) is left alone and counted (docs/design.md §4).
 REBALANCE_MIN_SV_RATIO = 1e-6
 
 
@@ -168,7 +168,7 @@ def imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
 
 
 def _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b):
-    """The normal equations of the tangent projection, diagonalised (design §2).
+    """The normal equations of the tangent projection, diagonalised (docs/design.md §2).
 
     Returns ``(rhs_eig, inv_denom, vec_a, vec_b, singular)``: ``C' = U_b^T C U_a`` with
     ``C = dA A^T - B dB^T``, ``1 / (b_i + a_j)`` (0 where the sum is round-off), the two
@@ -266,7 +266,7 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
                     target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
                     product: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; design §4).
+    """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; docs/design.md §4).
 
     ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
     initial ``I_0`` to restore the conservation law of Lemma 5.1). With the product's
@@ -333,7 +333,7 @@ def target_eigh(initial_imbalance: torch.Tensor, target: str) -> tuple[torch.Ten
 
 @torch.no_grad()
 def rebalance_model(model, targets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, dict]:
-    """Move every pair of every circuit along its orbit to its target imbalance, in place (design §4).
+    """Move every pair of every circuit along its orbit to its target imbalance, in place (docs/design.md §4).
 
     ``targets`` maps each circuit to the :func:`target_eigh` of its ``(L*H, D, D)``
     stacked targets (layers major). Returns ``(skipped, products)``: the number of pairs

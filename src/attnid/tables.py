@@ -51,7 +51,7 @@ SUMMARY_COLUMNS = [
 ]
 
 
-# ---------------------------------------------------------------------------- reading runs
+# ---------------------------------------------------------------------------- summarising runs
 
 def _last_finite(values: pd.Series) -> float:
     finite = pd.to_numeric(values, errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()

@@ -29,7 +29,6 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from attnid import orbit, rundir
