@@ -136,13 +136,15 @@ def load_checkpoint(path: Path, key: dict) -> dict:
     try:
         # on the CPU: RNG states must stay CPU tensors; load_state_dict moves weights and moments to the device
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        stored_key = checkpoint["attnid"]["resume_key"]
-        if checkpoint["attnid"]["format"] != CHECKPOINT_FORMAT:
-            raise ValueError(f"format {checkpoint['attnid']['format']}")
+        stored_format, stored_key = checkpoint["attnid"]["format"], checkpoint["attnid"]["resume_key"]
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file
         aside = _move_aside(path)
         raise UserError(f"{path} is not a readable attnid checkpoint ({type(err).__name__}); moved it to "
                         f"{aside.name}; rerun to start over") from None
+    if stored_format != CHECKPOINT_FORMAT:
+        aside = _move_aside(path)
+        raise UserError(f"{path} has checkpoint format {stored_format}, this attnid reads {CHECKPOINT_FORMAT}; "
+                        f"moved it to {aside.name}; rerun to start over")
     if stored_key != key:
         differing = sorted(k for k in set(key) | set(stored_key) if key.get(k) != stored_key.get(k))
         shown = ", ".join(f"{k}: {stored_key.get(k)!r} in ckpt vs {key.get(k)!r} now" for k in differing[:3])

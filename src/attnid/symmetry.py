@@ -279,7 +279,7 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
     ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
 
     ``target_eigh`` (``torch.linalg.eigh(target_imbalance)``) and ``product``
-    (``product_svd(A, B)``) may be passed precomputed, which the tracker does. Returns
+    (``product_svd(A, B)``) may be passed precomputed, which rebalance_model does. Returns
     ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero product) are
     returned unchanged with ``done`` False.
     """
