@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from attnid import orbit
 from attnid.metrics import MetricTracker
 from attnid.model import GPT, GPTConfig
 
@@ -67,9 +68,9 @@ def main() -> None:
         snapshot_ms = timed(lambda: snap.setdefault("pre", tracker.snapshot(model)))
         train_ms.append(timed(train_step))
         step_ms = timed(lambda: tracker.step_metrics(model, snap["pre"]))
-        tau_ms = timed(lambda: tracker.tau_probe(model))
+        tau_ms = timed(lambda: orbit.tau_probe(model, tracker))
         state_ms = timed(lambda: tracker.state_metrics(model))
-        forwards_ms = timed(lambda: (tracker._probe(model), tracker._probe(model)))
+        forwards_ms = timed(lambda: (tracker.probe(model), tracker.probe(model)))
         if round_index == 0:
             continue
         metrics_ms = snapshot_ms + step_ms + tau_ms + state_ms

@@ -33,7 +33,8 @@ import pandas as pd
 import torch
 
 from attnid.model import GPT, GPTConfig
-from attnid.train import resolve_config, train
+from attnid.config import resolve_config
+from attnid.train import train
 
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
 WARMUP_STEPS = 20  # the short run of each pair: its set-up and warm-up cancel out of the difference

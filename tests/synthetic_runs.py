@@ -41,7 +41,7 @@ def write_run(run_dir: Path, case: str, seed: int, lr: float, *, steps: int = 40
         "diverged_step": diverged_step,
         "final_train_loss": None if status == "diverged" else final_val_loss - 0.1,
         "final_val_loss": None if status == "diverged" else final_val_loss,
-        "wall_time_s": 4.0, "device": "cpu",
+        "wall_time_s": 4.0, "device": "cpu", "initial_imbalance_scale": {"qk": 0.5, "ov": 0.7},
         "config": {"case": case, "lr": lr, "seed": seed, "max_iters": steps, "weight_decay": weight_decay,
                    "warmup_iters": 0, "lr_decay_iters": steps, "min_lr": lr, "rebalance_every": rebalance_every},
     }

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnid import figures, tables
+from attnid import figures, rundir, tables
+from attnid.cases import CASES
 from synthetic_runs import write_run, write_study
 
 
@@ -51,7 +52,7 @@ def test_sgd_wd_factor_follows_the_schedule():
 
 
 def test_seed_band_is_mean_min_max_per_step(tmp_path):
-    runs = [tables.load_run(write_run(tmp_path / f"s{seed}", "sgd", seed, 0.5, rho_qk=10.0 ** -(seed + 8)))
+    runs = [rundir.load_run(write_run(tmp_path / f"s{seed}", "sgd", seed, 0.5, rho_qk=10.0 ** -(seed + 8)))
             for seed in range(3)]
     band = figures.seed_band(runs, "rho_qk", positive=True).set_index("step")
     assert 0 not in band.index  # step 0 has no step to measure
@@ -80,6 +81,32 @@ def test_missing_inputs_are_a_user_error(tmp_path):
 
 
 def test_one_style_for_every_case():
-    colors = [figures.case_style(case)["color"] for case in figures.CASE_STYLE]
+    colors = [figures.case_style(case)["color"] for case in CASES]
     assert len(set(colors)) == len(colors) == 5
     assert not math.isnan(figures.STYLE["font.size"])
+
+
+def test_sgd_wd_prediction_scale_comes_from_run_json(tmp_path):
+    from attnid.errors import UserError
+
+    runs_dir, _ = write_study(tmp_path)
+    sgd_wd = rundir.load_runs_by_case(runs_dir)["sgd_wd"]
+    plt = figures._pyplot()
+    fig, ax = plt.subplots()
+    figures._overlay_sgd_wd_prediction(ax, sgd_wd, "ov")
+    (line,) = ax.get_lines()
+    info, frame = sgd_wd[0]
+    steps = frame["step"].to_numpy()
+    expected = figures.predicted_beta_sgd_wd(steps, figures.lr_schedule(info["config"]), 0.1,
+                                             scale=info["initial_imbalance_scale"]["ov"])
+    np.testing.assert_allclose(line.get_ydata(), expected[expected > 0], rtol=1e-12)
+    assert "fitted" not in line.get_label()
+
+    ax.cla()
+    no_metrics = [({**info, "initial_imbalance_scale": None}, frame) for info, frame in sgd_wd]
+    figures._overlay_sgd_wd_prediction(ax, no_metrics, "qk")  # trained with --no-metrics: nothing to predict
+    assert not ax.get_lines()
+    older = [({k: v for k, v in info.items() if k != "initial_imbalance_scale"}, frame) for info, frame in sgd_wd]
+    with pytest.raises(UserError, match="initial_imbalance_scale"):
+        figures._overlay_sgd_wd_prediction(ax, older, "qk")
+    plt.close(fig)

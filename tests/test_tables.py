@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnid import tables
+from attnid import rundir, tables
 from synthetic_runs import write_run, write_study
 
 
@@ -130,9 +130,9 @@ def test_cli_without_runs_is_one_line(tmp_path):
 
 def test_listed_runs_leave_out_leftovers_of_an_older_config(tmp_path):
     runs_dir, sweep_dir = write_study(tmp_path)
-    every_run = tables.find_run_dirs(runs_dir)
+    every_run = rundir.find_run_dirs(runs_dir)
     listed = [str(d) for d in every_run[:-1]]  # the last one plays a run of an older config
     frames = tables.write_tables(None, sweep_dir, tmp_path / "tables", runs=listed)
     assert sorted(frames["runs"]["run_dir"]) == sorted(listed)
     with pytest.raises(tables.UserError, match="no run.json"):
-        tables.find_run_dirs(None, listed + [str(tmp_path / "never_ran")])
+        rundir.find_run_dirs(None, listed + [str(tmp_path / "never_ran")])

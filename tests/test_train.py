@@ -21,7 +21,10 @@ import torch
 from attnid.cli import build_parser, main
 from attnid.errors import UserError
 from attnid.model import load_nanogpt_checkpoint
-from attnid.train import BASE_COLUMNS, CASES, TIMING_COLUMNS, config_from_args, get_lr, resolve_config
+from attnid.cases import CASES
+from attnid.config import config_from_args, resolve_config
+from attnid.rundir import BASE_COLUMNS, TIMING_COLUMNS
+from attnid.train import get_lr
 
 TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
         "--eval-iters", "2", "--progress-every", "1000"]
@@ -236,3 +239,76 @@ def test_every_case_is_documented_and_runs(prepared_data_dir, tmp_path):
         info = run_json(out)
         assert info["status"] == "completed" and info["config"]["case"] == case
         assert math.isfinite(info["final_val_loss"])
+
+
+def _plain(value) -> bool:
+    """Only what torch.load(weights_only=True) should ever have to rebuild: no numpy scalars, no classes."""
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return value is None or type(value) in (torch.Tensor, float, int, bool, str)
+
+
+def test_checkpoints_load_with_weights_only(prepared_data_dir, tmp_path):
+    """Mid-run and final checkpoints (plain and rebalancing cases) hold only plain types."""
+    for case in ("sgd_momentum", "adamw_rebalance"):
+        out = tmp_path / case
+        flags = ["--case", case, "--max-iters", "10", "--log-every", "5", "--eval-every", "10",
+                 "--rebalance-every", "5"]
+        assert train(prepared_data_dir, out, *flags, "--stop-after", "5") == 128 + signal.SIGTERM
+        mid = torch.load(out / "ckpt.pt", weights_only=True)
+        assert mid["iter_num"] == 5 and mid["attnid"]["summary"] is None and len(mid["attnid"]["rows"]) == 2
+        assert _plain(mid)
+        assert train(prepared_data_dir, out, *flags) == 0
+        final = torch.load(out / "ckpt.pt", weights_only=True)
+        assert final["attnid"]["summary"]["status"] == "completed" and final["iter_num"] == 10
+        assert _plain(final)
+
+
+def test_corrupt_checkpoint_is_moved_aside_with_one_line(prepared_data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = ["--case", "sgd", "--max-iters", "10", "--log-every", "5", "--eval-every", "10"]
+    assert train(prepared_data_dir, out, *flags, "--stop-after", "5") == 128 + signal.SIGTERM
+    truncated = (out / "ckpt.pt").read_bytes()[:5000]
+    (out / "ckpt.pt").write_bytes(truncated)
+    capsys.readouterr()
+    assert train(prepared_data_dir, out, *flags) == 2
+    stderr = capsys.readouterr().err.strip()
+    assert len(stderr.splitlines()) == 1 and "ckpt.pt.corrupt" in stderr and "Traceback" not in stderr, stderr
+    assert (out / "ckpt.pt.corrupt").read_bytes() == truncated and not (out / "ckpt.pt").exists()
+    # the rerun starts over; a second bad file does not overwrite the first one moved aside
+    assert train(prepared_data_dir, out, *flags) == 0 and run_json(out)["resumed_at"] == []
+    (out / "ckpt.pt").write_bytes(b"not a checkpoint")
+    assert train(prepared_data_dir, out, *flags) == 2
+    assert (out / "ckpt.pt.corrupt").read_bytes() == truncated
+    assert (out / "ckpt.pt.corrupt1").read_bytes() == b"not a checkpoint"
+
+
+def test_a_registered_case_trains_through_the_normal_code_path(prepared_data_dir, tmp_path, capsys):
+    """Adding a case is one Case record: the flags, the help, training, run.json and the plot style follow."""
+    from attnid import cases, figures
+
+    def nesterov(model, cfg, device_type):
+        return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
+
+    cases.register(cases.Case("sgd_nesterov", "SGD + Nesterov", "SGD with Nesterov momentum", 0.02, nesterov,
+                              color="#56B4E9", linestyle=":", marker="P"))
+    try:
+        with pytest.raises(SystemExit):
+            main(["train", "--help"])
+        assert "sgd_nesterov 0.02" in " ".join(capsys.readouterr().out.split())
+        out = tmp_path / "nesterov"
+        assert train(prepared_data_dir, out, "--case", "sgd_nesterov", "--max-iters", "6", "--log-every", "3",
+                     "--eval-every", "6") == 0
+        info = run_json(out)
+        assert info["status"] == "completed" and info["case"] == "sgd_nesterov" and info["lr"] == 0.02
+        assert math.isfinite(info["final_val_loss"])
+        frame = metrics(out)
+        assert frame.step.tolist() == [0, 3, 6] and frame.tau.notna().all()  # a non-rebalancing case: tau probed
+        groups = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
+        assert all(group["nesterov"] and group["momentum"] == 0.9 for group in groups)
+        assert figures.case_style("sgd_nesterov")["color"] == "#56B4E9"
+    finally:
+        cases.unregister("sgd_nesterov")
+    assert "sgd_nesterov" not in CASES

@@ -7,10 +7,20 @@ Modules, one concern each (see ``docs/design.md`` §6):
 - ``nullity``   Jacobian-nullity verification of those counts
 - ``latex``     jinja2 rendering of the LaTeX appendix
 - ``symmetry``  factor pairs, tangent projection, rebalancing (docs/design.md §2, §4)
+- ``orbits``    factor pairs and orbits of each architecture: MHA, GQA, RoPE (docs/design.md §8)
+- ``orbit``     orbit moves of a training model with tau measured across them
+- ``drift``     the exact first/second-order split of the imbalance drift (docs/design.md §7)
+- ``precision`` training dtype policy: bf16 / float32 / float64, TF32 off for metrics
+- ``checkpoints`` / ``edits`` / ``hf_config``  reading user checkpoints safely; bias pruning and balancing (§9)
+- ``gpu_slots`` one training job per GPU on a multi-GPU machine
 - ``metrics``   rho, beta, tau, mu (docs/design.md §3)
 - ``model``     nanoGPT-compatible GPT
 - ``data``      fetch + character-level prepare
-- ``train``     the optimizer cases and their logs
+- ``cases``     the optimizer cases: one record each (optimizer, default lr, plot style)
+- ``config``    the options of ``attnid train`` (flags, --config file, validation)
+- ``train``     the training loop
+- ``batches``   training and eval batches
+- ``rundir``    the run directory: metrics.csv, run.json, ckpt.pt, finding and loading runs
 - ``tables`` / ``figures``  gathering runs into tables and figures 1-4
 - ``cli``       the ``attnid`` command line
 """

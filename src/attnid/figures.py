@@ -7,7 +7,7 @@
    number of heads; closed forms for MHA, GQA and RoPE (``attnid.counts``), the
    measured Jacobian nullity points, real architectures marked.
 2. Loss and ρ vs step for every optimizer case (E1, E2): mean over seeds, band = min..max.
-3. β and μ vs step (E1-E3), with the SGD + weight-decay prediction of DESIGN §3,
+3. β and μ vs step (E1-E3), with the SGD + weight-decay prediction of docs/design.md §3,
    ``I_t ≈ Π_s (1 - lr_s λ)^2 I_0``, overlaid; rebalancing shows as a sawtooth.
 4. LR sweep: final β and mean ρ vs lr (log-log, fitted slopes annotated), final
    val loss vs lr; diverged points marked with a cross at the top of the panel.
@@ -25,7 +25,9 @@ import pandas as pd
 
 from attnid.errors import UserError
 from attnid.files import atomic_path
-from attnid.tables import add_run_selection_arguments, check_run_selection, find_run_dirs, load_run
+from attnid.cases import CASES
+from attnid.rundir import initial_imbalance_scale, load_runs_by_case
+from attnid.tables import add_run_selection_arguments, check_run_selection
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
 STYLE = {
@@ -47,14 +49,7 @@ STYLE = {
     "lines.linewidth": 1.4,
     "lines.markersize": 4,
 }
-CASE_STYLE = {  # colour-blind-safe (Okabe-Ito)
-    "sgd": {"color": "#0072B2", "label": "SGD"},
-    "sgd_wd": {"color": "#E69F00", "label": "SGD + weight decay"},
-    "sgd_momentum": {"color": "#56B4E9", "label": "SGD + momentum"},
-    "adamw": {"color": "#D55E00", "label": "AdamW"},
-    "adamw_rebalance": {"color": "#009E73", "label": "AdamW + rebalancing"},
-}
-PREDICTION_COLOR = "black"
+PREDICTION_COLOR = "#777777"  # black is a case colour
 BAND_ALPHA = 0.2
 PANEL_WIDTH = 3.6   # inches per panel
 PANEL_HEIGHT = 2.9
@@ -71,7 +66,10 @@ def _pyplot():
 
 
 def case_style(case: str) -> dict:
-    return CASE_STYLE.get(case, {"color": "gray", "label": str(case)})
+    """color, label, linestyle and marker of a case (from :data:`attnid.cases.CASES`); gray for unknown ones."""
+    if case in CASES:
+        return CASES[case].style()
+    return {"color": "gray", "label": str(case), "linestyle": "-", "marker": "o"}
 
 
 def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
@@ -86,17 +84,6 @@ def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- data helpers
-
-def load_runs_by_case(runs_dir: str | Path | None,
-                      listed: list[str] | None = None) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
-    """{case: [(run.json, metrics.csv) per seed]} for the listed runs (or every run under ``runs_dir``), in case order."""
-    by_case: dict[str, list] = {}
-    for run_dir in find_run_dirs(runs_dir, listed):
-        info, metrics = load_run(run_dir)
-        by_case.setdefault(str(info.get("case")), []).append((info, metrics))
-    order = {case: i for i, case in enumerate(CASE_STYLE)}
-    return dict(sorted(by_case.items(), key=lambda item: order.get(item[0], len(order))))
-
 
 def seed_band(runs: list[tuple[dict, pd.DataFrame]], column: str, positive: bool = False) -> pd.DataFrame:
     """Mean, min and max of ``column`` over seeds at every logged step (NaN rows dropped).
@@ -128,7 +115,7 @@ def plot_band(ax, band: pd.DataFrame, color: str, label: str | None, **line_kwar
 
 def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
     """``c_t = Π_{s<t} (1 - lr_s λ)^2``: coupled L2 weight decay shrinks both factors of
-    every pair by ``(1 - lr λ)`` per step, so ``I_t ≈ c_t I_0`` (DESIGN §3; Lemma 5.1
+    every pair by ``(1 - lr λ)`` per step, so ``I_t ≈ c_t I_0`` (docs/design.md §3; Lemma 5.1
     says the gradient part conserves ``I`` up to O(lr²)). ``lr_at(s)`` is the
     learning rate of 0-based step ``s``; ``steps`` are the logged step counts."""
     steps = np.asarray(steps, dtype=int)
@@ -141,25 +128,8 @@ def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
 
 def predicted_beta_sgd_wd(steps, lr_at, weight_decay: float, scale: float) -> np.ndarray:
     """β_t predicted for SGD + weight decay: ``|c_t - 1| · ||I_0||_F / N`` with
-    ``scale = ||I_0||_F / N`` (N = β's normaliser, DESIGN §3)."""
+    ``scale = ||I_0||_F / N`` (N = β's normaliser, docs/design.md §3)."""
     return np.abs(sgd_wd_imbalance_factor(steps, lr_at, weight_decay) - 1.0) * scale
-
-
-def initial_imbalance_scale(run_dir: str | Path, circuit: str = "qk") -> float | None:
-    """``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)`` of a run, from the I_0 its
-    checkpoint keeps for β; None when there is no checkpoint to read."""
-    ckpt = Path(run_dir) / "ckpt.pt"
-    if not ckpt.is_file():
-        return None
-    import torch
-
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    tracker = (state.get("attnid") or {}).get("tracker")
-    if not tracker:
-        return None
-    initial = tracker["initial_imbalance"][circuit].double()
-    norm_sq = tracker["beta_norm_sq"][circuit].double()
-    return float(initial.square().sum().sqrt() / norm_sq.sum().sqrt())
 
 
 def lr_schedule(config: dict):
@@ -248,12 +218,14 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
     for case, case_runs in runs.items():
         style = case_style(case)
-        plot_band(axes[0], seed_band(case_runs, "train_loss"), style["color"], style["label"], alpha=0.8)
+        plot_band(axes[0], seed_band(case_runs, "train_loss"), style["color"], style["label"], alpha=0.8,
+                  linestyle=style["linestyle"])
         val = seed_band(case_runs, "val_loss")
         if not val.empty:
-            axes[0].plot(val["step"], val["mean"], "o", color=style["color"], markersize=3)
+            axes[0].plot(val["step"], val["mean"], style["marker"], color=style["color"], markersize=3)
         for ax, circuit in zip(axes[1:], ("qk", "ov")):
-            plot_band(ax, seed_band(case_runs, f"rho_{circuit}", positive=True), style["color"], style["label"])
+            plot_band(ax, seed_band(case_runs, f"rho_{circuit}", positive=True), style["color"], style["label"],
+                      linestyle=style["linestyle"])
     axes[0].set_ylabel("loss (line: train batch, dots: val)")
     axes[0].set_title("loss")
     for ax, circuit in zip(axes[1:], ("QK", "OV")):
@@ -286,8 +258,10 @@ def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
     for case, case_runs in runs.items():
         style = case_style(case)
         for column, (ax_beta, ax_mu) in zip(("qk", "ov"), axes.T):
-            plot_band(ax_beta, seed_band(case_runs, f"beta_{column}", positive=True), style["color"], style["label"])
-            plot_band(ax_mu, seed_band(case_runs, f"mu_{column}"), style["color"], style["label"])
+            line = {"linestyle": style["linestyle"]}
+            plot_band(ax_beta, seed_band(case_runs, f"beta_{column}", positive=True), style["color"], style["label"],
+                      **line)
+            plot_band(ax_mu, seed_band(case_runs, f"mu_{column}"), style["color"], style["label"], **line)
     for column, ax in zip(("qk", "ov"), axes[0]):
         _overlay_sgd_wd_prediction(ax, runs.get("sgd_wd", []), column)
     for column, ax_beta, ax_mu in zip(("QK", "OV"), axes[0], axes[1]):
@@ -304,30 +278,27 @@ def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
 
 
 def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
-    """Mean over seeds of the predicted β of the SGD + weight-decay runs, dashed black.
+    """Mean over seeds of the predicted β of the SGD + weight-decay runs, dashed.
 
-    The scale ``||I_0|| / N`` comes from each run's checkpoint; without one it is
-    fitted to the run's own β (median ratio), and the label says so.
+    The scale ``||I_0|| / N`` is the one training wrote into each run.json; runs trained
+    without metrics (scale None, no β logged) have nothing to predict and are left out.
     """
-    predictions, fitted = [], False
+    predictions = []
     for info, metrics in sgd_wd_runs:
         config = info.get("config") or {}
         if info.get("status") == "diverged" or not config.get("weight_decay"):
             continue
+        scale = initial_imbalance_scale(info, circuit)
+        if scale is None:
+            continue
         steps = metrics["step"].to_numpy(dtype=int)
         factor = np.abs(sgd_wd_imbalance_factor(steps, lr_schedule(config), float(config["weight_decay"])) - 1.0)
-        scale = initial_imbalance_scale(info["run_dir"], circuit)
-        if scale is None:
-            measured = pd.to_numeric(metrics[f"beta_{circuit}"], errors="coerce").to_numpy()
-            ok = (factor > 0) & np.isfinite(measured) & (measured > 0)
-            scale = float(np.median(measured[ok] / factor[ok])) if ok.any() else math.nan
-            fitted = True
         predictions.append(pd.Series(factor * scale, index=steps))
     if not predictions:
         return
     mean = pd.concat(predictions, axis=1).mean(axis=1)
     mean = mean[mean > 0]
-    label = r"prediction, SGD + wd: $|\prod_s(1-\eta_s\lambda)^2 - 1|\,\|I_0\|/N$" + (" (scale fitted)" if fitted else "")
+    label = r"prediction, SGD + wd: $|\prod_s(1-\eta_s\lambda)^2 - 1|\,\|I_0\|/N$"
     ax.plot(mean.index, mean.to_numpy(), linestyle="--", color=PREDICTION_COLOR, linewidth=1.0, label=label)
     ax.legend(handles=ax.get_lines()[-1:], loc="lower right", fontsize=7)
 
@@ -357,7 +328,8 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
         done = group[group["status"] != "diverged"]
         diverged = group[group["status"] == "diverged"]
         for ax, (column, _, log_y) in zip(axes, panels):
-            ax.plot(done["lr"], done[column], "o-", color=style["color"], label=style["label"])
+            ax.plot(done["lr"], done[column], marker=style["marker"], linestyle=style["linestyle"],
+                    color=style["color"], label=style["label"])
             if log_y:
                 fit = slopes[(slopes["optimizer"] == optimizer) & (slopes["quantity"] == column)]
                 if len(fit) and np.isfinite(fit["slope"].iloc[0]):

@@ -1,6 +1,6 @@
 """The four logged quantities ρ, β, τ, μ, and ``attnid inspect``.
 
-Definitions (design notes §3; the paper's extracted text does not keep its
+Definitions (docs/design.md §3; the paper's extracted text does not keep its
 formulas, so these are this project's, chosen to test claims E1–E3 exactly). Each
 is aggregated over every factor pair of one circuit (``qk`` or ``ov``, see
 :mod:`attnid.symmetry`), with a per-layer breakdown under the suffix ``_l{i}``:
@@ -86,8 +86,9 @@ def excess_norm(frobenius_sq: torch.Tensor, twice_nuclear: torch.Tensor) -> floa
 class MetricTracker:
     """Computes ρ, β, τ, μ for one training run of a nanoGPT-layout model.
 
-    Construction records ``I_0`` for every pair of both circuits and the β
-    normaliser; :meth:`state_dict` / :meth:`load_state_dict` carry them through a
+    It only measures; the orbit moves it measures τ across are in
+    :mod:`attnid.orbit`. Construction records ``I_0`` for every pair of both
+    circuits and the β normaliser; :meth:`state_dict` / :meth:`load_state_dict` carry them through a
     checkpoint so a resumed run continues bit-identically.
     """
 
@@ -102,19 +103,31 @@ class MetricTracker:
             self.initial_imbalance[circuit] = gram_a - gram_b
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
-        self._cache_target_eigh()
-        # circuit -> (A, B, 2 * nuclear norms) at the weights of the last rebalance (see state_metrics)
+        # (circuit, target) -> eigh of the rebalancing target, computed once: targets are fixed over a run
+        self._target_eigh: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        # circuit -> (A, B, 2 * nuclear norms) at the weights before the last orbit move (see state_metrics)
         self._nuclear_memo: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def _cache_target_eigh(self) -> None:
-        """eigh of each target imbalance, computed once: rebalancing targets are fixed over a run."""
-        self._target_eigh: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    def rebalance_targets(self, target: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per circuit, the eigh of the rebalancing target: ``I_0`` (``initial``) or 0 (``balanced``),
+        for :func:`attnid.symmetry.rebalance_model`."""
+        if target not in ("initial", "balanced"):
+            raise UserError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
         for circuit, initial in self.initial_imbalance.items():
-            self._target_eigh[circuit, "initial"] = torch.linalg.eigh(initial)
-            # a zero target: eigenvalues 0, any orthonormal basis; the identity keeps A' = sqrt(s) U^T simple
-            eye = torch.eye(initial.shape[-1], dtype=initial.dtype, device=initial.device).expand_as(initial)
-            self._target_eigh[circuit, "balanced"] = (torch.zeros(initial.shape[:-1], dtype=initial.dtype,
-                                                                  device=initial.device), eye)
+            if (circuit, target) not in self._target_eigh:
+                self._target_eigh[circuit, target] = symmetry.target_eigh(initial, target)
+        return {circuit: self._target_eigh[circuit, target] for circuit in CIRCUITS}
+
+    def remember_products(self, products: dict) -> None:
+        """Keep the product singular values an orbit move computed (``rebalance_model``'s second
+        result): :meth:`state_metrics` reuses them for μ when the weights are bit-identical."""
+        self._nuclear_memo.update(products)
+
+    def initial_imbalance_scale(self) -> dict[str, float]:
+        """Per circuit, ``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)``: the β of an imbalance
+        scaled to zero, which Figure 3's SGD + weight-decay prediction needs (run.json)."""
+        return {circuit: float(self.initial_imbalance[circuit].double().square().sum().sqrt()
+                               / self.beta_norm_sq[circuit].double().sum().sqrt()) for circuit in CIRCUITS}
 
     # ----- ρ ------------------------------------------------------------------------
 
@@ -171,7 +184,7 @@ class MetricTracker:
                 row[f"beta_{circuit}_l{layer}"] = _ratio(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
             memo = self._nuclear_memo.pop(circuit, None)
             if memo is not None and torch.equal(memo[0], pair_a) and torch.equal(memo[1], pair_b):
-                # the product's singular values at these bit-identical weights, from the last rebalance/tau_probe
+                # the product's singular values at these bit-identical weights, from the last orbit move
                 frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
                 twice_nuclear = memo[2]
             else:
@@ -182,10 +195,10 @@ class MetricTracker:
                 row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, nuc)
         return row
 
-    # ----- rebalancing and τ ---------------------------------------------------------------
+    # ----- τ ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _probe(self, model) -> tuple[float, torch.Tensor]:
+    def probe(self, model) -> tuple[float, torch.Tensor]:
         """Probe-batch loss and full-sequence logits, in eval mode (train/eval mode restored)."""
         x_probe, y_probe = self.probe_batch
         device = _device(model)
@@ -197,57 +210,15 @@ class MetricTracker:
             model.train(was_training)
         return float(loss), logits.detach()
 
-    @torch.no_grad()
-    def _rebalance_weights(self, model, target: str) -> int:
-        """Rebalance both circuits in place; returns the number of skipped pairs."""
-        if target not in ("initial", "balanced"):
-            raise UserError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
-        device = _device(model)
-        skipped = 0
-        for circuit in CIRCUITS:
-            pair_a, pair_b = _stack(symmetry.model_pairs(model, circuit))
-            goal = self.initial_imbalance[circuit] if target == "initial" else None  # None: 0, via the cache
-            eigenvalues, eigenvectors = self._target_eigh[circuit, target]
-            product = symmetry.product_svd(pair_a, pair_b)
-            # tau_probe restores these exact weights, and state_metrics follows on a log step: keep s for mu
-            self._nuclear_memo[circuit] = (pair_a, pair_b, 2 * product[1].sum(-1))
-            new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, goal, product=product,
-                                                          target_eigh=(eigenvalues.to(device), eigenvectors.to(device)))
-            symmetry.write_pairs_back(model, circuit, _unstack(new_a, new_b, self.n_layer))
-            skipped += int((~done).sum())
-        return skipped
-
-    @torch.no_grad()
-    def rebalance(self, model, target: str = "initial") -> dict[str, float]:
-        """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place.
-
-        Returns ``{'tau', 'tau_logits', 'skipped_pairs'}``: τ measured on the probe
-        batch across the move. The optimizer state is not touched.
-        """
-        loss_before, logits_before = self._probe(model)
-        skipped = self._rebalance_weights(model, target)
-        loss_after, logits_after = self._probe(model)
+    @staticmethod
+    def tau(before: tuple[float, torch.Tensor], after: tuple[float, torch.Tensor]) -> dict[str, float]:
+        """τ across an orbit move from two :meth:`probe` results: relative loss change and
+        max-abs logit change over max-abs logit."""
+        (loss_before, logits_before), (loss_after, logits_after) = before, after
         tau = abs(loss_after - loss_before) / abs(loss_before) if loss_before != 0 else abs(loss_after)
         scale = float(logits_before.abs().max())
         change = float((logits_after - logits_before).abs().max())
-        return {"tau": tau, "tau_logits": change / scale if scale > 0 else change, "skipped_pairs": skipped}
-
-    @torch.no_grad()
-    def tau_probe(self, model, target: str = "initial") -> dict[str, float]:
-        """:meth:`rebalance` without side effects: the model's weights are bit-identical afterwards.
-
-        Instead of deep-copying the whole model (slow, and fragile for compiled
-        models) the attention tensors are saved, rebalanced in place, and restored.
-        """
-        saved = [tuple(None if t is None else t.detach().clone() for t in tensors)
-                 for tensors in _model_tensors(model)]
-        try:
-            return self.rebalance(model, target)
-        finally:
-            for live, kept in zip(_model_tensors(model), saved):
-                for live_tensor, kept_tensor in zip(live, kept):
-                    if live_tensor is not None:
-                        live_tensor.copy_(kept_tensor)
+        return {"tau": tau, "tau_logits": change / scale if scale > 0 else change}
 
     # ----- checkpointing ------------------------------------------------------------------
 
@@ -268,7 +239,7 @@ class MetricTracker:
             device = self.initial_imbalance[circuit].device
             self.initial_imbalance[circuit] = saved.to(device=device, dtype=torch.float64)
             self.beta_norm_sq[circuit] = state["beta_norm_sq"][circuit].to(device=device, dtype=torch.float64)
-        self._cache_target_eigh()
+        self._target_eigh.clear()
 
 
 # --------------------------------------------------------------------------------------

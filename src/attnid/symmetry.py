@@ -14,7 +14,7 @@ is ``(..., D, n_a)`` and ``B`` is ``(..., D, n_b)`` with any leading batch shape
 (heads, or layers x heads), so one ``torch.linalg.eigh`` call serves every head of
 the model. Nothing depends on the device or on global RNG state.
 
-The maths follows the project's design notes: §2 (pairs, tangent projection by a
+The maths follows docs/design.md: §2 (pairs, tangent projection by a
 Sylvester solve with two eigendecompositions), §3 (imbalance, excess norm), §4
 (rebalancing to a target imbalance; the paper's §5). The conservation law that
 makes the imbalance interesting is Lemma 5.1: plain gradient flow keeps
@@ -22,6 +22,8 @@ makes the imbalance interesting is Lemma 5.1: plain gradient flow keeps
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -32,7 +34,7 @@ CIRCUITS = ("qk", "ov")
 # moves nothing and is dropped (pseudo-inverse), and the pair is counted as singular.
 SINGULAR_RTOL = 1e-12
 # Rebalancing divides by the product's singular values: a pair whose product is this
-# close to rank-deficient (s_min / s_max) is left alone and counted (design §4).
+# close to rank-deficient (s_min / s_max) is left alone and counted (docs/design.md §4).
 REBALANCE_MIN_SV_RATIO = 1e-6
 
 
@@ -166,7 +168,7 @@ def imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
 
 
 def _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b):
-    """The normal equations of the tangent projection, diagonalised (design §2).
+    """The normal equations of the tangent projection, diagonalised (docs/design.md §2).
 
     Returns ``(rhs_eig, inv_denom, vec_a, vec_b, singular)``: ``C' = U_b^T C U_a`` with
     ``C = dA A^T - B dB^T``, ``1 / (b_i + a_j)`` (0 where the sum is round-off), the two
@@ -264,7 +266,7 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
                     target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
                     product: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; design §4).
+    """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; docs/design.md §4).
 
     ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
     initial ``I_0`` to restore the conservation law of Lemma 5.1). With the product's
@@ -277,7 +279,7 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
     ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
 
     ``target_eigh`` (``torch.linalg.eigh(target_imbalance)``) and ``product``
-    (``product_svd(A, B)``) may be passed precomputed, which the tracker does. Returns
+    (``product_svd(A, B)``) may be passed precomputed, which rebalance_model does. Returns
     ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero product) are
     returned unchanged with ``done`` False.
     """
@@ -306,3 +308,70 @@ def rebalance_pair(pair_a, pair_b, target_imbalance):
     """
     new_a, new_b, done = rebalance_pairs(pair_a, pair_b, target_imbalance)
     return (new_a, new_b) if bool(done) else None
+
+
+# --------------------------------------------------------------------------------------
+# Orbit moves of a whole model (rebalancing, and the τ probe's move-and-restore)
+# --------------------------------------------------------------------------------------
+
+def target_eigh(initial_imbalance: torch.Tensor, target: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """eigh of a rebalancing target for pairs whose initial imbalance is ``initial_imbalance`` ``(..., D, D)``.
+
+    ``initial``: ``I_0`` itself (restores the conservation law of Lemma 5.1);
+    ``balanced``: zero, with eigenvalues 0 and the identity as basis (any orthonormal
+    basis is exact; the identity keeps ``A' = sqrt(s) U^T`` simple).
+    """
+    if target == "initial":
+        return torch.linalg.eigh(initial_imbalance)
+    if target == "balanced":
+        eye = torch.eye(initial_imbalance.shape[-1], dtype=initial_imbalance.dtype,
+                        device=initial_imbalance.device).expand_as(initial_imbalance)
+        return torch.zeros(initial_imbalance.shape[:-1], dtype=initial_imbalance.dtype,
+                           device=initial_imbalance.device), eye
+    raise ValueError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
+
+
+@torch.no_grad()
+def rebalance_model(model, targets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, dict]:
+    """Move every pair of every circuit along its orbit to its target imbalance, in place (docs/design.md §4).
+
+    ``targets`` maps each circuit to the :func:`target_eigh` of its ``(L*H, D, D)``
+    stacked targets (layers major). Returns ``(skipped, products)``: the number of pairs
+    left alone (near rank-deficient product, see :func:`rebalance_pairs`) and, per
+    circuit, ``(A, B, 2 * nuclear norms)`` of the pairs *before* the move, so that a
+    caller measuring μ at those weights again (the τ probe restores them) can skip
+    the SVD.
+    """
+    skipped, products = 0, {}
+    for circuit in CIRCUITS:
+        per_layer = model_pairs(model, circuit)
+        pair_a, pair_b = torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
+        eigenvalues, eigenvectors = targets[circuit]
+        product = product_svd(pair_a, pair_b)
+        products[circuit] = (pair_a, pair_b, 2 * product[1].sum(-1))
+        new_a, new_b, done = rebalance_pairs(pair_a, pair_b, product=product,
+                                             target_eigh=(eigenvalues.to(pair_a.device),
+                                                          eigenvectors.to(pair_a.device)))
+        n_layer = len(per_layer)
+        write_pairs_back(model, circuit, list(zip(new_a.chunk(n_layer), new_b.chunk(n_layer), strict=True)))
+        skipped += int((~done).sum())
+    return skipped, products
+
+
+@contextlib.contextmanager
+def kept_attention_weights(model):
+    """Restore the attention tensors bit-identically on exit: an orbit move inside is a probe only.
+
+    Saves and restores just the attention tensors, not a deep copy of the model (slow,
+    and fragile for compiled models).
+    """
+    tensors = [layer_tensors(block) for block in attention_blocks(model)]
+    saved = [tuple(None if t is None else t.detach().clone() for t in layer) for layer in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for live, kept in zip(tensors, saved):
+                for live_tensor, kept_tensor in zip(live, kept):
+                    if live_tensor is not None:
+                        live_tensor.copy_(kept_tensor)

@@ -8,26 +8,29 @@ Reads only what ``attnid train`` leaves in each run directory (``run.json`` and
 writes ``runs``, ``cases`` and ``sweep`` as CSV and LaTeX (jinja2 templates
 ``paper/templates/experiment_*.tex.j2``), ``sweep_slopes.csv`` (log-log slope of
 the final β and the mean ρ against the learning rate) and ``claims.csv``: each
-experimental claim of the paper (E1-E3, DESIGN §1) with the measured number, the
+experimental claim of the paper (E1-E3, docs/design.md §1) with the measured number, the
 threshold, and pass/fail. A diverged run stays in every table with its status.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from attnid.cases import rebalancing_cases
 from attnid.errors import UserError
 from attnid.files import write_csv_atomic, write_text_atomic
+from attnid.rundir import find_run_dirs, load_run
 
 CIRCUITS = ("qk", "ov")
+# The cases E1 and E2 are claims about (E3 is about every case that rebalances, attnid.cases).
+CLAIM_SGD_CASE, CLAIM_ADAMW_CASE = "sgd", "adamw"
 
 # Thresholds of the claims checked in claims.csv. rho and beta are relative
-# quantities, so float32 round-off sits around 1e-9..1e-7 (DESIGN §3).
+# quantities, so float32 round-off sits around 1e-9..1e-7 (docs/design.md §3).
 RHO_SGD_MAX = 1e-6            # E1: plain SGD has no component along unidentified directions
 RHO_ADAMW_MIN = 1e-2          # E2: AdamW does
 SGD_BETA_SLOPE = (1.6, 2.4)   # E1: the SGD drift of the conserved imbalance is O(lr^2)
@@ -48,40 +51,7 @@ SUMMARY_COLUMNS = [
 ]
 
 
-# ---------------------------------------------------------------------------- reading runs
-
-def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> list[Path]:
-    """The run directories to gather: ``listed`` when given, else every one under ``root``.
-
-    The pipeline passes the runs its config asks for (``listed``), so runs left over from
-    an older config in the same ``results/`` folder never leak into tables or figures.
-    A listed directory without ``run.json`` is an error, not a silent gap.
-    """
-    if listed:
-        missing = [d for d in listed if not (Path(d) / "run.json").is_file()]
-        if missing:
-            raise UserError(f"no run.json in {missing[0]} ({len(missing)} listed runs unfinished); "
-                            "run the training jobs first (snakemake --cores all)")
-        return [Path(d) for d in listed]
-    if root is None or not Path(root).is_dir():
-        return []
-    return sorted(path.parent for path in Path(root).rglob("run.json"))
-
-
-def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
-    """``run.json`` as a dict and ``metrics.csv`` as a frame (one row per logged step)."""
-    run_dir = Path(run_dir)
-    try:
-        info = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {run_dir / 'run.json'}: {err}; rerun that training job") from err
-    metrics_path = run_dir / "metrics.csv"
-    if not metrics_path.is_file():
-        raise UserError(f"{metrics_path} is missing; rerun that training job")
-    metrics = pd.read_csv(metrics_path)
-    info.setdefault("run_dir", str(run_dir))
-    return info, metrics
-
+# ---------------------------------------------------------------------------- summarising runs
 
 def _last_finite(values: pd.Series) -> float:
     finite = pd.to_numeric(values, errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
@@ -250,19 +220,20 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
     """
     done = runs[runs["status"] != "diverged"] if not runs.empty else runs
 
-    def of_case(case: str, column: str) -> pd.Series:
+    def of_cases(names: list[str], column: str) -> pd.Series:
         if done.empty:
             return pd.Series(dtype=float)
-        return pd.to_numeric(done.loc[done["case"] == case, column], errors="coerce").dropna()
+        return pd.to_numeric(done.loc[done["case"].isin(names), column], errors="coerce").dropna()
 
     def slope_of(optimizer: str, quantity: str) -> float:
         hit = slopes[(slopes["optimizer"] == optimizer) & (slopes["quantity"] == quantity)]
         return float(hit["slope"].iloc[0]) if len(hit) else math.nan
 
-    rho_sgd = of_case("sgd", "rho_qk_max")
-    rho_adamw = of_case("adamw", "rho_qk_mean")
+    rho_sgd = of_cases([CLAIM_SGD_CASE], "rho_qk_max")
+    rho_adamw = of_cases([CLAIM_ADAMW_CASE], "rho_qk_mean")
     tau = pd.to_numeric(done["tau_max"], errors="coerce").dropna() if not done.empty else pd.Series(dtype=float)
-    after = of_case("adamw_rebalance", "beta_rebalance_ratio_max")
+    rebalancing = rebalancing_cases()
+    after = of_cases(rebalancing, "beta_rebalance_ratio_max")
     rows = [
         _claim("rho_qk sgd max < 1e-6", "E1, Lemma 5.1",
                rho_sgd.max() if len(rho_sgd) else math.nan, "<", RHO_SGD_MAX,
@@ -271,7 +242,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
                rho_adamw.min() if len(rho_adamw) else math.nan, ">", RHO_ADAMW_MIN,
                f"smallest per-run mean rho_qk over {len(rho_adamw)} adamw runs"),
         _claim("sgd beta slope in [1.6, 2.4]", "E1, Section 5",
-               slope_of("sgd", f"beta_{SGD_SLOPE_CIRCUIT}_final"), "in", SGD_BETA_SLOPE,
+               slope_of(CLAIM_SGD_CASE, f"beta_{SGD_SLOPE_CIRCUIT}_final"), "in", SGD_BETA_SLOPE,
                f"log-log slope of final beta_{SGD_SLOPE_CIRCUIT} against lr over the sgd sweep"),
         _claim("tau max < 1e-5", "E3, Lemma 4.1",
                tau.max() if len(tau) else math.nan, "<", TAU_MAX,
@@ -279,7 +250,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame) -> pd.DataFrame:
         _claim("beta after rebalance ~ 0 (< 1e-2 x before)", "E3, Section 5",
                after.max() if len(after) else math.nan, "<", BETA_REBALANCE_RATIO_MAX,
                f"largest ratio of beta right after a rebalance to beta at the log step before it, "
-               f"over {len(after)} adamw_rebalance runs"),
+               f"over {len(after)} {'/'.join(rebalancing)} runs"),
     ]
     return pd.DataFrame(rows)
 

@@ -1,0 +1,54 @@
+"""Token batches for training: random windows of the token stream, and the fixed eval batches."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from attnid.config import TrainConfig
+    from attnid.model import GPT
+
+# Offset that gives the fixed eval batches their own seed, apart from the training batches'.
+EVAL_SEED_OFFSET = 104_729
+
+def batch_from_starts(data: np.ndarray, starts: torch.Tensor, block_size: int, device: torch.device):
+    """Token windows data[s : s+T+1] for each start s -> inputs x (B, T) and next-token targets y (B, T)."""
+    offsets = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T+1)
+    window = torch.from_numpy(data[offsets].astype(np.int64))  # (B, T+1)
+    x, y = window[:, :-1].contiguous(), window[:, 1:].contiguous()
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)
+
+
+def random_starts(n_tokens: int, batch_size: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(n_tokens - block_size, (batch_size,), generator=generator)  # (B,)
+
+
+class FixedEvalBatches:
+    """The same ``eval_iters`` batches per split at every eval, so eval losses differ only by the model."""
+
+    def __init__(self, splits: dict, cfg: TrainConfig, device: torch.device):
+        self.splits, self.block_size, self.device = splits, cfg.block_size, device
+        generator = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
+        self.starts = {name: [random_starts(len(data), cfg.batch_size, cfg.block_size, generator)
+                              for _ in range(cfg.eval_iters)] for name, data in splits.items()}
+
+    @torch.no_grad()
+    def losses(self, model: GPT, autocast) -> dict[str, float]:
+        was_training = model.training
+        model.eval()
+        out = {}
+        for name, data in self.splits.items():
+            total = 0.0
+            for starts in self.starts[name]:
+                x, y = batch_from_starts(data, starts, self.block_size, self.device)
+                with autocast():
+                    _, loss = model(x, y)
+                total += loss.item()
+            out[name] = total / len(self.starts[name])
+        model.train(was_training)
+        return out

@@ -1,0 +1,85 @@
+"""The options of ``attnid train`` (attnid.config), the case registry (attnid.cases), and the
+workflow schema that must list the same names."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+import pytest
+import yaml
+
+from attnid import cases, config
+from attnid.cli import build_parser
+
+SCHEMA = "workflow/schemas/config.schema.yaml"
+JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
+
+
+def schema(repo_root) -> dict:
+    return yaml.safe_load((repo_root / SCHEMA).read_text())
+
+
+def schema_training_options(document: dict) -> dict[str, dict]:
+    """Every training option the pipeline config may set, with its schema, from every section that holds them."""
+    defs, properties = document["$defs"], document["properties"]
+    sections = [defs["run_settings"], defs["case"]["properties"], defs["sweep"]["properties"],
+                properties["model"]["properties"], properties["training"]["properties"]]
+    options: dict[str, dict] = {}
+    for section in sections:
+        for name, spec in section.items():
+            if name in ("lrs", "seeds"):  # the sweep's grid, not an option of one run
+                continue
+            if "$ref" in spec:
+                spec = defs["run_settings"][spec["$ref"].rsplit("/", 1)[-1]]
+            options[name] = spec
+    for name in ("device", "threads"):  # top-level keys passed to every training job
+        options[name] = properties[name]
+    return options
+
+
+def test_schema_case_enum_is_the_case_registry(repo_root):
+    assert schema(repo_root)["$defs"]["case_name"]["enum"] == list(cases.CASES)
+
+
+def test_schema_options_are_train_options_of_the_same_type(repo_root):
+    options = schema_training_options(schema(repo_root))
+    assert set(options) <= set(config.option_names()), set(options) - set(config.option_names())
+    for name, spec in options.items():
+        if "enum" in spec:
+            allowed = {"rebalance_target": config.REBALANCE_TARGETS, "device": config.DEVICES}[name]
+            assert tuple(spec["enum"]) == allowed, name
+        else:
+            assert spec["type"] == JSON_TYPES[config.option_type(name)], name
+
+
+def test_every_option_has_a_type_and_help():
+    hints = {f.name: config.option_type(f.name) for f in fields(config.TrainConfig)}
+    assert set(hints.values()) <= {int, float, bool, str}
+    assert hints["lr"] is float and hints["warmup_iters"] is int and hints["bias"] is bool and hints["case"] is str
+    hidden = [f.name for f in fields(config.TrainConfig) if config.help_text(f.name) is None]
+    assert hidden == ["stop_after"]
+    assert set(config.resume_free_keys()) == {"data", "out", "threads", "fresh", "stop_after", "progress_every"}
+
+
+def test_help_lists_cases_and_their_default_lrs():
+    parser = build_parser("train")
+    train_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    text = " ".join(train_parser.format_help().split())
+    assert "optimizer case: sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance" in text
+    for case in cases.CASES.values():
+        assert f"{case.name} {case.default_lr:g}" in text
+    assert "--stop-after" not in text
+
+
+def test_cases_are_one_record_each():
+    assert list(cases.CASES) == ["sgd", "sgd_wd", "sgd_momentum", "adamw", "adamw_rebalance"]
+    assert cases.rebalancing_cases() == ["adamw_rebalance"]
+    assert {c.name: c.default_lr for c in cases.CASES.values()} == {
+        "sgd": 0.1, "sgd_wd": 0.1, "sgd_momentum": 0.01, "adamw": 1e-3, "adamw_rebalance": 1e-3}
+    styles = [(c.color, c.linestyle, c.marker) for c in cases.CASES.values()]
+    assert len({color for color, _, _ in styles}) == len(styles)
+    with pytest.raises(ValueError, match="already registered"):
+        cases.register(cases.CASES["sgd"])
+    cfg = config.resolve_config({"data": "d", "out": "o", "case": "sgd_momentum"})
+    assert cfg.lr == 0.01
