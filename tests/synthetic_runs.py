@@ -75,7 +75,8 @@ def write_study(root: Path, sgd_dtype: str = "float64") -> tuple[Path, Path]:
         write_run(runs / "adamw_rebalance" / f"seed{seed}", "adamw_rebalance", seed, 1e-3, rho_qk=0.06,
                   final_beta=0.2, rebalance_every=20, drift1=0.2, drift2=0.01, dtype="float32")
     for lr in (0.01, 0.1, 1.0):
-        write_run(sweep / "sgd" / f"lr{lr:g}" / "seed0", "sgd", 0, lr, final_beta=0.5 * lr ** 2, dtype=sgd_dtype)
+        write_run(sweep / "sgd" / f"lr{lr:g}" / "seed0", "sgd", 0, lr, final_beta=0.5 * lr ** 2, rho_qk=1e-27,
+                  rho_ov=1e-27, dtype=sgd_dtype)
         write_run(sweep / "adamw" / f"lr{lr / 100:g}" / "seed0", "adamw", 0, lr / 100, rho_qk=0.05,
                   final_beta=0.3 * lr / 100, drift1=0.3 * lr / 100, drift2=0.01 * lr / 100, dtype="float32")
     write_run(sweep / "sgd" / "lr1000" / "seed0", "sgd", 0, 1000.0, status="diverged", dtype=sgd_dtype)
