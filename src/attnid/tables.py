@@ -335,7 +335,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
                f"over {len(adamw)} adamw runs", _dtypes(adamw)),
         _claim("E2 rho_qk adamw mean > 1e-2", "E2, Section 5", _extreme(adamw, ["rho_qk_mean"], largest=False), ">",
                RHO_ADAMW_MIN, f"smallest per-run mean rho_qk over {len(adamw)} adamw runs", _dtypes(adamw)),
-        _claim("drift split closes: closure < 1e-10", "docs/design.md §7", _extreme(every, ["closure_max"]), "<",
+        _claim("drift split closes: closure < 1e-10", "drift split (ours)", _extreme(every, ["closure_max"]), "<",
                CLOSURE_MAX, f"largest ||I_t - I_ref - D1 - D2|| / N0 over {len(every)} runs and sweep runs",
                _dtypes(every)),
         _claim("E3 tau max < 1e-5", "E3, Lemma 4.1", _extreme(done, ["tau_max"]), "<", TAU_MAX,
