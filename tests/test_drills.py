@@ -88,9 +88,12 @@ def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, tmp_pat
             if ckpt.exists():
                 pids = _training_pids(workdir, RUN)
                 if pids:
-                    victim = pids[0]
-                    os.kill(victim, signal.SIGSTOP)  # freeze it between checkpoint and finish, then kill
-                    break
+                    os.kill(pids[0], signal.SIGSTOP)  # freeze it between checkpoint and finish, then kill
+                    if any(p.name.endswith(".tmp") for p in (workdir / RUN).iterdir()):
+                        os.kill(pids[0], signal.SIGCONT)  # frozen mid-save: let this checkpoint finish first
+                    else:
+                        victim = pids[0]
+                        break
             time.sleep(0.02)
         assert victim is not None, "never saw the training job write its first checkpoint:\n" + (
             first.communicate(timeout=60)[0] if first.poll() is not None else "")
