@@ -94,7 +94,8 @@ class MetricTracker:
             # P: projection onto the orbit's algebra (identity for GL_D), so that β compares like with like
             gram_a = orbits.project_to_algebra(kind, symmetry.gram(pair_a))
             gram_b = orbits.project_to_algebra(kind, symmetry.gram(pair_b))
-            self.initial_imbalance[circuit] = gram_a - gram_b
+            # as state_metrics computes it, so that β is exactly 0 at the start
+            self.initial_imbalance[circuit] = orbits.conserved_imbalance(kind, pair_a, pair_b)
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
         # (circuit, target) -> rebalance_model's target arguments, computed once: targets are fixed over a run
