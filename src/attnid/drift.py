@@ -169,9 +169,8 @@ class DriftTracker:
         now = orbits.attention_tensors(model)
         for circuit, kind in self.kinds.items():
             pair_a, pair_b = stacked_pairs(now, self.layout, circuit)
-            self.norm_sq[circuit] = (_per_layer_sq(orbits.project_to_algebra(kind, symmetry.gram(pair_a)), self.n_layer)
-                                     + _per_layer_sq(orbits.project_to_algebra(kind, symmetry.gram(pair_b)),
-                                                     self.n_layer))
+            grams = [orbits.project_to_algebra(kind, symmetry.gram(pair)) for pair in (pair_a, pair_b)]
+            self.norm_sq[circuit] = _per_layer_sq(grams[0], self.n_layer) + _per_layer_sq(grams[1], self.n_layer)
         self._pre: Snapshot | None = None
         self.reset_reference(model)
 
