@@ -1,18 +1,19 @@
 """attnid: every number, table and figure of the paper from one command.
 
-    snakemake --cores all                                   # default, laptop CPU
-    snakemake --cores all --configfile config/paper.yaml    # the paper's scale, GPU
+    snakemake --cores all                                   # default, laptop CPU -> results/default/
+    snakemake --cores all --configfile config/paper.yaml    # the paper's scale, GPU -> results/paper/
     snakemake --report report.html                          # figures 1-4 with captions
 
 The rules are thin: each one calls the ``attnid`` command line. The DAG is
-data -> (theory, training runs) -> tables -> figures -> appendix.
+data -> (theory, training runs) -> tables -> figures -> appendix. Each config writes
+everything under its own ``results_dir``; only data/ is shared.
+
+``--config`` values are YAML and merge into the config: ``--config 'cases={sgd: {lr: 0.1}}'``
+changes SGD's learning rate and keeps every other case and setting (lists, such as
+``seeds=[0]``, replace the config's list). See workflow/rules/common.smk.
 """
 
-import shutil
-import sys
-
-from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 min_version("8.0")
 
@@ -25,35 +26,7 @@ if not workflow.overwrite_configfiles:
     configfile: "config/config.yaml"
 
 
-def validate_config_or_exit(config):
-    """Validate against the schema; a bad value is ONE line on stderr, not a traceback."""
-    try:
-        validate(config, "workflow/schemas/config.schema.yaml")
-    except WorkflowError as err:
-        # snakemake wraps the jsonschema ValidationError; it is the exception's context.
-        cause = err.__context__ if hasattr(err.__context__, "absolute_path") else None
-        if cause is None:
-            print(f"config error: {str(err).splitlines()[0]}", file=sys.stderr)
-        else:
-            where = "/".join(str(p) for p in cause.absolute_path) or "(top level)"
-            print(f"config error: {where}: {cause.message}", file=sys.stderr)
-        sys.exit(1)
-    for optimizer in config["sweep"]:
-        if optimizer not in config["cases"]:
-            print(f"config error: sweep/{optimizer}: no case '{optimizer}' under cases to take its settings from",
-                  file=sys.stderr)
-            sys.exit(1)
-
-
-validate_config_or_exit(config)
-
-
-def want_pdf():
-    """paper_pdf: auto builds the appendix PDF only where latexmk is installed."""
-    setting = config.get("paper_pdf", "auto")
-    return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
-
-
+include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/theory.smk"
 include: "workflow/rules/train.smk"
@@ -61,8 +34,8 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.tables.output,
         rules.figures.output,
         rules.appendix.output,
-    default_target: True

@@ -1,6 +1,6 @@
 """Run the Snakemake pipeline in a scratch directory (for the pipeline, notebook and scale tests).
 
-    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, paper/main.tex
+    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, profiles/, paper/main.tex
     proc = run_smoke_dag(workdir, shakespeare_url)          # the whole smoke DAG, --cores 2
     proc = run_snakemake(workdir, "-n", configfile="config/paper.yaml")
 
@@ -22,9 +22,11 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-# What a user's checkout needs to run the DAG (results/ and figures/ are outputs).
-PIPELINE_FILES = ("Snakefile", "workflow", "config", "paper/main.tex")
+# What a user's checkout needs to run the DAG (results/ and data/ are outputs).
+PIPELINE_FILES = ("Snakefile", "workflow", "config", "profiles", "paper/main.tex")
 SMOKE_CONFIG = "config/smoke.yaml"
+# What snakemake prints on stderr when it picks up profiles/default (the workflow profile).
+PROFILE_NOTICE = "Using workflow specific profile profiles/default for setting default command line arguments."
 TABLES = ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex", "sweep_slopes.csv", "claims.csv")
 
 
@@ -53,14 +55,15 @@ def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None
                   config: dict | None = None, cores: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
     """``snakemake --cores N [--configfile F] [ARGS] [--config K=V ...]`` in ``workdir``.
 
-    ``--config`` goes last because it swallows every following argument.
+    ``--config`` goes last because it swallows every following argument. A mapping or list
+    value is written as YAML flow text (``cases={sgd: {lr: 0.1}}``), as a user would type it.
     """
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
     if configfile:
         command += ["--configfile", configfile]
     command += list(args)
     if config:
-        command += ["--config"] + [f"{key}={value}" for key, value in config.items()]
+        command += ["--config"] + [f"{key}={config_text(value)}" for key, value in config.items()]
     return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=snakemake_env())
 
 
@@ -73,8 +76,22 @@ def run_smoke_dag(workdir: str | os.PathLike, shakespeare_url: str, *args: str, 
     return run_snakemake(workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout)
 
 
+def config_text(value) -> str:
+    """A ``--config`` value as text: mappings and lists in YAML flow style, anything else as str()."""
+    if isinstance(value, (dict, list)):
+        return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
+    return str(value)
+
+
 def smoke_config() -> dict:
     return yaml.safe_load((REPO / SMOKE_CONFIG).read_text())
+
+
+def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """snakemake's non-empty stderr lines after the workflow profile's notice (checked to come first)."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines and lines[0] == PROFILE_NOTICE, proc.stderr
+    return lines[1:]
 
 
 def lr_label(lr: float) -> str:
@@ -83,16 +100,20 @@ def lr_label(lr: float) -> str:
 
 
 def expected_outputs(config: dict) -> list[str]:
-    """Every file the DAG promises for ``config`` (paths relative to the work directory)."""
-    runs = [f"results/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
-    sweeps = [f"results/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
+    """Every file the DAG promises for ``config`` (paths relative to the work directory).
+
+    All of them but the shared data lie under the config's ``results_dir``.
+    """
+    out = config["results_dir"]
+    runs = [f"{out}/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
+    sweeps = [f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
               for opt, sweep in config["sweep"].items() for lr in sweep["lrs"] for seed in sweep["seeds"]]
     files = [f"{d}/{name}" for d in runs + sweeps for name in ("metrics.csv", "run.json")]
-    files += [f"results/tables/{name}" for name in TABLES]
-    files += [f"figures/fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf")]
-    files += ["results/theory/counts.csv", "results/theory/single_head.csv", "results/theory/nullity.csv",
-              "paper/appendix.tex", "data/tinyshakespeare/train.bin"]
-    return files
+    files += [f"{out}/tables/{name}" for name in TABLES]
+    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf")]
+    files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
+              f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
+    return files + ["data/tinyshakespeare/train.bin"]
 
 
 def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:

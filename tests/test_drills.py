@@ -25,7 +25,8 @@ import yaml
 from attnid.rundir import TIMING_COLUMNS
 from pipeline_helpers import copy_pipeline, run_snakemake, shared_smoke_run, smoke_config
 
-RUN = "results/runs/sgd/seed0"
+SMOKE = smoke_config()["results_dir"]
+RUN = f"{SMOKE}/runs/sgd/seed0"
 DRILL_CONFIG = "config/drill.yaml"
 
 
@@ -87,9 +88,12 @@ def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, tmp_pat
             if ckpt.exists():
                 pids = _training_pids(workdir, RUN)
                 if pids:
-                    victim = pids[0]
-                    os.kill(victim, signal.SIGSTOP)  # freeze it between checkpoint and finish, then kill
-                    break
+                    os.kill(pids[0], signal.SIGSTOP)  # freeze it between checkpoint and finish, then kill
+                    if any(p.name.endswith(".tmp") for p in (workdir / RUN).iterdir()):
+                        os.kill(pids[0], signal.SIGCONT)  # frozen mid-save: let this checkpoint finish first
+                    else:
+                        victim = pids[0]
+                        break
             time.sleep(0.02)
         assert victim is not None, "never saw the training job write its first checkpoint:\n" + (
             first.communicate(timeout=60)[0] if first.poll() is not None else "")
@@ -135,8 +139,9 @@ def test_corrupted_download_fails_the_fetch_rule_and_leaves_nothing(tmp_path, sh
     target = ("data/tinyshakespeare/input.txt", "--configfile", "config/smoke.yaml")  # target before nargs=+
     proc = run_snakemake(workdir, *target, configfile=None, config={"data_url": bad.as_uri()})
     assert proc.returncode != 0
-    log = (workdir / "results/logs/fetch_data.log").read_text().strip().splitlines()
+    log = (workdir / "data/logs/fetch_data.log").read_text().strip().splitlines()
     assert len(log) == 1 and "checksum mismatch" in log[0] and "file://" in log[0], log
+    assert log[0] in proc.stderr, proc.stderr  # the reason reaches the terminal (profiles/default)
     data_dir = workdir / "data/tinyshakespeare"
     assert not data_dir.exists() or list(data_dir.iterdir()) == [], list(data_dir.iterdir())
     # the right file afterwards: the same rule now succeeds
@@ -176,8 +181,9 @@ def test_diverging_run_ends_as_diverged_and_the_dag_completes(smoke_dir):
     """The smoke sweep has lr 1e6 for SGD on purpose: a finished job with status 'diverged'."""
     config = smoke_config()
     huge = max(config["sweep"]["sgd"]["lrs"])
-    run = json.loads((smoke_dir / f"results/sweep/sgd/lr{huge:.10g}/seed0/run.json").read_text())
+    run = json.loads((smoke_dir / f"{SMOKE}/sweep/sgd/lr{huge:.10g}/seed0/run.json").read_text())
     assert run["status"] == "diverged" and run["diverged_step"] is not None
-    assert (smoke_dir / "results/tables/sweep.csv").is_file() and (smoke_dir / "paper/appendix.tex").is_file()
-    metrics = pd.read_csv(smoke_dir / f"results/sweep/sgd/lr{huge:.10g}/seed0/metrics.csv")
+    assert (smoke_dir / f"{SMOKE}/tables/sweep.csv").is_file()
+    assert (smoke_dir / f"{SMOKE}/paper/appendix.tex").is_file()
+    metrics = pd.read_csv(smoke_dir / f"{SMOKE}/sweep/sgd/lr{huge:.10g}/seed0/metrics.csv")
     assert len(metrics) >= 1

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from pipeline_helpers import REPO, shared_smoke_run
+from pipeline_helpers import REPO, shared_smoke_run, smoke_config
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -35,6 +35,7 @@ def _widget_outputs(notebook) -> list[dict]:
 def test_explore_notebook_runs_on_the_smoke_outputs(ipywidgets, tmp_path_factory, shakespeare_url, monkeypatch):
     workdir = shared_smoke_run(tmp_path_factory, shakespeare_url)
     monkeypatch.setenv("ATTNID_WORKDIR", str(workdir))
+    monkeypatch.setenv("ATTNID_RESULTS_DIR", smoke_config()["results_dir"])
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend, as in Jupyter
     if ipywidgets == "missing":
         blocker = _block_ipywidgets(tmp_path_factory.mktemp("no_ipywidgets"))

@@ -1,17 +1,24 @@
 """The Snakemake pipeline: the smoke DAG end to end in a scratch directory, its idempotence,
-one-line config errors, and the plan of the paper-scale configuration."""
+separate outputs per config, typed and merged --config overrides, one-line config errors,
+failed jobs' reasons on the terminal, lint and formatting, and the plan of the paper-scale
+configuration."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import yaml
 
 from pipeline_helpers import (REPO, copy_pipeline, expected_outputs, lr_label, run_snakemake, run_smoke_dag,
-                              shared_smoke_run, smoke_config)
+                              shared_smoke_run, smoke_config, snakemake_env, stderr_lines)
+
+SMOKE = smoke_config()["results_dir"]
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +44,13 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     missing = [path for path in expected_outputs(config) if not (smoke_dir / path).is_file()]
     assert not missing, f"the smoke DAG did not make {missing}"
     for i in range(1, 5):
-        assert (smoke_dir / f"figures/fig{i}.png").stat().st_size > 10_000
-        assert (smoke_dir / f"figures/fig{i}.pdf").read_bytes().startswith(b"%PDF")
+        assert (smoke_dir / f"{SMOKE}/figures/fig{i}.png").stat().st_size > 10_000
+        assert (smoke_dir / f"{SMOKE}/figures/fig{i}.pdf").read_bytes().startswith(b"%PDF")
     # every job leaves a log and a benchmark
     case, seed = next(iter(config["cases"])), config["seeds"][0]
-    assert (smoke_dir / f"results/logs/runs/{case}/seed{seed}.log").is_file()
-    assert (smoke_dir / f"results/benchmarks/runs/{case}/seed{seed}.tsv").is_file()
-    appendix = (smoke_dir / "paper/appendix.tex").read_text()
+    assert (smoke_dir / f"{SMOKE}/logs/runs/{case}/seed{seed}.log").is_file()
+    assert (smoke_dir / f"{SMOKE}/benchmarks/runs/{case}/seed{seed}.tsv").is_file()
+    appendix = (smoke_dir / f"{SMOKE}/paper/appendix.tex").read_text()
     assert "tab:experiment-cases" in appendix and "fig4" in appendix
 
 
@@ -51,25 +58,25 @@ def test_smoke_dag_builds_every_target(smoke_dir):
 def test_smoke_diverged_sweep_point_is_a_finished_job(smoke_dir):
     config = smoke_config()
     huge = max(config["sweep"]["sgd"]["lrs"])
-    run = json.loads((smoke_dir / f"results/sweep/sgd/lr{lr_label(huge)}/seed0/run.json").read_text())
+    run = json.loads((smoke_dir / f"{SMOKE}/sweep/sgd/lr{lr_label(huge)}/seed0/run.json").read_text())
     assert run["status"] == "diverged"
-    sweep = pd.read_csv(smoke_dir / "results/tables/sweep.csv")
+    sweep = pd.read_csv(smoke_dir / f"{SMOKE}/tables/sweep.csv")
     row = sweep[(sweep["optimizer"] == "sgd") & (sweep["lr"] == huge)]
     assert row["status"].tolist() == ["diverged"]
     others = sweep[sweep["lr"] != huge]
     assert (others["status"] == "ok").all(), others
-    assert "diverged" in (smoke_dir / "results/tables/sweep.tex").read_text()
+    assert "diverged" in (smoke_dir / f"{SMOKE}/tables/sweep.tex").read_text()
 
 
 @pytest.mark.slow
 def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     config = smoke_config()
-    runs = pd.read_csv(smoke_dir / "results/tables/runs.csv")
+    runs = pd.read_csv(smoke_dir / f"{SMOKE}/tables/runs.csv")
     assert len(runs) == len(config["cases"]) * len(config["seeds"])
     assert set(runs["case"]) == set(config["cases"])
-    cases = pd.read_csv(smoke_dir / "results/tables/cases.csv")
+    cases = pd.read_csv(smoke_dir / f"{SMOKE}/tables/cases.csv")
     assert cases.set_index("case")["n_seeds"].to_dict() == {c: len(config["seeds"]) for c in config["cases"]}
-    claims = pd.read_csv(smoke_dir / "results/tables/claims.csv")
+    claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv")
     assert len(claims) == 10 and set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]
@@ -82,13 +89,13 @@ def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
     config = smoke_config()
     assert all(config["cases"][case]["dtype"] == "float64" for case in ("sgd", "sgd_wd"))
     assert config["sweep"]["sgd"]["dtype"] == "float64"
-    claims = pd.read_csv(smoke_dir / "results/tables/claims.csv").set_index("claim")
+    claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv").set_index("claim")
     assert (claims["result"] == "pass").all(), claims[["measured", "dtype", "result"]]
     assert (claims.loc[claims.index.str.startswith("E1"), "dtype"] == "float64").all()
-    runs = pd.read_csv(smoke_dir / "results/tables/runs.csv")
+    runs = pd.read_csv(smoke_dir / f"{SMOKE}/tables/runs.csv")
     assert set(runs.loc[runs["case"].isin(["sgd", "sgd_wd"]), "dtype"]) == {"float64"}
     assert set(runs.loc[runs["case"] == "adamw", "dtype"]) == {"float32"}
-    sgd = pd.read_csv(smoke_dir / f"results/runs/sgd/seed{config['seeds'][0]}/metrics.csv")
+    sgd = pd.read_csv(smoke_dir / f"{SMOKE}/runs/sgd/seed{config['seeds'][0]}/metrics.csv")
     assert {"drift1_qk", "drift2_ov", "closure_qk"} <= set(sgd.columns)
 
 
@@ -114,13 +121,15 @@ def test_report_has_all_four_figures(smoke_dir, shakespeare_url, tmp_path):
     ("threads=0", "threads"),            # range
     ("modle=3", "modle"),                # unknown key
     ("cases={sdg: {lr: 0.1}}", "sdg"),   # case name not in the enum
+    ("cases={sgd: {lr: -0.1}}", "cases/sgd/lr: -0.1 is less than or equal to the minimum of 0"),  # nested, typed
+    ("results_dir=results/{case}", "results_dir"),  # braces would be wildcards in every output path
 ])
 def test_bad_config_value_fails_with_one_line(tmp_path, setting, where):
     copy_pipeline(tmp_path)
     key, value = setting.split("=", 1)
     proc = run_snakemake(tmp_path, "-n", config={key: value})
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    lines = stderr_lines(proc)
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("config error: ") and where in lines[0], lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -138,7 +147,7 @@ def test_configfile_replaces_the_default_and_sweeps_need_their_case(tmp_path):
     (tmp_path / "config/mine.yaml").write_text(yaml.safe_dump(config))
     proc = run_snakemake(tmp_path, "-n", configfile="config/mine.yaml")
     assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
+    lines = stderr_lines(proc)
     assert len(lines) == 1 and lines[0].startswith("config error: sweep/sgd_wd"), proc.stderr
 
 
@@ -156,7 +165,7 @@ def test_paper_config_plans_the_expected_jobs(tmp_path):
     # CUDA jobs ask for a GPU; every training job has its own log and benchmark
     train_jobs = re.findall(r"rule train_case:.*?(?=\n\n|\Z)", proc.stdout, re.S)
     assert train_jobs and all("gpu=1" in job for job in train_jobs)
-    assert all("benchmark: results/benchmarks/runs/" in job for job in train_jobs)
+    assert all(f"benchmark: {paper['results_dir']}/benchmarks/runs/" in job for job in train_jobs)
     assert "--device cuda" in proc.stdout or "--n-layer 6" in proc.stdout or train_jobs
 
 
@@ -172,3 +181,86 @@ def test_default_config_is_valid_and_plans_all_cases(tmp_path):
     assert re.search(r"attnid train .*--case adamw_rebalance .*--rebalance-every 200", proc.stdout)
     assert re.search(r"attnid train .*--case sgd .*--threads 1", proc.stdout)
     assert "gpu=" not in proc.stdout  # CPU config asks for no GPU
+
+
+def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
+    """--config values are YAML: numbers and booleans inside mappings validate; a nested
+    mapping changes only the keys it names (the other cases and SGD's weight decay stay)."""
+    copy_pipeline(tmp_path)
+    proc = run_snakemake(tmp_path, "-n", "-p", configfile=None,
+                         config={"cases": "{sgd: {lr: 0.1}, adamw: {lr: 1e-3}}", "paper_pdf": "true",
+                                 "seeds": "[0]", "training": "{max_iters: 7}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    default = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    assert job_counts(proc.stdout)["train_case"] == len(default["cases"])  # every case, one seed
+    run = re.search(r"attnid train [^\n]*--case sgd [^\n]*--out results/default/runs/sgd/seed0", proc.stdout)
+    assert run, proc.stdout[-3000:]
+    flags = run.group(0)
+    assert "--lr 0.1 " in flags and f"--weight-decay {default['cases']['sgd']['weight_decay']} " in flags
+    assert "--max-iters 7 " in flags and f"--log-every {default['training']['log_every']} " in flags
+    assert re.search(r"attnid train [^\n]*--case adamw [^\n]*--lr 0.001 ", proc.stdout)
+    assert "results/default/paper/main.pdf" in proc.stdout  # paper_pdf=true asks for the PDF
+
+
+def test_failed_job_reason_reaches_the_terminal(tmp_path, shakespeare_path):
+    """profiles/default turns on --show-failed-logs: the command's one-line reason is on stderr."""
+    copy_pipeline(tmp_path)
+    target = ("data/tinyshakespeare/input.txt", "--configfile", "config/smoke.yaml")  # target before nargs=+
+    proc = run_snakemake(tmp_path, *target, configfile=None,
+                         config={"data_url": shakespeare_path.as_uri(), "data_sha256": "ab" * 32})
+    assert proc.returncode != 0
+    log = (tmp_path / "data/logs/fetch_data.log").read_text().strip()
+    assert "checksum mismatch" in log and log in proc.stderr, proc.stderr[-3000:]
+
+
+def test_workflow_has_no_lint_and_is_snakefmt_formatted(tmp_path):
+    copy_pipeline(tmp_path)
+    proc = run_snakemake(tmp_path, "--lint", configfile=None)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Lints for" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr
+    files = [REPO / "Snakefile", *sorted((REPO / "workflow/rules").glob("*.smk"))]
+    fmt = subprocess.run([sys.executable, "-m", "snakefmt", "--check", *map(str, files)],
+                         capture_output=True, text=True, timeout=120)
+    assert fmt.returncode == 0, fmt.stdout + fmt.stderr
+
+
+def _snapshot(root):
+    """{path: (size, mtime_ns)} of every file under ``root``."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tmp_path):
+    """After the smoke build, a (shortened) default build in the same checkout succeeds, writes
+    only under its own results_dir, and leaves the smoke build complete and untouched."""
+    workdir = tmp_path / "checkout"
+    shutil.copytree(smoke_dir, workdir, symlinks=True)  # the smoke build's checkout, mtimes kept
+    smoke_before = _snapshot(workdir / SMOKE)
+    shortened = {  # the default config with nested overrides: tiny model, few steps, 1 seed, tiny sweeps
+        "data_url": shakespeare_url,
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 16, "batch_size": 4},
+        "training": {"max_iters": 6, "eval_every": 3, "log_every": 2, "warmup_iters": 1},
+        "cases": {"adamw_rebalance": {"rebalance_every": 3}},
+        "seeds": [0],
+        "sweep": {"sgd": {"lrs": [0.01, 0.1], "seeds": [0], "max_iters": 4, "warmup_iters": 1},
+                  "adamw": {"lrs": [1e-3, 1e-2], "seeds": [0], "max_iters": 4}},
+        "paper_pdf": False,
+    }
+    default = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    assert default["results_dir"] != SMOKE
+    proc = run_snakemake(workdir, configfile=None, config=shortened, timeout=1800)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    merged = {**default, "seeds": [0], "sweep": shortened["sweep"]}
+    missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
+    assert not missing, missing
+    runs = pd.read_csv(workdir / default["results_dir"] / "tables/runs.csv")
+    assert sorted(runs["case"]) == sorted(default["cases"])
+    for case in default["cases"]:  # the nested overrides reached every run; the rest is the default's
+        run = json.loads((workdir / default["results_dir"] / f"runs/{case}/seed0/run.json").read_text())
+        assert run["max_iters"] == 6 and run["status"] in ("completed", "diverged"), run
+    assert _snapshot(workdir / SMOKE) == smoke_before, "the default build touched the smoke outputs"
+    again = run_smoke_dag(workdir, shakespeare_url, "-n")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]
+    again = run_snakemake(workdir, "-n", configfile=None, config=shortened)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout[-3000:]

@@ -1,16 +1,17 @@
 # Tiny shakespeare: download (or copy from a file:// URL), check its sha256, encode.
-
-DATA_DIR = "data/tinyshakespeare"
+# Shared by every config (it depends only on the URL's bytes, which the checksum pins).
 
 
 rule fetch_data:
     output:
         f"{DATA_DIR}/input.txt",
+    log:
+        f"{DATA_LOGS}/fetch_data.log",
+    conda:
+        ENV
     params:
         url=config["data_url"],
         sha256=config["data_sha256"],
-    log:
-        "results/logs/fetch_data.log",
     shell:
         "attnid fetch --url {params.url:q} --sha256 {params.sha256} --out {output:q} > {log:q} 2>&1"
 
@@ -23,6 +24,10 @@ rule prepare_data:
         val=f"{DATA_DIR}/val.bin",
         meta=f"{DATA_DIR}/meta.json",
     log:
-        "results/logs/prepare_data.log",
+        f"{DATA_LOGS}/prepare_data.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda wildcards, output: os.path.dirname(output.meta),
     shell:
-        "attnid prepare --text {input:q} --out-dir {DATA_DIR} > {log:q} 2>&1"
+        "attnid prepare --text {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"

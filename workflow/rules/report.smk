@@ -1,22 +1,5 @@
-# Tables, figures 1-4 (with report captions) and the LaTeX appendix.
+# Tables, figures 1-4 (with report captions) and the LaTeX appendix, under the config's results_dir.
 # Figure captions are package data (attnid/templates/captions), shared with the LaTeX appendix.
-from attnid.latex import caption_file
-
-TABLES_DIR = "results/tables"
-TABLE_FILES = [
-    f"{TABLES_DIR}/{name}"
-    for name in ["runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex",
-                 "sweep_slopes.csv", "claims.csv"]
-]
-RUN_OUTPUTS = [f"{d}/{name}" for d in RUN_DIRS + SWEEP_DIRS for name in ("metrics.csv", "run.json")]
-THEORY_FILES = rules.counts.output + rules.verify.output
-
-
-# Only the runs this config asks for are gathered, never leftovers of an older config.
-RUN_SELECTION = {
-    "runs": " ".join(RUN_DIRS),
-    "sweep_runs": ("--sweep-runs " + " ".join(SWEEP_DIRS)) if SWEEP_DIRS else "",
-}
 
 
 rule tables:
@@ -24,29 +7,60 @@ rule tables:
         RUN_OUTPUTS,
     output:
         TABLE_FILES,
+    log:
+        f"{LOGS}/tables.log",
+    conda:
+        ENV
     params:
         **RUN_SELECTION,
-    log:
-        "results/logs/tables.log",
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "attnid tables --runs {params.runs} {params.sweep_runs} --out-dir {TABLES_DIR} > {log:q} 2>&1"
+        "attnid tables --runs {params.runs} {params.sweep_runs} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule figures:
     input:
-        TABLE_FILES,
-        RUN_OUTPUTS,
-        THEORY_FILES,
+        tables=TABLE_FILES,
+        runs=RUN_OUTPUTS,
+        counts=rules.counts.output.counts,
+        nullity=rules.verify.output[0],
     output:
-        [report(f"figures/fig{i}.png", caption=caption_file(f"fig{i}"), category="Figures") for i in range(1, 5)],
-        [f"figures/fig{i}.pdf" for i in range(1, 5)],
+        [
+            report(
+                f"{FIGURES_DIR}/fig{i}.png",
+                caption=caption_file(f"fig{i}"),
+                category="Figures",
+            )
+            for i in range(1, 5)
+        ],
+        [f"{FIGURES_DIR}/fig{i}.pdf" for i in range(1, 5)],
+    log:
+        f"{LOGS}/figures.log",
+    conda:
+        ENV
     params:
         **RUN_SELECTION,
-    log:
-        "results/logs/figures.log",
+        tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
+        theory=lambda wildcards, input: os.path.dirname(input.nullity),
+        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "attnid figures --tables {TABLES_DIR} --runs {params.runs}"
-        " --theory-dir results/theory --out-dir figures > {log:q} 2>&1"
+        "attnid figures --tables {params.tables:q} --runs {params.runs}"
+        " --theory-dir {params.theory:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+# The LaTeX main document's source stays paper/main.tex; each config compiles its own copy,
+# next to its appendix.tex.
+rule paper_main:
+    input:
+        "paper/main.tex",
+    output:
+        f"{PAPER_DIR}/main.tex",
+    log:
+        f"{LOGS}/paper_main.log",
+    conda:
+        ENV
+    shell:
+        "cp {input:q} {output:q} > {log:q} 2>&1"
 
 
 rule appendix:
@@ -56,12 +70,19 @@ rule appendix:
         nullity=rules.verify.output[0],
         tables=TABLE_FILES,
         figures=rules.figures.output,
+        main=rules.paper_main.output,
     output:
-        ["paper/appendix.tex"] + (["paper/main.pdf"] if want_pdf() else []),
-    params:
-        pdf="--pdf" if want_pdf() else "",
+        **({"pdf": f"{PAPER_DIR}/main.pdf"} if want_pdf() else {}),
+        appendix=f"{PAPER_DIR}/appendix.tex",
     log:
-        "results/logs/appendix.log",
+        f"{LOGS}/appendix.log",
+    conda:
+        ENV
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
+        figures=lambda wildcards, input: os.path.dirname(input.figures[0]),
+        pdf="--pdf" if want_pdf() else "",
     shell:
         "attnid appendix --counts {input.counts:q} --nullity {input.nullity:q} --single-head {input.single_head:q}"
-        " --out paper/appendix.tex --experiment-tables {TABLES_DIR} --figures figures {params.pdf} > {log:q} 2>&1"
+        " --out {output.appendix:q} --experiment-tables {params.tables:q} --figures {params.figures:q}"
+        " {params.pdf} > {log:q} 2>&1"

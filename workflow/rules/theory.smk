@@ -5,10 +5,12 @@ rule counts:
     input:
         "config/architectures.yaml",
     output:
-        counts="results/theory/counts.csv",
-        single_head="results/theory/single_head.csv",
+        counts=f"{THEORY_DIR}/counts.csv",
+        single_head=f"{THEORY_DIR}/single_head.csv",
     log:
-        "results/logs/counts.log",
+        f"{LOGS}/counts.log",
+    conda:
+        ENV
     shell:
         "attnid counts --architectures {input:q} --out {output.counts:q}"
         " --single-head-out {output.single_head:q} > {log:q} 2>&1"
@@ -16,10 +18,12 @@ rule counts:
 
 rule verify:
     output:
-        "results/theory/nullity.csv",
+        f"{THEORY_DIR}/nullity.csv",
     log:
-        "results/logs/verify.log",
+        f"{LOGS}/verify.log",
     benchmark:
-        "results/benchmarks/verify.tsv"
+        f"{BENCHMARKS}/verify.tsv"
+    conda:
+        ENV
     shell:
         "attnid verify --out {output:q} > {log:q} 2>&1"
