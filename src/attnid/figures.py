@@ -143,13 +143,17 @@ def at_round_off(values, dtype: str) -> bool:
 
 
 def draw_floor_bands(ax, floors: dict[str, list[str]]) -> None:
-    """One labelled band per precision, floor/10 .. 10 x floor, naming the series at its round-off."""
+    """One labelled band per precision, floor/10 .. 10 x floor, naming the series at its round-off
+    (on a log y axis, extended down to show the whole band)."""
     from matplotlib.transforms import blended_transform_factory
 
     for dtype, labels in floors.items():
         if not labels:
             continue
         floor = ROUND_OFF_FLOOR[dtype]
+        ax.set_yscale("log")
+        bottom, top = ax.get_ylim()
+        ax.set_ylim(min(bottom, floor / ROUND_OFF_MARGIN / 3), top)
         ax.axhspan(floor / ROUND_OFF_MARGIN, floor * ROUND_OFF_MARGIN, color=FLOOR_COLOR, alpha=0.35, linewidth=0,
                    zorder=0)
         ax.text(0.02, floor * ROUND_OFF_MARGIN, f"{dtype} round-off: {', '.join(dict.fromkeys(labels))}",
