@@ -31,24 +31,8 @@ EDITS_TABLE_FILES = (
 )
 EDIT_SHELL = (
     "attnid {params.command} {params.checkpoint:q} --out {output.checkpoint:q}"
-    " --data {params.data_dir:q} --json {output.report:q} {params.extra} > {log:q} 2>&1"
+    " --data {params.data_dir:q} --json {output.report:q} > {log:q} 2>&1"
 )
-
-
-def edits_train_flags(wildcards):
-    settings = run_settings(
-        wildcards.case, bias=EDITS.get("bias", True), seed=int(wildcards.seed)
-    )
-    return train_flags(wildcards.case, settings)
-
-
-def run_checkpoint(wildcards, input):
-    """The run's ckpt.pt, next to its run.json."""
-    return os.path.join(os.path.dirname(input.run), "ckpt.pt")
-
-
-def data_folder(wildcards, input):
-    return os.path.dirname(input.val)
 
 
 # Only a config with an `edits` section has these jobs.
@@ -73,7 +57,14 @@ if EDITS:
         resources:
             **TRAIN_RESOURCES,
         params:
-            flags=edits_train_flags,
+            flags=lambda wildcards: train_flags(
+                wildcards.case,
+                run_settings(
+                    wildcards.case,
+                    bias=EDITS.get("bias", True),
+                    seed=int(wildcards.seed),
+                ),
+            ),
             data_dir=lambda wildcards, input: os.path.dirname(input[0]),
             device=config["device"],
             out_dir=lambda wildcards, output: os.path.dirname(output.run),
@@ -97,9 +88,10 @@ if EDITS:
             ENV
         params:
             command="prune-biases",
-            checkpoint=run_checkpoint,
-            data_dir=data_folder,
-            extra="",
+            checkpoint=lambda wildcards, input: os.path.join(
+                os.path.dirname(input.run), "ckpt.pt"
+            ),
+            data_dir=lambda wildcards, input: os.path.dirname(input.val),
         shell:
             EDIT_SHELL
 
@@ -119,10 +111,11 @@ if EDITS:
         conda:
             ENV
         params:
-            command="balance",
-            checkpoint=run_checkpoint,
-            data_dir=data_folder,
-            extra="--target balanced",
+            command="balance --target balanced",
+            checkpoint=lambda wildcards, input: os.path.join(
+                os.path.dirname(input.run), "ckpt.pt"
+            ),
+            data_dir=lambda wildcards, input: os.path.dirname(input.val),
         shell:
             EDIT_SHELL
 
@@ -136,6 +129,6 @@ if EDITS:
         conda:
             ENV
         params:
-            out_dir=TABLES_DIR,
+            out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         shell:
             "attnid edits-table --json {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
