@@ -55,7 +55,7 @@ def read_report(path: Path) -> dict:
     except (OSError, ValueError) as err:
         raise UserError(f"{path} is not a JSON report: {err}") from None
     if not isinstance(report, dict) or report.get("command") not in EDITS:
-        raise UserError(f"{path} is not a report of attnid {' or '.join(EDITS)} (no such 'command' field)")
+        raise UserError(f"{path} is not a report of attnid prune-biases or attnid balance (its 'command' field)")
     missing = [key for key in NEEDED if key not in report]
     if missing:
         raise UserError(f"{path} lacks {', '.join(missing)}: rerun the edit with this version of attnid")
