@@ -14,6 +14,12 @@ if EDITS is not None and EDITS["case"] not in config["cases"]:
     config_error(
         f"edits/case: no case '{EDITS['case']}' under cases to take its settings from"
     )
+# Run settings the section may change (the rest are the case's): see the schema.
+EDITS_OVERRIDES = {
+    key: value
+    for key, value in (EDITS or {}).items()
+    if key in ("max_iters", "warmup_iters")
+}
 EDITS_DIR = f"{RESULTS}/edits"
 EDIT_DIRS = (
     [f"{EDITS_DIR}/{EDITS['case']}/seed{seed}" for seed in EDITS["seeds"]]
@@ -63,6 +69,7 @@ if EDITS:
                     wildcards.case,
                     bias=EDITS.get("bias", True),
                     seed=int(wildcards.seed),
+                    **EDITS_OVERRIDES,
                 ),
             ),
             data_dir=lambda wildcards, input: os.path.dirname(input[0]),
