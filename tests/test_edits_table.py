@@ -178,6 +178,11 @@ def test_smoke_plan_has_the_edit_jobs(tmp_path):
             assert f"attnid {command} {run_dir}/ckpt.pt --out {run_dir}/{name} --data data/tinyshakespeare " \
                    in proc.stdout
     assert f"attnid edits-table --json {out}/edits/{case}/seed" in proc.stdout
+    # the section's own step count overrides the case's, for these runs only
+    proc = run_snakemake(tmp_path, "-n", "-p", config={"edits": {"max_iters": 7}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(rf"attnid train [^\n]*--case {case} [^\n]*--max-iters 7 [^\n]*--out {out}/edits/", proc.stdout)
+    assert not re.search(rf"attnid train [^\n]*--max-iters 7 [^\n]*--out {out}/runs/", proc.stdout)
 
 
 def test_edits_section_is_optional_and_its_case_must_exist(tmp_path):
