@@ -251,7 +251,24 @@ def _figures(figures, out_dir: Path) -> list[dict]:
     if missing:
         raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
     return [figure_caption(name) | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf",
-                                                                 out_dir)).as_posix()} for name in FIGURES]
+                                                                 out_dir)).as_posix(),
+                                    "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT}
+            for name in FIGURES]
+
+
+# A figure wider than this (width / height) gets a landscape page of its own: on a portrait
+# page its labels would shrink below a readable size.
+WIDE_FIGURE_ASPECT = 1.6
+
+
+def pdf_aspect_ratio(path: Path) -> float:
+    """Width / height of a one-page PDF's ``/MediaBox`` (matplotlib writes it as plain text)."""
+    match = re.search(rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]",
+                      path.read_bytes())
+    if match is None:
+        return 1.0  # unknown size: a portrait page, as before
+    left, bottom, right, top = (float(value) for value in match.groups())
+    return (right - left) / max(top - bottom, 1e-9)
 
 
 def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
