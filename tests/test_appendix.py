@@ -261,3 +261,22 @@ def test_helpers_escape_and_format():
     assert text == "x\\_1 & 12,345 \\\\\ny & 7 \\\\\n"
     with pytest.raises(Exception):
         latex.render_table("\\VAR{missing}\n", [])
+
+
+def test_wide_figures_get_a_landscape_page(tmp_path):
+    """A figure much wider than tall would shrink its labels on a portrait page."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnid.latex import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
+
+    ratios = {}
+    for name, size in {"wide": (12, 6), "square": (6, 6)}.items():
+        fig = plt.figure(figsize=size)
+        fig.savefig(tmp_path / f"{name}.pdf")
+        plt.close(fig)
+        ratios[name] = pdf_aspect_ratio(tmp_path / f"{name}.pdf")
+    assert abs(ratios["wide"] - 2.0) < 1e-6 and abs(ratios["square"] - 1.0) < 1e-6
+    assert ratios["square"] < WIDE_FIGURE_ASPECT < ratios["wide"]
