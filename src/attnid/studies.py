@@ -295,9 +295,9 @@ def tex_signed(value) -> str:
 
 
 def tex_spread(value) -> str:
-    """`` $\pm$ 0.12`` after a per-seed mean; nothing when there is a single seed."""
+    r"""`` $\pm$ 0.12`` after a per-seed mean; nothing when there is a single seed."""
     number = _finite(value)
-    return "" if number is None else f" $\pm$ {number:.2f}"
+    return "" if number is None else rf" $\pm$ {number:.2f}"
 
 
 def tex_whole(value) -> str:
