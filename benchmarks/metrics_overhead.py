@@ -15,6 +15,9 @@ and the median cost of each part, with tau_probe split into its two probe-batch
 forwards and its maths.
 
     python benchmarks/metrics_overhead.py [--rounds 15] [--threads 1] [--log-every 10] [--probe-rows 12]
+                                          [--n-kv-head G] [--rope]
+
+``--n-kv-head`` / ``--rope`` measure an attention variant (docs/design.md §8) on its own orbit.
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--probe-rows", type=int, default=12)
+    parser.add_argument("--n-kv-head", type=int, default=None, help="key/value heads (GQA); default: 4, MHA")
+    parser.add_argument("--rope", action="store_true", help="rotary embeddings (RoPE-restricted query-key orbit)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False))
+    model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False,
+                          n_kv_head=args.n_kv_head, rope=args.rope))
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 65, (12, 64), generator=gen), torch.randint(0, 65, (12, 64), generator=gen))
@@ -81,14 +87,19 @@ def main() -> None:
             parts[key].append(value)
 
     median = {k: statistics.median(v) for k, v in parts.items()}
-    print(f"threads={args.threads} log_every={args.log_every} probe_rows={args.probe_rows} rounds={args.rounds} "
-          f"(medians, process CPU ms)")
+    print(f"n_kv_head={model.config.kv_heads} rope={args.rope} threads={args.threads} log_every={args.log_every} "
+          f"probe_rows={args.probe_rows} rounds={args.rounds} (medians, process CPU ms)")
     print(f"  {'train step':>24}: {median['train step']:8.2f}")
     for key in ("snapshot", "step_metrics", "state_metrics", "tau_probe", "probe forward x2"):
         print(f"  {key:>24}: {median[key]:8.2f}")
     maths = median["snapshot"] + median["step_metrics"] + median["state_metrics"] + median["tau_probe"] \
         - median["probe forward x2"]
     print(f"  {'maths (all but forwards)':>24}: {maths:8.2f}   = {maths / median['train step']:.2f} train steps")
+    metrics_ms = sum(median[k] for k in ("snapshot", "step_metrics", "state_metrics", "tau_probe"))
+    print(f"  {'metrics per log step':>24}: {metrics_ms:8.2f}")
+    print(f"  {'ms/step, all metrics':>24}: {median['train step'] + metrics_ms:8.2f}   (a step that logs)")
+    print(f"  {'ms/step, averaged':>24}: {median['train step'] + metrics_ms / args.log_every:8.2f}   "
+          f"(one log step in {args.log_every})")
     print(f"overhead = metrics / ({args.log_every} train steps): {median['overhead']:.4f}   (target <= 0.05)")
 
 

@@ -14,7 +14,7 @@ import pickle
 import pytest
 import torch
 
-from attnid import counts, symmetry
+from attnid import counts, orbits, symmetry
 from attnid.checkpoints import load_weights_only
 from attnid.cli import main
 from attnid.errors import UserError
@@ -101,7 +101,7 @@ def test_prune_biases_is_exact_and_counts_the_redundant_biases(tmp_path, shakesp
 
 @torch.no_grad()
 def pair_imbalances(model: GPT, circuit: str) -> list[torch.Tensor]:
-    return [symmetry.imbalance(*pair) for pair in symmetry.model_pairs(model, circuit)]
+    return [symmetry.imbalance(*pair) for pair in orbits.model_pairs(model, circuit)]
 
 
 def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
@@ -116,7 +116,7 @@ def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
     assert min(before["mu_qk"], before["mu_ov"]) > 1e-3  # training left the pairs unbalanced
     assert max(abs(after["mu_qk"]), abs(after["mu_ov"])) < 1e-6
     for circuit in ("qk", "ov"):
-        for imbalance, (pair_a, _) in zip(pair_imbalances(balanced, circuit), symmetry.model_pairs(balanced, circuit)):
+        for imbalance, (pair_a, _) in zip(pair_imbalances(balanced, circuit), orbits.model_pairs(balanced, circuit)):
             assert float(imbalance.abs().max()) < 1e-5 * float(symmetry.gram(pair_a).abs().max())
 
     report = json.loads((tmp_path / "b.json").read_text())

@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from attnid import symmetry
+from attnid import orbit, orbits, symmetry
 from attnid.drift import (DriftTracker, attention_snapshot, coupled_decay_first_order, imbalance_step_terms,
                           stacked_pairs)
 from attnid.errors import UserError
@@ -99,7 +99,8 @@ def test_coupled_decay_prediction_uses_the_decaying_columns_only():
     masked_a, masked_b = step_a.clone(), step_b.clone()
     masked_a[..., -1] = masked_b[..., -1] = 0  # non-decaying (bias) columns
     first_masked, _ = imbalance_step_terms(pair_a, pair_b, masked_a, masked_b)
-    predicted = coupled_decay_first_order(pair_a, pair_b, 0.01, 0.1, n_decaying=5)
+    predicted = coupled_decay_first_order(pair_a, pair_b, 0.01, 0.1,
+                                          weight_columns=(torch.arange(5), torch.arange(5)))
     assert torch.allclose(predicted, first_masked, rtol=0, atol=1e-15)
     assert not torch.allclose(predicted, first, rtol=0, atol=1e-6)
 
@@ -137,8 +138,8 @@ def test_plain_sgd_with_clipping_has_no_first_order_drift():
 
     def per_step(pre):
         for circuit in CIRCUITS:
-            pre_a, pre_b = stacked_pairs(pre, 2, circuit)
-            now_a, now_b = stacked_pairs(attention_snapshot(model), 2, circuit)
+            pre_a, pre_b = stacked_pairs(pre, orbits.layout_of(model), circuit)
+            now_a, now_b = stacked_pairs(attention_snapshot(model), orbits.layout_of(model), circuit)
             step_a, step_b = now_a - pre_a, now_b - pre_b
             first, _ = imbalance_step_terms(pre_a, pre_b, step_a, step_b)
             # L relative to its size for a generic step of this length: round-off of the realised step
@@ -179,7 +180,7 @@ def test_sgd_wd_prediction_from_the_full_imbalance_misses_the_undecayed_biases()
     def add_full_prediction(pre):
         for circuit in CIRCUITS:
             full_prediction[circuit] = full_prediction[circuit] + coupled_decay_first_order(
-                *stacked_pairs(pre, 2, circuit), optimizer.param_groups[0]["lr"], WEIGHT_DECAY)
+                *stacked_pairs(pre, orbits.layout_of(model), circuit), optimizer.param_groups[0]["lr"], WEIGHT_DECAY)
 
     train(model, optimizer, tracker, batches(), 10, on_step=add_full_prediction)
     for circuit in CIRCUITS:
@@ -245,7 +246,7 @@ def test_reset_reference_after_a_rebalance_keeps_the_closure():
     rebalancer = MetricTracker(model, probe_batch=next(batches(9)))
     data = batches()
     train(model, optimizer, tracker, data, 10)
-    rebalancer.rebalance(model, target="balanced")  # an orbit move: not an optimizer step
+    orbit.rebalance(model, rebalancer, target="balanced")  # an orbit move: not an optimizer step
     moved = tracker.row(model)
     tracker.reset_reference(model)
     assert all(tracker.row(model)[f"drift1_{c}"] == 0.0 for c in CIRCUITS)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from attnid import orbit, symmetry
+from attnid import orbit, orbits, symmetry
 from attnid.cli import main
 from attnid.metrics import MetricTracker, inspect_model
 from attnid.model import GPT, GPTConfig
@@ -82,11 +82,11 @@ def test_rho_is_one_for_a_pure_orbit_move():
     gen = torch.Generator().manual_seed(4)
     for circuit in symmetry.CIRCUITS:
         moved = []
-        for pair_a, pair_b in symmetry.model_pairs(model, circuit):
+        for pair_a, pair_b in orbits.model_pairs(model, circuit):
             generator = 1e-3 * torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
             step_a, step_b = symmetry.tangent_step(pair_a, pair_b, generator)
             moved.append((pair_a + step_a, pair_b + step_b))
-        symmetry.write_pairs_back(model, circuit, moved)
+        orbits.write_pairs_back(model, circuit, moved)
     row = tracker.step_metrics(model, pre)
     assert abs(row["rho_qk"] - 1) < 1e-10 and abs(row["rho_ov"] - 1) < 1e-10
 
@@ -189,7 +189,7 @@ def test_inspect_reports_per_layer_mu_imbalance_and_counts(tmp_path, capsys):
     for layer, row in enumerate(report["layers"]):
         for circuit in ("qk", "ov"):
             assert row[f"mu_{circuit}"] == pytest.approx(expected[f"mu_{circuit}_l{layer}"], rel=1e-12)
-            pair_a, pair_b = symmetry.model_pairs(model, circuit)[layer]
+            pair_a, pair_b = orbits.model_pairs(model, circuit)[layer]
             norm = torch.linalg.matrix_norm(symmetry.imbalance(pair_a, pair_b)).square().sum().sqrt()
             assert row[f"imbalance_norm_{circuit}"] == pytest.approx(float(norm), rel=1e-12)
         # E=12, H=3, D=4 with biases: the design notes' Jacobian check gives 120 of 624

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings, strategies as st
 
-from attnid import symmetry
+from attnid import orbits, symmetry
 from attnid.model import GPT, GPTConfig
 
 F64 = torch.float64
@@ -261,15 +261,15 @@ def test_write_back_is_the_inverse_of_extraction_and_the_orbit_is_a_symmetry():
             logits_before, _ = model(idx, idx)
         gen = torch.Generator().manual_seed(2)
         for circuit in symmetry.CIRCUITS:
-            per_layer = symmetry.model_pairs(model, circuit)
-            symmetry.write_pairs_back(model, circuit, per_layer)
+            per_layer = orbits.model_pairs(model, circuit)
+            orbits.write_pairs_back(model, circuit, per_layer)
             assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
         for circuit in symmetry.CIRCUITS:
             moved = []
-            for pair_a, pair_b in symmetry.model_pairs(model, circuit):
+            for pair_a, pair_b in orbits.model_pairs(model, circuit):
                 group = torch.eye(4, dtype=F64) + 0.3 * torch.randn(3, 4, 4, generator=gen, dtype=F64)
                 moved.append((group @ pair_a, torch.linalg.inv(group).transpose(-1, -2) @ pair_b))
-            symmetry.write_pairs_back(model, circuit, moved)
+            orbits.write_pairs_back(model, circuit, moved)
         changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
         assert sorted(changed) == sorted(k for k in before if ".attn.c_attn." in k or k.endswith("attn.c_proj.weight"))
         with torch.no_grad():

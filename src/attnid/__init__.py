@@ -6,9 +6,10 @@ Modules, one concern each (see ``docs/design.md`` §6):
 - ``counts``    closed-form parameter counts (T1-T6)
 - ``nullity``   Jacobian-nullity verification of those counts
 - ``latex``     jinja2 rendering of the LaTeX appendix
-- ``symmetry``  factor pairs, tangent projection, rebalancing (docs/design.md §2, §4)
-- ``orbits``    factor pairs and orbits of each architecture: MHA, GQA, RoPE (docs/design.md §8)
-- ``orbit``     orbit moves of a training model with tau measured across them
+- ``symmetry``  one head's factor pairs and the GL_D geometry: tangent projection, rebalancing (§2, §4)
+- ``orbits``    the orbit of each architecture (MHA, GQA, RoPE): a model's pairs, rho/beta/mu maths,
+                and every orbit move of a model (rebalancing, the tau probe's move) (docs/design.md §8)
+- ``orbit``     tau measured across a training run's orbit moves
 - ``drift``     the exact first/second-order split of the imbalance drift (docs/design.md §7)
 - ``precision`` training dtype policy: bf16 / float32 / float64, TF32 off for metrics
 - ``checkpoints`` / ``edits`` / ``hf_config``  reading user checkpoints safely; bias pruning and balancing (§9)

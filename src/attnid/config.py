@@ -51,6 +51,13 @@ class TrainConfig:
     n_layer: int = option(4, "transformer blocks (default 4)", bound="positive")
     n_head: int = option(4, "heads per block (default 4)", bound="positive")
     n_embd: int = option(128, "embedding width E (default 128)", bound="positive")
+    n_kv_head: int | None = option(None, "key/value heads G (grouped-query attention, G divides --n-head; 1 = "
+                                         "multi-query) (default: --n-head, multi-head)", metavar="G",
+                                   bound="positive")
+    rope: bool = option(False, "rotary position embeddings on queries and keys (base 10000, half-split planes) "
+                               "instead of the learned position embedding")
+    head_dim: int | None = option(None, "width D of each head (default E / H; even under --rope)", metavar="D",
+                                  bound="positive")
     block_size: int = option(64, "context length (default 64)", bound="positive")
     batch_size: int = option(12, "sequences per step (default 12)", bound="positive")
     dropout: float = option(0.0, "dropout probability (default 0.0)", bound="non_negative")
@@ -163,12 +170,28 @@ def _check_bounds(cfg: TrainConfig) -> None:
     for bound in ("positive", "non_negative"):  # every positive option is checked before the non-negative ones
         for f in fields(TrainConfig):
             value = getattr(cfg, f.name)
-            if f.metadata["bound"] != bound:
+            if f.metadata["bound"] != bound or value is None:  # None: the option's derived default
                 continue
             if bound == "positive" and not (value > 0 and math.isfinite(value)):
                 raise UserError(f"--{f.name.replace('_', '-')} must be positive, not {value}")
             if bound == "non_negative" and not value >= 0:
                 raise UserError(f"--{f.name.replace('_', '-')} must be >= 0, not {value}")
+
+
+def _check_attention_shape(cfg: TrainConfig) -> None:
+    """The attention variant must be buildable (docs/design.md §8): one line per problem."""
+    if cfg.head_dim is None and cfg.n_embd % cfg.n_head:
+        raise UserError(f"--n-embd {cfg.n_embd} is not a multiple of --n-head {cfg.n_head} (or give --head-dim)")
+    if cfg.n_kv_head is not None and cfg.n_head % cfg.n_kv_head:
+        raise UserError(f"--n-kv-head {cfg.n_kv_head} must divide --n-head {cfg.n_head}")
+    head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
+    if cfg.rope and head_dim % 2:
+        raise UserError(f"--rope needs an even head width, got D = {head_dim} (choose --head-dim)")
+    # the stock values mean the stock model: same resume key and nanoGPT model_args as leaving them out
+    if cfg.n_kv_head == cfg.n_head:
+        cfg.n_kv_head = None
+    if cfg.head_dim is not None and cfg.head_dim * cfg.n_head == cfg.n_embd:
+        cfg.head_dim = None
 
 
 def resolve_config(values: dict) -> TrainConfig:
@@ -190,8 +213,7 @@ def resolve_config(values: dict) -> TrainConfig:
         raise UserError(f"--dropout must be below 1, not {cfg.dropout}")
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
         raise UserError("--beta1 and --beta2 must be in [0, 1)")
-    if cfg.n_embd % cfg.n_head:
-        raise UserError(f"--n-embd {cfg.n_embd} is not a multiple of --n-head {cfg.n_head}")
+    _check_attention_shape(cfg)
     if cfg.warmup_iters is None:
         cfg.warmup_iters = min(100, cfg.max_iters // 10)
     if cfg.lr_decay_iters is None:

@@ -28,7 +28,11 @@ What the split predicts, with no fitting:
   moves the weights along the orbit (claim E2).
 
 :class:`DriftTracker` accumulates ``D1``, ``D2`` (and the L2 prediction) for every
-pair of both circuits of a nanoGPT-layout model, step by step, in float64. All
+pair of both circuits (per head, or per key/value group with GQA: :mod:`attnid.orbits`),
+step by step, in float64. For the query-key pairs of a RoPE model only the projection
+``P(I)`` of ``I`` onto the restricted orbit's algebra is conserved (per rotation plane
+the trace of ``I``'s 2x2 diagonal block; docs/design.md §8), so there every term is
+projected: ``P(I_t) - P(I_ref) = P(D1) + P(D2)``, ``P`` being linear. All
 functions here are pure and batched over stacked pairs ``(P, D, n)``.
 """
 
@@ -38,7 +42,8 @@ import math
 
 import torch
 
-from attnid import symmetry
+from attnid import orbits, symmetry
+from attnid.orbits import stacked_pairs  # noqa: F401 - the pairs the tracker reads, for callers and tests
 from attnid.errors import UserError
 from attnid.symmetry import CIRCUITS
 
@@ -66,41 +71,39 @@ def imbalance_step_terms(pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: tor
     return first, second
 
 
-def decaying_imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor, n_decaying: int) -> torch.Tensor:
-    """``A_w A_wᵀ - B_w B_wᵀ`` from the first ``n_decaying`` columns of each pair (its weight-matrix columns).
+def decaying_imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor,
+                       weight_columns: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``A_w A_wᵀ - B_w B_wᵀ`` from the pair's weight-matrix columns (indices into ``A``'s and ``B``'s columns).
 
     In nanoGPT's parameter groups (:meth:`attnid.model.GPT.optimizer_groups`) weight
-    matrices decay and biases do not; a pair's bias column, when the model has
-    biases, is its last one (:func:`attnid.symmetry.qk_pairs`). Without biases this
-    is the imbalance ``I`` itself.
+    matrices decay and biases do not; which columns of a pair are biases is
+    :func:`attnid.orbits.weight_columns` (the last one of each head's block). Without
+    biases this is the imbalance ``I`` itself.
     """
-    return symmetry.imbalance(pair_a[..., :n_decaying], pair_b[..., :n_decaying])
+    columns_a, columns_b = weight_columns
+    return symmetry.imbalance(pair_a[..., columns_a.to(pair_a.device)], pair_b[..., columns_b.to(pair_b.device)])
 
 
 def coupled_decay_first_order(pair_a: torch.Tensor, pair_b: torch.Tensor, lr: float, weight_decay: float,
-                              n_decaying: int | None = None) -> torch.Tensor:
+                              weight_columns: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The first-order part ``L`` of one step of SGD with coupled L2 decay, predicted: ``-2 η λ I_w``.
 
     With ``dA = -η (c G_A + λ Ã)``, ``dB = -η (c G_B + λ B̃)`` (``c``: the clipping
     factor; ``Ã``: ``A`` with its non-decaying columns zeroed), the gradient part of
     ``L`` vanishes (``G_A Aᵀ = B G_Bᵀ``, Lemma 5.1) and ``Ã Aᵀ = A_w A_wᵀ``, so
     ``L = -2 η λ (A_w A_wᵀ - B_w B_wᵀ)`` exactly (docs/design.md §7). When every
-    column decays (no biases) that is ``-2 η λ I``. ``n_decaying=None``: all columns.
+    column decays (no biases) that is ``-2 η λ I``. ``weight_columns=None``: all columns.
     """
-    if n_decaying is None:
+    if weight_columns is None:
         current = symmetry.imbalance(pair_a, pair_b)
     else:
-        current = decaying_imbalance(pair_a, pair_b, n_decaying)
+        current = decaying_imbalance(pair_a, pair_b, weight_columns)
     return (-2.0 * lr * weight_decay) * current
 
 
 # --------------------------------------------------------------------------------------
 # Reading a model's pairs
 # --------------------------------------------------------------------------------------
-
-def _model_tensors(model):
-    return [symmetry.layer_tensors(block) for block in symmetry.attention_blocks(model)]
-
 
 @torch.no_grad()
 def attention_snapshot(model) -> Snapshot:
@@ -111,17 +114,11 @@ def attention_snapshot(model) -> Snapshot:
     """
     def copy(tensor):
         return None if tensor is None else tensor.detach().to(torch.float64, copy=True)
-    return [tuple(copy(t) for t in tensors) for tensors in _model_tensors(model)]
-
-
-def stacked_pairs(tensors_per_layer, n_head: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """One circuit's pairs of every layer stacked into ``(L*H, D, n)`` float64, layer-major (as ρ and β stack them)."""
-    per_layer = [symmetry.pairs_from_tensors(w, b, p, n_head, circuit) for w, b, p in tensors_per_layer]
-    return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
+    return [tuple(copy(t) for t in tensors) for tensors in orbits.attention_tensors(model)]
 
 
 def _per_layer_sq(values: torch.Tensor, n_layer: int) -> torch.Tensor:
-    """``(L*H, D, D)`` -> ``(L,)``: per layer, the sum over its pairs of ``||.||_F²``."""
+    """``(L*G, D, D)`` -> ``(L,)``: per layer, the sum over its pairs of ``||.||_F²``."""
     return values.square().sum((-1, -2)).reshape(n_layer, -1).sum(-1)
 
 
@@ -164,27 +161,26 @@ class DriftTracker:
     """
 
     def __init__(self, model, coupled_weight_decay: float | None = None):
-        blocks = symmetry.attention_blocks(model)
-        self.n_layer = len(blocks)
-        self.n_head = blocks[0].attn.n_head
-        self.n_embd = blocks[0].attn.c_attn.weight.shape[1]
+        self.n_layer = len(symmetry.attention_blocks(model))
+        self.layout = orbits.layout_of(model)
+        self.kinds = {circuit: orbits.orbit_kind(model, circuit) for circuit in CIRCUITS}
         self.coupled_weight_decay = None if coupled_weight_decay is None else float(coupled_weight_decay)
-        self.norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||A0A0ᵀ||² + ||B0B0ᵀ||²
-        now = _model_tensors(model)
-        for circuit in CIRCUITS:
-            pair_a, pair_b = stacked_pairs(now, self.n_head, circuit)
-            self.norm_sq[circuit] = (_per_layer_sq(symmetry.gram(pair_a), self.n_layer)
-                                     + _per_layer_sq(symmetry.gram(pair_b), self.n_layer))
+        self.norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||P(A0A0ᵀ)||² + ||P(B0B0ᵀ)||²
+        now = orbits.attention_tensors(model)
+        for circuit, kind in self.kinds.items():
+            pair_a, pair_b = stacked_pairs(now, self.layout, circuit)
+            grams = [orbits.project_to_algebra(kind, symmetry.gram(pair)) for pair in (pair_a, pair_b)]
+            self.norm_sq[circuit] = _per_layer_sq(grams[0], self.n_layer) + _per_layer_sq(grams[1], self.n_layer)
         self._pre: Snapshot | None = None
         self.reset_reference(model)
 
     @torch.no_grad()
     def reset_reference(self, model) -> None:
         """Make the model's current imbalance ``I_ref`` and zero ``D1``, ``D2`` and the prediction (after a rebalance)."""
-        now = _model_tensors(model)
-        self.reference: dict[str, torch.Tensor] = {}  # circuit -> (L*H, D, D)
-        for circuit in CIRCUITS:
-            self.reference[circuit] = symmetry.imbalance(*stacked_pairs(now, self.n_head, circuit))
+        now = orbits.attention_tensors(model)
+        self.reference: dict[str, torch.Tensor] = {}  # circuit -> (L*G, D, D)
+        for circuit, kind in self.kinds.items():
+            self.reference[circuit] = orbits.conserved_imbalance(kind, *stacked_pairs(now, self.layout, circuit))
         self.first = {c: torch.zeros_like(ref) for c, ref in self.reference.items()}
         self.second = {c: torch.zeros_like(ref) for c, ref in self.reference.items()}
         self.predicted_first = ({c: torch.zeros_like(ref) for c, ref in self.reference.items()}
@@ -206,24 +202,27 @@ class DriftTracker:
         if self.predicted_first is not None and lr is None:
             raise ValueError("DriftTracker with coupled_weight_decay needs the step's lr in after_step")
         pre, self._pre = self._pre, None
-        now = _model_tensors(model)
-        for circuit in CIRCUITS:
-            pre_a, pre_b = stacked_pairs(pre, self.n_head, circuit)
-            now_a, now_b = stacked_pairs(now, self.n_head, circuit)
+        now = orbits.attention_tensors(model)
+        for circuit, kind in self.kinds.items():
+            pre_a, pre_b = stacked_pairs(pre, self.layout, circuit)
+            now_a, now_b = stacked_pairs(now, self.layout, circuit)
             first, second = imbalance_step_terms(pre_a, pre_b, now_a - pre_a, now_b - pre_b)
-            self.first[circuit] += first
-            self.second[circuit] += second
+            # on a RoPE query-key orbit only the projection is conserved (docs/design.md §8); P is linear,
+            # so the projected terms still add up to the projected change
+            self.first[circuit] += orbits.project_to_algebra(kind, first)
+            self.second[circuit] += orbits.project_to_algebra(kind, second)
             if self.predicted_first is not None:
-                self.predicted_first[circuit] += coupled_decay_first_order(
-                    pre_a, pre_b, lr, self.coupled_weight_decay, n_decaying=self.n_embd)
+                predicted = coupled_decay_first_order(pre_a, pre_b, lr, self.coupled_weight_decay,
+                                                      weight_columns=orbits.weight_columns(self.layout, circuit))
+                self.predicted_first[circuit] += orbits.project_to_algebra(kind, predicted)
 
     @torch.no_grad()
     def row(self, model) -> dict[str, float]:
         """The drift columns at the model's current weights (one sync; call on log steps)."""
-        now = _model_tensors(model)
+        now = orbits.attention_tensors(model)
         row: dict[str, float] = {}
-        for circuit in CIRCUITS:
-            current = symmetry.imbalance(*stacked_pairs(now, self.n_head, circuit))
+        for circuit, kind in self.kinds.items():
+            current = orbits.conserved_imbalance(kind, *stacked_pairs(now, self.layout, circuit))
             norm_sq = self.norm_sq[circuit].tolist()
             total_norm = math.sqrt(sum(norm_sq))
             for name, accumulated in (("drift1", self.first[circuit]), ("drift2", self.second[circuit])):

@@ -2,19 +2,26 @@
 
 Definitions (docs/design.md §3; the paper's extracted text does not keep its
 formulas, so these are this project's, chosen to test claims E1–E3 exactly). Each
-is aggregated over every factor pair of one circuit (``qk`` or ``ov``, see
-:mod:`attnid.symmetry`), with a per-layer breakdown under the suffix ``_l{i}``:
+is aggregated over every factor pair of one circuit (``qk`` or ``ov``; per head for
+MHA, per key/value group for GQA, see :mod:`attnid.orbits`), with a per-layer
+breakdown under the suffix ``_l{i}``, and always on the orbit of the model's own
+architecture (docs/design.md §8): ``GL_D``, or for RoPE query-key pairs the
+subgroup of per-plane scalings and rotations.
 
 - ρ, unidentified share of one optimizer step ``Δ = θ_{t+1} - θ_t``:
   ``Σ ||proj(Δ)||² / Σ ||Δ||²``, projecting onto the orbit tangent space at ``θ_t``
   (Lemma 4.1/4.6). Zero for plain gradient steps (Lemma 5.1).
-- β, drift of the conserved imbalance ``I = A Aᵀ - B Bᵀ`` (Lemma 5.1):
-  ``sqrt(Σ ||I_t - I_0||²) / sqrt(Σ ||A_0 A_0ᵀ||² + ||B_0 B_0ᵀ||²)``.
+- β, drift of the conserved imbalance ``P(I)``, ``I = A Aᵀ - B Bᵀ`` (Lemma 5.1), with
+  ``P`` the projection onto the orbit's Lie algebra (the identity for ``GL_D``; for
+  RoPE the per-plane trace of ``I``'s 2x2 diagonal blocks):
+  ``sqrt(Σ ||P(I_t) - P(I_0)||²) / sqrt(Σ ||P(A_0 A_0ᵀ)||² + ||P(B_0 B_0ᵀ)||²)``.
 - τ, effect of an orbit move (rebalancing, §5) on the function: relative change of
   the probe-batch loss, and max-abs logit change over max-abs logit.
-- μ, excess norm on the orbit: ``Σ (||A||² + ||B||²) / Σ 2 ||Aᵀ B||_* - 1 >= 0``.
+- μ, excess norm on the orbit: ``Σ (||A||² + ||B||²) / Σ min_orbit (||A||² + ||B||²) - 1 >= 0``;
+  the minimum is ``2 ||Aᵀ B||_*`` on ``GL_D`` and ``Σ_p 2 sqrt(||A_p||² ||B_p||²)`` over
+  the RoPE planes ``p``.
 
-All maths runs in float64 on the model's device, batched over every head of every
+All maths runs in float64 on the model's device, batched over every pair of every
 layer with one eigendecomposition call per circuit. Nothing reads global RNG state.
 """
 
@@ -27,26 +34,17 @@ from pathlib import Path
 
 import torch
 
-from attnid import symmetry
+from attnid import orbits, symmetry
 from attnid.errors import UserError
 from attnid.symmetry import CIRCUITS
 
 
 # --------------------------------------------------------------------------------------
-# Stacking pairs of all layers into one batch
+# Helpers on stacked pairs (L*G, D, n): every layer's pairs of one circuit in one batch
 # --------------------------------------------------------------------------------------
 
-def _stack(per_layer_pairs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-layer ``(H, D, n)`` pairs -> one ``(L*H, D, n)`` batch (all layers share a shape)."""
-    return (torch.cat([a for a, _ in per_layer_pairs]), torch.cat([b for _, b in per_layer_pairs]))
-
-
-def _unstack(pair_a, pair_b, n_layer: int):
-    return list(zip(pair_a.chunk(n_layer), pair_b.chunk(n_layer), strict=True))
-
-
 def _per_layer(values: torch.Tensor, n_layer: int) -> torch.Tensor:
-    """``(L*H,)`` per-pair values -> ``(L,)`` per-layer sums."""
+    """``(L*G,)`` per-pair values -> ``(L,)`` per-layer sums."""
     return values.reshape(n_layer, -1).sum(-1)
 
 
@@ -59,23 +57,11 @@ def _device(model) -> torch.device:
     return symmetry.attention_blocks(model)[0].attn.c_attn.weight.device
 
 
-def _circuit_pairs(tensors_per_layer, n_head: int, circuit: str):
-    return [symmetry.pairs_from_tensors(w, b, p, n_head, circuit) for w, b, p in tensors_per_layer]
-
-
-def _model_tensors(model):
-    return [symmetry.layer_tensors(block) for block in symmetry.attention_blocks(model)]
-
-
-def _n_head(model) -> int:
-    return symmetry.attention_blocks(model)[0].attn.n_head
-
-
-def excess_norm(frobenius_sq: torch.Tensor, twice_nuclear: torch.Tensor) -> float:
-    """μ from summed :func:`attnid.symmetry.excess_norm_terms` (``inf`` if every product is zero)."""
-    total_frob, total_nuclear = float(frobenius_sq.sum()), float(twice_nuclear.sum())
-    if total_nuclear > 0:
-        return total_frob / total_nuclear - 1.0
+def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
+    """μ from summed :func:`attnid.orbits.excess_norm_terms` (``inf`` if every minimum is zero)."""
+    total_frob, total_minimum = float(frobenius_sq.sum()), float(minimum.sum())
+    if total_minimum > 0:
+        return total_frob / total_minimum - 1.0
     return 0.0 if total_frob == 0 else math.inf
 
 
@@ -84,44 +70,53 @@ def excess_norm(frobenius_sq: torch.Tensor, twice_nuclear: torch.Tensor) -> floa
 # --------------------------------------------------------------------------------------
 
 class MetricTracker:
-    """Computes ρ, β, τ, μ for one training run of a nanoGPT-layout model.
+    """Computes ρ, β, τ, μ for one training run, on the orbit of the model's own architecture.
 
-    It only measures; the orbit moves it measures τ across are in
-    :mod:`attnid.orbit`. Construction records ``I_0`` for every pair of both
-    circuits and the β normaliser; :meth:`state_dict` / :meth:`load_state_dict` carry them through a
-    checkpoint so a resumed run continues bit-identically.
+    Each circuit's orbit is :func:`attnid.orbits.orbit_kind`'s: ``GL_D`` per head (MHA)
+    or per key/value group (GQA), and for RoPE query-key pairs the restricted group
+    (docs/design.md §8). It only measures; the orbit moves it measures τ across are in
+    :mod:`attnid.orbits` (called by :mod:`attnid.orbit`). Construction records the
+    conserved ``I_0`` of every pair of both circuits and the β normaliser;
+    :meth:`state_dict` / :meth:`load_state_dict` carry them through a checkpoint so a
+    resumed run continues bit-identically.
     """
 
     def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor]):
         self.probe_batch = probe_batch
         self.n_layer = len(symmetry.attention_blocks(model))
-        self.initial_imbalance: dict[str, torch.Tensor] = {}  # circuit -> (L*H, D, D)
-        self.beta_norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||A0A0ᵀ||² + ||B0B0ᵀ||²
-        for circuit in CIRCUITS:
-            pair_a, pair_b = _stack(symmetry.model_pairs(model, circuit))
-            gram_a, gram_b = symmetry.gram(pair_a), symmetry.gram(pair_b)
-            self.initial_imbalance[circuit] = gram_a - gram_b
+        self.layout = orbits.layout_of(model)
+        self.kinds = {circuit: orbits.orbit_kind(model, circuit) for circuit in CIRCUITS}
+        self.initial_imbalance: dict[str, torch.Tensor] = {}  # circuit -> (L*G, D, D), conserved part
+        self.beta_norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||P(A0A0ᵀ)||² + ||P(B0B0ᵀ)||²
+        now = orbits.attention_tensors(model)
+        for circuit, kind in self.kinds.items():
+            pair_a, pair_b = orbits.stacked_pairs(now, self.layout, circuit)
+            # P: projection onto the orbit's algebra (identity for GL_D), so that β compares like with like
+            gram_a = orbits.project_to_algebra(kind, symmetry.gram(pair_a))
+            gram_b = orbits.project_to_algebra(kind, symmetry.gram(pair_b))
+            # as state_metrics computes it, so that β is exactly 0 at the start
+            self.initial_imbalance[circuit] = orbits.conserved_imbalance(kind, pair_a, pair_b)
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
-        # (circuit, target) -> eigh of the rebalancing target, computed once: targets are fixed over a run
-        self._target_eigh: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
-        # circuit -> (A, B, 2 * nuclear norms) at the weights before the last orbit move (see state_metrics)
-        self._nuclear_memo: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # (circuit, target) -> rebalance_model's target arguments, computed once: targets are fixed over a run
+        self._targets: dict[tuple[str, str], dict] = {}
+        # circuit -> the last orbit move (its pairs before the move and mu's minimum there; see state_metrics)
+        self._last_move: dict[str, orbits.Move] = {}
 
-    def rebalance_targets(self, target: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Per circuit, the eigh of the rebalancing target: ``I_0`` (``initial``) or 0 (``balanced``),
-        for :func:`attnid.symmetry.rebalance_model`."""
-        if target not in ("initial", "balanced"):
+    def rebalance_targets(self, target: str) -> dict[str, dict]:
+        """Per circuit, the keyword arguments of :func:`attnid.orbits.rebalance_model` that move to
+        ``I_0`` (``initial``) or 0 (``balanced``)."""
+        if target not in orbits.REBALANCE_TARGETS:
             raise UserError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
         for circuit, initial in self.initial_imbalance.items():
-            if (circuit, target) not in self._target_eigh:
-                self._target_eigh[circuit, target] = symmetry.target_eigh(initial, target)
-        return {circuit: self._target_eigh[circuit, target] for circuit in CIRCUITS}
+            if (circuit, target) not in self._targets:
+                self._targets[circuit, target] = orbits.rebalance_target(self.kinds[circuit], initial, target)
+        return {circuit: self._targets[circuit, target] for circuit in CIRCUITS}
 
-    def remember_products(self, products: dict) -> None:
-        """Keep the product singular values an orbit move computed (``rebalance_model``'s second
-        result): :meth:`state_metrics` reuses them for μ when the weights are bit-identical."""
-        self._nuclear_memo.update(products)
+    def remember_move(self, circuit: str, move: orbits.Move) -> None:
+        """Keep what an orbit move computed at the weights before it: :meth:`state_metrics` reuses
+        mu's minimum when the weights are bit-identical to those (a τ probe restores them)."""
+        self._last_move[circuit] = move
 
     def initial_imbalance_scale(self) -> dict[str, float]:
         """Per circuit, ``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)``: the β of an imbalance
@@ -137,26 +132,25 @@ class MetricTracker:
         """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step."""
         def copy(tensor):
             return None if tensor is None else tensor.detach().to(torch.float64, copy=True)
-        return [tuple(copy(t) for t in tensors) for tensors in _model_tensors(model)]
+        return [tuple(copy(t) for t in tensors) for tensors in orbits.attention_tensors(model)]
 
     @torch.no_grad()
     def step_metrics(self, model, pre) -> dict[str, float]:
         """ρ per circuit (and per layer) for the step from ``pre`` (a :meth:`snapshot`) to now.
 
-        The projection is onto the tangent space at the pre-step point. Also reports
-        ``rho_singular_pairs``: pairs whose Sylvester system was singular and was
-        solved by pseudo-inverse (still the exact projection; see
+        The projection is onto the tangent space of the architecture's orbit at the
+        pre-step point. Also reports ``rho_singular_pairs``: pairs whose normal equations
+        were singular and were solved by pseudo-inverse (still the exact projection; see
         :func:`attnid.symmetry.tangent_solve`).
         """
-        n_head = _n_head(model)
-        now = _model_tensors(model)
+        now = orbits.attention_tensors(model)
         row: dict[str, float] = {}
         singular_pairs = 0
-        for circuit in CIRCUITS:
-            pre_a, pre_b = _stack(_circuit_pairs(pre, n_head, circuit))
-            now_a, now_b = _stack(_circuit_pairs(now, n_head, circuit))
+        for circuit, kind in self.kinds.items():
+            pre_a, pre_b = orbits.stacked_pairs(pre, self.layout, circuit)
+            now_a, now_b = orbits.stacked_pairs(now, self.layout, circuit)
             step_a, step_b = now_a - pre_a, now_b - pre_b  # pairs are linear in the weights
-            proj_sq, singular = symmetry.unidentified_sq_norm(pre_a, pre_b, step_a, step_b)
+            proj_sq, singular = orbits.unidentified_sq_norm(kind, pre_a, pre_b, step_a, step_b)
             proj_sq = _per_layer(proj_sq, self.n_layer)
             step_sq = _per_layer(step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2)), self.n_layer)
             proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
@@ -169,30 +163,32 @@ class MetricTracker:
 
     # ----- β and μ --------------------------------------------------------------------
 
+    def _excess_terms(self, circuit: str, pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
+        """μ's two per-pair sums, reusing the last orbit move's minimum at bit-identical weights."""
+        move = self._last_move.pop(circuit, None)
+        if move is not None and torch.equal(move.pair_a, pair_a) and torch.equal(move.pair_b, pair_b):
+            return pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2)), move.minimum
+        return orbits.excess_norm_terms(self.kinds[circuit], pair_a, pair_b)
+
     @torch.no_grad()
     def state_metrics(self, model) -> dict[str, float]:
-        """β and μ per circuit and per layer, at the model's current weights."""
+        """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit."""
         device = _device(model)
+        now = orbits.attention_tensors(model)
         row: dict[str, float] = {}
-        for circuit in CIRCUITS:
-            pair_a, pair_b = _stack(symmetry.model_pairs(model, circuit))
-            drift = symmetry.imbalance(pair_a, pair_b) - self.initial_imbalance[circuit].to(device)
+        for circuit, kind in self.kinds.items():
+            pair_a, pair_b = orbits.stacked_pairs(now, self.layout, circuit)
+            conserved = orbits.conserved_imbalance(kind, pair_a, pair_b)
+            drift = conserved - self.initial_imbalance[circuit].to(device)
             drift_sq = _per_layer(drift.square().sum((-1, -2)), self.n_layer).tolist()
             norm_sq = self.beta_norm_sq[circuit].tolist()
             row[f"beta_{circuit}"] = _ratio(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))
             for layer in range(self.n_layer):
                 row[f"beta_{circuit}_l{layer}"] = _ratio(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
-            memo = self._nuclear_memo.pop(circuit, None)
-            if memo is not None and torch.equal(memo[0], pair_a) and torch.equal(memo[1], pair_b):
-                # the product's singular values at these bit-identical weights, from the last orbit move
-                frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
-                twice_nuclear = memo[2]
-            else:
-                frobenius_sq, twice_nuclear = symmetry.excess_norm_terms(pair_a, pair_b)
-            row[f"mu_{circuit}"] = excess_norm(frobenius_sq, twice_nuclear)
-            for layer, (frob, nuc) in enumerate(zip(frobenius_sq.chunk(self.n_layer),
-                                                    twice_nuclear.chunk(self.n_layer))):
-                row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, nuc)
+            frobenius_sq, minimum = self._excess_terms(circuit, pair_a, pair_b)
+            row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
+            for layer, (frob, low) in enumerate(zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))):
+                row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, low)
         return row
 
     # ----- τ ---------------------------------------------------------------------------
@@ -239,22 +235,22 @@ class MetricTracker:
             device = self.initial_imbalance[circuit].device
             self.initial_imbalance[circuit] = saved.to(device=device, dtype=torch.float64)
             self.beta_norm_sq[circuit] = state["beta_norm_sq"][circuit].to(device=device, dtype=torch.float64)
-        self._target_eigh.clear()
+        self._targets.clear()
 
 
 # --------------------------------------------------------------------------------------
 # attnid inspect CKPT
 # --------------------------------------------------------------------------------------
 
-def layer_counts(n_embd: int, n_head: int, bias: bool) -> dict[str, int | float]:
-    """Attention parameters and unidentified ones in one nanoGPT layer, from :mod:`attnid.counts`.
+def layer_counts(shape) -> dict[str, int | float]:
+    """Attention parameters and unidentified ones in one layer of this shape (a counts.LayerShape).
 
-    ``D²`` per head in each of the query-key (Cor. 4.4) and output-value (Lemma 4.6)
-    products; with biases also the key and value biases (§4.7).
+    Per key/value group ``D²`` in the query-key product (``D`` with RoPE, Prop. 4.8;
+    Cor. 4.4) and ``C²`` in the output-value product (Lemma 4.6); with biases also
+    the key and value biases (§4.7).
     """
     from attnid import counts
 
-    shape = counts.layer_shape(n_embd, n_head, bias=bias)
     return {"attention_params": counts.attention_params_per_layer(shape),
             "unidentified_qk": counts.unidentified_qk_params(shape),
             "unidentified_ov": counts.unidentified_ov_params(shape),
@@ -264,25 +260,43 @@ def layer_counts(n_embd: int, n_head: int, bias: bool) -> dict[str, int | float]
             / counts.attention_params_per_layer(shape)}
 
 
+def _orbit_columns(model) -> dict[int, dict]:
+    """Per layer: each circuit's orbit kind and dimension at the weights, and whether every one equals
+    counts.py's closed form (:func:`attnid.orbits.orbit_dimension_rows`)."""
+    per_layer: dict[int, dict] = {}
+    for row in orbits.orbit_dimension_rows(model):
+        columns = per_layer.setdefault(row["layer"], {"orbit_matches_closed_form": True})
+        columns[f"orbit_{row['circuit']}"] = row["orbit"]
+        columns[f"orbit_dim_{row['circuit']}"] = row["orbit_dimension"]
+        columns["orbit_matches_closed_form"] &= row["orbit_dimension"] == row["closed_form"]
+    return per_layer
+
+
 @torch.no_grad()
 def inspect_model(model) -> dict:
-    """Per-layer μ, imbalance norm ‖I‖_F and identification counts of both circuits of a nanoGPT model."""
-    n_head = _n_head(model)
-    n_embd = symmetry.attention_blocks(model)[0].attn.c_attn.weight.shape[1]
-    has_bias = symmetry.attention_blocks(model)[0].attn.c_attn.bias is not None
+    """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit,
+    the orbit dimension used, and the identification counts of :mod:`attnid.counts` for the layer's
+    shape (MHA, GQA, RoPE, a head width of its own)."""
+    layout = orbits.layout_of(model)
+    kinds = {c: orbits.orbit_kind(model, c) for c in CIRCUITS}
     layers = []
-    per_circuit = {c: symmetry.model_pairs(model, c) for c in CIRCUITS}
+    per_circuit = {c: orbits.model_pairs(model, c) for c in CIRCUITS}
+    counted = layer_counts(orbits.layer_shape(model))
+    dimensions = _orbit_columns(model)
     totals = {c: [torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)] for c in CIRCUITS}
     for layer in range(len(symmetry.attention_blocks(model))):
-        row = {"layer": layer, "heads": n_head, "head_dim": n_embd // n_head}
+        row = {"layer": layer, "heads": layout.n_head, "kv_heads": layout.n_kv_head, "head_dim": layout.head_dim,
+               "rope": layout.rope}
         for circuit in CIRCUITS:
             pair_a, pair_b = per_circuit[circuit][layer]
-            frobenius_sq, twice_nuclear = symmetry.excess_norm_terms(pair_a, pair_b)
+            frobenius_sq, minimum = orbits.excess_norm_terms(kinds[circuit], pair_a, pair_b)
             totals[circuit][0] += frobenius_sq.sum().cpu()
-            totals[circuit][1] += twice_nuclear.sum().cpu()
-            row[f"mu_{circuit}"] = excess_norm(frobenius_sq, twice_nuclear)
-            row[f"imbalance_norm_{circuit}"] = float(symmetry.imbalance(pair_a, pair_b).square().sum().sqrt())
-        row.update(layer_counts(n_embd, n_head, has_bias))
+            totals[circuit][1] += minimum.sum().cpu()
+            row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
+            conserved = orbits.conserved_imbalance(kinds[circuit], pair_a, pair_b)
+            row[f"imbalance_norm_{circuit}"] = float(conserved.square().sum().sqrt())
+        row.update(counted)
+        row.update(dimensions[layer])
         layers.append(row)
     summary = {f"mu_{c}": excess_norm(*totals[c]) for c in CIRCUITS}
     for circuit in CIRCUITS:  # sqrt of the sum over layers of ||I||_F^2
@@ -290,25 +304,31 @@ def inspect_model(model) -> dict:
     summary["attention_params"] = sum(r["attention_params"] for r in layers)
     summary["unidentified"] = sum(r["unidentified"] for r in layers)
     summary["identified_fraction"] = 1 - summary["unidentified"] / summary["attention_params"]
-    return {"n_layer": len(layers), "n_head": n_head, "n_embd": n_embd, "bias": has_bias,
+    summary["orbit_matches_closed_form"] = all(r["orbit_matches_closed_form"] for r in layers)
+    return {"n_layer": len(layers), "n_head": layout.n_head, "n_kv_head": layout.n_kv_head,
+            "head_dim": layout.head_dim, "rope": layout.rope, "n_embd": layout.n_embd, "bias": layout.bias,
             "layers": layers, "total": summary}
 
 
 def format_inspection(report: dict) -> str:
     columns = [("layer", "{}"), ("heads", "{}"), ("mu_qk", "{:.4g}"), ("mu_ov", "{:.4g}"),
                ("imbalance_norm_qk", "{:.4g}"), ("imbalance_norm_ov", "{:.4g}"),
-               ("attention_params", "{}"), ("unidentified_qk", "{}"), ("unidentified_ov", "{}"),
-               ("unidentified_bias", "{}"), ("identified_fraction", "{:.6f}")]
+               ("attention_params", "{}"), ("orbit_qk", "{}"), ("orbit_dim_qk", "{}"), ("unidentified_qk", "{}"),
+               ("orbit_dim_ov", "{}"), ("unidentified_ov", "{}"), ("unidentified_bias", "{}"),
+               ("identified_fraction", "{:.6f}")]
     headers = ["layer", "heads", "mu_qk", "mu_ov", "|I_qk|_F", "|I_ov|_F", "attn params",
-               "unid qk", "unid ov", "unid bias", "identified"]
-    cells = [[fmt.format(row[key]) for key, fmt in columns] for row in report["layers"]]
+               "orbit qk", "dim qk", "unid qk", "dim ov", "unid ov", "unid bias", "identified"]
+    cells = [[fmt.format(row[key]) for key, fmt in columns] + [("" if row["orbit_matches_closed_form"] else "MISMATCH")]
+             for row in report["layers"]]
+    headers.append("dim = closed form")
     total = report["total"]
     cells.append(["all", "", f"{total['mu_qk']:.4g}", f"{total['mu_ov']:.4g}",
                   f"{total['imbalance_norm_qk']:.4g}", f"{total['imbalance_norm_ov']:.4g}",
-                  str(total["attention_params"]), "", "", str(total["unidentified"]),
-                  f"{total['identified_fraction']:.6f}"])
+                  str(total["attention_params"]), "", "", "", "", "", str(total["unidentified"]),
+                  f"{total['identified_fraction']:.6f}", "yes" if total["orbit_matches_closed_form"] else "NO"])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    lines = [f"n_layer={report['n_layer']} n_head={report['n_head']} n_embd={report['n_embd']} bias={report['bias']}",
+    lines = [f"n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
+             f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} bias={report['bias']}",
              "  ".join(h.rjust(w) for h, w in zip(headers, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
@@ -326,6 +346,9 @@ def run_inspect(args) -> int:
         model = load_nanogpt_checkpoint(args.checkpoint)
     except (KeyError, AttributeError, TypeError, ValueError) as err:
         raise UserError(f"{args.checkpoint} is not a usable nanoGPT checkpoint ({type(err).__name__}: {err})") from None
-    report = inspect_model(model)
+    try:
+        report = inspect_model(model)
+    except ValueError as err:  # a shape counts.py has no closed form for (e.g. heads wider than E)
+        raise UserError(f"{args.checkpoint}: {err}") from None
     print(json.dumps(report, indent=2) if args.json else format_inspection(report))
     return 0

@@ -1,9 +1,10 @@
-"""Orbit moves of a training model, with τ measured across them (claim E3; docs/design.md §3, §4).
+"""τ measured across the training run's orbit moves (claim E3; docs/design.md §3, §4, §8).
 
 ``rebalance`` moves every attention pair to its target imbalance in place (the
 rebalancing cases' periodic step); ``tau_probe`` makes the same move on the live
 weights and restores them bit-identically, so runs without rebalancing log τ too.
-The move itself is :func:`attnid.symmetry.rebalance_model`; the measuring is the
+This module only measures: the moves, on the orbit of the model's own architecture,
+are :func:`attnid.orbits.rebalance_model`; the probe and τ are the
 :class:`attnid.metrics.MetricTracker`'s.
 """
 
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from attnid import symmetry
+from attnid import orbits
+from attnid.symmetry import CIRCUITS
 
 
 @torch.no_grad()
@@ -23,13 +25,16 @@ def rebalance(model, tracker, target: str = "initial") -> dict[str, float]:
     """
     targets = tracker.rebalance_targets(target)
     before = tracker.probe(model)
-    skipped, products = symmetry.rebalance_model(model, targets)
-    tracker.remember_products(products)  # a τ probe restores these weights: μ reuses their SVD
+    skipped = 0
+    for circuit in CIRCUITS:
+        move = orbits.rebalance_model(model, circuit, **targets[circuit])
+        tracker.remember_move(circuit, move)  # a τ probe restores these weights: μ reuses the move's SVD
+        skipped += move.skipped
     return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}
 
 
 @torch.no_grad()
 def tau_probe(model, tracker, target: str = "initial") -> dict[str, float]:
     """:func:`rebalance` without side effects: the model's weights are bit-identical afterwards."""
-    with symmetry.kept_attention_weights(model):
+    with orbits.kept_attention_weights(model):
         return rebalance(model, tracker, target)

@@ -34,6 +34,7 @@ All geometry is float64 and batched over any leading shape, like symmetry.py.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -468,8 +469,11 @@ def orbit_dimension_rows(model) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------
-# Whole-model moves
+# Whole-model moves (rebalancing, and the tau probe's move-and-restore)
 # --------------------------------------------------------------------------------------
+
+REBALANCE_TARGETS = ("initial", "balanced")
+
 
 def initial_conserved(model, circuit: str) -> torch.Tensor:
     """The conserved imbalance of every pair of one circuit, stacked ``(L, G, D, D)``:
@@ -478,18 +482,114 @@ def initial_conserved(model, circuit: str) -> torch.Tensor:
     return torch.stack([conserved_imbalance(kind, a, b) for a, b in model_pairs(model, circuit)])
 
 
+def _gl_target_eigh(initial: torch.Tensor, target: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """eigh of a ``GL_D`` rebalancing target. ``balanced``: eigenvalues 0 and the identity as basis
+    (any orthonormal basis is exact; the identity keeps ``A' = sqrt(s) U^T`` simple)."""
+    if target == "initial":
+        return torch.linalg.eigh(initial)
+    eye = torch.eye(initial.shape[-1], dtype=initial.dtype, device=initial.device).expand_as(initial)
+    return torch.zeros(initial.shape[:-1], dtype=initial.dtype, device=initial.device), eye
+
+
+def rebalance_target(kind: str, initial: torch.Tensor, target: str) -> dict[str, torch.Tensor | tuple | None]:
+    """The keyword arguments of :func:`rebalance_model` for a run's rebalancing target (docs/design.md §4).
+
+    ``initial`` is the pairs' conserved imbalance at step 0 (:func:`conserved_imbalance`,
+    ``(..., D, D)``); ``target`` is ``"initial"`` (restore it, Lemma 5.1) or ``"balanced"``
+    (zero). For ``"gl"`` the target's eigendecomposition is done here, once per run.
+    """
+    _check_kind(kind)
+    if target not in REBALANCE_TARGETS:
+        raise ValueError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
+    if kind == "rope":
+        return {"target_imbalance": initial if target == "initial" else None}
+    return {"target_eigh": _gl_target_eigh(initial, target)}
+
+
+def stacked_pairs(tensors_per_layer, layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One circuit's pairs of every layer, ``(L*G, D, n)`` float64, layer-major, from per-layer
+    ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
+    per_layer = [pairs_from_tensors(w, b, p, layout, circuit) for w, b, p in tensors_per_layer]
+    return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
+
+
+def attention_tensors(model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    """Per layer the live ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (through wrappers)."""
+    return [symmetry.layer_tensors(block) for block in symmetry.attention_blocks(model)]
+
+
+def weight_columns(layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the weight-matrix columns of a pair's ``A`` and ``B`` (the rest are bias columns).
+
+    A GQA query-key ``A`` holds ``H/G`` blocks ``[W_Q^h | b_Q^h]`` side by side, so with
+    biases its bias columns are every ``(E+1)``-th, not only the last one.
+    """
+    columns = layout.n_embd + (1 if layout.bias else 0)
+    heads_block = torch.arange(layout.heads_per_group * columns)
+    with_bias = torch.arange(columns)
+    if circuit == "qk":
+        return heads_block[heads_block % columns < layout.n_embd], with_bias[:layout.n_embd]
+    if circuit == "ov":
+        return with_bias[:layout.n_embd], torch.arange(layout.heads_per_group * layout.n_embd)
+    raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
+
+
+@dataclass
+class Move:
+    """What :func:`rebalance_model` did to one circuit: pairs left alone, and the stacked pairs
+    ``(L*G, D, n)`` *before* the move with mu's per-pair orbit minimum there, so a caller that
+    measures mu at those weights again (the tau probe restores them) can skip the SVD."""
+
+    skipped: int
+    pair_a: torch.Tensor
+    pair_b: torch.Tensor
+    minimum: torch.Tensor
+
+
 @torch.no_grad()
-def rebalance_model(model, circuit: str, targets: torch.Tensor | None = None) -> int:
+def rebalance_model(model, circuit: str, target_imbalance: torch.Tensor | None = None,
+                    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None) -> Move:
     """Move every pair of one circuit along the architecture's own orbit, in place (docs/design.md §4, §8).
 
-    ``targets`` ``(L, G, D, D)`` (e.g. :func:`initial_conserved` at step 0), or None to
-    balance. The function of the model is unchanged up to round-off. Returns the
-    number of pairs left alone because they are too close to degenerate.
+    The target is ``target_imbalance`` (``(L, G, D, D)`` or ``(L*G, D, D)``, e.g.
+    :func:`initial_conserved` at step 0; None = balanced) or, for ``"gl"``, its
+    precomputed ``target_eigh`` (:func:`rebalance_target`). The function of the model is
+    unchanged up to round-off. ``Move.skipped`` counts pairs left alone because they are
+    too close to degenerate.
     """
-    kind = orbit_kind(model, circuit)
-    per_layer = model_pairs(model, circuit)
-    pair_a, pair_b = torch.stack([a for a, _ in per_layer]), torch.stack([b for _, b in per_layer])
-    goal = None if targets is None else targets.to(pair_a)
-    new_a, new_b, done = rebalance_pairs(kind, pair_a, pair_b, goal)
-    write_pairs_back(model, circuit, list(zip(new_a.unbind(0), new_b.unbind(0), strict=True)))
-    return int((~done).sum())
+    kind, layout = orbit_kind(model, circuit), layout_of(model)
+    pair_a, pair_b = stacked_pairs(attention_tensors(model), layout, circuit)
+    if target_imbalance is not None:
+        target_imbalance = target_imbalance.reshape(-1, *target_imbalance.shape[-2:]).to(pair_a)
+    if target_eigh is not None:
+        target_eigh = (target_eigh[0].to(pair_a.device), target_eigh[1].to(pair_a.device))
+    if kind == "gl":
+        product = symmetry.product_svd(pair_a, pair_b)
+        minimum = 2 * product[1].sum(-1)
+        new_a, new_b, done = rebalance_pairs(kind, pair_a, pair_b, target_imbalance, target_eigh=target_eigh,
+                                             product=product)
+    else:
+        minimum = rope_excess_norm_terms(pair_a, pair_b)[1]
+        new_a, new_b, done = rebalance_pairs(kind, pair_a, pair_b, target_imbalance)
+    n_layer = len(symmetry.attention_blocks(model))
+    write_pairs_back(model, circuit, list(zip(new_a.chunk(n_layer), new_b.chunk(n_layer), strict=True)))
+    return Move(int((~done).sum()), pair_a, pair_b, minimum)
+
+
+@contextlib.contextmanager
+def kept_attention_weights(model):
+    """Restore the attention tensors bit-identically on exit: an orbit move inside is a probe only.
+
+    Saves and restores just the attention tensors, not a deep copy of the model (slow,
+    and fragile for compiled models).
+    """
+    tensors = attention_tensors(model)
+    saved = [tuple(None if t is None else t.detach().clone() for t in layer) for layer in tensors]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for live, kept in zip(tensors, saved):
+                for live_tensor, kept_tensor in zip(live, kept):
+                    if live_tensor is not None:
+                        live_tensor.copy_(kept_tensor)

@@ -19,11 +19,13 @@ Sylvester solve with two eigendecompositions), §3 (imbalance, excess norm), §4
 (rebalancing to a target imbalance; the paper's §5). The conservation law that
 makes the imbalance interesting is Lemma 5.1: plain gradient flow keeps
 ``A A^T - B B^T`` fixed.
+
+This is the full ``GL_D`` orbit of one head's pairs in nanoGPT's layout. The pairs of
+a whole model of any architecture (GQA, RoPE), the orbit each circuit must use and
+the moves of a model are :mod:`attnid.orbits`'s.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 
@@ -120,37 +122,6 @@ def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, n_head: int,
     if circuit == "ov":
         return ov_pairs(c_attn_weight, c_attn_bias, c_proj_weight, n_head)
     raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
-
-
-def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the float64 ``(A, B)`` pairs (each ``(H, D, n)``) of one circuit of a nanoGPT model."""
-    return [pairs_from_tensors(*layer_tensors(block), block.attn.n_head, circuit)
-            for block in attention_blocks(model)]
-
-
-@torch.no_grad()
-def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
-    """Write per-layer ``(A, B)`` pairs into the model's attention parameters, in place.
-
-    Exact inverse of :func:`model_pairs`; values are cast to the parameters' dtype.
-    Parameters outside the circuit (and ``c_proj.bias``) are untouched.
-    """
-    if circuit not in CIRCUITS:
-        raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
-    for block, (pair_a, pair_b) in zip(attention_blocks(model), per_layer_pairs, strict=True):
-        c_attn, c_proj = block.attn.c_attn, block.attn.c_proj
-        n_embd = c_attn.weight.shape[1]
-        has_bias = c_attn.bias is not None
-        first = 0 if circuit == "qk" else 2 * n_embd  # row offset of A's block in c_attn
-        c_attn_parts = [(first, pair_a)] + ([(n_embd, pair_b)] if circuit == "qk" else [])  # (row offset, pair)
-        for row0, pair in c_attn_parts:
-            weight_part = pair[..., :n_embd].reshape(n_embd, n_embd)  # (H, D, E) -> (E, E)
-            c_attn.weight[row0:row0 + n_embd].copy_(weight_part.to(c_attn.weight.dtype))
-            if has_bias:
-                c_attn.bias[row0:row0 + n_embd].copy_(pair[..., n_embd].reshape(n_embd).to(c_attn.bias.dtype))
-        if circuit == "ov":
-            # (H, D, E_out) -> (E_in, E_out) -> c_proj.weight (E_out, E_in)
-            c_proj.weight.copy_(pair_b.reshape(n_embd, -1).t().to(c_proj.weight.dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -279,7 +250,7 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
     ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
 
     ``target_eigh`` (``torch.linalg.eigh(target_imbalance)``) and ``product``
-    (``product_svd(A, B)``) may be passed precomputed, which rebalance_model does. Returns
+    (``product_svd(A, B)``) may be passed precomputed, which :func:`attnid.orbits.rebalance_model` does. Returns
     ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero product) are
     returned unchanged with ``done`` False.
     """
@@ -308,70 +279,3 @@ def rebalance_pair(pair_a, pair_b, target_imbalance):
     """
     new_a, new_b, done = rebalance_pairs(pair_a, pair_b, target_imbalance)
     return (new_a, new_b) if bool(done) else None
-
-
-# --------------------------------------------------------------------------------------
-# Orbit moves of a whole model (rebalancing, and the τ probe's move-and-restore)
-# --------------------------------------------------------------------------------------
-
-def target_eigh(initial_imbalance: torch.Tensor, target: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """eigh of a rebalancing target for pairs whose initial imbalance is ``initial_imbalance`` ``(..., D, D)``.
-
-    ``initial``: ``I_0`` itself (restores the conservation law of Lemma 5.1);
-    ``balanced``: zero, with eigenvalues 0 and the identity as basis (any orthonormal
-    basis is exact; the identity keeps ``A' = sqrt(s) U^T`` simple).
-    """
-    if target == "initial":
-        return torch.linalg.eigh(initial_imbalance)
-    if target == "balanced":
-        eye = torch.eye(initial_imbalance.shape[-1], dtype=initial_imbalance.dtype,
-                        device=initial_imbalance.device).expand_as(initial_imbalance)
-        return torch.zeros(initial_imbalance.shape[:-1], dtype=initial_imbalance.dtype,
-                           device=initial_imbalance.device), eye
-    raise ValueError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
-
-
-@torch.no_grad()
-def rebalance_model(model, targets: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> tuple[int, dict]:
-    """Move every pair of every circuit along its orbit to its target imbalance, in place (docs/design.md §4).
-
-    ``targets`` maps each circuit to the :func:`target_eigh` of its ``(L*H, D, D)``
-    stacked targets (layers major). Returns ``(skipped, products)``: the number of pairs
-    left alone (near rank-deficient product, see :func:`rebalance_pairs`) and, per
-    circuit, ``(A, B, 2 * nuclear norms)`` of the pairs *before* the move, so that a
-    caller measuring μ at those weights again (the τ probe restores them) can skip
-    the SVD.
-    """
-    skipped, products = 0, {}
-    for circuit in CIRCUITS:
-        per_layer = model_pairs(model, circuit)
-        pair_a, pair_b = torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
-        eigenvalues, eigenvectors = targets[circuit]
-        product = product_svd(pair_a, pair_b)
-        products[circuit] = (pair_a, pair_b, 2 * product[1].sum(-1))
-        new_a, new_b, done = rebalance_pairs(pair_a, pair_b, product=product,
-                                             target_eigh=(eigenvalues.to(pair_a.device),
-                                                          eigenvectors.to(pair_a.device)))
-        n_layer = len(per_layer)
-        write_pairs_back(model, circuit, list(zip(new_a.chunk(n_layer), new_b.chunk(n_layer), strict=True)))
-        skipped += int((~done).sum())
-    return skipped, products
-
-
-@contextlib.contextmanager
-def kept_attention_weights(model):
-    """Restore the attention tensors bit-identically on exit: an orbit move inside is a probe only.
-
-    Saves and restores just the attention tensors, not a deep copy of the model (slow,
-    and fragile for compiled models).
-    """
-    tensors = [layer_tensors(block) for block in attention_blocks(model)]
-    saved = [tuple(None if t is None else t.detach().clone() for t in layer) for layer in tensors]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for live, kept in zip(tensors, saved):
-                for live_tensor, kept_tensor in zip(live, kept):
-                    if live_tensor is not None:
-                        live_tensor.copy_(kept_tensor)

@@ -159,7 +159,8 @@ class Run:
         torch.manual_seed(cfg.seed)
         self.model_config = GPTConfig(block_size=cfg.block_size, vocab_size=int(self.meta["vocab_size"]),
                                       n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                                      dropout=cfg.dropout, bias=cfg.bias)
+                                      dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head, rope=cfg.rope,
+                                      head_dim=cfg.head_dim)
         self.model = GPT(self.model_config).to(self.device)
         self.model.train()
         self.optimizer = make_optimizer(self.model, cfg, self.device.type)
