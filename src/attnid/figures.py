@@ -465,7 +465,8 @@ def _point_label(row) -> str:
 
 
 def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
-    heads = np.geomspace(1, max([16] + [int(h) for h in series.get("n_head", [])]), 60)
+    trained = [int(h) for h in series.get("n_head", [])] + [int(row["n_head"]) for row, _, _ in labelled]
+    heads = np.geomspace(1, max([2] + trained), 60)
     ax.plot(heads, 1.0 - 1.0 / (2.0 * heads), color=PREDICTION_COLOR, label=r"MHA: $1 - 1/(2H)$")
     if not series.empty:
         ax.plot(series["n_head"], series["identified_fraction"], "o", color=HEADS_COLOR)
