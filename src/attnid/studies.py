@@ -126,9 +126,6 @@ def check_study_config(config: dict) -> list[str]:
                 layer_shape(point.n_embd, point.n_head, point.n_kv_head, point.head_dim, rope=point.rope)
             except ValueError as err:
                 problems.append(f"{study}/{point.name}: {err}")
-    names = [point.name for point in study_points(config)["heads"]]
-    if len(set(names)) != len(names):
-        problems.append("heads/n_heads: a head count is listed twice")
     return problems
 
 
