@@ -71,6 +71,7 @@ rule appendix:
         nullity=rules.verify.output[0],
         tables=TABLE_FILES,
         studies=STUDY_TABLE_FILES,
+        edits=EDITS_TABLE_FILES,
         figures=rules.figures.output,
         main=rules.paper_main.output,
     output:
