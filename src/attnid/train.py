@@ -2,15 +2,20 @@
 
 The loop is nanoGPT's ``train.py`` (cosine schedule with linear warmup, gradient
 clipping, periodic train/val evaluation) with the measurements of the paper's §5
-around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`):
+around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`), in the
+precision of ``--dtype`` (:mod:`attnid.precision`):
 
-    loss.backward(); clip
-    pre = tracker.snapshot(model)                  # log steps only: float64 copy of the attention weights
-    optimizer.step()
-    rho  <- tracker.step_metrics(model, pre)       # unidentified share of the step just taken (E1, E2)
-    tau  <- orbit.rebalance(model, tracker, ...)   # rebalance steps: orbit move in place (E3)
-         or orbit.tau_probe(model, tracker, ...)   # other log steps of runs without rebalancing: weights restored
-    beta, mu <- tracker.state_metrics(model)
+    scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
+    pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
+    scaler.step(optimizer); scaler.update()
+    drift.after_step(model, lr)                    # the exact drift split D1, D2 (docs/design.md §7)
+    on log steps, with TF32 off:
+      rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
+      drift1, drift2, closure <- drift.row(model)
+      tau  <- orbit.rebalance(model, tracker, ...) # rebalance steps: orbit move in place (E3); then
+                                                   #   drift.reset_reference(model)
+           or orbit.tau_probe(model, tracker, ...) # other log steps of runs without rebalancing: weights restored
+      beta, mu <- tracker.state_metrics(model)
 
 The options are :class:`attnid.config.TrainConfig`, the optimizer cases
 :data:`attnid.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
@@ -20,10 +25,8 @@ The options are :class:`attnid.config.TrainConfig`, the optimizer cases
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import signal
-import sys
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -31,12 +34,13 @@ from pathlib import Path
 
 import torch
 
-from attnid import orbit, rundir
+from attnid import orbit, precision, rundir
 from attnid.batches import FixedEvalBatches, batch_from_starts, random_starts
 from attnid.cases import get_case
-from attnid.config import TrainConfig, add_train_arguments, config_from_args, resume_free_keys  # noqa: F401 - cli
 from attnid.errors import UserError
+from attnid.config import TrainConfig, add_train_arguments, config_from_args, resume_free_keys  # noqa: F401 - cli
 from attnid.model import GPT, GPTConfig
+from attnid.runtime import StopSignals, format_duration, resolve_device, say
 
 # Offset that gives the fixed probe batch its own seed, apart from the training batches'.
 PROBE_SEED_OFFSET = 7_919
@@ -65,46 +69,6 @@ def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.opti
     return get_case(cfg.case).make_optimizer(model, cfg, device_type)
 
 
-def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-def _say(message: str) -> None:
-    print(f"attnid train: {message}", file=sys.stderr, flush=True)
-
-
-class StopSignals:
-    """Turns SIGTERM/SIGINT into a flag the loop checks after each step (then: checkpoint, exit 143/130)."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread: no handlers, no graceful stop
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        return False
-
-
 def _isnan(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
@@ -127,9 +91,10 @@ class Run:
         self.cfg, self.case = cfg, get_case(cfg.case)
         torch.set_num_threads(cfg.threads)
         self.device = resolve_device(cfg.device)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        self.dtype = precision.resolve_dtype(cfg.dtype, self.device)
+        precision.configure_tf32(self.dtype)
+        if self.dtype == "float64":
+            precision.warn_if_slow_float64(self.device)
         self.meta = load_meta(cfg.data)
         self.splits = {"train": load_split(cfg.data, "train"), "val": load_split(cfg.data, "val")}
         for name, data in self.splits.items():
@@ -137,16 +102,16 @@ class Run:
                 raise UserError(f"{name}.bin has {len(data)} tokens, fewer than --block-size {cfg.block_size} + 2")
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / rundir.CHECKPOINT_FILE
-        self.key = rundir.resume_key(asdict(cfg), resume_free_keys(), self.device.type, self.meta)
+        # the resolved dtype: '--dtype auto' and the dtype it stands for resume each other
+        self.key = rundir.resume_key(asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type,
+                                     self.meta)
         self.rows: list[dict] = []
         self.step, self.first_loss, self.best_val_loss, self.wall_before, self.resumed_at = 0, None, 1e9, 0.0, []
         self.status, self.diverged_step, self.diverged_loss = "completed", None, None
         self.tokens_per_step = cfg.batch_size * cfg.block_size
 
     def autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision.autocast_context(self.dtype, self.device)
 
     def load_checkpoint(self) -> dict | None:
         if self.cfg.fresh or not self.ckpt_path.exists():
@@ -161,9 +126,10 @@ class Run:
                                       n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
                                       dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head, rope=cfg.rope,
                                       head_dim=cfg.head_dim)
-        self.model = GPT(self.model_config).to(self.device)
+        self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
         self.optimizer = make_optimizer(self.model, cfg, self.device.type)
+        self.scaler = precision.grad_scaler(self.dtype, self.device)
         self.batch_generator = torch.Generator().manual_seed(cfg.seed)
         probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
         train_data = self.splits["train"]
@@ -171,33 +137,42 @@ class Run:
                                      probe_generator)
         probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
         self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
-        self.tracker = None
+        self.tracker, self.drift = None, None
         if cfg.metrics or self.case.rebalances:
             from attnid.metrics import MetricTracker
 
             self.tracker = MetricTracker(self.model, probe_batch=probe_batch)  # records I_0 from the initial weights
+        if cfg.metrics:
+            from attnid.drift import DriftTracker
+
+            decay = cfg.weight_decay if self.case.coupled_weight_decay else None
+            self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
 
     def resume(self, checkpoint: dict) -> None:
         ours = checkpoint["attnid"]
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if ours.get("scaler"):
+            self.scaler.load_state_dict(ours["scaler"])
         self.batch_generator.set_state(ours["batch_generator"])
         torch.set_rng_state(ours["torch_rng"])
         if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
         if self.tracker is not None:
             self.tracker.load_state_dict(ours["tracker"])
+        if self.drift is not None:
+            self.drift.load_state_dict(ours["drift"])
         self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
         self.best_val_loss, self.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
         self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
-        _say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
+        say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
 
     def start_clocks(self) -> None:
         cfg, device = self.cfg, self.device
         self.started = self.last_row_time = self.last_progress = time.time()
         self.last_row_step = self.step
-        _say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
-             f"{device.type} ({'bf16 autocast' if device.type == 'cuda' else 'float32'}), {cfg.threads} thread(s), "
+        say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
+             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads} thread(s), "
              f"{cfg.max_iters} steps -> {self.out}")
 
     def wall_s(self) -> float:
@@ -213,6 +188,8 @@ class Run:
                   "batch_generator": self.batch_generator.get_state(), "torch_rng": torch.get_rng_state(),
                   "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                   "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+                  "drift": self.drift.state_dict() if self.drift is not None else None,
+                  "scaler": self.scaler.state_dict(),
                   "first_loss": self.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at})
 
     # ----- logging and evaluation -----------------------------------------------------
@@ -234,9 +211,11 @@ class Run:
         """Row 0: eval losses, beta = 0, mu and tau of the initialisation."""
         row = {"step": 0, "rebalanced": 0}
         if self.cfg.metrics:
-            if not self.case.rebalances:
-                row.update(orbit.tau_probe(self.model, self.tracker))
-            row.update(self.tracker.state_metrics(self.model))
+            with precision.no_tf32():
+                if not self.case.rebalances:
+                    row.update(orbit.tau_probe(self.model, self.tracker))
+                row.update(self.tracker.state_metrics(self.model))
+                row.update(self.drift.row(self.model))
         self.evaluate(row)
         self.finish_row(row)
 
@@ -248,8 +227,8 @@ class Run:
         since = self.resumed_at[-1] if self.resumed_at else 0
         rate = (self.step - since) * self.tokens_per_step / max(now - self.started, 1e-9)
         eta = (self.cfg.max_iters - self.step) * self.tokens_per_step / max(rate, 1e-9)
-        _say(f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
-             f"eta {_format_duration(eta)}")
+        say(f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
+             f"eta {format_duration(eta)}")
 
     # ----- one step -------------------------------------------------------------------
 
@@ -268,9 +247,10 @@ class Run:
         threshold = cfg.diverge_threshold if cfg.diverge_threshold is not None else 3.0 * self.first_loss
         if not math.isfinite(loss_value) or loss_value > threshold:
             self.status, self.diverged_step, self.diverged_loss = "diverged", self.step + 1, loss_value
-            _say(f"loss {loss_value:.4g} at step {self.step + 1} (threshold {threshold:.4g}): run diverged")
+            say(f"loss {loss_value:.4g} at step {self.step + 1} (threshold {threshold:.4g}): run diverged")
             return None
-        loss.backward()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradient
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         return loss_value, torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
 
@@ -287,14 +267,21 @@ class Run:
         is_rebalance = self.case.rebalances and step % cfg.rebalance_every == 0
         is_eval = step % cfg.eval_every == 0 or step == cfg.max_iters
         is_row = step % cfg.log_every == 0 or is_eval or is_rebalance or step == cfg.max_iters
-        pre = self.tracker.snapshot(self.model) if is_row and cfg.metrics else None  # rho needs the pre-step weights
-        self.optimizer.step()
+        # the drift split needs the pre-step weights at every step; rho reuses them on log steps
+        pre = self.drift.before_step(self.model) if cfg.metrics else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if cfg.metrics:
+            with precision.no_tf32():
+                self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
         row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm, "rebalanced": 0}
         if is_rebalance:
-            self.rebalance(row, pre)
+            with precision.no_tf32():
+                self.rebalance(row, pre)
         elif is_row and cfg.metrics:
-            self.measure(row, pre)
+            with precision.no_tf32():
+                self.measure(row, pre)
         if is_eval:
             self.evaluate(row)
         if is_row:
@@ -303,18 +290,23 @@ class Run:
         return True
 
     def measure(self, row: dict, pre) -> None:
-        """The metrics of a log step: rho of the step from ``pre`` (a snapshot), tau by a probe (runs
-        without rebalancing), beta and mu at the new weights."""
+        """The metrics of a log step: rho of the step from ``pre`` (a snapshot), the drift split, tau by a
+        probe (runs without rebalancing), beta and mu at the new weights."""
         row.update(self.tracker.step_metrics(self.model, pre))
+        row.update(self.drift.row(self.model))
         if not self.case.rebalances:
             row.update(orbit.tau_probe(self.model, self.tracker))
         row.update(self.tracker.state_metrics(self.model))
 
     def rebalance(self, row: dict, pre) -> None:
-        """The rebalancing cases' orbit move (rho measured before it, the rest after), row marked."""
+        """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
+        after; the drift's reference becomes the rebalanced imbalance), row marked."""
         if pre is not None:
             row.update(self.tracker.step_metrics(self.model, pre))
+            row.update(self.drift.row(self.model))
         row.update(orbit.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
+        if self.drift is not None:
+            self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
         if self.cfg.reset_optimizer_state:
             for block in self.model.transformer.h:  # the rebalanced tensors' moments point the old way
@@ -331,7 +323,7 @@ class Run:
         if stop_requested and step < cfg.max_iters:
             self.save_checkpoint()
             signum = stop.signum if stop.signum is not None else signal.SIGTERM
-            _say(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
+            say(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
                  f"rerun the same command to resume")
             return 128 + int(signum)
         if step % cfg.ckpt_every == 0 and step < cfg.max_iters:
@@ -352,7 +344,7 @@ class Run:
             "final_train_loss": last_eval.get("eval_train_loss"), "final_val_loss": last_eval.get("val_loss"),
             "final_eval_step": last_eval.get("step"),
             "wall_time_s": self.wall_s(), "device": device.type,
-            "dtype": "bfloat16" if device.type == "cuda" else "float32",
+            "dtype": self.dtype,
             "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
             "initial_imbalance_scale": scale,
             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -363,7 +355,7 @@ class Run:
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)
-        _say(f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
+        say(f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
              f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, {self.out / rundir.RUN_FILE}")
         return 0
 
@@ -373,7 +365,7 @@ def train(cfg: TrainConfig) -> int:
     run = Run(cfg)
     checkpoint = run.load_checkpoint()
     if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
-        _say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
+        say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
              f"rewriting metrics.csv and run.json from it")
         rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
         return 0
