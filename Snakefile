@@ -30,6 +30,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/theory.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/studies.smk"
 include: "workflow/rules/edits.smk"
 include: "workflow/rules/report.smk"
 
@@ -38,5 +39,6 @@ rule all:
     default_target: True
     input:
         rules.tables.output,
+        rules.study_tables.output,
         rules.figures.output,
         rules.appendix.output,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from attnid.studies import study_points
+
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).
 PIPELINE_FILES = ("Snakefile", "workflow", "config", "profiles", "paper/main.tex")
@@ -28,6 +30,7 @@ SMOKE_CONFIG = "config/smoke.yaml"
 # What snakemake prints on stderr when it picks up profiles/default (the workflow profile).
 PROFILE_NOTICE = "Using workflow specific profile profiles/default for setting default command line arguments."
 TABLES = ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex", "sweep_slopes.csv", "claims.csv")
+STUDY_TABLES = ("heads.csv", "heads.tex", "variants.csv", "variants.tex", "identification_correlation.csv")
 
 
 def copy_pipeline(dest: str | os.PathLike) -> Path:
@@ -108,9 +111,11 @@ def expected_outputs(config: dict) -> list[str]:
     runs = [f"{out}/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
     sweeps = [f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
               for opt, sweep in config["sweep"].items() for lr in sweep["lrs"] for seed in sweep["seeds"]]
-    files = [f"{d}/{name}" for d in runs + sweeps for name in ("metrics.csv", "run.json")]
-    files += [f"{out}/tables/{name}" for name in TABLES]
-    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf")]
+    studies = [f"{out}/studies/{study}/{point.name}/seed{seed}"
+               for study, points in study_points(config).items() for point in points for seed in config[study]["seeds"]]
+    files = [f"{d}/{name}" for d in runs + sweeps + studies for name in ("metrics.csv", "run.json")]
+    files += [f"{out}/tables/{name}" for name in TABLES + STUDY_TABLES]
+    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6) for ext in ("png", "pdf")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
               f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
     return files + ["data/tinyshakespeare/train.bin"]

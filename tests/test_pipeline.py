@@ -43,7 +43,7 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     config = smoke_config()
     missing = [path for path in expected_outputs(config) if not (smoke_dir / path).is_file()]
     assert not missing, f"the smoke DAG did not make {missing}"
-    for i in range(1, 5):
+    for i in range(1, 6):
         assert (smoke_dir / f"{SMOKE}/figures/fig{i}.png").stat().st_size > 10_000
         assert (smoke_dir / f"{SMOKE}/figures/fig{i}.pdf").read_bytes().startswith(b"%PDF")
     # every job leaves a log and a benchmark
@@ -52,6 +52,7 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     assert (smoke_dir / f"{SMOKE}/benchmarks/runs/{case}/seed{seed}.tsv").is_file()
     appendix = (smoke_dir / f"{SMOKE}/paper/appendix.tex").read_text()
     assert "tab:experiment-cases" in appendix and "fig4" in appendix
+    assert "tab:study-heads" in appendix and "tab:study-variants" in appendix and "fig5" in appendix
 
 
 @pytest.mark.slow
@@ -107,12 +108,12 @@ def test_second_run_has_nothing_to_do(smoke_dir, shakespeare_url):
 
 
 @pytest.mark.slow
-def test_report_has_all_four_figures(smoke_dir, shakespeare_url, tmp_path):
+def test_report_has_all_five_figures(smoke_dir, shakespeare_url, tmp_path):
     report = tmp_path / "report.html"
     proc = run_smoke_dag(smoke_dir, shakespeare_url, "--nolock", "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     html = report.read_text(errors="replace")
-    for i in range(1, 5):
+    for i in range(1, 6):
         assert f"fig{i}.png" in html
     assert "identification by design" in html and "learning-rate sweep" in html  # the .rst captions
 
@@ -245,13 +246,17 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         "seeds": [0],
         "sweep": {"sgd": {"lrs": [0.01, 0.1], "seeds": [0], "max_iters": 4, "warmup_iters": 1},
                   "adamw": {"lrs": [1e-3, 1e-2], "seeds": [0], "max_iters": 4}},
+        "heads": {"n_heads": [1, 2], "seeds": [0], "max_iters": 4, "eval_every": 2, "warmup_iters": 1},
+        "variants": {"seeds": [0], "max_iters": 4, "eval_every": 2, "warmup_iters": 1},  # the default's points
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert default["results_dir"] != SMOKE
     proc = run_snakemake(workdir, configfile=None, config=shortened, timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    merged = {**default, "seeds": [0], "sweep": shortened["sweep"]}
+    merged = {**default, "seeds": [0], "sweep": shortened["sweep"], "model": shortened["model"],
+              "heads": {**default["heads"], **shortened["heads"]},
+              "variants": {**default["variants"], **shortened["variants"]}}
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing
     runs = pd.read_csv(workdir / default["results_dir"] / "tables/runs.csv")

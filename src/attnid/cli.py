@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "appendix": ("attnid.latex", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.tables", "gather run logs into per-run, per-case and LR-sweep tables"),
     "figures": ("attnid.figures", "draw figures 1-4 from the tables and logs"),
+    "studies": ("attnid.studies", "gather the heads and variants studies (does identification buy anything?) "
+                                  "into tables with rank correlations"),
 }
 
 

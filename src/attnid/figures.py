@@ -472,6 +472,8 @@ def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None) ->
     paths += figure_training(runs, out_dir)
     paths += figure_conservation(runs, out_dir)
     paths += figure_sweep(tables_dir, out_dir)
+    if any((Path(tables_dir) / name).is_file() for name in STUDY_TABLES):  # a config with the studies
+        paths += figure_identification_study(tables_dir, out_dir)
     return paths
 
 
@@ -487,3 +489,119 @@ def run_figures(args) -> int:
     paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
+
+
+# ---------------------------------------------------------------------------- figure 5
+
+STUDY_TABLES = ("heads.csv", "variants.csv")
+VARIANT_COLORS = ("#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#999999")
+HEADS_COLOR, MATCHED_COLOR = "#0072B2", "#000000"
+
+
+def figure_identification_study(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
+    """Figure 5 (does identification buy anything?): from heads.csv and variants.csv (``attnid studies``)."""
+    frames = {}
+    for name in STUDY_TABLES:
+        path = Path(tables_dir) / name
+        if path.is_file():
+            frames[name.removesuffix(".csv")] = pd.read_csv(path)
+    if not frames:
+        raise UserError(f"neither {' nor '.join(STUDY_TABLES)} in {tables_dir}; run 'attnid studies' first")
+    fig = draw_identification_study(frames.get("heads"), frames.get("variants"))
+    paths = save_figure(fig, out_dir, "fig5")
+    _pyplot().close(fig)
+    return paths
+
+
+def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The head sweep (the points at the most common embedding, by identified fraction) and the
+    labelled extra points (the matched single head, at its own embedding)."""
+    if heads is None or heads.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    sweep_embd = heads["n_embd"].mode().iloc[0]
+    series = heads[heads["n_embd"] == sweep_embd].sort_values("identified_fraction")
+    return series, heads[heads["n_embd"] != sweep_embd]
+
+
+def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
+    """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
+    against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ
+    against the identified fraction: the head sweep as one series (band: ± sd over seeds), the matched
+    single head and the variants as labelled points with ± sd error bars. (c) also draws ``ρ = 1 - f``,
+    the unidentified share of a step that is isotropic in the attention parameters."""
+    plt = _pyplot()
+    series, extras = _study_series(heads)
+    labelled = [(row, MATCHED_COLOR, "s") for _, row in extras.iterrows()]
+    if variants is not None:
+        labelled += [(row, VARIANT_COLORS[i % len(VARIANT_COLORS)], "D")
+                     for i, (_, row) in enumerate(variants.iterrows())]
+    fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, 1.1 * PANEL_HEIGHT))
+    _draw_fraction_panel(axes[0], series, labelled)
+    panels = [(axes[1], "final_val_loss", "final val loss", False), (axes[2], "rho_qk_mean", r"mean $\rho$", True)]
+    for ax, column, ylabel, log_y in panels:
+        if not series.empty:
+            _draw_series(ax, series, column, HEADS_COLOR, "head sweep $H$ (at $E$, $D = E/H$)" +
+                         (r", $\rho_{QK}$" if log_y else ""))
+            if log_y:
+                _draw_series(ax, series, "rho_ov_mean", HEADS_COLOR, r"head sweep, $\rho_{OV}$", linestyle="--",
+                             hollow=True)
+        for row, color, marker in labelled:
+            _draw_point(ax, row, column, color, marker, label=_point_label(row))
+            if log_y:
+                _draw_point(ax, row, "rho_ov_mean", color, marker, hollow=True)
+        ax.set_xlabel(r"identified fraction $f_\mathrm{id}$ (closed form)")
+        ax.set_ylabel(ylabel)
+        if log_y:
+            ax.set_yscale("log")
+    fractions = np.linspace(0.45, 1.0, 50)
+    axes[2].plot(fractions, 1.0 - fractions, ":", color=PREDICTION_COLOR, linewidth=1.0,
+                 label=r"$1 - f_\mathrm{id}$ (isotropic step)")
+    axes[1].set_title("val loss vs identified fraction")
+    axes[2].set_title(r"$\rho$ vs identified fraction (filled: QK, hollow: OV)")
+    _figure_legend(fig, axes[2], ncol=4)
+    return fig
+
+
+def _point_label(row) -> str:
+    return f"{row['point']}: {row['label']}" + (f", E={int(row['n_embd'])}" if "n_embd" in row else "")
+
+
+def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
+    trained = [int(h) for h in series.get("n_head", [])] + [int(row["n_head"]) for row, _, _ in labelled]
+    heads = np.geomspace(1, max([2] + trained), 60)
+    ax.plot(heads, 1.0 - 1.0 / (2.0 * heads), color=PREDICTION_COLOR, label=r"MHA: $1 - 1/(2H)$")
+    if not series.empty:
+        ax.plot(series["n_head"], series["identified_fraction"], "o", color=HEADS_COLOR)
+    for row, color, marker in labelled:
+        ax.plot(row["n_head"], row["identified_fraction"], marker, color=color, markerfacecolor="none")
+        ax.annotate(row["point"], (row["n_head"], row["identified_fraction"]), xytext=(4, 0),
+                    textcoords="offset points", fontsize=6, color=color, va="center")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("query heads $H$")
+    ax.set_ylabel(r"identified fraction $f_\mathrm{id}$")
+    ax.set_title("closed form, every trained shape")
+    ax.legend(loc="lower right", fontsize=7)
+
+
+def _draw_series(ax, series: pd.DataFrame, column: str, color: str, label: str, linestyle: str = "-",
+                 hollow: bool = False) -> None:
+    x = series["identified_fraction"].to_numpy(dtype=float)
+    mean = series[f"{column}_mean"].to_numpy(dtype=float)
+    sd = np.nan_to_num(series[f"{column}_sd"].to_numpy(dtype=float))
+    ax.plot(x, mean, marker="o", linestyle=linestyle, color=color, label=label,
+            markerfacecolor="none" if hollow else color)
+    ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=BAND_ALPHA, linewidth=0)
+    for xi, yi, name in zip(x, mean, series["n_head"]):
+        if np.isfinite(yi) and not hollow:
+            ax.annotate(f"H={int(name)}", (xi, yi), xytext=(0, 5), textcoords="offset points", fontsize=6,
+                        color=color, ha="center")
+
+
+def _draw_point(ax, row, column: str, color: str, marker: str, label: str | None = None,
+                hollow: bool = False) -> None:
+    mean, sd = float(row[f"{column}_mean"]), float(row[f"{column}_sd"])
+    if not np.isfinite(mean):
+        return
+    ax.errorbar([row["identified_fraction"]], [mean], yerr=[[sd] if np.isfinite(sd) else [0.0]] * 2,
+                fmt=marker, color=color, markerfacecolor="none" if hollow else color, capsize=2,
+                label=label, elinewidth=0.8)

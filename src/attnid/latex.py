@@ -181,7 +181,11 @@ EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune
 # One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.
 LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
 # The figures of `attnid figures`, in order; each has its caption in templates/captions/<name>.rst.
-FIGURES = ("fig1", "fig2", "fig3", "fig4")
+FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5")
+# Drawn only for a build with the identification studies (attnid.studies): included when present.
+OPTIONAL_FIGURES = ("fig5",)
+# The studies' tables (attnid studies), included when present, each after its own paragraph.
+STUDY_TABLES = ("heads.tex", "variants.tex")
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
@@ -247,13 +251,14 @@ def _figures(figures, out_dir: Path) -> list[dict]:
     """Each figure's PDF (relative to the appendix) with its caption; one error lists all missing."""
     if figures is None:
         return []
-    missing = [f"{name}.pdf" for name in FIGURES if not (Path(figures) / f"{name}.pdf").is_file()]
+    present = [name for name in FIGURES if (Path(figures) / f"{name}.pdf").is_file()]
+    missing = [f"{name}.pdf" for name in FIGURES if name not in present and name not in OPTIONAL_FIGURES]
     if missing:
         raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
     return [figure_caption(name) | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf",
                                                                  out_dir)).as_posix(),
                                     "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT}
-            for name in FIGURES]
+            for name in present]
 
 
 # A figure wider than this (width / height) gets a landscape page of its own: on a portrait
@@ -305,10 +310,16 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
             if path.is_file():
                 experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
                                           "landscape": name in LANDSCAPE_TABLES})
+    study_blocks = []
+    if experiment_tables is not None:
+        for name in STUDY_TABLES:
+            path = Path(experiment_tables) / name
+            if path.is_file():
+                study_blocks.append({"name": name, "text": path.read_text(encoding="utf-8")})
     figure_entries = _figures(figures, out_dir)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
-    sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks]
+    sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks + study_blocks]
     shown_templates = "attnid/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {
@@ -319,6 +330,7 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "single_head_rows": _records(single_frame),
         "experiment_blocks": experiment_blocks,
         "experiment_tables": {block["name"] for block in experiment_blocks},
+        "study_blocks": study_blocks,
         "figures": figure_entries,
         "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
         "n_cases": len(nullity_frame),

@@ -1,4 +1,4 @@
-# Tables, figures 1-4 (with report captions) and the LaTeX appendix, under the config's results_dir.
+# Tables, figures 1-5 (with report captions) and the LaTeX appendix, under the config's results_dir.
 # Figure captions are package data (attnid/templates/captions), shared with the LaTeX appendix.
 
 
@@ -21,6 +21,7 @@ rule tables:
 rule figures:
     input:
         tables=TABLE_FILES,
+        studies=STUDY_TABLE_FILES,
         runs=RUN_OUTPUTS,
         counts=rules.counts.output.counts,
         nullity=rules.verify.output[0],
@@ -31,9 +32,9 @@ rule figures:
                 caption=caption_file(f"fig{i}"),
                 category="Figures",
             )
-            for i in range(1, 5)
+            for i in range(1, 6)
         ],
-        [f"{FIGURES_DIR}/fig{i}.pdf" for i in range(1, 5)],
+        [f"{FIGURES_DIR}/fig{i}.pdf" for i in range(1, 6)],
     log:
         f"{LOGS}/figures.log",
     conda:
@@ -69,6 +70,7 @@ rule appendix:
         single_head=rules.counts.output.single_head,
         nullity=rules.verify.output[0],
         tables=TABLE_FILES,
+        studies=STUDY_TABLE_FILES,
         edits=EDITS_TABLE_FILES,
         figures=rules.figures.output,
         main=rules.paper_main.output,

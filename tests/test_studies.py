@@ -1,0 +1,260 @@
+"""The identification studies (attnid.studies): the §4.10 matched embedding, the point plan, the
+gathering and rank correlation on synthetic run directories, Figure 5, and the rules' plan."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import stats
+
+from attnid import counts, figures, latex, studies
+from attnid.cli import main
+from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines
+from synthetic_runs import write_run
+
+
+# ---------------------------------------------------------------------------- planning
+
+@pytest.mark.parametrize("n_embd, reference", [(128, 4), (32, 2), (384, 6), (768, 12), (100, 1)])
+def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_form(n_embd, reference):
+    exact = n_embd * math.sqrt(2 - 1 / reference)  # §4.10: 2 E0^2 = (4 - 2/H) E^2
+    e0 = studies.matched_single_head_embd(n_embd, reference)
+    assert e0 % 2 == 0 and abs(e0 - exact) <= 1
+    assert abs(e0 - exact) == min(abs(even - exact) for even in range(0, 2 * n_embd + 4, 2))
+    # the single head's identified count 2 E0^2 matches the H_ref-head layer's (4 - 2/H) E^2 up to the rounding
+    identified_multi = float(counts.multi_head_identified_share(reference)) * n_embd ** 2
+    single = counts.single_head_params(e0) - counts.single_head_unidentified_params(e0)
+    assert single == pytest.approx(identified_multi, rel=2.5 / exact)
+
+
+def test_default_config_plans_the_issue_points():
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    plan = studies.study_points(config)
+    e0 = studies.matched_single_head_embd(config["model"]["n_embd"], config["heads"]["matched_reference_heads"])
+    heads = {point.name: point for point in plan["heads"]}
+    assert list(heads) == [f"h{h}" for h in (1, 2, 4, 8, 16)] + [f"h1_e{e0}"]
+    assert all(point.head_dim * point.n_head == point.n_embd for point in heads.values())
+    assert (heads[f"h1_e{e0}"].n_embd, heads[f"h1_e{e0}"].n_head, heads[f"h1_e{e0}"].head_dim) == (e0, 1, e0)
+    n_head = config["model"]["n_head"]
+    variants = {point.name: (point.n_kv_head, point.rope, point.n_head) for point in plan["variants"]}
+    assert sorted(variants.values()) == sorted([(n_head, False, n_head), (n_head // 2, False, n_head),
+                                                (1, False, n_head), (n_head, True, n_head),
+                                                (n_head // 2, True, n_head)])
+    assert studies.check_study_config(config) == []
+    for section in ("heads", "variants"):  # the same token budget for every point of a study
+        assert "max_iters" in config[section] and "batch_size" not in config[section]
+
+
+def test_shapes_the_model_cannot_build_are_config_problems():
+    config = smoke_config()
+    config["heads"]["n_heads"] = [1, 3]
+    config["variants"]["points"]["bad_gqa"] = {"n_kv_head": 3}
+    problems = studies.check_study_config(config)
+    assert any(p.startswith("heads/h3: n_head 3 does not divide") for p in problems), problems
+    assert any(p.startswith("variants/bad_gqa: n_kv_head=3 must divide") for p in problems), problems
+
+
+# ---------------------------------------------------------------------------- synthetic study
+
+def write_study_run(root, study, point, seed, arch: dict, val_loss: float, rho: float, n_params: int = 1000,
+                    status: str = "completed"):
+    """A synthetic run of a study point: synthetic_runs.write_run plus the architecture in run.json."""
+    run_dir = write_run(root / study / point / f"seed{seed}", "adamw", seed, 1e-3, rho_qk=rho, rho_ov=2 * rho,
+                        final_val_loss=val_loss, mu=0.1 * (seed + 1), status=status)
+    info = json.loads((run_dir / "run.json").read_text())
+    info["config"].update({"n_layer": 2, "bias": False, **arch})
+    info["n_params"] = n_params
+    (run_dir / "run.json").write_text(json.dumps(info))
+    return run_dir
+
+
+HEADS = {"h1": 1, "h2": 2, "h4": 4, "h8": 8}
+# val loss per point and seed: falls with H on seeds 0 and 1; seed 2 swaps h4 and h8
+LOSSES = {"h1": (2.4, 2.5, 2.45), "h2": (2.3, 2.35, 2.3), "h4": (2.2, 2.25, 2.1), "h8": (2.1, 2.15, 2.15)}
+VARIANTS = {"mha": {"n_head": 4}, "gqa2": {"n_head": 4, "n_kv_head": 2}, "mqa": {"n_head": 4, "n_kv_head": 1},
+            "rope": {"n_head": 4, "rope": True}}
+
+
+@pytest.fixture()
+def synthetic_study(tmp_path):
+    root = tmp_path / "studies"
+    for point, n_head in HEADS.items():
+        for seed in range(3):
+            write_study_run(root, "heads", point, seed, {"n_embd": 32, "n_head": n_head}, LOSSES[point][seed],
+                            rho=0.1 / n_head, n_params=1000 + n_head)
+    for seed in range(3):
+        write_study_run(root, "heads", "h1_e40", seed, {"n_embd": 40, "n_head": 1, "head_dim": 40}, 2.0 + seed / 10,
+                        rho=0.2)
+    for index, (point, arch) in enumerate(VARIANTS.items()):
+        for seed in range(2):
+            write_study_run(root, "variants", point, seed, {"n_embd": 32, **arch}, 2.0 - index / 10 + seed / 100,
+                            rho=0.01 * (index + 1), status="diverged" if (point, seed) == ("mqa", 1) else "completed")
+    return root
+
+
+def test_gathering_summarizes_every_point_over_its_seeds(synthetic_study, tmp_path):
+    out = tmp_path / "tables"
+    assert main(["studies", "--studies-dir", str(synthetic_study), "--out-dir", str(out)]) == 0
+    heads = pd.read_csv(out / "heads.csv").set_index("point")
+    assert set(heads.index) == {*HEADS, "h1_e40"}
+    for point, n_head in HEADS.items():
+        row = heads.loc[point]
+        assert row.identified_fraction == pytest.approx(counts.identified_fraction(32, n_head))
+        assert row.identified_fraction == pytest.approx(1 - 1 / (2 * n_head))  # T3 for D = E/H
+        assert row.final_val_loss_mean == pytest.approx(np.mean(LOSSES[point]))
+        assert row.final_val_loss_sd == pytest.approx(np.std(LOSSES[point], ddof=1))
+        assert row.rho_qk_mean_mean == pytest.approx(0.1 / n_head) and row.rho_ov_mean_mean == pytest.approx(0.2 / n_head)
+        shape = counts.layer_shape(32, n_head)
+        assert row.attn_params == 2 * counts.attention_params_per_layer(shape) and row.n_params == 1000 + n_head
+        assert row.n_seeds == 3 and row.tokens_per_s_mean == pytest.approx(1000.0)
+    assert heads.loc["h1_e40", "identified_fraction"] == pytest.approx(0.5)
+    assert heads.loc["h1_e40", "n_embd"] == 40 and heads.loc["h1_e40", "label"] == "H=1"
+    assert heads.loc["h1", "mu_qk_final_mean"] == pytest.approx(0.2)  # mu 0.1, 0.2, 0.3 over the seeds
+
+    variants = pd.read_csv(out / "variants.csv").set_index("point")
+    for point, arch in VARIANTS.items():
+        expected = counts.identified_fraction(32, 4, arch.get("n_kv_head"), rope=arch.get("rope", False))
+        assert variants.loc[point, "identified_fraction"] == pytest.approx(expected)
+    assert variants.loc["gqa2", "identified_fraction"] == pytest.approx(1 - 2 * 2 * 8 ** 2 / (32 * (32 + 16 + 16 + 32)))
+    assert variants.loc["mqa", "n_diverged"] == 1  # counted, not averaged
+    assert variants.loc["mqa", "final_val_loss_mean"] == pytest.approx(2.0 - 2 / 10)
+    assert variants.loc["rope", "label"] == "H=4, RoPE" and variants.loc["mqa", "label"] == "H=4, MQA"
+    for name in ("heads.tex", "variants.tex"):
+        tex = (out / name).read_text()
+        assert r"\label{tab:study-" in tex and "$r_s$" in tex and r"\footnotesize" in tex
+    assert "h1\\_e40" in (out / "heads.tex").read_text()
+
+
+def test_rank_correlation_per_seed_and_over_means(synthetic_study, tmp_path):
+    out = tmp_path / "tables"
+    assert main(["studies", "--studies-dir", str(synthetic_study), "--out-dir", str(out)]) == 0
+    table = pd.read_csv(out / "identification_correlation.csv")
+    row = table[(table["study"] == "heads") & (table["quantity"] == "final_val_loss")].iloc[0]
+    fractions = {p: 1 - 1 / (2 * h) for p, h in HEADS.items()} | {"h1_e40": 0.5}
+    losses = LOSSES | {"h1_e40": (2.0, 2.1, 2.2)}
+    per_seed = [stats.spearmanr([fractions[p] for p in losses], [losses[p][s] for p in losses]).statistic
+                for s in range(3)]
+    means = stats.spearmanr(list(fractions.values()), [np.mean(losses[p]) for p in fractions]).statistic
+    assert row.spearman_per_seed_mean == pytest.approx(np.mean(per_seed))
+    assert row.spearman_per_seed_sd == pytest.approx(np.std(per_seed, ddof=1)) and row.spearman_per_seed_sd > 0
+    assert row.spearman_of_means == pytest.approx(means) and row.n_seed_correlations == 3
+    variants = table[(table["study"] == "variants") & (table["quantity"] == "final_val_loss")].iloc[0]
+    assert variants.n_seed_correlations == 2  # seed 1: three finished points (mqa diverged) still rank
+    assert set(table["study"]) == {"heads", "variants", "all"}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spearman_matches_scipy_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 4, size=9).astype(float)  # ties
+    y = rng.normal(size=9)
+    assert studies.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
+    assert math.isnan(studies.spearman([1, 2], [3, 4])) and math.isnan(studies.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_no_runs_is_one_line(tmp_path, capsys):
+    assert main(["studies", "--out-dir", str(tmp_path)]) == 2
+    assert main(["studies", "--studies-dir", str(tmp_path / "none"), "--out-dir", str(tmp_path)]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2 and all(line.startswith("attnid studies: error: ") for line in errors)
+
+
+# ---------------------------------------------------------------------------- figure 5 and the appendix
+
+@pytest.mark.slow  # matplotlib layout, a few seconds
+def test_figure_5_is_drawn_and_included_in_the_appendix(synthetic_study, tmp_path):
+    tables = tmp_path / "tables"
+    studies.write_study_tables({s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables)
+    paths = figures.figure_identification_study(tables, tmp_path / "figs")
+    assert sorted(p.name for p in paths) == ["fig5.pdf", "fig5.png"]
+    assert all(p.stat().st_size > 5_000 for p in paths)
+    fig = figures.draw_identification_study(pd.read_csv(tables / "heads.csv"), pd.read_csv(tables / "variants.csv"))
+    fraction_axis = fig.axes[0]
+    curve = fraction_axis.get_lines()[0]
+    h = curve.get_xdata()
+    np.testing.assert_allclose(curve.get_ydata(), 1 - 1 / (2 * h))  # the closed form T3
+    assert "fig5" in latex.FIGURES and "fig5" in latex.OPTIONAL_FIGURES
+    caption = latex.figure_caption("fig5")
+    assert caption["title"].startswith("does identification buy anything")
+
+
+def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_study):
+    tables = tmp_path / "tables"
+    studies.write_study_tables({s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables)
+    text = latex.render_appendix(*_theory(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables)
+    assert r"\section{Does identification buy anything?}" in text
+    assert r"\label{tab:study-heads}" in text and r"\label{tab:study-variants}" in text
+
+
+def _theory(tmp_path):
+    """The three theory CSVs of `attnid counts` and a tiny `attnid verify`-shaped nullity table."""
+    theory = tmp_path / "theory"
+    assert main(["counts", "--architectures", str(REPO / "config/architectures.yaml"),
+                 "--out", str(theory / "counts.csv"), "--single-head-out", str(theory / "single_head.csv")]) == 0
+    pd.DataFrame({"case": ["h1"], "kind": ["attention"], "n_params": [576], "n_outputs": [600], "theory": [288],
+                  "measured": [288], "gap": [1e12], "passed": [True]}).to_csv(theory / "nullity.csv", index=False)
+    return theory / "counts.csv", theory / "nullity.csv", theory / "single_head.csv"
+
+
+# ---------------------------------------------------------------------------- the rules
+
+def test_smoke_plan_lists_one_training_job_per_point_and_seed(tmp_path):
+    copy_pipeline(tmp_path)
+    proc = run_snakemake(tmp_path, "-n", "-p")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = smoke_config()
+    plan = studies.study_points(config)
+    expected = {f"{config['results_dir']}/studies/{study}/{point.name}/seed{seed}"
+                for study, points in plan.items() for point in points for seed in config[study]["seeds"]}
+    planned = set(re.findall(r"attnid train [^\n]*--out (\S+/studies/\S+)", proc.stdout))
+    assert planned == expected
+    rope_mqa = re.search(r"attnid train [^\n]*--out \S+/studies/variants/rope_mqa/seed0", proc.stdout).group(0)
+    assert "--case adamw " in rope_mqa and "--n-kv-head 1 " in rope_mqa and "--rope " in rope_mqa
+    assert f"--max-iters {config['variants']['max_iters']} " in rope_mqa
+    assert f"--lr {config['cases']['adamw']['lr']} " in rope_mqa
+    e0 = studies.matched_single_head_embd(config["model"]["n_embd"], config["heads"]["matched_reference_heads"])
+    matched = re.search(rf"attnid train [^\n]*--out \S+/studies/heads/h1_e{e0}/seed0", proc.stdout).group(0)
+    assert "--n-head 1 " in matched and f"--n-embd {e0} " in matched and f"--head-dim {e0} " in matched
+    assert "attnid studies --heads-runs" in proc.stdout and "fig5.pdf" in proc.stdout
+
+
+def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
+    copy_pipeline(tmp_path)
+    config = smoke_config()
+    config["heads"]["n_heads"] = [1, 3]
+    (tmp_path / "config/mine.yaml").write_text(yaml.safe_dump(config))
+    proc = run_snakemake(tmp_path, "-n", configfile="config/mine.yaml")
+    assert proc.returncode != 0
+    lines = stderr_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith("config error: heads/h3: n_head 3 does not divide"), proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+def test_study_tables_fit_the_page(tmp_path):
+    """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
+    parameters) compile at 9 pt with no box more than 5 pt too wide."""
+    arches = {"h16": {"n_embd": 128, "n_head": 16}, "h1_e170": {"n_embd": 170, "n_head": 1, "head_dim": 170},
+              "rope_gqa2": {"n_embd": 128, "n_head": 4, "n_kv_head": 2, "rope": True}}
+    for point, arch in arches.items():
+        for seed in range(3):
+            write_study_run(tmp_path / "studies", "variants", point, seed, arch, 2.0345 + 0.0123 * seed,
+                            rho=1.3e-9 * (seed + 1), n_params=12_345_678)
+    tables, paper = tmp_path / "tables", tmp_path / "paper"
+    studies.write_study_tables({"variants": sorted((tmp_path / "studies/variants").glob("*/seed*"))}, tables)
+    paper.mkdir()
+    shutil.copy(REPO / "paper" / "main.tex", paper / "main.tex")
+    text = latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+    (paper / "appendix.tex").write_text(text)
+    latex.compile_pdf(paper / "main.tex")
+    log = (paper / "main.log").read_text(errors="replace")
+    widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert not widths or max(widths) <= 5.0, re.findall(r"Overfull.*", log)
+    assert r"\tiny" not in text and r"\scriptsize" not in text and r"\resizebox" not in text
