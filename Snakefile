@@ -2,7 +2,7 @@
 
     snakemake --cores all                                   # default, laptop CPU -> results/default/
     snakemake --cores all --configfile config/paper.yaml    # the paper's scale, GPU -> results/paper/
-    snakemake --report report.html                          # figures 1-4 with captions
+    snakemake --report report.html                          # figures 1-5 with captions
 
 The rules are thin: each one calls the ``attnid`` command line. The DAG is
 data -> (theory, training runs) -> tables -> figures -> appendix. Each config writes

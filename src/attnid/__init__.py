@@ -22,7 +22,7 @@ Modules, one concern each (see ``docs/design.md`` §6):
 - ``train``     the training loop
 - ``batches``   training and eval batches
 - ``rundir``    the run directory: metrics.csv, run.json, ckpt.pt, finding and loading runs
-- ``tables`` / ``figures``  gathering runs into tables and figures 1-4
+- ``tables`` / ``figures``  gathering runs into tables and figures 1-5
 - ``cli``       the ``attnid`` command line
 """
 

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("attnid.nullity", "check every closed form against the numerical nullity of a Jacobian"),
     "appendix": ("attnid.latex", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.tables", "gather run logs into per-run, per-case and LR-sweep tables"),
-    "figures": ("attnid.figures", "draw figures 1-4 from the tables and logs"),
+    "figures": ("attnid.figures", "draw figures 1-5 from the tables and logs"),
     "studies": ("attnid.studies", "gather the heads and variants studies (does identification buy anything?) "
                                   "into tables with rank correlations"),
 }

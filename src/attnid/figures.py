@@ -1,4 +1,4 @@
-"""Figures 1-4 of the paper, from the tables and run logs, in one consistent style.
+"""Figures 1-5 (1-4 the paper's, 5 the identification study), from the tables and run logs, in one consistent style.
 
     attnid figures --tables results/tables --runs-dir results/runs \\
                    --theory-dir results/theory --out-dir figures
@@ -460,7 +460,7 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 # ---------------------------------------------------------------------------- command line
 
 def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None) -> list[Path]:
-    """Draw figures 1-4 into ``out_dir``; returns the written paths (the sweep is read from the tables)."""
+    """Draw figures 1-4 (and 5 when the study tables exist) into ``out_dir``; returns the written paths (the sweep is read from the tables)."""
     for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
         if not needed.is_file():
             raise UserError(f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
