@@ -1,4 +1,4 @@
-"""Figures 1-5 (1-4 the paper's, 5 the identification study), from the tables and run logs, in one consistent style.
+"""Figures 1-5 (1-4 as in the paper, 5 the identification study), from the tables and run logs.
 
     attnid figures --tables results/tables --runs-dir results/runs \\
                    --theory-dir results/theory --out-dir figures
