@@ -4,6 +4,7 @@ The loop is nanoGPT's ``train.py`` (cosine schedule with linear warmup, gradient
 clipping, periodic train/val evaluation) with the measurements of the paper's §5
 around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`):
 
+    loss = model(batch); prefetch the next batch   # the loss stays on the device until a log step
     loss.backward(); clip
     pre = tracker.snapshot(model)                  # log steps only: float64 copy of the attention weights
     optimizer.step()
@@ -15,6 +16,8 @@ around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`):
 The options are :class:`attnid.config.TrainConfig`, the optimizer cases
 :data:`attnid.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
 ``ckpt.pt``, resuming) :mod:`attnid.rundir`. See the README's "experiments" section.
+On CUDA the host waits for the device only at log steps and checkpoint saves, the
+metrics' linear algebra runs on the host and the forward is compiled (:mod:`attnid.loop`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import argparse
 import contextlib
 import math
 import signal
-import sys
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -31,12 +33,13 @@ from pathlib import Path
 
 import torch
 
-from attnid import orbit, rundir
-from attnid.batches import FixedEvalBatches, batch_from_starts, random_starts
+from attnid import gpu_slots, loop, orbit, rundir
+from attnid.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
 from attnid.cases import get_case
 from attnid.config import TrainConfig, add_train_arguments, config_from_args, resume_free_keys  # noqa: F401 - cli
 from attnid.errors import UserError
 from attnid.model import GPT, GPTConfig
+from attnid.runtime import StopSignals, format_duration, resolve_device, say
 
 # Offset that gives the fixed probe batch its own seed, apart from the training batches'.
 PROBE_SEED_OFFSET = 7_919
@@ -63,46 +66,6 @@ def get_lr(it: int, cfg: TrainConfig) -> float:
 def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     """The optimizer of ``cfg.case``, from the case registry."""
     return get_case(cfg.case).make_optimizer(model, cfg, device_type)
-
-
-def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
-
-
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
-
-
-def _say(message: str) -> None:
-    print(f"attnid train: {message}", file=sys.stderr, flush=True)
-
-
-class StopSignals:
-    """Turns SIGTERM/SIGINT into a flag the loop checks after each step (then: checkpoint, exit 143/130)."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous = {}
-
-    def __enter__(self):
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(ValueError):  # not the main thread: no handlers, no graceful stop
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        return False
 
 
 def _isnan(value) -> bool:
@@ -139,9 +102,11 @@ class Run:
         self.ckpt_path = self.out / rundir.CHECKPOINT_FILE
         self.key = rundir.resume_key(asdict(cfg), resume_free_keys(), self.device.type, self.meta)
         self.rows: list[dict] = []
-        self.step, self.first_loss, self.best_val_loss, self.wall_before, self.resumed_at = 0, None, 1e9, 0.0, []
+        self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
         self.status, self.diverged_step, self.diverged_loss = "completed", None, None
         self.tokens_per_step = cfg.batch_size * cfg.block_size
+        self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
+        self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
 
     def autocast(self):
         if self.device.type == "cuda":
@@ -163,8 +128,11 @@ class Run:
                                       head_dim=cfg.head_dim)
         self.model = GPT(self.model_config).to(self.device)
         self.model.train()
+        # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
+        self.compiled = loop.resolve_compile(cfg.compile, self.device)
+        self.forward_model = torch.compile(self.model) if self.compiled else self.model
         self.optimizer = make_optimizer(self.model, cfg, self.device.type)
-        self.batch_generator = torch.Generator().manual_seed(cfg.seed)
+        self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
         probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
         train_data = self.splits["train"]
         probe_starts = random_starts(len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size,
@@ -175,28 +143,32 @@ class Run:
         if cfg.metrics or self.case.rebalances:
             from attnid.metrics import MetricTracker
 
-            self.tracker = MetricTracker(self.model, probe_batch=probe_batch)  # records I_0 from the initial weights
+            # records I_0 from the initial weights
+            self.tracker = MetricTracker(self.model, probe_batch=probe_batch, metrics_device=self.metrics_device)
 
     def resume(self, checkpoint: dict) -> None:
         ours = checkpoint["attnid"]
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.batch_generator.set_state(ours["batch_generator"])
+        self.batches.set_generator_state(ours["batch_generator"])
         torch.set_rng_state(ours["torch_rng"])
         if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
         if self.tracker is not None:
             self.tracker.load_state_dict(ours["tracker"])
         self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
-        self.best_val_loss, self.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
+        self.best_val_loss, self.losses.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
         self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
-        _say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
+        say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
+        warning = loop.other_gpu_warning(ours.get("device_name"), self.device_name)
+        if warning is not None:
+            say(warning)
 
     def start_clocks(self) -> None:
         cfg, device = self.cfg, self.device
         self.started = self.last_row_time = self.last_progress = time.time()
         self.last_row_step = self.step
-        _say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
+        say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
              f"{device.type} ({'bf16 autocast' if device.type == 'cuda' else 'float32'}), {cfg.threads} thread(s), "
              f"{cfg.max_iters} steps -> {self.out}")
 
@@ -210,10 +182,11 @@ class Run:
             model_args=self.model_config.model_args(), iter_num=self.step, best_val_loss=self.best_val_loss,
             config=asdict(self.cfg),
             ours={"resume_key": self.key, "rows": self.rows, "summary": summary,
-                  "batch_generator": self.batch_generator.get_state(), "torch_rng": torch.get_rng_state(),
+                  "batch_generator": self.batches.generator_state(), "torch_rng": torch.get_rng_state(),
                   "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                   "tracker": self.tracker.state_dict() if self.tracker is not None else None,
-                  "first_loss": self.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at})
+                  "first_loss": self.losses.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
+                  "device_name": self.device_name})
 
     # ----- logging and evaluation -----------------------------------------------------
 
@@ -226,7 +199,7 @@ class Run:
         self.rows.append(row)
 
     def evaluate(self, row: dict) -> None:
-        losses = self.evaluator.losses(self.model, self.autocast)
+        losses = self.evaluator.losses(self.forward_model, self.autocast)
         row["eval_train_loss"], row["val_loss"] = losses["train"], losses["val"]
         self.best_val_loss = min(self.best_val_loss, losses["val"])
 
@@ -248,57 +221,70 @@ class Run:
         since = self.resumed_at[-1] if self.resumed_at else 0
         rate = (self.step - since) * self.tokens_per_step / max(now - self.started, 1e-9)
         eta = (self.cfg.max_iters - self.step) * self.tokens_per_step / max(rate, 1e-9)
-        _say(f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
-             f"eta {_format_duration(eta)}")
+        say(f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
+             f"eta {format_duration(eta)}")
 
     # ----- one step -------------------------------------------------------------------
 
-    def forward_backward(self, lr: float) -> tuple[float, float] | None:
-        """Loss and clipped gradient norm of the next batch; None (status 'diverged') on a bad loss."""
-        cfg, train_data = self.cfg, self.splits["train"]
+    def forward_backward(self, lr: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Loss and clipped gradient norm of the next batch, as device tensors. With ``sync`` (and at
+        step 1, for the first loss) the pending losses are read and checked first: None (status
+        'diverged') when one of them is bad, before this step's update."""
+        cfg = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        starts = random_starts(len(train_data), cfg.batch_size, cfg.block_size, self.batch_generator)
-        x, y = batch_from_starts(train_data, starts, cfg.block_size, self.device)
+        x, y = self.batches.next()
         with self.autocast():
-            _, loss = self.model(x, y)
-        loss_value = loss.item()
-        if self.first_loss is None:
-            self.first_loss = loss_value
-        threshold = cfg.diverge_threshold if cfg.diverge_threshold is not None else 3.0 * self.first_loss
-        if not math.isfinite(loss_value) or loss_value > threshold:
-            self.status, self.diverged_step, self.diverged_loss = "diverged", self.step + 1, loss_value
-            _say(f"loss {loss_value:.4g} at step {self.step + 1} (threshold {threshold:.4g}): run diverged")
+            _, loss = self.forward_model(x, y)
+        self.batches.prefetch()  # as nanoGPT: the host builds the next batch while the device computes
+        self.losses.add(self.step + 1, loss)
+        if (sync or self.losses.needs_first_loss) and not self.check_losses():
             return None
         loss.backward()
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        return loss_value, torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        return loss.detach(), torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+
+    def check_losses(self) -> bool:
+        """Read and check the pending losses (one host sync); False at the first bad one, which sets the
+        status, ``diverged_step``/``diverged_loss`` and ``step`` exactly as a check at every step would."""
+        bad = self.losses.check()
+        if bad is None:
+            return True
+        self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
+        self.step = self.diverged_step - 1  # the steps after it until this sync are not part of the record
+        say(f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold {self.losses.threshold():.4g}): "
+             f"run diverged")
+        return False
 
     def train_step(self) -> bool:
-        """One optimizer step with its measurements and row; False when the run diverged instead."""
+        """One optimizer step, with its measurements and row on log steps; False when the run diverged.
+
+        Steps without a row make no host sync: their loss waits in :attr:`losses`."""
         cfg = self.cfg
         lr = get_lr(self.step, cfg)
-        result = self.forward_backward(lr)
-        if result is None:
-            return False
-        loss_value, grad_norm = result
-        self.step += 1  # from here on, `step` counts the update being made: theta_{step-1} -> theta_step
-        step = self.step
+        step = self.step + 1  # the update being made: theta_{step-1} -> theta_step
         is_rebalance = self.case.rebalances and step % cfg.rebalance_every == 0
         is_eval = step % cfg.eval_every == 0 or step == cfg.max_iters
         is_row = step % cfg.log_every == 0 or is_eval or is_rebalance or step == cfg.max_iters
+        result = self.forward_backward(lr, sync=is_row)
+        if result is None:
+            return False
+        loss, grad_norm = result
+        self.step = step
         pre = self.tracker.snapshot(self.model) if is_row and cfg.metrics else None  # rho needs the pre-step weights
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm, "rebalanced": 0}
+        if not is_row:
+            return True
+        loss_value = loss.item()
+        row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm.item(), "rebalanced": 0}
         if is_rebalance:
             self.rebalance(row, pre)
-        elif is_row and cfg.metrics:
+        elif cfg.metrics:
             self.measure(row, pre)
         if is_eval:
             self.evaluate(row)
-        if is_row:
-            self.finish_row(row)
+        self.finish_row(row)
         self.report_progress(loss_value, lr)
         return True
 
@@ -328,10 +314,13 @@ class Run:
         save the periodic checkpoint otherwise."""
         cfg, step = self.cfg, self.step
         stop_requested = stop.signum is not None or (cfg.stop_after is not None and step == cfg.stop_after)
+        saving = step < cfg.max_iters and (stop_requested or step % cfg.ckpt_every == 0)
+        if saving and not self.check_losses():  # never checkpoint a run that has diverged since the last row
+            return None
         if stop_requested and step < cfg.max_iters:
             self.save_checkpoint()
             signum = stop.signum if stop.signum is not None else signal.SIGTERM
-            _say(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
+            say(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
                  f"rerun the same command to resume")
             return 128 + int(signum)
         if step % cfg.ckpt_every == 0 and step < cfg.max_iters:
@@ -353,6 +342,7 @@ class Run:
             "final_eval_step": last_eval.get("step"),
             "wall_time_s": self.wall_s(), "device": device.type,
             "dtype": "bfloat16" if device.type == "cuda" else "float32",
+            "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
             "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
             "initial_imbalance_scale": scale,
             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -360,20 +350,23 @@ class Run:
         }
 
     def finish(self) -> int:
+        self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)
-        _say(f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
+        say(f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
              f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, {self.out / rundir.RUN_FILE}")
         return 0
 
 
 def train(cfg: TrainConfig) -> int:
     """Run (or resume) one training run; returns the exit status (0 also for a diverged run)."""
+    if cfg.device != "cpu" and not torch.cuda.is_initialized():
+        gpu_slots.acquire_gpu_slot()  # before CUDA starts: this job's own GPU on a multi-GPU machine
     run = Run(cfg)
     checkpoint = run.load_checkpoint()
     if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
-        _say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
+        say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
              f"rewriting metrics.csv and run.json from it")
         rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
         return 0
@@ -385,12 +378,12 @@ def train(cfg: TrainConfig) -> int:
     if run.step == 0:
         run.log_initial_state()
     with StopSignals() as stop:
-        while run.step < cfg.max_iters:
-            if not run.train_step():
-                break
+        while run.step < cfg.max_iters and run.train_step():
             exit_status = run.stop_if_requested(stop)
             if exit_status is not None:
                 return exit_status
+            if run.status == "diverged":
+                break
     return run.finish()
 
 
