@@ -84,9 +84,9 @@ class TrainConfig:
     metrics_device: str = option("auto", "where the metrics' float64 linear algebra runs at a log step: host (copy "
                                          "the attention weights to the CPU threads), device (where the model "
                                          "trains) or auto (host when training on CUDA, else device) (default "
-                                         "auto)", metavar="WHERE", resume=False)
+                                         "auto)", metavar="WHERE")
     compile: bool | None = option(None, "torch.compile the model for training (default: on for CUDA, off on "
-                                        "the CPU); checkpoints keep nanoGPT's parameter names", resume=False)
+                                        "the CPU); checkpoints keep nanoGPT's parameter names")
     threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE")
     fresh: bool = option(False, "ignore an existing ckpt.pt in --out and start over", resume=False)
