@@ -48,6 +48,17 @@ def timed(fn) -> float:
     return 1e3 * (CLOCK() - start)
 
 
+def build_model(args) -> tuple[GPT, dict]:
+    """The GPT of the size the flags ask for, and that size (with the batch size)."""
+    size = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64) if args.paper else \
+        dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
+    size |= {key: value for key, value in vars(args).items() if key in size and value is not None}
+    torch.manual_seed(1337)
+    shape = {key: value for key, value in size.items() if key != "batch_size"}
+    return GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, n_kv_head=args.n_kv_head, rope=args.rope,
+                         **shape)), size
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -63,13 +74,8 @@ def main() -> None:
     parser.add_argument("--rope", action="store_true", help="rotary embeddings (RoPE-restricted query-key orbit)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    size = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64) if args.paper else \
-        dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
-    size |= {key: value for key, value in vars(args).items() if key in size and value is not None}
-    batch_size, block_size = size.pop("batch_size"), size["block_size"]
-
-    torch.manual_seed(1337)
-    model = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, n_kv_head=args.n_kv_head, rope=args.rope, **size))
+    model, size = build_model(args)
+    batch_size, block_size = size["batch_size"], size["block_size"]
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     batch = (torch.randint(0, 65, (batch_size, block_size), generator=gen),
