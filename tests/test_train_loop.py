@@ -181,6 +181,28 @@ def test_divergence_between_syncs_is_found_at_the_step_it_happened(prepared_data
     assert rows_tenth.train_loss.dropna().equals(rows_every.train_loss.loc[rows_tenth.train_loss.dropna().index])
 
 
+def test_prefetched_batches_are_the_batches_drawn_in_turn_and_resume_redraws_the_waiting_one():
+    import numpy as np
+
+    from attnid.batches import TrainBatches
+
+    data = np.arange(1000, dtype=np.uint16)
+    plain = TrainBatches(data, 4, 8, torch.device("cpu"), seed=3)
+    expected = [plain.next() for _ in range(5)]
+    ahead = TrainBatches(data, 4, 8, torch.device("cpu"), seed=3)
+    drawn = []
+    for index in range(5):
+        drawn.append(ahead.next())
+        ahead.prefetch()  # what the loop does right after the forward pass
+        if index == 2:  # a checkpoint here: the state from before the waiting batch was drawn
+            resumed = TrainBatches(data, 4, 8, torch.device("cpu"), seed=99)
+            resumed.set_generator_state(ahead.generator_state())
+            assert torch.equal(resumed.next()[0], expected[3][0])
+    for (x, y), (x_expected, y_expected) in zip(drawn, expected):
+        assert torch.equal(x, x_expected) and torch.equal(y, y_expected)
+    assert torch.equal(drawn[0][1][:, :-1], drawn[0][0][:, 1:])  # targets are the inputs shifted by one
+
+
 def test_resume_between_rows_is_exact_with_prefetch(prepared_data_dir, tmp_path):
     """Stopped at step 13 (no row there: a prefetched batch and unread losses are pending) and resumed."""
     flags = ["--case", "adamw", "--dropout", "0.1", "--max-iters", "30", "--log-every", "10", "--eval-every", "10",
