@@ -249,6 +249,20 @@ def test_train_takes_a_gpu_slot_unless_on_the_cpu(prepared_data_dir, tmp_path, m
     assert bool(taken) == acquires
 
 
+def test_resume_on_another_gpu_model_prints_one_warning(prepared_data_dir, tmp_path, monkeypatch, capsys):
+    """The device name travels in the checkpoint (faked here: on the CPU it is None and nothing is said)."""
+    flags = ["--max-iters", "6", "--log-every", "3", "--no-metrics"]
+    out = tmp_path / "requeued"
+    monkeypatch.setattr(loop, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    assert train(prepared_data_dir, out, *flags, "--stop-after", "3") == 128 + signal.SIGTERM
+    assert torch.load(out / "ckpt.pt", weights_only=True)["attnid"]["device_name"] == "NVIDIA A100-SXM4-80GB"
+    capsys.readouterr()
+    monkeypatch.setattr(loop, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert train(prepared_data_dir, out, *flags) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "A100" in warnings[0] and "H100" in warnings[0]
+
+
 def test_resume_on_another_gpu_model_warns():
     assert loop.other_gpu_warning("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB") is None
     assert loop.other_gpu_warning(None, None) is None and loop.device_name(torch.device("cpu")) is None
