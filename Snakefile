@@ -30,6 +30,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/theory.smk"
 include: "workflow/rules/train.smk"
+include: "workflow/rules/edits.smk"
 include: "workflow/rules/report.smk"
 
 

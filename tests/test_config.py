@@ -47,7 +47,8 @@ def test_schema_options_are_train_options_of_the_same_type(repo_root):
     assert set(options) <= set(config.option_names()), set(options) - set(config.option_names())
     for name, spec in options.items():
         if "enum" in spec:
-            allowed = {"rebalance_target": config.REBALANCE_TARGETS, "device": config.DEVICES}[name]
+            allowed = {"rebalance_target": config.REBALANCE_TARGETS, "device": config.DEVICES,
+                       "dtype": config.DTYPES}[name]
             assert tuple(spec["enum"]) == allowed, name
         else:
             assert spec["type"] == JSON_TYPES[config.option_type(name)], name

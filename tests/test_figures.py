@@ -110,3 +110,81 @@ def test_sgd_wd_prediction_scale_comes_from_run_json(tmp_path):
     with pytest.raises(UserError, match="initial_imbalance_scale"):
         figures._overlay_sgd_wd_prediction(ax, older, "qk")
     plt.close(fig)
+
+
+def _captured(monkeypatch):
+    """Keep the figures that make_figures' drawing functions would save."""
+    kept = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: kept.append(fig) or [])
+    return kept
+
+
+def _texts(ax) -> list[str]:
+    return [text.get_text() for text in ax.texts]
+
+
+def test_round_off_series_in_the_sweep_are_a_floor_band_never_a_fit():
+    lrs = np.array([0.01, 0.1, 1.0])
+    sweep = pd.DataFrame({"optimizer": "sgd", "lr": lrs, "status": "ok", "dtype": "float32",
+                          "beta_qk_final": [1e-8, 3e-8, 2e-8], "beta_ov_final": lrs ** 2,
+                          "rho_qk_mean": [2e-9, 1e-9, 5e-10], "rho_ov_mean": 1e-9, "final_val_loss": 2.0})
+    fig = figures.draw_sweep(sweep, tables.sweep_slopes_table(sweep))
+    beta_qk, beta_ov, rho_qk = fig.axes[:3]
+    for ax in (beta_qk, rho_qk):  # float32 round-off: no points, no fitted line, no slope label
+        assert not ax.get_lines(), [line.get_label() for line in ax.get_lines()]
+        assert _texts(ax) == ["float32 round-off: SGD"]
+    assert "slope 2.00" in _texts(beta_ov) and len(beta_ov.get_lines()) == 2  # data and its fit
+    figures._pyplot().close(fig)
+
+
+def test_the_float64_sgd_sweep_shows_the_slope_of_both_circuits(tmp_path):
+    runs_dir, sweep_dir = write_study(tmp_path)
+    frames = tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")
+    fig = figures.draw_sweep(frames["sweep"], frames["sweep_slopes"])
+    assert "slope 2.00" in _texts(fig.axes[0]) and "slope 2.00" in _texts(fig.axes[1])
+    assert "float64 round-off: SGD" in _texts(fig.axes[2])  # mean rho of the float64 sweep: 1e-27
+    figures._pyplot().close(fig)
+
+
+def test_figure_2_marks_round_off_rho_as_a_band(tmp_path, monkeypatch):
+    runs_dir, _ = write_study(tmp_path)
+    kept = _captured(monkeypatch)
+    figures.figure_training(rundir.load_runs_by_case(runs_dir), tmp_path)
+    (fig,) = kept
+    rho_qk, rho_ov = fig.axes[1:3]
+    assert "SGD" not in [line.get_label() for line in rho_qk.get_lines()]
+    assert "AdamW" in [line.get_label() for line in rho_qk.get_lines()]
+    assert _texts(rho_qk) == ["float64 round-off: SGD"]
+    # the synthetic float32 AdamW runs log rho_ov = 1e-9: float32 round-off, a band of its own
+    assert _texts(rho_ov) == ["float64 round-off: SGD", "float32 round-off: AdamW, AdamW + rebalancing"]
+    assert "AdamW" not in [line.get_label() for line in rho_ov.get_lines()]
+
+
+def test_figure_3_splits_beta_with_the_sgd_wd_prediction_on_its_first_order_part(tmp_path, monkeypatch):
+    runs_dir, _ = write_study(tmp_path)
+    runs = rundir.load_runs_by_case(runs_dir)
+    kept = _captured(monkeypatch)
+    figures.figure_conservation(runs, tmp_path)
+    (fig,) = kept
+    grid = np.array(fig.axes).reshape(3, len(runs))
+    columns = list(runs)
+    sgd_qk, sgd_wd_qk = grid[0][columns.index("sgd")], grid[0][columns.index("sgd_wd")]
+    assert sgd_qk.get_title() == "SGD" and sgd_qk.get_yscale() == "log"
+    assert "float64 round-off: drift1" in _texts(sgd_qk)  # SGD's first-order part sits at the floor
+    styles = {line.get_linestyle() for line in sgd_qk.get_lines()}
+    assert {"-", "--", ":"} <= styles  # beta, drift1, drift2
+    predicted = [line for line in sgd_wd_qk.get_lines() if line.get_color() == figures.PREDICTION_COLOR]
+    assert len(predicted) == 1
+    drift1 = runs["sgd_wd"][0][1]["drift1_pred_qk"]
+    np.testing.assert_allclose(predicted[0].get_ydata(), drift1[drift1 > 0].to_numpy(), rtol=1e-12)
+
+
+def test_pdfs_embed_truetype_not_type3_fonts(tmp_path):
+    plt = figures._pyplot()
+    assert plt.rcParams["pdf.fonttype"] == 42 and plt.rcParams["ps.fonttype"] == 42
+    fig, ax = plt.subplots()
+    ax.set_title(r"$\beta_{QK}$ and text")
+    (pdf,) = [p for p in figures.save_figure(fig, tmp_path, "fonts") if p.suffix == ".pdf"]
+    plt.close(fig)
+    content = pdf.read_bytes()
+    assert b"/Type3" not in content and b"/CIDFontType2" in content  # embedded TrueType

@@ -48,7 +48,7 @@ def test_explore_notebook_runs_on_the_smoke_outputs(ipywidgets, tmp_path_factory
     drawn = next(text for text in outputs if "cases drawn from" in text)
     assert drawn.startswith("3 cases drawn from 10 runs"), drawn  # smoke: 5 cases x 2 seeds, 3 chosen
     claims_cell = notebook.cells[3]
-    assert "rho_qk sgd max" in str(claims_cell.outputs)
+    assert "E1 sgd rho max" in str(claims_cell.outputs)
 
     last_cell = notebook.cells[-1].outputs
     shown = [output for output in last_cell if WIDGET_VIEW in output.get("data", {})]

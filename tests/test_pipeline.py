@@ -77,10 +77,26 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     cases = pd.read_csv(smoke_dir / f"{SMOKE}/tables/cases.csv")
     assert cases.set_index("case")["n_seeds"].to_dict() == {c: len(config["seeds"]) for c in config["cases"]}
     claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv")
-    assert len(claims) == 5 and set(claims["result"]) <= {"pass", "fail", "missing"}
+    assert len(claims) == 10 and set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]
     assert (adamw["rho_qk_mean"] > 1e-3).all()
+
+
+@pytest.mark.slow
+def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
+    """The smoke config trains sgd, sgd_wd and the SGD sweep in float64: E1 and E2 hold as identities there."""
+    config = smoke_config()
+    assert all(config["cases"][case]["dtype"] == "float64" for case in ("sgd", "sgd_wd"))
+    assert config["sweep"]["sgd"]["dtype"] == "float64"
+    claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv").set_index("claim")
+    assert (claims["result"] == "pass").all(), claims[["measured", "dtype", "result"]]
+    assert (claims.loc[claims.index.str.startswith("E1"), "dtype"] == "float64").all()
+    runs = pd.read_csv(smoke_dir / f"{SMOKE}/tables/runs.csv")
+    assert set(runs.loc[runs["case"].isin(["sgd", "sgd_wd"]), "dtype"]) == {"float64"}
+    assert set(runs.loc[runs["case"] == "adamw", "dtype"]) == {"float32"}
+    sgd = pd.read_csv(smoke_dir / f"{SMOKE}/runs/sgd/seed{config['seeds'][0]}/metrics.csv")
+    assert {"drift1_qk", "drift2_ov", "closure_qk"} <= set(sgd.columns)
 
 
 @pytest.mark.slow

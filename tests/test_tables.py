@@ -39,7 +39,10 @@ def test_per_run_summary_is_exact(study):
     runs = frames["runs"]
     assert len(runs) == 12
     sgd0 = runs[(runs["case"] == "sgd") & (runs["seed"] == 0)].iloc[0]
-    assert sgd0["rho_qk_mean"] == pytest.approx(1e-9) and sgd0["rho_qk_max"] == pytest.approx(1e-9)
+    assert sgd0["rho_qk_mean"] == pytest.approx(1e-27) and sgd0["rho_qk_max"] == pytest.approx(1e-27)
+    assert sgd0["dtype"] == "float64" and sgd0["closure_max"] == pytest.approx(1e-16)
+    assert sgd0["drift1_ov_final"] == pytest.approx(2e-17) and sgd0["drift2_ov_final"] == pytest.approx(2e-3)
+    assert sgd0["drift_ratio_qk_final"] == pytest.approx(1e-14) and sgd0["drift_ratio_ov_final"] == pytest.approx(1e-14)
     assert sgd0["beta_qk_final"] == pytest.approx(1e-3) and sgd0["beta_ov_final"] == pytest.approx(2e-3)
     assert sgd0["tau_max"] == pytest.approx(1e-7) and sgd0["tau_logits_max"] == pytest.approx(3e-7)
     assert sgd0["mu_qk_final"] == pytest.approx(0.1) and sgd0["final_val_loss"] == pytest.approx(1.0)
@@ -74,20 +77,58 @@ def test_sweep_table_marks_diverged_points_and_fits_slopes(study):
 def test_claims_pass_on_a_study_that_shows_them(study):
     claims = study[0]["claims"].set_index("claim")
     assert (claims["result"] == "pass").all(), claims[["measured", "result"]]
-    assert claims.loc["rho_qk sgd max < 1e-6", "measured"] == pytest.approx(3e-9)
-    assert claims.loc["rho_qk adamw mean > 1e-2", "measured"] == pytest.approx(0.05)
-    assert claims.loc["sgd beta slope in [1.6, 2.4]", "measured"] == pytest.approx(2.0)
+    assert claims.loc["E1 sgd drift1/drift2 < 1e-9", "measured"] == pytest.approx(3e-14)
+    assert claims.loc["E1 sgd rho max < 1e-20", "measured"] == pytest.approx(3e-27)
+    assert claims.loc["E1 sgd sweep beta_qk slope in [1.8, 2.2]", "measured"] == pytest.approx(2.0)
+    assert claims.loc["E1 sgd sweep beta_ov slope in [1.8, 2.2]", "measured"] == pytest.approx(2.0)
+    assert claims.loc["E2 sgd_wd drift1 = prediction (rel. error < 1e-6)", "measured"] == pytest.approx(3e-12)
+    assert claims.loc["E2 adamw drift1/drift2 > 10", "measured"] == pytest.approx(20.0)
+    assert claims.loc["E2 rho_qk adamw mean > 1e-2", "measured"] == pytest.approx(0.05)
+    assert claims.loc["drift split closes: closure < 1e-10", "measured"] == pytest.approx(1e-16)
+    # each claim names the precision of the runs it read
+    assert claims.loc["E1 sgd rho max < 1e-20", "dtype"] == "float64"
+    assert claims.loc["E1 sgd sweep beta_ov slope in [1.8, 2.2]", "dtype"] == "float64"
+    assert claims.loc["E2 adamw drift1/drift2 > 10", "dtype"] == "float32"
+    assert claims.loc["drift split closes: closure < 1e-10", "dtype"] == "float32+float64"
+
+
+def test_round_off_claims_on_float32_runs_are_not_applicable(tmp_path):
+    """float32 cannot resolve E1's and E2's identities at their thresholds: neither pass nor fail."""
+    runs_dir, sweep_dir = write_study(tmp_path, sgd_dtype="float32")
+    claims = tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")["claims"].set_index("claim")
+    float64_only = ["E1 sgd drift1/drift2 < 1e-9", "E1 sgd rho max < 1e-20", "E1 sgd sweep beta_qk slope in [1.8, 2.2]",
+                    "E1 sgd sweep beta_ov slope in [1.8, 2.2]", "E2 sgd_wd drift1 = prediction (rel. error < 1e-6)"]
+    assert (claims.loc[float64_only, "result"] == tables.NOT_APPLICABLE).all(), claims.loc[float64_only]
+    assert (claims.loc[float64_only, "dtype"] == "float32").all()
+    others = claims.drop(index=float64_only)
+    assert (others["result"] == "pass").all(), others[["measured", "result"]]
+    assert pd.read_csv(tmp_path / "tables" / "claims.csv").set_index("claim").loc[
+        "E1 sgd rho max < 1e-20", "result"] == "not applicable (dtype)"
+
+
+def test_runs_from_before_the_dtype_field_read_as_their_devices_default():
+    assert tables.run_dtype({"device": "cpu"}) == "float32"
+    assert tables.run_dtype({"device": "cuda"}) == "bf16"
+    assert tables.run_dtype({"device": "cuda", "dtype": "bfloat16"}) == "bf16"
+    assert tables.run_dtype({"device": "cpu", "dtype": "float64"}) == "float64"
+    assert tables.resolves("float64", tables.FLOAT64_ONLY) and not tables.resolves("float32+float64",
+                                                                                  tables.FLOAT64_ONLY)
+    assert not tables.resolves("", tables.FLOAT64_ONLY) and tables.resolves("bf16", None)
 
 
 def test_claims_fail_or_go_missing_when_the_runs_do_not_show_them(tmp_path):
     runs = tmp_path / "runs"
-    write_run(runs / "sgd" / "seed0", "sgd", 0, 0.5, rho_qk=1e-3, tau=1e-3)
+    write_run(runs / "sgd" / "seed0", "sgd", 0, 0.5, rho_qk=1e-3, tau=1e-3, drift1=1e-4, drift2=1e-3,
+              closure=1e-8)
     frames = tables.write_tables(runs, tmp_path / "no_sweep", tmp_path / "out")
     result = frames["claims"].set_index("claim")["result"]
-    assert result["rho_qk sgd max < 1e-6"] == "fail"
-    assert result["tau max < 1e-5"] == "fail"
-    assert result["sgd beta slope in [1.6, 2.4]"] == "missing"
-    assert result["rho_qk adamw mean > 1e-2"] == "missing"
+    assert result["E1 sgd rho max < 1e-20"] == "fail"
+    assert result["E1 sgd drift1/drift2 < 1e-9"] == "fail"
+    assert result["drift split closes: closure < 1e-10"] == "fail"
+    assert result["E3 tau max < 1e-5"] == "fail"
+    assert result["E1 sgd sweep beta_qk slope in [1.8, 2.2]"] == "missing"
+    assert result["E2 rho_qk adamw mean > 1e-2"] == "missing"
+    assert result["E2 sgd_wd drift1 = prediction (rel. error < 1e-6)"] == "missing"
 
 
 def test_diverged_main_run_is_listed_but_not_averaged(tmp_path):

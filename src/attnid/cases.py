@@ -28,6 +28,9 @@ class Case:
     default_lr: float     # peak learning rate when --lr is not given
     make_optimizer: OptimizerFactory
     rebalances: bool = False  # moves the attention pairs along their orbits every --rebalance-every steps (E3)
+    # plain SGD with coupled L2 decay (--weight-decay), no momentum: its first-order imbalance drift is
+    # predicted exactly, L_t = -2 lr_t wd I_t (docs/design.md §7), and logged as drift1_pred_*
+    coupled_weight_decay: bool = False
     color: str = "gray"
     linestyle: str = "-"
     marker: str = "o"
@@ -110,7 +113,7 @@ register(Case("sgd", "SGD", "plain SGD, no momentum, no weight decay: the imbala
               0.1, sgd, color="#0072B2", linestyle="-", marker="o"))
 register(Case("sgd_wd", "SGD + weight decay",
               "SGD with coupled L2 weight decay (--weight-decay) on matrices and embeddings (E2)",
-              0.1, sgd_weight_decay, color="#D55E00", linestyle="--", marker="s"))
+              0.1, sgd_weight_decay, coupled_weight_decay=True, color="#D55E00", linestyle="--", marker="s"))
 register(Case("sgd_momentum", "SGD + momentum", "SGD with heavy-ball momentum (--momentum, 0.9), no weight decay",
               0.01, sgd_momentum, color="#CC79A7", linestyle="-.", marker="^"))
 register(Case("adamw", "AdamW",

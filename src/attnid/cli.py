@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prune-biases": ("attnid.edits", "zero the key biases and fold the value biases into the output bias "
                                       "(exact), for nanoGPT and Hugging Face GPT-2 checkpoints"),
     "balance": ("attnid.edits", "move every attention factor pair to balance (mu = 0) without changing the function"),
+    "edits-table": ("attnid.edits_table", "gather prune-biases and balance reports into prune.csv and prune.tex"),
     "verify": ("attnid.nullity", "check every closed form against the numerical nullity of a Jacobian"),
     "appendix": ("attnid.latex", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.tables", "gather run logs into per-run, per-case and LR-sweep tables"),

@@ -24,6 +24,8 @@ from attnid.errors import UserError
 REBALANCE_TARGETS = ("initial", "balanced")
 METRICS_DEVICES = ("auto", "host", "device")
 DEVICES = ("auto", "cpu", "cuda")
+# --dtype: the training precision (attnid.precision; kept here so that config stays torch-free)
+DTYPES = ("auto", "bf16", "float32", "float64")
 
 
 def option(default, help: str | None, *, metavar: str | None = None, bound: str | None = None,
@@ -89,6 +91,8 @@ class TrainConfig:
                                         "the CPU); checkpoints keep nanoGPT's parameter names")
     threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE")
+    dtype: str = option("auto", "training precision: auto (float32 on CPU, bf16 on CUDA), bf16 (CUDA autocast, "
+                                "TF32), float32 (true float32, TF32 off) or float64 (default auto)", metavar="DTYPE")
     fresh: bool = option(False, "ignore an existing ckpt.pt in --out and start over", resume=False)
     # test hook: behave as if SIGTERM arrived after this step
     stop_after: int | None = option(None, None, resume=False)
@@ -213,6 +217,8 @@ def resolve_config(values: dict) -> TrainConfig:
         raise UserError(f"unknown --rebalance-target {cfg.rebalance_target!r}: choose initial or balanced")
     if cfg.device not in DEVICES:
         raise UserError(f"unknown --device {cfg.device!r}: choose auto, cpu or cuda")
+    if cfg.dtype not in DTYPES:
+        raise UserError(f"unknown --dtype {cfg.dtype!r}: choose {', '.join(DTYPES)}")
     if cfg.lr is None:
         cfg.lr = case.default_lr
     _check_bounds(cfg)

@@ -7,10 +7,15 @@
    number of heads; closed forms for MHA, GQA and RoPE (``attnid.counts``), the
    measured Jacobian nullity points, real architectures marked.
 2. Loss and ρ vs step for every optimizer case (E1, E2): mean over seeds, band = min..max.
-3. β and μ vs step (E1-E3), with the SGD + weight-decay prediction of docs/design.md §3,
-   ``I_t ≈ Π_s (1 - lr_s λ)^2 I_0``, overlaid; rebalancing shows as a sawtooth.
-4. LR sweep: final β and mean ρ vs lr (log-log, fitted slopes annotated), final
-   val loss vs lr; diverged points marked with a cross at the top of the panel.
+3. Per case, β split exactly into its first- and second-order parts (drift1, drift2,
+   docs/design.md §7), with the SGD + weight-decay prediction overlaid on the first-order
+   part; rebalancing shows as a sawtooth; μ per case below (E1-E3).
+4. LR sweep: final β (both circuits) and mean ρ vs lr (log-log, fitted slopes
+   annotated), final val loss vs lr; diverged points marked with a cross at the top.
+
+A series at numerical round-off (:func:`at_round_off`: its largest value below 10x the
+round-off floor of its runs' training precision) is never drawn as data in Figures 2 and
+4, and never fitted: a labelled floor band marks where it sits instead.
 
 Each is written as PNG and PDF. Only the Agg backend is used (no display needed).
 """
@@ -27,7 +32,7 @@ from attnid.errors import UserError
 from attnid.files import atomic_path
 from attnid.cases import CASES
 from attnid.rundir import initial_imbalance_scale, load_runs_by_case
-from attnid.tables import add_run_selection_arguments, check_run_selection
+from attnid.tables import add_run_selection_arguments, check_run_selection, run_dtype
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
 STYLE = {
@@ -48,9 +53,18 @@ STYLE = {
     "axes.spines.right": False,
     "lines.linewidth": 1.4,
     "lines.markersize": 4,
+    # TrueType (Type 42) fonts in PDF/PS: no Type 3 fonts in the appendix PDF
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
 }
 PREDICTION_COLOR = "#777777"  # black is a case colour
 BAND_ALPHA = 0.2
+FLOOR_COLOR = "#BBBBBB"
+# Relative round-off floor of a quantity computed from weights trained in each precision
+# (about the unit round-off: float32 ~1e-7, float64 ~1e-16).
+ROUND_OFF_FLOOR = {"float64": 1e-16, "float32": 1e-7, "fp16": 1e-3, "bf16": 1e-2}
+# A series whose largest value is below this many floors is round-off, not data.
+ROUND_OFF_MARGIN = 10.0
 PANEL_WIDTH = 3.6   # inches per panel
 PANEL_HEIGHT = 2.9
 
@@ -111,6 +125,45 @@ def plot_band(ax, band: pd.DataFrame, color: str, label: str | None, **line_kwar
         return
     ax.plot(band["step"], band["mean"], color=color, label=label, **line_kwargs)
     ax.fill_between(band["step"], band["min"], band["max"], color=color, alpha=BAND_ALPHA, linewidth=0)
+
+
+def coarsest_dtype(dtypes) -> str:
+    """The precision with the highest round-off floor among ``dtypes`` (``float32`` when none is known)."""
+    known = [d for d in dtypes if d in ROUND_OFF_FLOOR]
+    return max(known, key=ROUND_OFF_FLOOR.get) if known else "float32"
+
+
+def at_round_off(values, dtype: str) -> bool:
+    """Whether a relative quantity is numerical round-off for runs trained in ``dtype``: its largest
+    finite value is below ``ROUND_OFF_MARGIN`` times the dtype's floor (all zero counts as round-off)."""
+    values = pd.to_numeric(pd.Series(values, dtype=float), errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
+    if not len(values):
+        return False
+    return float(values.abs().max()) < ROUND_OFF_MARGIN * ROUND_OFF_FLOOR[dtype]
+
+
+def draw_floor_bands(ax, floors: dict[str, list[str]]) -> None:
+    """One labelled band per precision, floor/10 .. 10 x floor, naming the series at its round-off
+    (on a log y axis, extended down to show the whole band)."""
+    from matplotlib.transforms import blended_transform_factory
+
+    for dtype, labels in floors.items():
+        if not labels:
+            continue
+        floor = ROUND_OFF_FLOOR[dtype]
+        ax.set_yscale("log")
+        bottom, top = ax.get_ylim()
+        ax.set_ylim(min(bottom, floor / ROUND_OFF_MARGIN / 3), top)
+        ax.axhspan(floor / ROUND_OFF_MARGIN, floor * ROUND_OFF_MARGIN, color=FLOOR_COLOR, alpha=0.35, linewidth=0,
+                   zorder=0)
+        ax.text(0.02, floor * ROUND_OFF_MARGIN, f"{dtype} round-off: {', '.join(dict.fromkeys(labels))}",
+                transform=blended_transform_factory(ax.transAxes, ax.transData), fontsize=6, color="#555555",
+                va="bottom", ha="left")
+
+
+def runs_dtype(runs: list[tuple[dict, pd.DataFrame]]) -> str:
+    """The coarsest training precision of a case's runs (run.json ``dtype``)."""
+    return coarsest_dtype([run_dtype(info) for info, _ in runs])
 
 
 def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
@@ -216,6 +269,7 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     """Figure 2 (E1, E2): loss and ρ (QK, OV) vs step for every case."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
+    floors = {circuit: {dtype: [] for dtype in ROUND_OFF_FLOOR} for circuit in ("qk", "ov")}
     for case, case_runs in runs.items():
         style = case_style(case)
         plot_band(axes[0], seed_band(case_runs, "train_loss"), style["color"], style["label"], alpha=0.8,
@@ -223,9 +277,16 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
         val = seed_band(case_runs, "val_loss")
         if not val.empty:
             axes[0].plot(val["step"], val["mean"], style["marker"], color=style["color"], markersize=3)
+        dtype = runs_dtype(case_runs)
         for ax, circuit in zip(axes[1:], ("qk", "ov")):
+            rho = seed_band(case_runs, f"rho_{circuit}")
+            if at_round_off(rho["max"], dtype):  # round-off is marked, not drawn as data
+                floors[circuit][dtype].append(style["label"])
+                continue
             plot_band(ax, seed_band(case_runs, f"rho_{circuit}", positive=True), style["color"], style["label"],
                       linestyle=style["linestyle"])
+    for ax, circuit in zip(axes[1:], ("qk", "ov")):
+        draw_floor_bands(ax, floors[circuit])
     axes[0].set_ylabel("loss (line: train batch, dots: val)")
     axes[0].set_title("loss")
     for ax, circuit in zip(axes[1:], ("QK", "OV")):
@@ -241,9 +302,16 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
 
 
 def _figure_legend(fig, ax, ncol: int = 6) -> None:
-    """One legend for the whole figure, below the panels, without repeated labels."""
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
+    """One legend for the whole figure, below the panels, without repeated labels (``ax``'s first,
+    then any other panel's: a series drawn as a round-off band is absent from its panel)."""
+    unique = {}
+    for axis in [ax] + [other for other in fig.axes if other is not ax]:
+        handles, labels = axis.get_legend_handles_labels()
+        for handle, label in zip(handles, labels):
+            unique.setdefault(label, handle)
+    if not unique:
+        fig.tight_layout()
+        return
     fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=min(len(unique), ncol),
                bbox_to_anchor=(0.5, -0.08))
     fig.tight_layout()
@@ -252,29 +320,56 @@ def _figure_legend(fig, ax, ncol: int = 6) -> None:
 # ---------------------------------------------------------------------------- figure 3
 
 def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
-    """Figure 3 (E1-E3): β and μ vs step, with the SGD + weight-decay prediction."""
+    """Figure 3 (E1-E3): per case (columns), β_QK and β_OV split into drift1 + drift2, and μ."""
+    from matplotlib.lines import Line2D
+
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT), sharex=True)
-    for case, case_runs in runs.items():
+    n_cases = max(len(runs), 1)
+    fig, axes = plt.subplots(3, n_cases, figsize=(n_cases * 0.8 * PANEL_WIDTH + 0.4, 2.6 * PANEL_HEIGHT),
+                             sharex="col", squeeze=False)
+    for column, (case, case_runs) in enumerate(runs.items()):
         style = case_style(case)
-        for column, (ax_beta, ax_mu) in zip(("qk", "ov"), axes.T):
-            line = {"linestyle": style["linestyle"]}
-            plot_band(ax_beta, seed_band(case_runs, f"beta_{column}", positive=True), style["color"], style["label"],
-                      **line)
-            plot_band(ax_mu, seed_band(case_runs, f"mu_{column}"), style["color"], style["label"], **line)
-    for column, ax in zip(("qk", "ov"), axes[0]):
-        _overlay_sgd_wd_prediction(ax, runs.get("sgd_wd", []), column)
-    for column, ax_beta, ax_mu in zip(("QK", "OV"), axes[0], axes[1]):
-        ax_beta.set_yscale("log")
-        ax_beta.set_title(rf"$\beta_{{{column}}}$: drift of the conserved imbalance")
-        ax_beta.set_ylabel(rf"$\beta_{{{column}}}$")
-        ax_mu.set_title(rf"$\mu_{{{column}}}$: excess norm on the orbit")
-        ax_mu.set_ylabel(rf"$\mu_{{{column}}}$")
+        for row, circuit in enumerate(("qk", "ov")):
+            _draw_drift_split(axes[row][column], case, case_runs, circuit)
+        ax_mu = axes[2][column]
+        for circuit, linestyle in (("qk", "-"), ("ov", "--")):
+            plot_band(ax_mu, seed_band(case_runs, f"mu_{circuit}"), style["color"], None, linestyle=linestyle)
+        axes[0][column].set_title(style["label"], color=style["color"])
         ax_mu.set_xlabel("step")
-    _figure_legend(fig, axes[0][0], ncol=3)
+    for row, label in enumerate((r"$\beta_{QK}$ and its parts", r"$\beta_{OV}$ and its parts",
+                                 r"$\mu_{QK}$ (solid), $\mu_{OV}$ (dashed)")):
+        axes[row][0].set_ylabel(label)
+    handles = [Line2D([], [], color="black", linestyle="-", label=r"$\beta$ = drift of $I$"),
+               Line2D([], [], color="black", linestyle="--", label="first-order part (drift1)"),
+               Line2D([], [], color="black", linestyle=":", label="second-order part (drift2)"),
+               Line2D([], [], color=PREDICTION_COLOR, linestyle="-", linewidth=3, alpha=0.6,
+                      label=r"SGD + wd prediction of drift1: $\|\sum_s -2\eta_s\lambda I_s\|/N_0$"),
+               plt.Rectangle((0, 0), 1, 1, color=FLOOR_COLOR, alpha=0.35, label="round-off floor of the run's dtype")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.06))
+    fig.tight_layout()
     paths = save_figure(fig, out_dir, "fig3")
     plt.close(fig)
     return paths
+
+
+def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
+    """β and its exact parts for one case and circuit (log scale); parts at round-off sit on a floor band."""
+    style = case_style(case)
+    dtype = runs_dtype(case_runs)
+    plot_band(ax, seed_band(case_runs, f"beta_{circuit}", positive=True), style["color"], None, linestyle="-")
+    floors = {dtype: []}
+    for order, linestyle in ((1, "--"), (2, ":")):
+        band = seed_band(case_runs, f"drift{order}_{circuit}", positive=True)
+        plot_band(ax, band, style["color"], None, linestyle=linestyle)
+        if not band.empty and at_round_off(band["max"], dtype):
+            floors[dtype].append(f"drift{order}")
+    prediction = seed_band(case_runs, f"drift1_pred_{circuit}", positive=True)
+    if not prediction.empty:  # the prediction from the run's own imbalances (docs/design.md §7)
+        ax.plot(prediction["step"], prediction["mean"], color=PREDICTION_COLOR, linewidth=3, alpha=0.6, zorder=1)
+    elif CASES.get(case) is not None and CASES[case].coupled_weight_decay:
+        _overlay_sgd_wd_prediction(ax, case_runs, circuit)  # runs without drift columns: the closed form
+    draw_floor_bands(ax, floors)
+    ax.set_yscale("log")
 
 
 def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
@@ -318,19 +413,25 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT))
     axes = axes.ravel()
-    # both circuits' beta: the O(lr^2) claim is read off beta_OV, since SGD's beta_QK sits at the
-    # float32 round-off floor in the short small-lr sweep (README, "pipeline")
+    # both circuits' beta carry the O(lr^2) claim (the SGD sweep trains in float64, where beta_QK is data)
     panels = [("beta_qk_final", r"final $\beta_{QK}$", True), ("beta_ov_final", r"final $\beta_{OV}$", True),
               ("rho_qk_mean", r"mean $\rho_{QK}$", True), ("final_val_loss", "final val loss", False)]
+    floors = [{dtype: [] for dtype in ROUND_OFF_FLOOR} for _ in panels]
     for optimizer, group in sweep.groupby("optimizer", sort=False):
         style = case_style(optimizer)
         group = group.sort_values("lr")
         done = group[group["status"] != "diverged"]
         diverged = group[group["status"] == "diverged"]
-        for ax, (column, _, log_y) in zip(axes, panels):
-            ax.plot(done["lr"], done[column], marker=style["marker"], linestyle=style["linestyle"],
-                    color=style["color"], label=style["label"])
-            if log_y:
+        listed = done["dtype"].dropna().astype(str) if "dtype" in done else []
+        dtype = coarsest_dtype([name for value in listed for name in value.split("+")])
+        for ax, floor, (column, _, log_y) in zip(axes, floors, panels):
+            rounded = log_y and at_round_off(done[column], dtype)
+            if rounded:  # round-off: a floor band, no points, no fit
+                floor[dtype].append(style["label"])
+            else:
+                ax.plot(done["lr"], done[column], marker=style["marker"], linestyle=style["linestyle"],
+                        color=style["color"], label=style["label"])
+            if log_y and not rounded:
                 fit = slopes[(slopes["optimizer"] == optimizer) & (slopes["quantity"] == column)]
                 if len(fit) and np.isfinite(fit["slope"].iloc[0]):
                     slope, intercept = float(fit["slope"].iloc[0]), float(fit["intercept"].iloc[0])
@@ -344,7 +445,8 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
                 ax.plot(diverged["lr"], np.full(len(diverged), 0.97), "x", color=style["color"], markersize=7,
                         markeredgewidth=1.8, transform=ax.get_xaxis_transform(), clip_on=False,
                         label=f"{style['label']}: diverged")
-    for ax, (column, label, log_y) in zip(axes, panels):
+    for ax, floor, (column, label, log_y) in zip(axes, floors, panels):
+        draw_floor_bands(ax, floor)
         ax.set_xscale("log")
         if log_y:
             ax.set_yscale("log")

@@ -177,7 +177,7 @@ def find_template_dir(explicit: str | os.PathLike | None = None):
 # ---------------------------------------------------------------------------------------------
 # attnid appendix
 
-EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex")
+EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune.tex: attnid edits-table
 # One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.
 LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
 # The figures of `attnid figures`, in order; each has its caption in templates/captions/<name>.rst.
@@ -316,7 +316,8 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
-                        help="folder with runs.tex, cases.tex, sweep.tex to include verbatim (those that exist)")
+                        help="folder with runs.tex, cases.tex, sweep.tex, prune.tex to include verbatim "
+                             "(those that exist)")
     parser.add_argument("--figures", default=None,
                         help=f"folder with {', '.join(name + '.pdf' for name in FIGURES)} to include")
     parser.add_argument("--templates", default=None,

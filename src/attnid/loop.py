@@ -1,9 +1,10 @@
-"""When the training loop waits for the device, and what runs where (``attnid train`` on CUDA).
+"""Pieces of nanoGPT's loop that ``attnid train`` adapts: the schedule, when the loop waits for the
+device, and what runs where on CUDA.
 
 nanoGPT's loop makes the host wait for the GPU only at log steps: a ``loss.item()``
 or a ``.item()`` of the gradient norm at every step would stall the host once per
 step and leave the GPU idle while the host builds the next batch. The pieces here
-keep ``attnid train`` the same:
+keep ``attnid train`` the same (:func:`get_lr` is nanoGPT's learning-rate schedule):
 
 - :class:`LossWatch`: the training losses since the last host sync stay on the
   device; at each sync (step 1 for the first loss, the steps with a metrics.csv row,
@@ -26,6 +27,17 @@ import math
 import torch
 
 from attnid.errors import UserError
+
+
+def get_lr(it: int, cfg) -> float:
+    """nanoGPT's schedule for 0-based step ``it``: linear warmup, cosine decay to min_lr, then flat."""
+    if it < cfg.warmup_iters:
+        return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)
+    if it > cfg.lr_decay_iters:
+        return cfg.min_lr
+    decay_ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
+    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
 
 
 class LossWatch:

@@ -37,7 +37,7 @@ from attnid.files import torch_save_atomic, write_csv_atomic, write_json_atomic
 # metrics.csv: these columns first, in this order; per-layer columns (e.g. rho_qk_l0) follow.
 BASE_COLUMNS = ("step", "lr", "train_loss", "eval_train_loss", "val_loss", "rho_qk", "rho_ov", "beta_qk", "beta_ov",
                 "tau", "tau_logits", "mu_qk", "mu_ov", "grad_norm", "tokens_per_s", "wall_s", "rebalanced",
-                "skipped_pairs")
+                "skipped_pairs", "drift1_qk", "drift1_ov", "drift2_qk", "drift2_ov", "closure_qk", "closure_ov")
 # Columns that measure the clock, not the run: the only ones that differ between identical runs.
 TIMING_COLUMNS = ("tokens_per_s", "wall_s")
 

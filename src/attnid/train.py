@@ -2,28 +2,31 @@
 
 The loop is nanoGPT's ``train.py`` (cosine schedule with linear warmup, gradient
 clipping, periodic train/val evaluation) with the measurements of the paper's §5
-around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`):
+around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`), in the
+precision of ``--dtype`` (:mod:`attnid.precision`):
 
     loss = model(batch); prefetch the next batch   # the loss stays on the device until a log step
-    loss.backward(); clip
-    pre = tracker.snapshot(model)                  # log steps only: float64 copy of the attention weights
-    optimizer.step()
-    rho  <- tracker.step_metrics(model, pre)       # unidentified share of the step just taken (E1, E2)
-    tau  <- orbit.rebalance(model, tracker, ...)   # rebalance steps: orbit move in place (E3)
-         or orbit.tau_probe(model, tracker, ...)   # other log steps of runs without rebalancing: weights restored
-    beta, mu <- tracker.state_metrics(model)
+    scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
+    pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
+    scaler.step(optimizer); scaler.update()
+    drift.after_step(model, lr)                    # the exact drift split D1, D2 (docs/design.md §7)
+    on log steps, with TF32 off:
+      rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
+      drift1, drift2, closure <- drift.row(model)
+      tau  <- orbit.rebalance(model, tracker, ...) # rebalance steps: orbit move in place (E3); then
+                                                   #   drift.reset_reference(model)
+           or orbit.tau_probe(model, tracker, ...) # other log steps of runs without rebalancing: weights restored
+      beta, mu <- tracker.state_metrics(model)
 
 The options are :class:`attnid.config.TrainConfig`, the optimizer cases
 :data:`attnid.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
 ``ckpt.pt``, resuming) :mod:`attnid.rundir`. See the README's "experiments" section.
-On CUDA the host waits for the device only at log steps and checkpoint saves, the
-metrics' linear algebra runs on the host and the forward is compiled (:mod:`attnid.loop`).
+Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``: :mod:`attnid.loop`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import signal
 import time
@@ -33,11 +36,12 @@ from pathlib import Path
 
 import torch
 
-from attnid import gpu_slots, loop, orbit, rundir
+from attnid import gpu_slots, loop, orbit, precision, rundir
 from attnid.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
+from attnid.loop import get_lr  # noqa: F401 - nanoGPT's schedule; figures.py and the tests import it from here
 from attnid.cases import get_case
-from attnid.config import TrainConfig, add_train_arguments, config_from_args, resume_free_keys  # noqa: F401 - cli
 from attnid.errors import UserError
+from attnid.config import TrainConfig, add_train_arguments, config_from_args, resume_free_keys  # noqa: F401 - cli
 from attnid.model import GPT, GPTConfig
 from attnid.runtime import StopSignals, format_duration, resolve_device, say
 
@@ -46,26 +50,6 @@ PROBE_SEED_OFFSET = 7_919
 # Sequences in the fixed probe batch of tau: round-off shows on a few sequences as well as on many,
 # and the probe's two forward passes at every log step are most of the metrics' cost.
 PROBE_SEQUENCES = 2
-
-
-# --------------------------------------------------------------------------------------
-# the pieces of nanoGPT's loop
-# --------------------------------------------------------------------------------------
-
-def get_lr(it: int, cfg: TrainConfig) -> float:
-    """nanoGPT's schedule for 0-based step ``it``: linear warmup, cosine decay to min_lr, then flat."""
-    if it < cfg.warmup_iters:
-        return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)
-    if it > cfg.lr_decay_iters:
-        return cfg.min_lr
-    decay_ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
-    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
-
-
-def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg.case``, from the case registry."""
-    return get_case(cfg.case).make_optimizer(model, cfg, device_type)
 
 
 def _isnan(value) -> bool:
@@ -90,9 +74,10 @@ class Run:
         self.cfg, self.case = cfg, get_case(cfg.case)
         torch.set_num_threads(cfg.threads)
         self.device = resolve_device(cfg.device)
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        self.dtype = precision.resolve_dtype(cfg.dtype, self.device)
+        precision.configure_tf32(self.dtype)
+        if self.dtype == "float64":
+            precision.warn_if_slow_float64(self.device)
         self.meta = load_meta(cfg.data)
         self.splits = {"train": load_split(cfg.data, "train"), "val": load_split(cfg.data, "val")}
         for name, data in self.splits.items():
@@ -100,7 +85,9 @@ class Run:
                 raise UserError(f"{name}.bin has {len(data)} tokens, fewer than --block-size {cfg.block_size} + 2")
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / rundir.CHECKPOINT_FILE
-        self.key = rundir.resume_key(asdict(cfg), resume_free_keys(), self.device.type, self.meta)
+        # the resolved dtype: '--dtype auto' and the dtype it stands for resume each other
+        self.key = rundir.resume_key(asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type,
+                                     self.meta)
         self.rows: list[dict] = []
         self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
         self.status, self.diverged_step, self.diverged_loss = "completed", None, None
@@ -109,9 +96,7 @@ class Run:
         self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
 
     def autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return precision.autocast_context(self.dtype, self.device)
 
     def load_checkpoint(self) -> dict | None:
         if self.cfg.fresh or not self.ckpt_path.exists():
@@ -126,12 +111,13 @@ class Run:
                                       n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
                                       dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head, rope=cfg.rope,
                                       head_dim=cfg.head_dim)
-        self.model = GPT(self.model_config).to(self.device)
+        self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
         # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
         self.compiled = loop.resolve_compile(cfg.compile, self.device)
         self.forward_model = torch.compile(self.model) if self.compiled else self.model
-        self.optimizer = make_optimizer(self.model, cfg, self.device.type)
+        self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
+        self.scaler = precision.grad_scaler(self.dtype, self.device)
         self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
         probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
         train_data = self.splits["train"]
@@ -139,23 +125,32 @@ class Run:
                                      probe_generator)
         probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
         self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
-        self.tracker = None
+        self.tracker, self.drift = None, None
         if cfg.metrics or self.case.rebalances:
             from attnid.metrics import MetricTracker
 
             # records I_0 from the initial weights
             self.tracker = MetricTracker(self.model, probe_batch=probe_batch, metrics_device=self.metrics_device)
+        if cfg.metrics:
+            from attnid.drift import DriftTracker
+
+            decay = cfg.weight_decay if self.case.coupled_weight_decay else None
+            self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
 
     def resume(self, checkpoint: dict) -> None:
         ours = checkpoint["attnid"]
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if ours.get("scaler"):
+            self.scaler.load_state_dict(ours["scaler"])
         self.batches.set_generator_state(ours["batch_generator"])
         torch.set_rng_state(ours["torch_rng"])
         if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
         if self.tracker is not None:
             self.tracker.load_state_dict(ours["tracker"])
+        if self.drift is not None:
+            self.drift.load_state_dict(ours["drift"])
         self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
         self.best_val_loss, self.losses.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
         self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
@@ -169,7 +164,7 @@ class Run:
         self.started = self.last_row_time = self.last_progress = time.time()
         self.last_row_step = self.step
         say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
-             f"{device.type} ({'bf16 autocast' if device.type == 'cuda' else 'float32'}), {cfg.threads} thread(s), "
+             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads} thread(s), "
              f"{cfg.max_iters} steps -> {self.out}")
 
     def wall_s(self) -> float:
@@ -185,6 +180,8 @@ class Run:
                   "batch_generator": self.batches.generator_state(), "torch_rng": torch.get_rng_state(),
                   "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                   "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+                  "drift": self.drift.state_dict() if self.drift is not None else None,
+                  "scaler": self.scaler.state_dict(),
                   "first_loss": self.losses.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
                   "device_name": self.device_name})
 
@@ -207,9 +204,11 @@ class Run:
         """Row 0: eval losses, beta = 0, mu and tau of the initialisation."""
         row = {"step": 0, "rebalanced": 0}
         if self.cfg.metrics:
-            if not self.case.rebalances:
-                row.update(orbit.tau_probe(self.model, self.tracker))
-            row.update(self.tracker.state_metrics(self.model))
+            with precision.no_tf32():
+                if not self.case.rebalances:
+                    row.update(orbit.tau_probe(self.model, self.tracker))
+                row.update(self.tracker.state_metrics(self.model))
+                row.update(self.drift.row(self.model))
         self.evaluate(row)
         self.finish_row(row)
 
@@ -240,7 +239,8 @@ class Run:
         self.losses.add(self.step + 1, loss)
         if (sync or self.losses.needs_first_loss) and not self.check_losses():
             return None
-        loss.backward()
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradient
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         return loss.detach(), torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
 
@@ -248,13 +248,12 @@ class Run:
         """Read and check the pending losses (one host sync); False at the first bad one, which sets the
         status, ``diverged_step``/``diverged_loss`` and ``step`` exactly as a check at every step would."""
         bad = self.losses.check()
-        if bad is None:
-            return True
-        self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
-        self.step = self.diverged_step - 1  # the steps after it until this sync are not part of the record
-        say(f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold {self.losses.threshold():.4g}): "
-             f"run diverged")
-        return False
+        if bad is not None:
+            self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
+            self.step = self.diverged_step - 1  # the steps after it until this sync are not part of the record
+            say(f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold "
+                f"{self.losses.threshold():.4g}): run diverged")
+        return bad is None
 
     def train_step(self) -> bool:
         """One optimizer step, with its measurements and row on log steps; False when the run diverged.
@@ -271,17 +270,23 @@ class Run:
             return False
         loss, grad_norm = result
         self.step = step
-        pre = self.tracker.snapshot(self.model) if is_row and cfg.metrics else None  # rho needs the pre-step weights
-        self.optimizer.step()
+        # the drift split needs the pre-step weights at every step; rho reuses them on log steps
+        pre = self.drift.before_step(self.model) if cfg.metrics else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if cfg.metrics:
+            with precision.no_tf32():
+                self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
         if not is_row:
             return True
         loss_value = loss.item()
         row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm.item(), "rebalanced": 0}
-        if is_rebalance:
-            self.rebalance(row, pre)
-        elif cfg.metrics:
-            self.measure(row, pre)
+        with precision.no_tf32():
+            if is_rebalance:
+                self.rebalance(row, pre)
+            elif cfg.metrics:
+                self.measure(row, pre)
         if is_eval:
             self.evaluate(row)
         self.finish_row(row)
@@ -289,18 +294,23 @@ class Run:
         return True
 
     def measure(self, row: dict, pre) -> None:
-        """The metrics of a log step: rho of the step from ``pre`` (a snapshot), tau by a probe (runs
-        without rebalancing), beta and mu at the new weights."""
+        """The metrics of a log step: rho of the step from ``pre`` (a snapshot), the drift split, tau by a
+        probe (runs without rebalancing), beta and mu at the new weights."""
         row.update(self.tracker.step_metrics(self.model, pre))
+        row.update(self.drift.row(self.model))
         if not self.case.rebalances:
             row.update(orbit.tau_probe(self.model, self.tracker))
         row.update(self.tracker.state_metrics(self.model))
 
     def rebalance(self, row: dict, pre) -> None:
-        """The rebalancing cases' orbit move (rho measured before it, the rest after), row marked."""
+        """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
+        after; the drift's reference becomes the rebalanced imbalance), row marked."""
         if pre is not None:
             row.update(self.tracker.step_metrics(self.model, pre))
+            row.update(self.drift.row(self.model))
         row.update(orbit.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
+        if self.drift is not None:
+            self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
         if self.cfg.reset_optimizer_state:
             for block in self.model.transformer.h:  # the rebalanced tensors' moments point the old way
@@ -341,7 +351,7 @@ class Run:
             "final_train_loss": last_eval.get("eval_train_loss"), "final_val_loss": last_eval.get("val_loss"),
             "final_eval_step": last_eval.get("step"),
             "wall_time_s": self.wall_s(), "device": device.type,
-            "dtype": "bfloat16" if device.type == "cuda" else "float32",
+            "dtype": self.dtype,
             "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
             "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
             "initial_imbalance_scale": scale,
@@ -378,12 +388,11 @@ def train(cfg: TrainConfig) -> int:
     if run.step == 0:
         run.log_initial_state()
     with StopSignals() as stop:
-        while run.step < cfg.max_iters and run.train_step():
+        # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
+        while run.status != "diverged" and run.step < cfg.max_iters and run.train_step():
             exit_status = run.stop_if_requested(stop)
             if exit_status is not None:
                 return exit_status
-            if run.status == "diverged":
-                break
     return run.finish()
 
 

@@ -69,6 +69,7 @@ rule appendix:
         single_head=rules.counts.output.single_head,
         nullity=rules.verify.output[0],
         tables=TABLE_FILES,
+        edits=EDITS_TABLE_FILES,
         figures=rules.figures.output,
         main=rules.paper_main.output,
     output:
