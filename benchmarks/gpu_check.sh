@@ -8,10 +8,13 @@
 #   (a) the smoke DAG on the device: snakemake --cores all --configfile config/smoke.yaml
 #       --config device=$DEVICE data_url=file://$DATA, in a scratch copy of the pipeline under $OUT/dag
 #       (so the checkout's results/ are untouched). It passes when snakemake exits 0.
-#   (b) for each training precision (bf16, float32, float64) two $STEPS-step runs of case $CASE with the
-#       model of config/$SIZE.yaml, with and without metrics, and reports ms/step, the claims that
-#       depend on precision (E1: max rho of plain SGD; E3: max tau) and the peak memory.
-#       Where this attnid has no --dtype flag, one run pair at the default precision, labelled "default".
+#   (b) for each training precision (bf16, float32, float64) $STEPS-step runs of case $CASE with the
+#       model of config/$SIZE.yaml, with metrics (their linear algebra on the host: --metrics-device host)
+#       and without, and for the first precision also with the metrics on the device
+#       (--metrics-device device), and reports ms/step, the claims that depend on precision (E1: max rho
+#       of plain SGD; E3: max tau) and the peak memory. The host/device pair is the measurement that
+#       --metrics-device auto's choice for CUDA (host) awaits.
+#       Where this attnid has no --dtype flag, one run set at the default precision, labelled "default".
 #
 # Parameters (environment variables, defaults in brackets):
 #   DEVICE [cuda]   device of the runs and of the smoke DAG
@@ -21,6 +24,8 @@
 #   CASE [sgd]      optimizer case of the runs (sgd gives both the E1 and the E3 number)
 #   DTYPES ["bf16 float32 float64"; "float32 float64" when DEVICE=cpu, where attnid refuses bf16]
 #   THREADS         torch CPU threads per run [the config's threads]
+#   COMPILE [auto]  auto: attnid's default (torch.compile on CUDA); 1: --compile; 0: --no-compile (shorter
+#                   start-up per run: compiling is not in ms_per_step, but it is in the wall time)
 #   DAG [1]         0 skips (a)
 #   CORES [all]     snakemake --cores for (a)
 #   DATA [assets/tinyshakespeare.txt]  the tiny shakespeare text
@@ -30,7 +35,8 @@
 #
 # Output: $OUT/summary.tsv, also printed at the end between "=== summary ===" and "=== end ===":
 # lines starting with "#" are comments (date, attnid version, the smoke DAG's result, the device
-# name), then one tab-separated header row and one row per run with the columns
+# name), then one tab-separated header row and one row per run (metrics: host, device, off; "on" where
+# this attnid has no --metrics-device) with the columns
 #   dtype metrics case steps status ms_per_step max_rho_qk max_rho_ov max_tau max_drift1_qk
 #   max_drift1_ov e1_rho e3_tau peak_mb peak_source run_dtype final_val_loss
 # defined in benchmarks/gpu_check_summary.py (and docs/cluster.md). NA marks a value not measured.
@@ -46,6 +52,7 @@ STEPS=${STEPS:-200}
 CASE=${CASE:-sgd}
 if [[ $DEVICE == cpu ]]; then DTYPES=${DTYPES:-float32 float64}; else DTYPES=${DTYPES:-bf16 float32 float64}; fi
 THREADS=${THREADS:-}
+COMPILE=${COMPILE:-auto}
 DAG=${DAG:-1}
 CORES=${CORES:-all}
 DATA=${DATA:-$REPO/assets/tinyshakespeare.txt}
@@ -88,7 +95,7 @@ if [[ $DAG != 0 ]]; then
   say "(a) smoke DAG: $dag_result"
 fi
 
-# (b) timed runs per precision, metrics on and off
+# (b) timed runs per precision: metrics on the host, off, and (first precision) on the device
 "$PYTHON" -m attnid prepare --text "$DATA" --out-dir "$OUT/data" >"$OUT/prepare.log" 2>&1 \
   || die "attnid prepare failed (see $OUT/prepare.log)"
 train_help=$("$PYTHON" -m attnid train --help)
@@ -99,18 +106,31 @@ else
   say "this attnid train has no --dtype flag: one run pair at its default precision (labelled 'default')"
   comments+=("attnid train has no --dtype: runs at the default precision (run_dtype says which)")
 fi
+if [[ $train_help == *--metrics-device* ]]; then with_metrics=(host); else with_metrics=(on); fi
+case $COMPILE in
+  auto) compile_flag=() ;;
+  1) compile_flag=(--compile) ;;
+  0) compile_flag=(--no-compile) ;;
+  *) die "COMPILE=$COMPILE: use auto, 1 or 0" ;;
+esac
+[[ $train_help == *--compile* ]] || compile_flag=()
 flag_line=$("${HELPER[@]}" flags --config "$CONFIG" --case "$CASE" --steps "$STEPS") \
   || die "cannot read the model and case $CASE from $CONFIG"
 read -r -a flags <<<"$flag_line"
 
 run_dirs=()
 for dtype in "${dtypes[@]}"; do
-  for metrics in on off; do
+  variants=("${with_metrics[@]}" off)
+  # the metrics' linear algebra on the device too, once: the host-or-device comparison
+  [[ $dtype == "${dtypes[0]}" && ${with_metrics[0]} == host ]] && variants=(host device off)
+  for metrics in "${variants[@]}"; do
     run="$OUT/runs/$dtype-metrics-$metrics"
     run_dirs+=("$run")
     extra=()
     [[ $dtype != default ]] && extra+=(--dtype "$dtype")
     [[ $metrics == off ]] && extra+=(--no-metrics)
+    [[ $metrics == host || $metrics == device ]] && extra+=(--metrics-device "$metrics")
+    extra+=("${compile_flag[@]}")
     [[ -n $THREADS ]] && extra+=(--threads "$THREADS")
     say "(b) $dtype, metrics $metrics: $STEPS steps (log: $run/train.log)"
     mkdir -p "$run"

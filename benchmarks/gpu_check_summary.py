@@ -17,7 +17,9 @@ tab-separated header row and one row per run, with these columns:
 
     dtype        the requested training precision (bf16, float32, float64, or "default"
                  where this attnid has no --dtype flag)
-    metrics      on (rho, beta, tau, mu every log step) or off (--no-metrics)
+    metrics      host or device (rho, beta, tau, mu every log step, their linear algebra on the host's CPU
+                 threads or on the device: --metrics-device), on (where this attnid has no
+                 --metrics-device) or off (--no-metrics)
     case         optimizer case
     steps        optimizer steps run
     status       completed | diverged | failed (rc N) | timeout
@@ -156,7 +158,7 @@ def summary_row(run_dir: Path) -> dict:
         status = run.get("status", "NA")
     else:
         status = "timeout" if result.get("rc") in (124, 143) else f"failed (rc {result.get('rc')})"
-    metrics_on = result.get("metrics") == "on"
+    metrics_on = result.get("metrics") != "off"
     max_rho_qk, max_tau = _column_max(rows, "rho_qk"), _column_max(rows, "tau")
     return {
         "dtype": result.get("dtype"), "metrics": result.get("metrics"), "case": result.get("case"),
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("measure", help="run attnid ARGS in this process and record its peak memory")
     run.add_argument("--result", required=True, type=Path)
     run.add_argument("--dtype", required=True)
-    run.add_argument("--metrics", required=True, choices=("on", "off"))
+    run.add_argument("--metrics", required=True, choices=("host", "device", "on", "off"))
     run.add_argument("--case", required=True)
     run.add_argument("attnid_args", nargs=argparse.REMAINDER)
     summary = sub.add_parser("summarize", help="the TSV summary of measured runs")

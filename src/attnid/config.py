@@ -22,6 +22,7 @@ from attnid import cases
 from attnid.errors import UserError
 
 REBALANCE_TARGETS = ("initial", "balanced")
+METRICS_DEVICES = ("auto", "host", "device")
 DEVICES = ("auto", "cpu", "cuda")
 # --dtype: the training precision (attnid.precision; kept here so that config stays torch-free)
 DTYPES = ("auto", "bf16", "float32", "float64")
@@ -82,6 +83,12 @@ class TrainConfig:
     diverge_threshold: float | None = option(None, "stop as 'diverged' when the loss is NaN/inf or above this "
                                                    "(default 3 x first loss)")
     metrics: bool = option(True, "measure rho, beta, tau, mu (--no-metrics: only losses; for benchmarks)")
+    metrics_device: str = option("auto", "where the metrics' float64 linear algebra runs at a log step: host (copy "
+                                         "the attention weights to the CPU threads), device (where the model "
+                                         "trains) or auto (host when training on CUDA, else device) (default "
+                                         "auto)", metavar="WHERE")
+    compile: bool | None = option(None, "torch.compile the model for training (default: on for CUDA, off on "
+                                        "the CPU); checkpoints keep nanoGPT's parameter names")
     threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE")
     dtype: str = option("auto", "training precision: auto (float32 on CPU, bf16 on CUDA), bf16 (CUDA autocast, "
@@ -220,6 +227,8 @@ def resolve_config(values: dict) -> TrainConfig:
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
         raise UserError("--beta1 and --beta2 must be in [0, 1)")
     _check_attention_shape(cfg)
+    if cfg.metrics_device not in METRICS_DEVICES:
+        raise UserError(f"unknown --metrics-device {cfg.metrics_device!r}: choose auto, host or device")
     if cfg.warmup_iters is None:
         cfg.warmup_iters = min(100, cfg.max_iters // 10)
     if cfg.lr_decay_iters is None:

@@ -21,8 +21,10 @@ subgroup of per-plane scalings and rotations.
   the minimum is ``2 ||Aᵀ B||_*`` on ``GL_D`` and ``Σ_p 2 sqrt(||A_p||² ||B_p||²)`` over
   the RoPE planes ``p``.
 
-All maths runs in float64 on the model's device, batched over every pair of every
-layer with one eigendecomposition call per circuit. Nothing reads global RNG state.
+All maths runs in float64, batched over every pair of every layer with one
+eigendecomposition call per circuit, either on the model's device or on the host
+(``metrics_device="host"``: each read copies the attention tensors to the CPU first;
+the probe forward passes of τ stay on the model's device). Nothing reads global RNG state.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def _device(model) -> torch.device:
     return symmetry.attention_blocks(model)[0].attn.c_attn.weight.device
 
 
+METRICS_DEVICES = ("host", "device")
+
+
 def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
     """μ from summed :func:`attnid.orbits.excess_norm_terms` (``inf`` if every minimum is zero)."""
     total_frob, total_minimum = float(frobenius_sq.sum()), float(minimum.sum())
@@ -79,16 +84,26 @@ class MetricTracker:
     conserved ``I_0`` of every pair of both circuits and the β normaliser;
     :meth:`state_dict` / :meth:`load_state_dict` carry them through a checkpoint so a
     resumed run continues bit-identically.
+
+    ``metrics_device`` says where the linear algebra runs: ``"device"`` reads the live
+    tensors where the model is, ``"host"`` copies them to the CPU (float64) at each read
+    and keeps ``I_0`` there, so that on CUDA the hundreds of small eigen- and singular
+    value solves of a log step run on the job's CPU threads instead of as one small
+    cuSOLVER call each. The numbers are the same either way (to round-off; bit for bit
+    on a CPU).
     """
 
-    def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor]):
+    def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor], metrics_device: str = "device"):
+        if metrics_device not in METRICS_DEVICES:
+            raise UserError(f"metrics device must be 'host' or 'device', got {metrics_device!r}")
+        self.on_host = metrics_device == "host"
         self.probe_batch = probe_batch
         self.n_layer = len(symmetry.attention_blocks(model))
         self.layout = orbits.layout_of(model)
         self.kinds = {circuit: orbits.orbit_kind(model, circuit) for circuit in CIRCUITS}
         self.initial_imbalance: dict[str, torch.Tensor] = {}  # circuit -> (L*G, D, D), conserved part
         self.beta_norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||P(A0A0ᵀ)||² + ||P(B0B0ᵀ)||²
-        now = orbits.attention_tensors(model)
+        now = self.read(model)
         for circuit, kind in self.kinds.items():
             pair_a, pair_b = orbits.stacked_pairs(now, self.layout, circuit)
             # P: projection onto the orbit's algebra (identity for GL_D), so that β compares like with like
@@ -124,14 +139,36 @@ class MetricTracker:
         return {circuit: float(self.initial_imbalance[circuit].double().square().sum().sqrt()
                                / self.beta_norm_sq[circuit].double().sum().sqrt()) for circuit in CIRCUITS}
 
+    # ----- where the maths runs -------------------------------------------------------
+
+    @property
+    def compute_device(self) -> torch.device | None:
+        """The CPU for host metrics; None: wherever the model is."""
+        return torch.device("cpu") if self.on_host else None
+
+    def _to_compute(self, tensors, copy: bool) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """Per-layer tensors moved to the host (float64; always a new tensor with ``copy``) for host
+        metrics; as they are otherwise."""
+        if not self.on_host:
+            return tensors
+        return [tuple(None if t is None else t.detach().to(device="cpu", dtype=torch.float64, copy=copy)
+                      for t in layer) for layer in tensors]
+
+    @torch.no_grad()
+    def read(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` where the maths runs: the live
+        tensors (device metrics, no copy) or float64 copies on the host (one device-to-host copy each)."""
+        return self._to_compute(orbits.attention_tensors(model), copy=True)
+
     # ----- ρ ------------------------------------------------------------------------
 
-    @staticmethod
     @torch.no_grad()
-    def snapshot(model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
-        """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step."""
+    def snapshot(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step,
+        on the host for host metrics."""
         def copy(tensor):
-            return None if tensor is None else tensor.detach().to(torch.float64, copy=True)
+            return None if tensor is None else tensor.detach().to(device=self.compute_device or tensor.device,
+                                                                  dtype=torch.float64, copy=True)
         return [tuple(copy(t) for t in tensors) for tensors in orbits.attention_tensors(model)]
 
     @torch.no_grad()
@@ -141,9 +178,11 @@ class MetricTracker:
         The projection is onto the tangent space of the architecture's orbit at the
         pre-step point. Also reports ``rho_singular_pairs``: pairs whose normal equations
         were singular and were solved by pseudo-inverse (still the exact projection; see
-        :func:`attnid.symmetry.tangent_solve`).
+        :func:`attnid.symmetry.tangent_solve`). ``pre`` may live on any device (the drift
+        tracker's snapshot is on the model's); it is moved to where the maths runs.
         """
-        now = orbits.attention_tensors(model)
+        now = self.read(model)
+        pre = self._to_compute(pre, copy=False)
         row: dict[str, float] = {}
         singular_pairs = 0
         for circuit, kind in self.kinds.items():
@@ -173,13 +212,12 @@ class MetricTracker:
     @torch.no_grad()
     def state_metrics(self, model) -> dict[str, float]:
         """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit."""
-        device = _device(model)
-        now = orbits.attention_tensors(model)
+        now = self.read(model)
         row: dict[str, float] = {}
         for circuit, kind in self.kinds.items():
             pair_a, pair_b = orbits.stacked_pairs(now, self.layout, circuit)
             conserved = orbits.conserved_imbalance(kind, pair_a, pair_b)
-            drift = conserved - self.initial_imbalance[circuit].to(device)
+            drift = conserved - self.initial_imbalance[circuit].to(conserved.device)
             drift_sq = _per_layer(drift.square().sum((-1, -2)), self.n_layer).tolist()
             norm_sq = self.beta_norm_sq[circuit].tolist()
             row[f"beta_{circuit}"] = _ratio(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))

@@ -27,7 +27,7 @@ def rebalance(model, tracker, target: str = "initial") -> dict[str, float]:
     before = tracker.probe(model)
     skipped = 0
     for circuit in CIRCUITS:
-        move = orbits.rebalance_model(model, circuit, **targets[circuit])
+        move = orbits.rebalance_model(model, circuit, **targets[circuit], compute_device=tracker.compute_device)
         tracker.remember_move(circuit, move)  # a τ probe restores these weights: μ reuses the move's SVD
         skipped += move.skipped
     return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}

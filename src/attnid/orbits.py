@@ -548,17 +548,21 @@ class Move:
 
 @torch.no_grad()
 def rebalance_model(model, circuit: str, target_imbalance: torch.Tensor | None = None,
-                    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None) -> Move:
+                    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    compute_device: torch.device | None = None) -> Move:
     """Move every pair of one circuit along the architecture's own orbit, in place (docs/design.md §4, §8).
 
     The target is ``target_imbalance`` (``(L, G, D, D)`` or ``(L*G, D, D)``, e.g.
     :func:`initial_conserved` at step 0; None = balanced) or, for ``"gl"``, its
     precomputed ``target_eigh`` (:func:`rebalance_target`). The function of the model is
     unchanged up to round-off. ``Move.skipped`` counts pairs left alone because they are
-    too close to degenerate.
+    too close to degenerate. ``compute_device`` (e.g. the CPU for a CUDA model) is where the
+    pairs are copied to and the maths runs; the moved pairs are written back to the model.
     """
     kind, layout = orbit_kind(model, circuit), layout_of(model)
     pair_a, pair_b = stacked_pairs(attention_tensors(model), layout, circuit)
+    if compute_device is not None:
+        pair_a, pair_b = pair_a.to(compute_device, copy=True), pair_b.to(compute_device, copy=True)
     if target_imbalance is not None:
         target_imbalance = target_imbalance.reshape(-1, *target_imbalance.shape[-2:]).to(pair_a)
     if target_eigh is not None:

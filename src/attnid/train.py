@@ -5,6 +5,7 @@ clipping, periodic train/val evaluation) with the measurements of the paper's §
 around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`), in the
 precision of ``--dtype`` (:mod:`attnid.precision`):
 
+    loss = model(batch); prefetch the next batch   # the loss stays on the device until a log step
     scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
     pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
     scaler.step(optimizer); scaler.update()
@@ -20,6 +21,7 @@ precision of ``--dtype`` (:mod:`attnid.precision`):
 The options are :class:`attnid.config.TrainConfig`, the optimizer cases
 :data:`attnid.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
 ``ckpt.pt``, resuming) :mod:`attnid.rundir`. See the README's "experiments" section.
+Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``: :mod:`attnid.loop`.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-from attnid import orbit, precision, rundir
-from attnid.batches import FixedEvalBatches, batch_from_starts, random_starts
+from attnid import gpu_slots, loop, orbit, precision, rundir
+from attnid.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
+from attnid.loop import get_lr  # noqa: F401 - nanoGPT's schedule; figures.py and the tests import it from here
 from attnid.cases import get_case
 from attnid.errors import UserError
 from attnid.config import TrainConfig, add_train_arguments, config_from_args, resume_free_keys  # noqa: F401 - cli
@@ -47,26 +50,6 @@ PROBE_SEED_OFFSET = 7_919
 # Sequences in the fixed probe batch of tau: round-off shows on a few sequences as well as on many,
 # and the probe's two forward passes at every log step are most of the metrics' cost.
 PROBE_SEQUENCES = 2
-
-
-# --------------------------------------------------------------------------------------
-# the pieces of nanoGPT's loop
-# --------------------------------------------------------------------------------------
-
-def get_lr(it: int, cfg: TrainConfig) -> float:
-    """nanoGPT's schedule for 0-based step ``it``: linear warmup, cosine decay to min_lr, then flat."""
-    if it < cfg.warmup_iters:
-        return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)
-    if it > cfg.lr_decay_iters:
-        return cfg.min_lr
-    decay_ratio = (it - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)
-    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
-    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
-
-
-def make_optimizer(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
-    """The optimizer of ``cfg.case``, from the case registry."""
-    return get_case(cfg.case).make_optimizer(model, cfg, device_type)
 
 
 def _isnan(value) -> bool:
@@ -106,9 +89,11 @@ class Run:
         self.key = rundir.resume_key(asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type,
                                      self.meta)
         self.rows: list[dict] = []
-        self.step, self.first_loss, self.best_val_loss, self.wall_before, self.resumed_at = 0, None, 1e9, 0.0, []
+        self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
         self.status, self.diverged_step, self.diverged_loss = "completed", None, None
         self.tokens_per_step = cfg.batch_size * cfg.block_size
+        self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
+        self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
 
     def autocast(self):
         return precision.autocast_context(self.dtype, self.device)
@@ -128,9 +113,12 @@ class Run:
                                       head_dim=cfg.head_dim)
         self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
-        self.optimizer = make_optimizer(self.model, cfg, self.device.type)
+        # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
+        self.compiled = loop.resolve_compile(cfg.compile, self.device)
+        self.forward_model = torch.compile(self.model) if self.compiled else self.model
+        self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
         self.scaler = precision.grad_scaler(self.dtype, self.device)
-        self.batch_generator = torch.Generator().manual_seed(cfg.seed)
+        self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
         probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
         train_data = self.splits["train"]
         probe_starts = random_starts(len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size,
@@ -141,7 +129,8 @@ class Run:
         if cfg.metrics or self.case.rebalances:
             from attnid.metrics import MetricTracker
 
-            self.tracker = MetricTracker(self.model, probe_batch=probe_batch)  # records I_0 from the initial weights
+            # records I_0 from the initial weights
+            self.tracker = MetricTracker(self.model, probe_batch=probe_batch, metrics_device=self.metrics_device)
         if cfg.metrics:
             from attnid.drift import DriftTracker
 
@@ -154,7 +143,7 @@ class Run:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if ours.get("scaler"):
             self.scaler.load_state_dict(ours["scaler"])
-        self.batch_generator.set_state(ours["batch_generator"])
+        self.batches.set_generator_state(ours["batch_generator"])
         torch.set_rng_state(ours["torch_rng"])
         if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
             torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
@@ -163,9 +152,12 @@ class Run:
         if self.drift is not None:
             self.drift.load_state_dict(ours["drift"])
         self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
-        self.best_val_loss, self.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
+        self.best_val_loss, self.losses.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
         self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
         say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
+        warning = loop.other_gpu_warning(ours.get("device_name"), self.device_name)
+        if warning is not None:
+            say(warning)
 
     def start_clocks(self) -> None:
         cfg, device = self.cfg, self.device
@@ -185,12 +177,13 @@ class Run:
             model_args=self.model_config.model_args(), iter_num=self.step, best_val_loss=self.best_val_loss,
             config=asdict(self.cfg),
             ours={"resume_key": self.key, "rows": self.rows, "summary": summary,
-                  "batch_generator": self.batch_generator.get_state(), "torch_rng": torch.get_rng_state(),
+                  "batch_generator": self.batches.generator_state(), "torch_rng": torch.get_rng_state(),
                   "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                   "tracker": self.tracker.state_dict() if self.tracker is not None else None,
                   "drift": self.drift.state_dict() if self.drift is not None else None,
                   "scaler": self.scaler.state_dict(),
-                  "first_loss": self.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at})
+                  "first_loss": self.losses.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
+                  "device_name": self.device_name})
 
     # ----- logging and evaluation -----------------------------------------------------
 
@@ -203,7 +196,7 @@ class Run:
         self.rows.append(row)
 
     def evaluate(self, row: dict) -> None:
-        losses = self.evaluator.losses(self.model, self.autocast)
+        losses = self.evaluator.losses(self.forward_model, self.autocast)
         row["eval_train_loss"], row["val_loss"] = losses["train"], losses["val"]
         self.best_val_loss = min(self.best_val_loss, losses["val"])
 
@@ -232,41 +225,51 @@ class Run:
 
     # ----- one step -------------------------------------------------------------------
 
-    def forward_backward(self, lr: float) -> tuple[float, float] | None:
-        """Loss and clipped gradient norm of the next batch; None (status 'diverged') on a bad loss."""
-        cfg, train_data = self.cfg, self.splits["train"]
+    def forward_backward(self, lr: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Loss and clipped gradient norm of the next batch, as device tensors. With ``sync`` (and at
+        step 1, for the first loss) the pending losses are read and checked first: None (status
+        'diverged') when one of them is bad, before this step's update."""
+        cfg = self.cfg
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        starts = random_starts(len(train_data), cfg.batch_size, cfg.block_size, self.batch_generator)
-        x, y = batch_from_starts(train_data, starts, cfg.block_size, self.device)
+        x, y = self.batches.next()
         with self.autocast():
-            _, loss = self.model(x, y)
-        loss_value = loss.item()
-        if self.first_loss is None:
-            self.first_loss = loss_value
-        threshold = cfg.diverge_threshold if cfg.diverge_threshold is not None else 3.0 * self.first_loss
-        if not math.isfinite(loss_value) or loss_value > threshold:
-            self.status, self.diverged_step, self.diverged_loss = "diverged", self.step + 1, loss_value
-            say(f"loss {loss_value:.4g} at step {self.step + 1} (threshold {threshold:.4g}): run diverged")
+            _, loss = self.forward_model(x, y)
+        self.batches.prefetch()  # as nanoGPT: the host builds the next batch while the device computes
+        self.losses.add(self.step + 1, loss)
+        if (sync or self.losses.needs_first_loss) and not self.check_losses():
             return None
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradient
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        return loss_value, torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip).item()
+        return loss.detach(), torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+
+    def check_losses(self) -> bool:
+        """Read and check the pending losses (one host sync); False at the first bad one, which sets the
+        status, ``diverged_step``/``diverged_loss`` and ``step`` exactly as a check at every step would."""
+        bad = self.losses.check()
+        if bad is not None:
+            self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
+            self.step = self.diverged_step - 1  # the steps after it until this sync are not part of the record
+            say(f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold "
+                f"{self.losses.threshold():.4g}): run diverged")
+        return bad is None
 
     def train_step(self) -> bool:
-        """One optimizer step with its measurements and row; False when the run diverged instead."""
+        """One optimizer step, with its measurements and row on log steps; False when the run diverged.
+
+        Steps without a row make no host sync: their loss waits in :attr:`losses`."""
         cfg = self.cfg
         lr = get_lr(self.step, cfg)
-        result = self.forward_backward(lr)
-        if result is None:
-            return False
-        loss_value, grad_norm = result
-        self.step += 1  # from here on, `step` counts the update being made: theta_{step-1} -> theta_step
-        step = self.step
+        step = self.step + 1  # the update being made: theta_{step-1} -> theta_step
         is_rebalance = self.case.rebalances and step % cfg.rebalance_every == 0
         is_eval = step % cfg.eval_every == 0 or step == cfg.max_iters
         is_row = step % cfg.log_every == 0 or is_eval or is_rebalance or step == cfg.max_iters
+        result = self.forward_backward(lr, sync=is_row)
+        if result is None:
+            return False
+        loss, grad_norm = result
+        self.step = step
         # the drift split needs the pre-step weights at every step; rho reuses them on log steps
         pre = self.drift.before_step(self.model) if cfg.metrics else None
         self.scaler.step(self.optimizer)
@@ -275,17 +278,18 @@ class Run:
         if cfg.metrics:
             with precision.no_tf32():
                 self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
-        row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm, "rebalanced": 0}
-        if is_rebalance:
-            with precision.no_tf32():
+        if not is_row:
+            return True
+        loss_value = loss.item()
+        row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm.item(), "rebalanced": 0}
+        with precision.no_tf32():
+            if is_rebalance:
                 self.rebalance(row, pre)
-        elif is_row and cfg.metrics:
-            with precision.no_tf32():
+            elif cfg.metrics:
                 self.measure(row, pre)
         if is_eval:
             self.evaluate(row)
-        if is_row:
-            self.finish_row(row)
+        self.finish_row(row)
         self.report_progress(loss_value, lr)
         return True
 
@@ -320,6 +324,9 @@ class Run:
         save the periodic checkpoint otherwise."""
         cfg, step = self.cfg, self.step
         stop_requested = stop.signum is not None or (cfg.stop_after is not None and step == cfg.stop_after)
+        saving = step < cfg.max_iters and (stop_requested or step % cfg.ckpt_every == 0)
+        if saving and not self.check_losses():  # never checkpoint a run that has diverged since the last row
+            return None
         if stop_requested and step < cfg.max_iters:
             self.save_checkpoint()
             signum = stop.signum if stop.signum is not None else signal.SIGTERM
@@ -345,6 +352,7 @@ class Run:
             "final_eval_step": last_eval.get("step"),
             "wall_time_s": self.wall_s(), "device": device.type,
             "dtype": self.dtype,
+            "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
             "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
             "initial_imbalance_scale": scale,
             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -352,6 +360,7 @@ class Run:
         }
 
     def finish(self) -> int:
+        self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)
@@ -362,6 +371,8 @@ class Run:
 
 def train(cfg: TrainConfig) -> int:
     """Run (or resume) one training run; returns the exit status (0 also for a diverged run)."""
+    if cfg.device != "cpu" and not torch.cuda.is_initialized():
+        gpu_slots.acquire_gpu_slot()  # before CUDA starts: this job's own GPU on a multi-GPU machine
     run = Run(cfg)
     checkpoint = run.load_checkpoint()
     if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
@@ -377,9 +388,8 @@ def train(cfg: TrainConfig) -> int:
     if run.step == 0:
         run.log_initial_state()
     with StopSignals() as stop:
-        while run.step < cfg.max_iters:
-            if not run.train_step():
-                break
+        # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
+        while run.status != "diverged" and run.step < cfg.max_iters and run.train_step():
             exit_status = run.stop_if_requested(stop)
             if exit_status is not None:
                 return exit_status
