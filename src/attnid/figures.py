@@ -312,9 +312,11 @@ def _figure_legend(fig, ax, ncol: int = 6) -> None:
     if not unique:
         fig.tight_layout()
         return
-    fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=min(len(unique), ncol),
-               bbox_to_anchor=(0.5, -0.08))
+    # lay the panels out first, then hang the legend below the figure: its top edge at the figure's
+    # bottom, so a legend of several rows never covers the x labels (savefig's tight box takes it in)
     fig.tight_layout()
+    fig.legend(unique.values(), unique.keys(), loc="upper center", ncol=min(len(unique), ncol),
+               bbox_to_anchor=(0.5, 0.0))
 
 
 # ---------------------------------------------------------------------------- figure 3
@@ -572,9 +574,12 @@ def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
     ax.plot(heads, 1.0 - 1.0 / (2.0 * heads), color=PREDICTION_COLOR, label=r"MHA: $1 - 1/(2H)$")
     if not series.empty:
         ax.plot(series["n_head"], series["identified_fraction"], "o", color=HEADS_COLOR)
+    placed: dict[int, int] = {}  # labels already put at each head count: stagger the next one
     for row, color, marker in labelled:
         ax.plot(row["n_head"], row["identified_fraction"], marker, color=color, markerfacecolor="none")
-        ax.annotate(row["point"], (row["n_head"], row["identified_fraction"]), xytext=(4, 0),
+        nth = placed.get(int(row["n_head"]), 0)
+        placed[int(row["n_head"])] = nth + 1
+        ax.annotate(row["point"], (row["n_head"], row["identified_fraction"]), xytext=(6 + 34 * (nth % 2), 0),
                     textcoords="offset points", fontsize=6, color=color, va="center")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("query heads $H$")
