@@ -32,7 +32,8 @@ tab-separated header row and one row per run, with these columns:
     max_drift1_qk, max_drift1_ov
                  largest first-order imbalance drift (design.md §7; zero up to the training precision's
                  round-off for plain SGD); NA where this attnid does not log it
-    e1_rho       pass | fail: max_rho_qk < RHO_SGD_MAX (the tables' E1 threshold); only for case sgd
+    e1_rho       pass | fail: max_rho_qk < RHO_SGD_MAX (the tables' E1 threshold); only for case sgd;
+                 n/a (dtype) below float64, which cannot resolve it
     e3_tau       pass | fail: max_tau < TAU_MAX (the tables' E3 threshold)
     peak_mb      peak memory in MiB: torch.cuda.max_memory_allocated() on CUDA (tensors only, without the
                  CUDA context and the allocator's cache), the process's peak RSS on the CPU
@@ -142,14 +143,18 @@ def ms_per_step(rows: list[dict]) -> float:
     return 1000 * (_number(timed[-1]["wall_s"]) - _number(timed[0]["wall_s"])) / steps
 
 
-def _verdict(value: float, threshold: float, applies: bool) -> str:
+def _verdict(value: float, threshold: float, applies: bool, resolved: bool = True) -> str:
+    """pass / fail, NA where the claim does not apply, and the tables' "not applicable (dtype)" where the
+    run's precision cannot resolve the threshold (E1's rho < 1e-20 needs float64)."""
     if not applies or math.isnan(value):
         return "NA"
+    if not resolved:
+        return "n/a (dtype)"
     return "pass" if value < threshold else "fail"
 
 
 def summary_row(run_dir: Path) -> dict:
-    from attnid.tables import RHO_SGD_MAX, TAU_MAX
+    from attnid.tables import FLOAT64_ONLY, RHO_SGD_MAX, TAU_MAX, resolves
 
     result = json.loads((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8")) if (run_dir / "run.json").is_file() else {}
@@ -165,7 +170,8 @@ def summary_row(run_dir: Path) -> dict:
         "steps": run.get("steps_completed", "NA"), "status": status, "ms_per_step": ms_per_step(rows),
         "max_rho_qk": max_rho_qk, "max_rho_ov": _column_max(rows, "rho_ov"), "max_tau": max_tau,
         "max_drift1_qk": _column_max(rows, "drift1_qk"), "max_drift1_ov": _column_max(rows, "drift1_ov"),
-        "e1_rho": _verdict(max_rho_qk, RHO_SGD_MAX, metrics_on and result.get("case") == "sgd"),
+        "e1_rho": _verdict(max_rho_qk, RHO_SGD_MAX, metrics_on and result.get("case") == "sgd",
+                           resolves(str(run.get("dtype", result.get("dtype"))), FLOAT64_ONLY)),
         "e3_tau": _verdict(max_tau, TAU_MAX, metrics_on),
         "peak_mb": result.get("peak_mb"), "peak_source": result.get("peak_source"),
         "run_dtype": run.get("dtype", "NA"), "final_val_loss": run.get("final_val_loss"),
