@@ -27,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,8 +84,14 @@ class SlurmCluster:
         self.processes: dict[str, subprocess.Popen] = {}
         self.ports = {name: free_port() for name in ("mariadb", "slurmdbd", "slurmctld", "slurmd")}
         self.conf = self.root / "etc" / "slurm.conf"
-        self.munge_socket = self.root / "munge" / "munge.socket"
-        self.db_socket = self.root / "mysql" / "mysqld.sock"
+        # Unix socket paths are limited to 108 bytes, and slurmd names its step sockets
+        # <spool>/<host>_<job>.<step> (e.g. vm_13.4294967291): under a deep pytest tmp_path
+        # (pytest-of-root/pytest-137/popen-gw1/test_...) they do not fit and every job's
+        # launch fails. The sockets and the spool live in a short directory of their own.
+        self.sockets = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp" if os.path.isdir("/tmp") else None))
+        self.munge_socket = self.sockets / "munge.socket"
+        self.db_socket = self.sockets / "mysqld.sock"
+        self.spool = self.sockets / "spool"
         # The Snakemake job step drops every SLURM_* variable (SLURM_CONF too) before its
         # nested `srun`; on a real cluster srun finds /etc/slurm/slurm.conf, here an srun
         # wrapper first on PATH points it back at this cluster's configuration.
@@ -103,6 +110,7 @@ class SlurmCluster:
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
     def start(self, timeout: float = 120.0) -> None:
         missing = missing_requirements()
@@ -139,8 +147,9 @@ class SlurmCluster:
     # -- configuration --------------------------------------------------------------------
 
     def _write_configs(self) -> None:
-        for sub in ("bin", "etc", "log", "run", "munge", "mysql", "ctld-state", "slurmd-spool"):
+        for sub in ("bin", "etc", "log", "run", "munge", "mysql", "ctld-state"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.spool.mkdir(parents=True, exist_ok=True)
         srun = self.bin / "srun"
         srun.write_text(f'#!/bin/sh\nSLURM_CONF={self.conf} exec {shutil.which("srun")} "$@"\n')
         srun.chmod(0o755)
@@ -160,7 +169,7 @@ AuthType=auth/munge
 CredType=cred/munge
 {munge_auth}
 StateSaveLocation={self.root / 'ctld-state'}
-SlurmdSpoolDir={self.root / 'slurmd-spool'}
+SlurmdSpoolDir={self.spool}
 SlurmctldPidFile={run / 'slurmctld.pid'}
 SlurmdPidFile={run / 'slurmd.pid'}
 SlurmctldLogFile={log / 'slurmctld.log'}
