@@ -31,11 +31,14 @@ from pipeline_helpers import REPO, TABLES, copy_pipeline, expected_outputs, shar
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 
 PROFILE = REPO / "profiles" / "slurm"
-TRAINING_RULES = ("train_case", "train_sweep")
+TRAINING_RULES = ("train_case", "train_sweep", "train_study", "train_edits")
 SNAKEMAKE_TIMEOUT_S = 1500
 TIMING = ("wall_time_s", "wall_s", "tokens_per_s")
 # Every rule of the DAG but the target rule `all` (which has no command and runs no job).
-OTHER_RULES = ("fetch_data", "prepare_data", "counts", "verify", "tables", "figures", "paper_main", "appendix")
+OTHER_RULES = ("fetch_data", "prepare_data", "counts", "verify", "tables", "study_tables", "edits_table", "figures",
+               "paper_main", "appendix")
+# rules with one job per seed of the config's edits section
+PER_EDIT_SEED_RULES = ("prune_biases", "balance")
 
 
 def profile_settings() -> dict:
@@ -161,7 +164,9 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
         assert job["State"] == "COMPLETED", job
         assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], job
     # every other rule of the DAG ran on SLURM too, without a GPU
-    assert sorted(job["Comment"] for job in others) == sorted(f"rule_{rule}" for rule in OTHER_RULES), others
+    ran = sorted(job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in others)
+    expected = list(OTHER_RULES) + [rule for rule in PER_EDIT_SEED_RULES for _ in config["edits"]["seeds"]]
+    assert ran == sorted(expected), others
     assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
     # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed
     assert preempted, "no training job was seen running long enough to preempt"
