@@ -113,7 +113,12 @@ def expected_outputs(config: dict) -> list[str]:
               for opt, sweep in config["sweep"].items() for lr in sweep["lrs"] for seed in sweep["seeds"]]
     studies = [f"{out}/studies/{study}/{point.name}/seed{seed}"
                for study, points in study_points(config).items() for point in points for seed in config[study]["seeds"]]
-    files = [f"{d}/{name}" for d in runs + sweeps + studies for name in ("metrics.csv", "run.json")]
+    edits = config.get("edits")
+    edit_runs = [f"{out}/edits/{edits['case']}/seed{seed}" for seed in edits["seeds"]] if edits else []
+    files = [f"{d}/{name}" for d in runs + sweeps + studies + edit_runs for name in ("metrics.csv", "run.json")]
+    files += [f"{d}/{name}" for d in edit_runs for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")]
+    if edits:
+        files += [f"{out}/tables/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
     files += [f"{out}/tables/{name}" for name in TABLES + STUDY_TABLES]
     files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6) for ext in ("png", "pdf")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
