@@ -37,6 +37,7 @@ from attnid.counts import attention_params_per_layer, identified_fraction, layer
 from attnid.errors import UserError
 from attnid.files import write_csv_atomic, write_text_atomic
 from attnid.rundir import find_run_dirs, load_run
+from attnid.tables import mean_sd_over_seeds
 
 STUDIES = ("heads", "variants")
 # Every study point trains with the AdamW case's settings (lr, weight decay).
@@ -203,10 +204,7 @@ def study_points_table(runs: pd.DataFrame) -> pd.DataFrame:
         row["unidentified_fraction"] = 1.0 - float(first["identified_fraction"])
         row.update(n_seeds=len(group), n_diverged=int((group["status"] == "diverged").sum()),
                    steps=int(group["steps"].max()))
-        for column in POINT_COLUMNS:
-            values = pd.to_numeric(done[column], errors="coerce").dropna()
-            row[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
-            row[f"{column}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        row.update(mean_sd_over_seeds(done, POINT_COLUMNS))
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -181,12 +181,19 @@ def cases_table(runs: pd.DataFrame) -> pd.DataFrame:
         done = group[group["status"] != "diverged"]
         row = {"case": case, "lr": group["lr"].iloc[0], "n_seeds": len(group),
                "n_diverged": int((group["status"] == "diverged").sum())}
-        for column in SUMMARY_COLUMNS:
-            values = pd.to_numeric(done[column], errors="coerce").dropna()
-            row[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
-            row[f"{column}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+        row.update(mean_sd_over_seeds(done, SUMMARY_COLUMNS))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def mean_sd_over_seeds(runs: pd.DataFrame, columns) -> dict[str, float]:
+    """``<column>_mean`` and ``<column>_sd`` (sample sd, ddof=1; NaN below two finite values) of each column."""
+    out = {}
+    for column in columns:
+        values = pd.to_numeric(runs[column], errors="coerce").dropna()
+        out[f"{column}_mean"] = float(values.mean()) if len(values) else math.nan
+        out[f"{column}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+    return out
 
 
 def sweep_table(sweep_runs: pd.DataFrame) -> pd.DataFrame:
