@@ -9,18 +9,8 @@ import torch
 
 from attnid import counts, orbits, symmetry
 from attnid.model import GPT, GPTConfig
+from variant_models import TINY, VARIANTS
 
-TINY = dict(block_size=16, vocab_size=23, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
-VARIANTS = {
-    "mha": dict(),
-    "gqa G=2": dict(n_kv_head=2),
-    "mqa G=1": dict(n_kv_head=1),
-    "rope": dict(rope=True),
-    "rope+gqa G=2": dict(rope=True, n_kv_head=2),
-    "rope+mqa D=6": dict(rope=True, n_kv_head=1, head_dim=6),
-    "gqa D=12": dict(n_kv_head=2, head_dim=12),
-    "one head D=32": dict(n_head=1, head_dim=32),
-}
 ROPE_VARIANTS = [name for name, variant in VARIANTS.items() if variant.get("rope")]
 
 

@@ -8,17 +8,11 @@ import torch
 
 from attnid import counts, nullity
 from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
+from variant_models import TINY
+from variant_models import VARIANTS as ALL_VARIANTS
 
-TINY = dict(block_size=16, vocab_size=23, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
-VARIANTS = {
-    "gqa G=2": dict(n_kv_head=2),
-    "mqa G=1": dict(n_kv_head=1),
-    "rope": dict(rope=True),
-    "rope+gqa G=2": dict(rope=True, n_kv_head=2),
-    "rope+mqa, D=6": dict(rope=True, n_kv_head=1, head_dim=6),
-    "one wide head D=32": dict(n_head=1, head_dim=32),
-    "gqa D=12 > E/H": dict(n_kv_head=2, head_dim=12),
-}
+# the variants only: the stock model has tests of its own (test_model.py)
+VARIANTS = {name: fields for name, fields in ALL_VARIANTS.items() if fields}
 NANOGPT_ARGS = {"block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias"}
 
 

@@ -1,0 +1,14 @@
+"""The tiny model and the attention variants that the model and orbit tests share."""
+
+TINY = dict(block_size=16, vocab_size=23, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
+# name -> GPTConfig fields over TINY: stock MHA, GQA/MQA, RoPE and both, head widths other than E/H
+VARIANTS = {
+    "mha": dict(),
+    "gqa G=2": dict(n_kv_head=2),
+    "mqa G=1": dict(n_kv_head=1),
+    "rope": dict(rope=True),
+    "rope+gqa G=2": dict(rope=True, n_kv_head=2),
+    "rope+mqa D=6": dict(rope=True, n_kv_head=1, head_dim=6),
+    "gqa D=12": dict(n_kv_head=2, head_dim=12),
+    "one head D=32": dict(n_head=1, head_dim=32),
+}
