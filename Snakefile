@@ -39,6 +39,6 @@ rule all:
     default_target: True
     input:
         rules.tables.output,
-        rules.study_tables.output,
+        STUDY_TABLE_FILES,
         rules.figures.output,
         rules.appendix.output,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from attnid.studies import study_points
+from attnid.studies import reused_points, study_points
 
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).
@@ -30,7 +30,6 @@ SMOKE_CONFIG = "config/smoke.yaml"
 # What snakemake prints on stderr when it picks up profiles/default (the workflow profile).
 PROFILE_NOTICE = "Using workflow specific profile profiles/default for setting default command line arguments."
 TABLES = ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex", "sweep_slopes.csv", "claims.csv")
-STUDY_TABLES = ("heads.csv", "heads.tex", "variants.csv", "variants.tex", "identification_correlation.csv")
 
 
 def copy_pipeline(dest: str | os.PathLike) -> Path:
@@ -102,6 +101,14 @@ def lr_label(lr: float) -> str:
     return f"{float(lr):.10g}"
 
 
+def reused_study_runs(config: dict) -> list[str]:
+    """The study run directories the DAG copies from an earlier point's instead of training (rule
+    ``reuse_study_run``)."""
+    out = config["results_dir"]
+    return [f"{out}/studies/{study}/{point}/seed{seed}"
+            for study, point in reused_points(config) for seed in config[study]["seeds"]]
+
+
 def expected_outputs(config: dict) -> list[str]:
     """Every file the DAG promises for ``config`` (paths relative to the work directory).
 
@@ -111,16 +118,20 @@ def expected_outputs(config: dict) -> list[str]:
     runs = [f"{out}/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
     sweeps = [f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
               for opt, sweep in config["sweep"].items() for lr in sweep["lrs"] for seed in sweep["seeds"]]
+    plan = study_points(config)  # the study sections the config has (each optional)
     studies = [f"{out}/studies/{study}/{point.name}/seed{seed}"
-               for study, points in study_points(config).items() for point in points for seed in config[study]["seeds"]]
+               for study, points in plan.items() for point in points for seed in config[study]["seeds"]]
     edits = config.get("edits")
     edit_runs = [f"{out}/edits/{edits['case']}/seed{seed}" for seed in edits["seeds"]] if edits else []
     files = [f"{d}/{name}" for d in runs + sweeps + studies + edit_runs for name in ("metrics.csv", "run.json")]
     files += [f"{d}/{name}" for d in edit_runs for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")]
     if edits:
         files += [f"{out}/tables/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
-    files += [f"{out}/tables/{name}" for name in TABLES + STUDY_TABLES]
-    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6) for ext in ("png", "pdf")]
+    files += [f"{out}/tables/{name}" for name in TABLES]
+    if plan:
+        files += [f"{out}/tables/{study}.{ext}" for study in plan for ext in ("csv", "tex")]
+        files += [f"{out}/tables/identification_correlation.csv"]
+    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if plan else 5) for ext in ("png", "pdf")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
               f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
     return files + ["data/tinyshakespeare/train.bin"]

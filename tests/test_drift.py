@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from attnid import orbit, orbits, symmetry
+from attnid import orbits, rebalancing, symmetry
 from attnid.drift import (DriftTracker, attention_snapshot, coupled_decay_first_order, imbalance_step_terms,
                           stacked_pairs)
 from attnid.errors import UserError
@@ -246,7 +246,7 @@ def test_reset_reference_after_a_rebalance_keeps_the_closure():
     rebalancer = MetricTracker(model, probe_batch=next(batches(9)))
     data = batches()
     train(model, optimizer, tracker, data, 10)
-    orbit.rebalance(model, rebalancer, target="balanced")  # an orbit move: not an optimizer step
+    rebalancing.rebalance(model, rebalancer, target="balanced")  # an orbit move: not an optimizer step
     moved = tracker.row(model)
     tracker.reset_reference(model)
     assert all(tracker.row(model)[f"drift1_{c}"] == 0.0 for c in CIRCUITS)

@@ -26,8 +26,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline_helpers import REPO, TABLES, copy_pipeline, expected_outputs, shared_smoke_run, smoke_config, \
-    snakemake_env
+from pipeline_helpers import REPO, TABLES, copy_pipeline, expected_outputs, reused_study_runs, shared_smoke_run, \
+    smoke_config, snakemake_env
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 
 PROFILE = REPO / "profiles" / "slurm"
@@ -131,7 +131,8 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     local_dir = shared_smoke_run(tmp_path_factory, shakespeare_url)  # the local reference (shared, built once)
     workdir = copy_pipeline(tmp_path / "wf")
     config = smoke_config()
-    n_training = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
+    runs = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
+    n_training = runs - len(reused_study_runs(config))  # a repeated study point is copied, not trained
 
     with SlurmCluster(tmp_path / "slurm") as cluster:
         env = snakemake_env()
@@ -166,6 +167,7 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     # every other rule of the DAG ran on SLURM too, without a GPU
     ran = sorted(job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in others)
     expected = list(OTHER_RULES) + [rule for rule in PER_EDIT_SEED_RULES for _ in config["edits"]["seeds"]]
+    expected += ["reuse_study_run" for _ in reused_study_runs(config)]  # copies of a repeated study point
     assert ran == sorted(expected), others
     assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
     # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed

@@ -52,6 +52,24 @@ def test_default_config_plans_the_issue_points():
         assert "max_iters" in config[section] and "batch_size" not in config[section]
 
 
+def test_a_point_that_trains_what_an_earlier_point_trains_reuses_its_runs():
+    config = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    n_head = config["model"]["n_head"]
+    # the variants' MHA is the heads sweep's point at the model's H: same shape, same study settings
+    assert studies.reused_points(config) == {("variants", "mha"): ("heads", f"h{n_head}")}
+    # any difference in what `attnid train` would be told makes it a run of its own
+    longer = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    longer["variants"]["max_iters"] += 1
+    assert studies.reused_points(longer) == {}
+    without = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    without["heads"]["n_heads"] = [h for h in without["heads"]["n_heads"] if h != n_head]
+    assert studies.reused_points(without) == {}
+    # two identical variants: the second reuses the first (config order)
+    twice = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    twice["variants"]["points"]["gqa_full"] = {"n_kv_head": n_head}
+    assert studies.reused_points(twice)[("variants", "gqa_full")] == ("heads", f"h{n_head}")
+
+
 def test_shapes_the_model_cannot_build_are_config_problems():
     config = smoke_config()
     config["heads"]["n_heads"] = [1, 3]
@@ -148,6 +166,9 @@ def test_rank_correlation_per_seed_and_over_means(synthetic_study, tmp_path):
     variants = table[(table["study"] == "variants") & (table["quantity"] == "final_val_loss")].iloc[0]
     assert variants.n_seed_correlations == 2  # seed 1: three finished points (mqa diverged) still rank
     assert set(table["study"]) == {"heads", "variants", "all"}
+    # pooled, the variants' mha (the same 32-wide 4-head model, same steps) is heads' h4 and counts once
+    pooled = table[(table["study"] == "all") & (table["quantity"] == "final_val_loss")].iloc[0]
+    assert pooled.n_points == len(HEADS) + 1 + len(VARIANTS) - 1
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -214,7 +235,14 @@ def test_smoke_plan_lists_one_training_job_per_point_and_seed(tmp_path):
     expected = {f"{config['results_dir']}/studies/{study}/{point.name}/seed{seed}"
                 for study, points in plan.items() for point in points for seed in config[study]["seeds"]}
     planned = set(re.findall(r"attnid train [^\n]*--out (\S+/studies/\S+)", proc.stdout))
-    assert planned == expected
+    reused = {f"{config['results_dir']}/studies/{study}/{point}/seed{seed}": (source_study, source_point)
+              for (study, point), (source_study, source_point) in studies.reused_points(config).items()
+              for seed in config[study]["seeds"]}
+    assert reused and planned == expected - set(reused)
+    for run_dir, (source_study, source_point) in reused.items():  # copied from the point it repeats
+        seed = run_dir.rsplit("/seed", 1)[1]
+        source = f"{config['results_dir']}/studies/{source_study}/{source_point}/seed{seed}"
+        assert re.search(rf"cp {re.escape(source)}/metrics.csv {re.escape(run_dir)}/metrics.csv.tmp", proc.stdout)
     rope_mqa = re.search(r"attnid train [^\n]*--out \S+/studies/variants/rope_mqa/seed0", proc.stdout).group(0)
     assert "--case adamw " in rope_mqa and "--n-kv-head 1 " in rope_mqa and "--rope " in rope_mqa
     assert f"--max-iters {config['variants']['max_iters']} " in rope_mqa
@@ -223,6 +251,23 @@ def test_smoke_plan_lists_one_training_job_per_point_and_seed(tmp_path):
     matched = re.search(rf"attnid train [^\n]*--out \S+/studies/heads/h1_e{e0}/seed0", proc.stdout).group(0)
     assert "--n-head 1 " in matched and f"--n-embd {e0} " in matched and f"--head-dim {e0} " in matched
     assert "attnid studies --heads-runs" in proc.stdout and "fig5.pdf" in proc.stdout
+
+
+def test_the_stages_beyond_the_paper_are_optional(tmp_path):
+    copy_pipeline(tmp_path)
+    # null turns a section off from the command line (a config file may simply leave it out)
+    proc = run_snakemake(tmp_path, "-n", "-p", config={"heads": "null", "variants": "null", "edits": "null"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for absent in ("rule train_study", "rule study_tables", "rule train_edits", "rule edits_table", "fig5.p",
+                   "attnid studies"):
+        assert absent not in proc.stdout, absent
+    assert "rule train_case" in proc.stdout and "fig4.pdf" in proc.stdout and "rule appendix" in proc.stdout
+    # one study alone: its own table, no reuse (the repeated point's source is not planned), Figure 5
+    proc = run_snakemake(tmp_path, "-n", "-p", config={"heads": "null"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "attnid studies --variants-runs" in proc.stdout and "--heads-runs" not in proc.stdout
+    assert "rule reuse_study_run" not in proc.stdout and "variants.csv" in proc.stdout and "heads.csv" not in proc.stdout
+    assert "fig5.pdf" in proc.stdout
 
 
 def test_bad_study_shape_is_a_one_line_config_error(tmp_path):

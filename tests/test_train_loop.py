@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import attnid
-from attnid import gpu_slots, loop, orbit
+from attnid import gpu_slots, loop, rebalancing
 from attnid.cli import main
 from attnid.metrics import MetricTracker
 from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
@@ -83,10 +83,10 @@ def test_metrics_on_the_host_equal_metrics_on_the_device(variant):
     _assert_rows_match(host.step_metrics(model, pre_host), device.step_metrics(model, pre_device))
     _assert_rows_match(host.step_metrics(model, pre_device), device.step_metrics(model, pre_device))
     _assert_rows_match(host.state_metrics(model), device.state_metrics(model))
-    _assert_rows_match(orbit.tau_probe(model, host), orbit.tau_probe(model, device))
+    _assert_rows_match(rebalancing.tau_probe(model, host), rebalancing.tau_probe(model, device))
 
     moved_on_host, moved_on_device = copy.deepcopy(model), copy.deepcopy(model)
-    _assert_rows_match(orbit.rebalance(moved_on_host, host), orbit.rebalance(moved_on_device, device))
+    _assert_rows_match(rebalancing.rebalance(moved_on_host, host), rebalancing.rebalance(moved_on_device, device))
     for (name, a), b in zip(moved_on_host.named_parameters(), moved_on_device.parameters()):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), name
     _assert_rows_match(host.state_metrics(moved_on_host), device.state_metrics(moved_on_device))

@@ -80,7 +80,7 @@ class MetricTracker:
     Each circuit's orbit is :func:`attnid.orbits.orbit_kind`'s: ``GL_D`` per head (MHA)
     or per key/value group (GQA), and for RoPE query-key pairs the restricted group
     (docs/design.md §8). It only measures; the orbit moves it measures τ across are in
-    :mod:`attnid.orbits` (called by :mod:`attnid.orbit`). Construction records the
+    :mod:`attnid.orbits` (called by :mod:`attnid.rebalancing`). Construction records the
     conserved ``I_0`` of every pair of both circuits and the β normaliser;
     :meth:`state_dict` / :meth:`load_state_dict` carry them through a checkpoint so a
     resumed run continues bit-identically.

@@ -46,6 +46,8 @@ STUDY_CASE = "adamw"
 STUDY_GRID_KEYS = ("n_heads", "matched_reference_heads", "points", "seeds")
 # Per-point quantities averaged over seeds (final = last logged value; rho = mean over the logged steps).
 POINT_COLUMNS = ("final_val_loss", "rho_qk_mean", "rho_ov_mean", "mu_qk_final", "mu_ov_final", "tokens_per_s")
+# What makes two points the same model (with the same step count, the same experiment).
+ARCHITECTURE_COLUMNS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias")
 # The quantities whose rank correlation with the identified fraction is reported.
 CORRELATED = ("final_val_loss", "rho_qk_mean", "rho_ov_mean")
 # Fewer points than this give no rank correlation worth a number.
@@ -103,14 +105,32 @@ def variants_points(model: dict, variants: dict) -> list[StudyPoint]:
 
 
 def study_points(config: dict) -> dict[str, list[StudyPoint]]:
-    """{study: its points} for a pipeline config (``heads`` and ``variants`` sections)."""
-    return {"heads": heads_points(config["model"], config["heads"]),
-            "variants": variants_points(config["model"], config["variants"])}
+    """{study: its points} for the study sections a pipeline config has (``heads``, ``variants``: each
+    optional, a config without them trains no study)."""
+    planners = {"heads": heads_points, "variants": variants_points}
+    return {study: planners[study](config["model"], config[study]) for study in STUDIES if config.get(study)}
 
 
 def study_run_settings(section: dict) -> dict:
     """The `attnid train` settings a study section sets for all its points (max_iters, log_every, ...)."""
     return {key: value for key, value in section.items() if key not in STUDY_GRID_KEYS}
+
+
+def reused_points(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
+    """``{(study, point): (study, point) it reuses}``: a point that trains exactly what an earlier point
+    trains (the same attention shape and the same study settings, so the same `attnid train` flags for
+    each seed; e.g. the variants' ``mha`` and the heads' ``h4`` at the default ``H``) takes that point's
+    runs instead of training them again. The first point of a kind, in config order, is the one trained."""
+    trained, reused = {}, {}
+    for study, points in study_points(config).items():
+        settings = tuple(sorted(study_run_settings(config[study]).items()))
+        for point in points:
+            key = (settings, tuple(sorted(point.architecture().items())))
+            if key in trained:
+                reused[(study, point.name)] = trained[key]
+            else:
+                trained[key] = (study, point.name)
+    return reused
 
 
 def check_study_config(config: dict) -> list[str]:
@@ -199,8 +219,8 @@ def study_points_table(runs: pd.DataFrame) -> pd.DataFrame:
         first = group.iloc[0]
         done = group[group["status"] != "diverged"]
         row = {"point": point, "label": first["label"]}
-        row.update({key: first[key] for key in ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope",
-                                                 "bias", "n_params", "attn_params", "identified_fraction")})
+        row.update({key: first[key] for key in (*ARCHITECTURE_COLUMNS, "n_params", "attn_params",
+                                                 "identified_fraction")})
         row["unidentified_fraction"] = 1.0 - float(first["identified_fraction"])
         row.update(n_seeds=len(group), n_diverged=int((group["status"] == "diverged").sum()),
                    steps=int(group["steps"].max()))
@@ -238,6 +258,14 @@ def spearman(x, y) -> float:
     rank_x, rank_y = rank_x - rank_x.mean(), rank_y - rank_y.mean()
     norm = math.sqrt(float((rank_x ** 2).sum() * (rank_y ** 2).sum()))
     return float((rank_x * rank_y).sum() / norm) if norm > 0 else math.nan
+
+
+def pooled_points(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The points of several studies as one set for the pooled correlation: a point whose architecture
+    and step count repeat an earlier point's (the variants' MHA is the heads sweep's point at the default
+    ``H``, see :func:`reused_points`) is the same experiment and counts once, or it would count twice."""
+    kept = points.drop_duplicates(subset=[*ARCHITECTURE_COLUMNS, "steps"], keep="first")
+    return runs[runs["point"].isin(kept["point"])], kept
 
 
 def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame) -> list[dict]:
@@ -332,14 +360,14 @@ def write_study_tables(run_dirs: dict[str, list[Path]], out_dir: str | Path) -> 
         rows = correlation_rows(study, runs, points)
         correlations += rows
         all_runs.append(runs.assign(point=study + "/" + runs["point"]))
-        all_points.append(points)
+        all_points.append(points.assign(point=study + "/" + points["point"]))
         tables[study] = points
         write_csv_atomic(out / f"{study}.csv", points)
         write_text_atomic(out / f"{study}.tex", render_study_table(study, points, rows))
     if not tables:
         raise UserError("no study runs given: pass --heads-runs and/or --variants-runs (or --studies-dir)")
     if len(all_runs) > 1:
-        correlations += correlation_rows("all", pd.concat(all_runs), pd.concat(all_points))
+        correlations += correlation_rows("all", *pooled_points(pd.concat(all_runs), pd.concat(all_points)))
     tables["correlation"] = pd.DataFrame(correlations)
     write_csv_atomic(out / "identification_correlation.csv", tables["correlation"])
     return tables

@@ -13,9 +13,9 @@ precision of ``--dtype`` (:mod:`attnid.precision`):
     on log steps, with TF32 off:
       rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
       drift1, drift2, closure <- drift.row(model)
-      tau  <- orbit.rebalance(model, tracker, ...) # rebalance steps: orbit move in place (E3); then
-                                                   #   drift.reset_reference(model)
-           or orbit.tau_probe(model, tracker, ...) # other log steps of runs without rebalancing: weights restored
+      tau  <- rebalancing.rebalance(model, tracker, ...)  # rebalance steps: orbit move in place (E3);
+                                                          #   then drift.reset_reference(model)
+           or rebalancing.tau_probe(model, tracker, ...)  # other log steps: a probe move, weights restored
       beta, mu <- tracker.state_metrics(model)
 
 The options are :class:`attnid.config.TrainConfig`, the optimizer cases
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from attnid import gpu_slots, loop, orbit, precision, rundir
+from attnid import gpu_slots, loop, precision, rebalancing, rundir
 from attnid.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
 from attnid.loop import get_lr  # noqa: F401 - nanoGPT's schedule; figures.py and the tests import it from here
 from attnid.cases import get_case
@@ -206,7 +206,7 @@ class Run:
         if self.cfg.metrics:
             with precision.no_tf32():
                 if not self.case.rebalances:
-                    row.update(orbit.tau_probe(self.model, self.tracker))
+                    row.update(rebalancing.tau_probe(self.model, self.tracker))
                 row.update(self.tracker.state_metrics(self.model))
                 row.update(self.drift.row(self.model))
         self.evaluate(row)
@@ -299,7 +299,7 @@ class Run:
         row.update(self.tracker.step_metrics(self.model, pre))
         row.update(self.drift.row(self.model))
         if not self.case.rebalances:
-            row.update(orbit.tau_probe(self.model, self.tracker))
+            row.update(rebalancing.tau_probe(self.model, self.tracker))
         row.update(self.tracker.state_metrics(self.model))
 
     def rebalance(self, row: dict, pre) -> None:
@@ -308,7 +308,7 @@ class Run:
         if pre is not None:
             row.update(self.tracker.step_metrics(self.model, pre))
             row.update(self.drift.row(self.model))
-        row.update(orbit.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
+        row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
         if self.drift is not None:
             self.drift.reset_reference(self.model)
         row["rebalanced"] = 1

@@ -126,6 +126,10 @@ def sweep_flags(wildcards):
 # --config values merge into the config (nested mappings key by key, snakemake's
 # update_config; lists and scalars replace), read with YAML types: see typed_value.
 update_config(config, typed_value(workflow.config_settings.config or {}))
+# The stages beyond the paper are optional: a section set to null (--config edits=null) is off.
+for section in ("heads", "variants", "edits"):
+    if section in config and config[section] is None:
+        del config[section]
 validate_config_or_exit(config)
 
 RESULTS = os.path.normpath(config["results_dir"])

@@ -2,6 +2,10 @@
 # Figure captions are package data (attnid/templates/captions), shared with the LaTeX appendix.
 
 
+# Figures 1-4 always; Figure 5 draws the identification studies, when the config has them.
+FIGURE_NUMBERS = [1, 2, 3, 4] + ([5] if STUDY_POINTS else [])
+
+
 rule tables:
     input:
         RUN_OUTPUTS,
@@ -32,9 +36,9 @@ rule figures:
                 caption=caption_file(f"fig{i}"),
                 category="Figures",
             )
-            for i in range(1, 6)
+            for i in FIGURE_NUMBERS
         ],
-        [f"{FIGURES_DIR}/fig{i}.pdf" for i in range(1, 6)],
+        [f"{FIGURES_DIR}/fig{i}.pdf" for i in FIGURE_NUMBERS],
     log:
         f"{LOGS}/figures.log",
     conda:
@@ -61,7 +65,7 @@ rule paper_main:
     conda:
         ENV
     shell:
-        "cp {input:q} {output:q} > {log:q} 2>&1"
+        "(cp {input:q} {output:q}.tmp && mv {output:q}.tmp {output:q}) > {log:q} 2>&1"
 
 
 rule appendix:

@@ -4,6 +4,7 @@
 from attnid.studies import (
     STUDY_CASE,
     check_study_config,
+    reused_points,
     study_points,
     study_run_settings,
 )
@@ -25,22 +26,25 @@ STUDY_RUN_DIRS = {
     ]
     for study, points in STUDY_POINTS.items()
 }
+# "<study>/<point>" -> "<study>/<point>" of the earlier point that trains the same model with the same
+# settings (e.g. variants/mha -> heads/h4): its runs are copied, not trained again.
+REUSED_STUDY_RUNS = {
+    f"{study}/{point}": f"{source_study}/{source_point}"
+    for (study, point), (source_study, source_point) in reused_points(config).items()
+}
 STUDY_OUTPUTS = [
     f"{run_dir}/{name}"
     for run_dirs in STUDY_RUN_DIRS.values()
     for run_dir in run_dirs
     for name in ("metrics.csv", "run.json")
 ]
-STUDY_TABLE_FILES = [
-    f"{TABLES_DIR}/{name}"
-    for name in [
-        "heads.csv",
-        "heads.tex",
-        "variants.csv",
-        "variants.tex",
-        "identification_correlation.csv",
-    ]
-]
+# A config without study sections (heads: null, variants: null) has no study jobs and no Figure 5.
+STUDY_TABLE_FILES = (
+    [f"{TABLES_DIR}/{study}.{ext}" for study in STUDY_POINTS for ext in ("csv", "tex")]
+    + [f"{TABLES_DIR}/identification_correlation.csv"]
+    if STUDY_POINTS
+    else []
+)
 
 
 def study_flags(wildcards):
@@ -52,3 +56,8 @@ def study_flags(wildcards):
         seed=int(wildcards.seed),
     )
     return train_flags(STUDY_CASE, settings)
+
+
+def reused_run_file(wildcards, name):
+    source = REUSED_STUDY_RUNS[wildcards.reused]
+    return f"{RESULTS}/studies/{source}/seed{wildcards.seed}/{name}"
