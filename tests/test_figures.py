@@ -28,8 +28,14 @@ def test_all_four_figures_are_written_as_png_and_pdf(tmp_path):
     runs_dir, sweep_dir = write_study(tmp_path)
     tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")
     write_theory(tmp_path / "theory")
+    import matplotlib
+
+    switched = ("backend", "backend_fallback")  # the figures draw with Agg, headless
+    before = {key: value for key, value in matplotlib.rcParams.items() if key not in switched}
     paths = figures.make_figures(tmp_path / "tables", runs_dir, tmp_path / "theory", tmp_path / "figs")
     assert sorted(p.name for p in paths) == sorted(f"fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf"))
+    # the figures' style stays with the figures: the caller's matplotlib settings are unchanged
+    assert {key: value for key, value in matplotlib.rcParams.items() if key not in switched} == before
     for path in paths:
         head = path.read_bytes()[:8]
         assert head.startswith(b"\x89PNG" if path.suffix == ".png" else b"%PDF"), path
@@ -181,8 +187,8 @@ def test_figure_3_splits_beta_with_the_sgd_wd_prediction_on_its_first_order_part
 
 def test_pdfs_embed_truetype_not_type3_fonts(tmp_path):
     plt = figures._pyplot()
-    assert plt.rcParams["pdf.fonttype"] == 42 and plt.rcParams["ps.fonttype"] == 42
-    fig, ax = plt.subplots()
+    assert figures.STYLE["pdf.fonttype"] == 42 and figures.STYLE["ps.fonttype"] == 42
+    fig, ax = plt.subplots()  # made outside the style: save_figure still writes TrueType
     ax.set_title(r"$\beta_{QK}$ and text")
     (pdf,) = [p for p in figures.save_figure(fig, tmp_path, "fonts") if p.suffix == ".pdf"]
     plt.close(fig)

@@ -214,6 +214,40 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
     assert r"\label{tab:study-heads}" in text and r"\label{tab:study-variants}" in text
 
 
+def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synthetic_study, monkeypatch):
+    """Study tables, Figure 5 and prune.tex of an earlier build sit in the folders; --omit leaves them out."""
+    tables = tmp_path / "tables"
+    studies.write_study_tables({s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables)
+    (tables / "prune.tex").write_text("\\begin{table}PRUNE-LEFTOVER\\end{table}\n")
+    figs = tmp_path / "figs"
+    figs.mkdir()
+    for i in range(1, 6):
+        (figs / f"fig{i}.pdf").write_bytes(b"%PDF-1.4 /MediaBox [0 0 400 300]")
+    out = tmp_path / "paper" / "appendix.tex"
+    full = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
+    assert "fig5.pdf" in full and r"\label{tab:study-heads}" in full and "PRUNE-LEFTOVER" in full
+    lean = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs,
+                                 omit=("studies", "edits"))
+    for leftover in ("fig5.pdf", "tab:study-heads", "tab:study-variants", "Does identification buy anything",
+                     "PRUNE-LEFTOVER"):
+        assert leftover not in lean, leftover
+    assert "fig4.pdf" in lean
+    # the figures command: no Figure 5 from the leftover study tables with --no-studies
+    (tables / "sweep.csv").write_text("optimizer\n")
+    drawn = []
+    for name in ("figure_identification", "figure_training", "figure_conservation", "figure_sweep"):
+        monkeypatch.setattr(figures, name, lambda *args, **kwargs: [])
+    monkeypatch.setattr(figures, "figure_identification_study", lambda *args: drawn.append("fig5") or [])
+    monkeypatch.setattr(figures, "load_runs_by_case", lambda *args: {"adamw": ["a run"]})
+    theory = _theory(tmp_path)[0].parent
+    assert main(["figures", "--tables", str(tables), "--runs", "r", "--theory-dir", str(theory), "--out-dir",
+                 str(figs), "--no-studies"]) == 0
+    assert drawn == []
+    assert main(["figures", "--tables", str(tables), "--runs", "r", "--theory-dir", str(theory), "--out-dir",
+                 str(figs)]) == 0
+    assert drawn == ["fig5"]
+
+
 def _theory(tmp_path):
     """The three theory CSVs of `attnid counts` and a tiny `attnid verify`-shaped nullity table."""
     theory = tmp_path / "theory"

@@ -22,6 +22,7 @@ Each is written as PNG and PDF. Only the Agg backend is used (no display needed)
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -75,8 +76,17 @@ def _pyplot():
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update(STYLE)
     return plt
+
+
+def styled(draw):
+    """Run a drawing (or saving) function under :data:`STYLE` in matplotlib's ``rc_context``: every figure
+    gets the one style, and the caller's own matplotlib settings are left as they were."""
+    @functools.wraps(draw)
+    def in_style(*args, **kwargs):
+        with _pyplot().rc_context(STYLE):
+            return draw(*args, **kwargs)
+    return in_style
 
 
 def case_style(case: str) -> dict:
@@ -86,6 +96,7 @@ def case_style(case: str) -> dict:
     return {"color": "gray", "label": str(case), "linestyle": "-", "marker": "o"}
 
 
+@styled
 def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
     """Write ``name.png`` and ``name.pdf`` atomically; returns both paths."""
     paths = []
@@ -197,6 +208,7 @@ def lr_schedule(config: dict):
 
 # ---------------------------------------------------------------------------- figure 1
 
+@styled
 def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Figure 1 (T3, T5): identified fraction vs heads, closed forms + nullity + real models."""
     from attnid.counts import identified_fraction
@@ -265,6 +277,7 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
 
 # ---------------------------------------------------------------------------- figure 2
 
+@styled
 def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     """Figure 2 (E1, E2): loss and ρ (QK, OV) vs step for every case."""
     plt = _pyplot()
@@ -321,6 +334,7 @@ def _figure_legend(fig, ax, ncol: int = 6) -> None:
 
 # ---------------------------------------------------------------------------- figure 3
 
+@styled
 def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
     """Figure 3 (E1-E3): per case (columns), β_QK and β_OV split into drift1 + drift2, and μ."""
     from matplotlib.lines import Line2D
@@ -410,6 +424,7 @@ def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
     return paths
 
 
+@styled
 def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
     """Figure 4 from the sweep and slope tables; returns the matplotlib figure."""
     plt = _pyplot()
@@ -461,7 +476,7 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 
 # ---------------------------------------------------------------------------- command line
 
-def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None) -> list[Path]:
+def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None, studies: bool = True) -> list[Path]:
     """Draw figures 1-4 (and 5 when the study tables exist) into ``out_dir``; returns the written paths (the sweep is read from the tables)."""
     for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
         if not needed.is_file():
@@ -474,7 +489,7 @@ def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None) ->
     paths += figure_training(runs, out_dir)
     paths += figure_conservation(runs, out_dir)
     paths += figure_sweep(tables_dir, out_dir)
-    if any((Path(tables_dir) / name).is_file() for name in STUDY_TABLES):  # a config with the studies
+    if studies and any((Path(tables_dir) / name).is_file() for name in STUDY_TABLES):  # a config with the studies
         paths += figure_identification_study(tables_dir, out_dir)
     return paths
 
@@ -483,12 +498,14 @@ def add_figures_arguments(parser) -> None:
     parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
     parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
-    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 .png/.pdf go")
+    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 (and fig5) .png/.pdf go")
+    parser.add_argument("--no-studies", dest="studies", action="store_false",
+                        help="no Figure 5, even where study tables of an earlier build exist")
 
 
 def run_figures(args) -> int:
     check_run_selection(args)
-    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs)
+    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs, studies=args.studies)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
 
@@ -525,6 +542,7 @@ def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFram
     return series, heads[heads["n_embd"] != sweep_embd]
 
 
+@styled
 def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
     """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
     against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ

@@ -186,6 +186,9 @@ FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5")
 OPTIONAL_FIGURES = ("fig5",)
 # The studies' tables (attnid studies), included when present, each after its own paragraph.
 STUDY_TABLES = ("heads.tex", "variants.tex")
+# The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
+# build with a stage turned off never includes that stage's leftovers from an earlier build.
+OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"}}
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
@@ -247,11 +250,11 @@ def figure_caption(name: str, caption_dir=None) -> dict:
         heading["rest"], str(source))}
 
 
-def _figures(figures, out_dir: Path) -> list[dict]:
+def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[dict]:
     """Each figure's PDF (relative to the appendix) with its caption; one error lists all missing."""
     if figures is None:
         return []
-    present = [name for name in FIGURES if (Path(figures) / f"{name}.pdf").is_file()]
+    present = [name for name in FIGURES if name not in omitted and (Path(figures) / f"{name}.pdf").is_file()]
     missing = [f"{name}.pdf" for name in FIGURES if name not in present and name not in OPTIONAL_FIGURES]
     if missing:
         raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
@@ -293,30 +296,32 @@ def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
 
 
 def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
-                    template_dir=None) -> str:
+                    template_dir=None, omit=()) -> str:
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, plus the
-    experiment tables and figures when given)."""
+    experiment tables and figures when given), without the tables and figures of the ``omit`` parts
+    (:data:`OPTIONAL_PARTS`)."""
     counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
     nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured",
                                                        "gap", "passed"})
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
     templates = find_template_dir(template_dir)
     out_dir = Path(out_path).resolve().parent
+    omitted = frozenset().union(*(OPTIONAL_PARTS[part] for part in omit))
 
     experiment_blocks = []
     if experiment_tables is not None:
         for name in EXPERIMENT_TABLES:
             path = Path(experiment_tables) / name
-            if path.is_file():
+            if name not in omitted and path.is_file():
                 experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
                                           "landscape": name in LANDSCAPE_TABLES})
     study_blocks = []
     if experiment_tables is not None:
         for name in STUDY_TABLES:
             path = Path(experiment_tables) / name
-            if path.is_file():
+            if name not in omitted and path.is_file():
                 study_blocks.append({"name": name, "text": path.read_text(encoding="utf-8")})
-    figure_entries = _figures(figures, out_dir)
+    figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
     sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks + study_blocks]
@@ -352,6 +357,9 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--templates", default=None,
                         help="template folder overriding the package's (copy of attnid/templates)")
     parser.add_argument("--pdf", action="store_true", help="then run latexmk -pdf on main.tex next to --out")
+    parser.add_argument("--omit", nargs="+", default=[], choices=sorted(OPTIONAL_PARTS), metavar="PART",
+                        help="leave out the tables and figures of these optional stages even where files of an "
+                             f"earlier build exist ({', '.join(sorted(OPTIONAL_PARTS))})")
 
 
 def compile_pdf(main_tex: Path) -> Path:
@@ -384,7 +392,7 @@ def run_appendix(args: argparse.Namespace) -> int:
     from attnid.files import write_text_atomic
 
     text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
-                           args.figures, args.templates)
+                           args.figures, args.templates, omit=args.omit)
     write_text_atomic(args.out, text)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")

@@ -4,6 +4,10 @@
 
 # Figures 1-4 always; Figure 5 draws the identification studies, when the config has them.
 FIGURE_NUMBERS = [1, 2, 3, 4] + ([5] if STUDY_POINTS else [])
+# The optional stages this config leaves out: their files of an earlier build are never shown.
+OMITTED_PARTS = [
+    part for part, on in (("studies", STUDY_POINTS), ("edits", EDITS)) if not on
+]
 
 
 rule tables:
@@ -48,8 +52,9 @@ rule figures:
         tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
         theory=lambda wildcards, input: os.path.dirname(input.nullity),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+        studies="" if STUDY_POINTS else "--no-studies",
     shell:
-        "attnid figures --tables {params.tables:q} --runs {params.runs}"
+        "attnid figures --tables {params.tables:q} --runs {params.runs} {params.studies}"
         " --theory-dir {params.theory:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
@@ -89,7 +94,8 @@ rule appendix:
         tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
         figures=lambda wildcards, input: os.path.dirname(input.figures[0]),
         pdf="--pdf" if want_pdf() else "",
+        omit=f"--omit {' '.join(OMITTED_PARTS)}" if OMITTED_PARTS else "",
     shell:
         "attnid appendix --counts {input.counts:q} --nullity {input.nullity:q} --single-head {input.single_head:q}"
         " --out {output.appendix:q} --experiment-tables {params.tables:q} --figures {params.figures:q}"
-        " {params.pdf} > {log:q} 2>&1"
+        " {params.omit} {params.pdf} > {log:q} 2>&1"
