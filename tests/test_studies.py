@@ -214,6 +214,17 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
     assert r"\label{tab:study-heads}" in text and r"\label{tab:study-variants}" in text
 
 
+@pytest.mark.parametrize("values, gap", [([0.5], 0.1), ([0.90, 0.91, 0.95, 0.953, 0.957], 0.02),
+                                         ([0.1, 0.5, 0.9], 0.05), ([0.3, 0.3, 0.3], 0.01)])
+def test_figure_5_labels_are_spread_at_least_a_gap_apart_and_stay_near_their_points(values, gap):
+    positions = figures.spread_positions(values, gap)
+    assert len(positions) == len(values)
+    assert all(b - a >= gap - 1e-12 for a, b in zip(positions, positions[1:]))  # order kept, no overlap
+    assert sum(positions) == pytest.approx(sum(values))  # centred on the points
+    if all(b - a >= gap for a, b in zip(values, values[1:])):
+        assert positions == pytest.approx(values)  # labels that do not collide stay where their points are
+
+
 def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synthetic_study, monkeypatch):
     """Study tables, Figure 5 and prune.tex of an earlier build sit in the folders; --omit leaves them out."""
     tables = tmp_path / "tables"

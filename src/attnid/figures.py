@@ -560,11 +560,10 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
     panels = [(axes[1], "final_val_loss", "final val loss", False), (axes[2], "rho_qk_mean", r"mean $\rho$", True)]
     for ax, column, ylabel, log_y in panels:
         if not series.empty:
-            _draw_series(ax, series, column, HEADS_COLOR, "head sweep $H$ (at $E$, $D = E/H$)" +
-                         (r", $\rho_{QK}$" if log_y else ""))
+            _draw_series(ax, series, column, HEADS_COLOR, "head sweep $H$ (at $E$, $D = E/H$)")
             if log_y:
-                _draw_series(ax, series, "rho_ov_mean", HEADS_COLOR, r"head sweep, $\rho_{OV}$", linestyle="--",
-                             hollow=True)
+                _draw_series(ax, series, "rho_ov_mean", HEADS_COLOR, r"head sweep, $\rho_{OV}$ (right)",
+                             linestyle="--", hollow=True)
         for row, color, marker in labelled:
             _draw_point(ax, row, column, color, marker, label=_point_label(row))
             if log_y:
@@ -582,6 +581,16 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
     return fig
 
 
+def spread_positions(values: list[float], min_gap: float) -> list[float]:
+    """Positions for labels of sorted ``values``: in the same order, at least ``min_gap`` apart, as close to
+    the values as that allows (pushed apart upwards, then the block re-centred on the values' mean)."""
+    positions = []
+    for value in values:
+        positions.append(value if not positions else max(value, positions[-1] + min_gap))
+    shift = (sum(values) - sum(positions)) / len(values) if values else 0.0
+    return [position + shift for position in positions]
+
+
 def _point_label(row) -> str:
     return f"{row['point']}: {row['label']}" + (f", E={int(row['n_embd'])}" if "n_embd" in row else "")
 
@@ -592,18 +601,27 @@ def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
     ax.plot(heads, 1.0 - 1.0 / (2.0 * heads), color=PREDICTION_COLOR, label=r"MHA: $1 - 1/(2H)$")
     if not series.empty:
         ax.plot(series["n_head"], series["identified_fraction"], "o", color=HEADS_COLOR)
-    placed: dict[int, int] = {}  # labels already put at each head count: stagger the next one
     for row, color, marker in labelled:
         ax.plot(row["n_head"], row["identified_fraction"], marker, color=color, markerfacecolor="none")
-        nth = placed.get(int(row["n_head"]), 0)
-        placed[int(row["n_head"])] = nth + 1
-        ax.annotate(row["point"], (row["n_head"], row["identified_fraction"]), xytext=(6 + 34 * (nth % 2), 0),
-                    textcoords="offset points", fontsize=6, color=color, va="center")
     ax.set_xscale("log", base=2)
+    ax.autoscale_view()
+    low, high = ax.get_ylim()
+    # the labels of points at one head count (the variants all sit at the model's H) stacked in a column
+    # right of them, at least a label's height apart, each tied to its point by a thin line
+    by_heads: dict[int, list] = {}
+    for row, color, _ in labelled:
+        by_heads.setdefault(int(row["n_head"]), []).append((float(row["identified_fraction"]), row["point"], color))
+    for n_head, points in by_heads.items():
+        points.sort()
+        label_ys = spread_positions([y for y, _, _ in points], min_gap=0.045 * (high - low))
+        for (y, name, color), label_y in zip(points, label_ys):
+            ax.annotate(name, (n_head, y), xytext=(14, label_y), textcoords=("offset points", "data"),
+                        fontsize=6, color=color, va="center",
+                        arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.5, "shrinkA": 0,
+                                    "shrinkB": 3})
     ax.set_xlabel("query heads $H$")
     ax.set_ylabel(r"identified fraction $f_\mathrm{id}$")
     ax.set_title("closed form, every trained shape")
-    ax.legend(loc="lower right", fontsize=7)
 
 
 def _draw_series(ax, series: pd.DataFrame, column: str, color: str, label: str, linestyle: str = "-",
@@ -614,10 +632,11 @@ def _draw_series(ax, series: pd.DataFrame, column: str, color: str, label: str, 
     ax.plot(x, mean, marker="o", linestyle=linestyle, color=color, label=label,
             markerfacecolor="none" if hollow else color)
     ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=BAND_ALPHA, linewidth=0)
-    for xi, yi, name in zip(x, mean, series["n_head"]):
-        if np.isfinite(yi) and not hollow:
-            ax.annotate(f"H={int(name)}", (xi, yi), xytext=(0, 5), textcoords="offset points", fontsize=6,
-                        color=color, ha="center")
+    for index, (xi, yi, name) in enumerate(zip(x, mean, series["n_head"])):
+        if np.isfinite(yi) and not hollow:  # above and below in turn: neighbours at large H sit close
+            ax.annotate(f"H={int(name)}", (xi, yi), xytext=(0, 5 if index % 2 == 0 else -5),
+                        textcoords="offset points", fontsize=6, color=color, ha="center",
+                        va="bottom" if index % 2 == 0 else "top")
 
 
 def _draw_point(ax, row, column: str, color: str, marker: str, label: str | None = None,
