@@ -4,6 +4,7 @@ prediction, seed bands, diverged sweep points marked."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -152,6 +153,17 @@ def test_the_float64_sgd_sweep_shows_the_slope_of_both_circuits(tmp_path):
     figures._pyplot().close(fig)
 
 
+def test_a_sum_of_rounded_steps_has_a_floor_that_grows_like_the_root_of_its_length():
+    # float64 SGD's first-order drift after 1,500 steps (the default build: ~1.5e-15) is round-off,
+    # though a single rounded quantity that large would not be
+    assert figures.round_off_ceiling("float64", 1500) == pytest.approx(10 * 1e-16 * 1500 ** 0.5)
+    assert figures.at_round_off([1e-16, 8e-16, 1.5e-15], "float64", steps=1500)
+    assert not figures.at_round_off([1e-16, 8e-16, 1.5e-15], "float64")
+    assert not figures.at_round_off([1e-3, 0.2], "float64", steps=1500)  # a real drift is never a floor
+    assert not figures.at_round_off([1e-4], "float32", steps=1500)  # float32: 10 * 1e-7 * 38.7 = 3.9e-5
+    assert figures.at_round_off([3e-5], "float32", steps=1500)
+
+
 def test_figure_2_marks_round_off_rho_as_a_band(tmp_path, monkeypatch):
     runs_dir, _ = write_study(tmp_path)
     kept = _captured(monkeypatch)
@@ -176,7 +188,8 @@ def test_figure_3_splits_beta_with_the_sgd_wd_prediction_on_its_first_order_part
     columns = list(runs)
     sgd_qk, sgd_wd_qk = grid[0][columns.index("sgd")], grid[0][columns.index("sgd_wd")]
     assert sgd_qk.get_title() == "SGD" and sgd_qk.get_yscale() == "log"
-    assert "float64 round-off: drift1" in _texts(sgd_qk)  # SGD's first-order part sits at the floor
+    # SGD's first-order part sits at the floor of a sum of per-step round-off
+    assert any(re.fullmatch(r"float64 round-off, summed over [\d,]+ steps: drift1", text) for text in _texts(sgd_qk))
     styles = {line.get_linestyle() for line in sgd_qk.get_lines()}
     assert {"-", "--", ":"} <= styles  # beta, drift1, drift2
     predicted = [line for line in sgd_wd_qk.get_lines() if line.get_color() == figures.PREDICTION_COLOR]

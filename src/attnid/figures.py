@@ -144,30 +144,36 @@ def coarsest_dtype(dtypes) -> str:
     return max(known, key=ROUND_OFF_FLOOR.get) if known else "float32"
 
 
-def at_round_off(values, dtype: str) -> bool:
+def round_off_ceiling(dtype: str, steps: int = 1) -> float:
+    """The largest value still counted as round-off: ``ROUND_OFF_MARGIN`` floors, times ``sqrt(steps)`` for a
+    sum of ``steps`` per-step terms each rounded independently (the drift parts, docs/design.md §7)."""
+    return ROUND_OFF_MARGIN * ROUND_OFF_FLOOR[dtype] * math.sqrt(max(int(steps), 1))
+
+
+def at_round_off(values, dtype: str, steps: int = 1) -> bool:
     """Whether a relative quantity is numerical round-off for runs trained in ``dtype``: its largest
-    finite value is below ``ROUND_OFF_MARGIN`` times the dtype's floor (all zero counts as round-off)."""
+    finite value is below :func:`round_off_ceiling` (all zero counts as round-off)."""
     values = pd.to_numeric(pd.Series(values, dtype=float), errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
     if not len(values):
         return False
-    return float(values.abs().max()) < ROUND_OFF_MARGIN * ROUND_OFF_FLOOR[dtype]
+    return float(values.abs().max()) < round_off_ceiling(dtype, steps)
 
 
-def draw_floor_bands(ax, floors: dict[str, list[str]]) -> None:
-    """One labelled band per precision, floor/10 .. 10 x floor, naming the series at its round-off
-    (on a log y axis, extended down to show the whole band)."""
+def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1) -> None:
+    """One labelled band per precision, floor/10 .. :func:`round_off_ceiling`, naming the series at its
+    round-off (on a log y axis, extended down to show the whole band)."""
     from matplotlib.transforms import blended_transform_factory
 
     for dtype, labels in floors.items():
         if not labels:
             continue
-        floor = ROUND_OFF_FLOOR[dtype]
+        floor, ceiling = ROUND_OFF_FLOOR[dtype], round_off_ceiling(dtype, steps)
         ax.set_yscale("log")
         bottom, top = ax.get_ylim()
-        ax.set_ylim(min(bottom, floor / ROUND_OFF_MARGIN / 3), top)
-        ax.axhspan(floor / ROUND_OFF_MARGIN, floor * ROUND_OFF_MARGIN, color=FLOOR_COLOR, alpha=0.35, linewidth=0,
-                   zorder=0)
-        ax.text(0.02, floor * ROUND_OFF_MARGIN, f"{dtype} round-off: {', '.join(dict.fromkeys(labels))}",
+        ax.set_ylim(min(bottom, floor / ROUND_OFF_MARGIN / 3), max(top, ceiling * 10))
+        ax.axhspan(floor / ROUND_OFF_MARGIN, ceiling, color=FLOOR_COLOR, alpha=0.35, linewidth=0, zorder=0)
+        summed = f", summed over {steps:,} steps" if steps > 1 else ""
+        ax.text(0.02, ceiling, f"{dtype} round-off{summed}: {', '.join(dict.fromkeys(labels))}",
                 transform=blended_transform_factory(ax.transAxes, ax.transData), fontsize=6, color="#555555",
                 va="bottom", ha="left")
 
@@ -373,18 +379,20 @@ def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
     style = case_style(case)
     dtype = runs_dtype(case_runs)
     plot_band(ax, seed_band(case_runs, f"beta_{circuit}", positive=True), style["color"], None, linestyle="-")
-    floors = {dtype: []}
+    floors, steps = {dtype: []}, 1
     for order, linestyle in ((1, "--"), (2, ":")):
         band = seed_band(case_runs, f"drift{order}_{circuit}", positive=True)
         plot_band(ax, band, style["color"], None, linestyle=linestyle)
-        if not band.empty and at_round_off(band["max"], dtype):
+        # a drift part sums one rounded term per step since its reference: its round-off grows like sqrt(t)
+        if not band.empty and at_round_off(band["max"], dtype, steps=int(band["step"].max())):
             floors[dtype].append(f"drift{order}")
+            steps = int(band["step"].max())
     prediction = seed_band(case_runs, f"drift1_pred_{circuit}", positive=True)
     if not prediction.empty:  # the prediction from the run's own imbalances (docs/design.md §7)
         ax.plot(prediction["step"], prediction["mean"], color=PREDICTION_COLOR, linewidth=3, alpha=0.6, zorder=1)
     elif CASES.get(case) is not None and CASES[case].coupled_weight_decay:
         _overlay_sgd_wd_prediction(ax, case_runs, circuit)  # runs without drift columns: the closed form
-    draw_floor_bands(ax, floors)
+    draw_floor_bands(ax, floors, steps)
     ax.set_yscale("log")
 
 
