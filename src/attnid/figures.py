@@ -383,10 +383,13 @@ def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
     for order, linestyle in ((1, "--"), (2, ":")):
         band = seed_band(case_runs, f"drift{order}_{circuit}", positive=True)
         plot_band(ax, band, style["color"], None, linestyle=linestyle)
+        if band.empty:
+            continue
         # a drift part sums one rounded term per step since its reference: its round-off grows like sqrt(t)
-        if not band.empty and at_round_off(band["max"], dtype, steps=int(band["step"].max())):
+        band_steps = int(band["step"].max())
+        if at_round_off(band["max"], dtype, steps=band_steps):
             floors[dtype].append(f"drift{order}")
-            steps = int(band["step"].max())
+            steps = max(steps, band_steps)
     prediction = seed_band(case_runs, f"drift1_pred_{circuit}", positive=True)
     if not prediction.empty:  # the prediction from the run's own imbalances (docs/design.md §7)
         ax.plot(prediction["step"], prediction["mean"], color=PREDICTION_COLOR, linewidth=3, alpha=0.6, zorder=1)
