@@ -26,10 +26,11 @@ TINY = GPTConfig(block_size=32, vocab_size=65, n_layer=2, n_head=2, n_embd=16, d
 TOLERANCE = 1e-5  # max |logit change| / max |logit|, float32
 
 
-def trained_model(bias: bool = True, seed: int = 0) -> GPT:
-    """A tiny GPT after a few AdamW steps, so that every bias is off its zero init."""
+def trained_model(bias: bool = True, seed: int = 0, **variant) -> GPT:
+    """A tiny GPT (of an attention ``variant``: n_kv_head, rope, ...) after a few AdamW steps, so that every
+    bias is off its zero init."""
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**{**TINY.model_args(), "bias": bias}))
+    model = GPT(GPTConfig(**{**TINY.model_args(), "bias": bias, **variant}))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(5):
@@ -252,12 +253,31 @@ def test_code_carrying_checkpoints_are_refused_before_the_code_runs(tmp_path, ca
     assert not (tmp_path / "p.pt").exists() and not (tmp_path / "b.pt").exists()
 
 
-@pytest.mark.parametrize("variant, command", [({"n_kv_head": 1}, "prune-biases"), ({"rope": True}, "balance")])
+@pytest.mark.parametrize("variant, command", [({"n_kv_head": 1}, ["prune-biases"]),
+                                             ({"rope": True}, ["balance", "--target", "initial"])])
 def test_variants_outside_the_edits_are_one_line_errors(tmp_path, capsys, variant, command):
-    """GQA layouts are not (3E, E); RoPE pairs have a smaller orbit than the GL_D that balance uses."""
-    model = trained_model()
-    checkpoint = {"model": model.state_dict(), "model_args": {**model.config.model_args(), **variant}}
-    torch.save(checkpoint, tmp_path / "ckpt.pt")
-    assert run(command, tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt") == 2
+    """GQA layouts are not (3E, E) for prune-biases; I_0 targets are stored for plain multi-head pairs only."""
+    save_nanogpt(trained_model(**variant), tmp_path / "ckpt.pt", compiled=False)
+    assert run(*command[:1], tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", *command[1:]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("variant", [{"n_kv_head": 1}, {"rope": True}, {"rope": True, "n_kv_head": 1},
+                                     {"n_kv_head": 1, "head_dim": 6}])
+def test_balance_moves_gqa_and_rope_checkpoints_on_their_own_orbits(tmp_path, variant):
+    """μ = 0 on the architecture's own orbit (docs/design.md §8), the function unchanged: a full GL_D move
+    of a RoPE pair would change it, so the logit check tests the restriction."""
+    model = trained_model(seed=2, **variant)
+    save_nanogpt(model, tmp_path / "ckpt.pt")
+    assert run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "balanced.pt", "--json", tmp_path / "b.json") == 0
+    balanced = load_nanogpt_checkpoint(tmp_path / "balanced.pt")
+    assert relative_logit_change(balanced, model) <= TOLERANCE
+    before, after = inspect_model(model)["total"], inspect_model(balanced)["total"]
+    assert min(before["mu_qk"], before["mu_ov"]) > 1e-3  # training left the pairs unbalanced
+    assert max(abs(after["mu_qk"]), abs(after["mu_ov"])) < 1e-6
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["orbit"] == "own" and report["skipped_pairs"] == 0
+    assert report["mu_qk_before"] == pytest.approx(before["mu_qk"]) and report["mu_ov_after"] < 1e-6
+    assert report["attn_norm_after"] < report["attn_norm_before"]
+    assert report["max_rel_logit_change"] <= TOLERANCE

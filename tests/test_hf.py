@@ -176,6 +176,7 @@ class RunsShell:
 
 def test_code_carrying_pytorch_model_bin_is_refused(tmp_path, capsys):
     tiny_gpt2(tmp_path / "gpt2", "bin")
+    capsys.readouterr()  # save_pretrained's progress bar (shown unless an earlier test turned it off)
     state = torch.load(tmp_path / "gpt2" / "pytorch_model.bin", weights_only=True)
     marker = tmp_path / "marker"
     (tmp_path / "gpt2" / "pytorch_model.bin").write_bytes(pickle.dumps({**state, "payload": RunsShell(marker)}))

@@ -11,7 +11,10 @@
   factor pair is moved along its orbit to ``A A^T = B B^T`` (Lemma 4.1/4.6: the
   product ``A^T B``, hence the function, is unchanged), the point of least
   attention weight norm on the orbit (``mu = 0``); ``--target initial`` moves it
-  to the imbalance ``I_0`` that ``attnid train`` recorded at initialisation.
+  to the imbalance ``I_0`` that ``attnid train`` recorded at initialisation. Grouped-query
+  and RoPE checkpoints of ``attnid train`` are balanced on their own, smaller orbits
+  (docs/design.md §8) by the move the rebalancing runs make; a full ``GL_D`` move would
+  change a RoPE model's function.
 
 Each command proves its edit: logits and loss on a held-out batch before and after,
 the "after" model being loaded back from the written file (nanoGPT: our
@@ -26,10 +29,11 @@ from pathlib import Path
 
 import torch
 
-from attnid import symmetry
+from attnid import orbits, symmetry
 from attnid.checkpoints import (NANOGPT, AttentionLayer, Checkpoint, check_output_path, load_checkpoint,
                                 save_checkpoint)
 from attnid.errors import UserError
+from attnid.model import COMPILED_PREFIX
 from attnid.symmetry import CIRCUITS
 
 BALANCE_TARGETS = ("balanced", "initial")
@@ -146,9 +150,9 @@ def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
     return bool(args.get("rope", False)), resized
 
 
-def check_plain_layout(checkpoint: Checkpoint, command: str, allow_rope: bool) -> bool:
+def check_plain_layout(checkpoint: Checkpoint, command: str, allow_rope: bool, allow_resized: bool = False) -> bool:
     rope, resized = attention_variant(checkpoint)
-    if resized:
+    if resized and not allow_resized:
         raise UserError(f"{checkpoint.path} has grouped key/value heads or a head_dim other than n_embd/n_head; "
                         f"{command} edits the (3E, E) attention layout of nanoGPT and GPT-2 only")
     if rope and not allow_rope:
@@ -199,13 +203,13 @@ def _initial_imbalance(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     return initial
 
 
-def _edit_and_prove(args, command: str, edit, allow_rope: bool) -> dict:
+def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: bool = False) -> dict:
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
     from attnid.heldout import compare, evaluate, heldout_batch, load_for_eval
 
     check_output_path(args.checkpoint, args.out)
     checkpoint = load_checkpoint(args.checkpoint)
-    rope = check_plain_layout(checkpoint, command, allow_rope)
+    rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
     batch, token_source = heldout_batch(checkpoint, args)
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
     report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
@@ -249,8 +253,52 @@ def run_prune_biases(args) -> int:
     return _finish(report, args.json, lines)
 
 
+def _float64_model(checkpoint: Checkpoint):
+    from attnid.model import model_from_checkpoint
+
+    return model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).double().eval()
+
+
+def orbit_summary(model) -> dict[str, float]:
+    """:func:`pair_summary` for any architecture: ``mu_qk``, ``mu_ov`` on the model's own orbit and ``attn_norm``,
+    the Frobenius norm of every pair entry (a GQA group's shared key or value counted once)."""
+    from attnid.metrics import excess_norm
+
+    row, total_sq = {}, 0.0
+    for circuit in CIRCUITS:
+        kind = orbits.orbit_kind(model, circuit)
+        pair_a, pair_b = (torch.cat(part) for part in zip(*orbits.model_pairs(model, circuit)))
+        frobenius_sq, minimum = orbits.excess_norm_terms(kind, pair_a, pair_b)
+        row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
+        total_sq += float(frobenius_sq.sum())
+    row["attn_norm"] = math.sqrt(total_sq)
+    return row
+
+
+def balance_on_own_orbit(checkpoint: Checkpoint, target: str) -> dict:
+    """Balance a grouped-query, RoPE or own-head-width checkpoint of ``attnid train`` on its architecture's own
+    orbit (docs/design.md §8): :func:`attnid.orbits.rebalance_model`, the move the rebalancing runs make, on a
+    float64 copy of the model; the attention tensors are written back in their stored dtype."""
+    if target != "balanced":
+        raise UserError(f"{checkpoint.path} has grouped key/value heads or RoPE: balance it with --target balanced "
+                        f"(--target initial is for plain multi-head checkpoints)")
+    model = _float64_model(checkpoint)
+    before = orbit_summary(model)
+    skipped = sum(orbits.rebalance_model(model, circuit).skipped for circuit in CIRCUITS)
+    moved = model.state_dict()
+    for key, stored in checkpoint.tensors.items():
+        name = key.removeprefix(COMPILED_PREFIX)
+        if ".attn." in name and name in moved:
+            checkpoint.tensors[key] = moved[name].to(stored.dtype).contiguous()
+    after = orbit_summary(_float64_model(checkpoint))  # as stored (its dtype)
+    return {"target": target, "orbit": "own", "skipped_pairs": skipped, **{f"{k}_before": v for k, v in before.items()},
+            **{f"{k}_after": v for k, v in after.items()}}
+
+
 def run_balance(args) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
+        if rope or attention_variant(checkpoint)[1]:
+            return balance_on_own_orbit(checkpoint, args.target)
         targets = _initial_imbalance(checkpoint) if args.target == "initial" else None
         layers = checkpoint.attention_layers()
         before = pair_summary(layers, checkpoint.n_head)
@@ -260,7 +308,7 @@ def run_balance(args) -> int:
         return {"target": args.target, "skipped_pairs": skipped, **{f"{k}_before": v for k, v in before.items()},
                 **{f"{k}_after": v for k, v in after.items()}}
 
-    report = _edit_and_prove(args, "balance", edit, allow_rope=False)
+    report = _edit_and_prove(args, "balance", edit, allow_rope=True, allow_resized=True)
     lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}; "
              f"target {report['target']}, {report['skipped_pairs']} pair(s) skipped (near rank-deficient)",
              f"mu_qk {report['mu_qk_before']:.4g} -> {report['mu_qk_after']:.4g}; "
