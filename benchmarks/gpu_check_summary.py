@@ -154,7 +154,7 @@ def _verdict(value: float, threshold: float, applies: bool, resolved: bool = Tru
 
 
 def summary_row(run_dir: Path) -> dict:
-    from attnid.tables import FLOAT64_ONLY, RHO_SGD_MAX, TAU_MAX, resolves
+    from attnid.reports.tables import FLOAT64_ONLY, RHO_SGD_MAX, TAU_MAX, resolves
 
     result = json.loads((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
     run = json.loads((run_dir / "run.json").read_text(encoding="utf-8")) if (run_dir / "run.json").is_file() else {}

@@ -35,9 +35,9 @@ import time
 
 import torch
 
-from attnid import orbit
-from attnid.metrics import MetricTracker
-from attnid.model import GPT, GPTConfig
+from attnid.measure import rebalancing
+from attnid.measure.metrics import MetricTracker
+from attnid.model.gpt import GPT, GPTConfig
 
 CLOCK = time.process_time
 
@@ -96,7 +96,7 @@ def main() -> None:
         snapshot_ms = timed(lambda: snap.setdefault("pre", tracker.snapshot(model)))
         train_ms.append(timed(train_step))
         step_ms = timed(lambda: tracker.step_metrics(model, snap["pre"]))
-        tau_ms = timed(lambda: orbit.tau_probe(model, tracker))
+        tau_ms = timed(lambda: rebalancing.tau_probe(model, tracker))
         state_ms = timed(lambda: tracker.state_metrics(model))
         forwards_ms = timed(lambda: (tracker.probe(model), tracker.probe(model)))
         if round_index == 0:

@@ -32,9 +32,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from attnid.model import GPT, GPTConfig
-from attnid.config import resolve_config
-from attnid.train import train
+from attnid.model.gpt import GPT, GPTConfig
+from attnid.training.config import resolve_config
+from attnid.training.train import train
 
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
 WARMUP_STEPS = 20  # the short run of each pair: its set-up and warm-up cancel out of the difference
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data
         if data_dir is None:
-            from attnid.data import prepare
+            from attnid.training.data import prepare
 
             data_dir = Path(tmp) / "data"
             prepare(args.text, data_dir)

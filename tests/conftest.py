@@ -57,7 +57,7 @@ def prepared_data_dir(shakespeare_path: Path, tmp_path_factory) -> Path:
 
     Treat it as read-only: copy it before corrupting anything.
     """
-    from attnid.data import prepare
+    from attnid.training.data import prepare
 
     out_dir = tmp_path_factory.mktemp("prepared") / "shakespeare_char"
     prepare(shakespeare_path, out_dir)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from attnid.studies import reused_points, study_points
+from attnid.reports.studies import reused_points, study_points
 
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).

@@ -10,9 +10,10 @@ import tomllib
 import pandas as pd
 import pytest
 
-from attnid import latex, nullity
+from attnid.reports import latex
+from attnid.theory import nullity
 from attnid.cli import main
-from attnid.files import write_csv_atomic
+from attnid.common.files import write_csv_atomic
 from synthetic_runs import write_run, write_study
 
 
@@ -243,10 +244,10 @@ def test_templates_are_package_data(repo_root):
     patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnid"]
     package = repo_root / "src" / "attnid"
     shipped = {path for pattern in patterns for path in package.glob(pattern)}
-    templates = {path for path in (package / "templates").rglob("*") if path.is_file()}
+    templates = {path for path in (package / "reports" / "templates").rglob("*") if path.is_file()}
     assert templates and templates <= shipped, sorted(map(str, templates - shipped))
     assert {f"{name}.rst" for name in latex.FIGURES} <= {path.name for path in templates}
-    assert str(latex.find_template_dir()) == str(package / "templates")
+    assert str(latex.find_template_dir()) == str(package / "reports" / "templates")
     assert not (repo_root / "paper" / "templates").exists()
 
 
@@ -270,7 +271,7 @@ def test_wide_figures_get_a_landscape_page(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnid.latex import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
+    from attnid.reports.latex import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
 
     ratios = {}
     for name, size in {"wide": (12, 6), "square": (6, 6)}.items():

@@ -14,12 +14,14 @@ import pickle
 import pytest
 import torch
 
-from attnid import counts, orbits, symmetry
-from attnid.checkpoints import load_weights_only
+from attnid.model.layout import model_pairs
+from attnid.theory import counts
+from attnid.theory import factor_pairs
+from attnid.common.files import load_weights_only
 from attnid.cli import main
-from attnid.errors import UserError
-from attnid.metrics import inspect_model
-from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.common.errors import UserError
+from attnid.measure.inspect import inspect_model
+from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from test_model import reference_logits  # an independent nanoGPT forward
 
 TINY = GPTConfig(block_size=32, vocab_size=65, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
@@ -102,7 +104,7 @@ def test_prune_biases_is_exact_and_counts_the_redundant_biases(tmp_path, shakesp
 
 @torch.no_grad()
 def pair_imbalances(model: GPT, circuit: str) -> list[torch.Tensor]:
-    return [symmetry.imbalance(*pair) for pair in orbits.model_pairs(model, circuit)]
+    return [factor_pairs.imbalance(*pair) for pair in model_pairs(model, circuit)]
 
 
 def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
@@ -117,8 +119,8 @@ def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
     assert min(before["mu_qk"], before["mu_ov"]) > 1e-3  # training left the pairs unbalanced
     assert max(abs(after["mu_qk"]), abs(after["mu_ov"])) < 1e-6
     for circuit in ("qk", "ov"):
-        for imbalance, (pair_a, _) in zip(pair_imbalances(balanced, circuit), orbits.model_pairs(balanced, circuit)):
-            assert float(imbalance.abs().max()) < 1e-5 * float(symmetry.gram(pair_a).abs().max())
+        for imbalance, (pair_a, _) in zip(pair_imbalances(balanced, circuit), model_pairs(balanced, circuit)):
+            assert float(imbalance.abs().max()) < 1e-5 * float(factor_pairs.gram(pair_a).abs().max())
 
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["mu_qk_before"] == pytest.approx(before["mu_qk"]) and report["mu_qk_after"] < 1e-6

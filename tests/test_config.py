@@ -1,4 +1,4 @@
-"""The options of ``attnid train`` (attnid.config), the case registry (attnid.cases), and the
+"""The options of ``attnid train`` (attnid.training.config), the case registry (attnid.training.cases), and the
 workflow schema that must list the same names."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from dataclasses import fields
 import pytest
 import yaml
 
-from attnid import cases, config
+from attnid.model import moves
+from attnid.training import cases
+from attnid.training import config, precision
 from attnid.cli import build_parser
 
 SCHEMA = "workflow/schemas/config.schema.yaml"
@@ -47,8 +49,8 @@ def test_schema_options_are_train_options_of_the_same_type(repo_root):
     assert set(options) <= set(config.option_names()), set(options) - set(config.option_names())
     for name, spec in options.items():
         if "enum" in spec:
-            allowed = {"rebalance_target": config.REBALANCE_TARGETS, "device": config.DEVICES,
-                       "dtype": config.DTYPES}[name]
+            allowed = {"rebalance_target": moves.REBALANCE_TARGETS, "device": config.DEVICES,
+                       "dtype": ("auto", *precision.DTYPES)}[name]
             assert tuple(spec["enum"]) == allowed, name
         else:
             assert spec["type"] == JSON_TYPES[config.option_type(name)], name

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnid import counts, nullity
+from attnid.theory import counts
+from attnid.theory import nullity
 from attnid.cli import main
 
 REQUIRED_ARCHITECTURES = {"nanoGPT shakespeare-char", "GPT-2 124M", "GPT-2 355M", "GPT-2 774M", "GPT-2 1.5B",
@@ -114,7 +115,7 @@ def tiny_cases(draw):
     head_dim = 2 * draw(st.integers(1, n_embd // 2)) if rope else draw(st.integers(1, n_embd))
     value_dim = draw(st.integers(1, n_embd))
     bias, out_bias = draw(st.booleans()), draw(st.booleans())
-    return nullity.Case("hypothesis", "random", n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
+    return nullity.NullityCase("hypothesis", "random", n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
                         value_dim=value_dim, rope=rope, bias=bias, out_bias=out_bias)
 
 

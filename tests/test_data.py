@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from attnid import data
+from attnid.training import data
 from attnid.cli import main
-from attnid.errors import UserError
+from attnid.common.errors import UserError
 from pipeline_helpers import copy_pipeline, snakemake_env
 
 SHAKESPEARE_SHA256 = data.SHAKESPEARE_SHA256

@@ -1,4 +1,4 @@
-"""The exact drift split I_t - I_ref = D1 + D2 (attnid.drift) on tiny nanoGPTs, optimizers driven directly."""
+"""The exact drift split I_t - I_ref = D1 + D2 (attnid.measure.drift) on tiny nanoGPTs, optimizers driven directly."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import io
 import pytest
 import torch
 
-from attnid import orbits, rebalancing, symmetry
-from attnid.drift import (DriftTracker, attention_snapshot, coupled_decay_first_order, imbalance_step_terms,
+from attnid.model.layout import layout_of
+from attnid.measure import rebalancing
+from attnid.theory import factor_pairs
+from attnid.measure.drift import (DriftTracker, attention_snapshot, coupled_decay_first_order, imbalance_step_terms,
                           stacked_pairs)
-from attnid.errors import UserError
-from attnid.metrics import MetricTracker
-from attnid.model import GPT, GPTConfig
-from attnid.symmetry import CIRCUITS
+from attnid.common.errors import UserError
+from attnid.measure.metrics import MetricTracker
+from attnid.model.gpt import GPT, GPTConfig
+from attnid.theory.circuits import CIRCUITS
 
 VOCAB, BLOCK, WEIGHT_DECAY = 11, 8, 0.1
 CASES = ("sgd", "sgd_wd", "sgd_momentum", "adamw")
@@ -79,7 +81,7 @@ def test_step_terms_are_the_exact_change_and_first_order_vanishes_for_a_gradient
     pair_a, pair_b = (torch.randn(5, 4, 7, generator=gen, dtype=torch.float64) for _ in range(2))
     step_a, step_b = (0.3 * torch.randn(5, 4, 7, generator=gen, dtype=torch.float64) for _ in range(2))
     first, second = imbalance_step_terms(pair_a, pair_b, step_a, step_b)
-    change = symmetry.imbalance(pair_a + step_a, pair_b + step_b) - symmetry.imbalance(pair_a, pair_b)
+    change = factor_pairs.imbalance(pair_a + step_a, pair_b + step_b) - factor_pairs.imbalance(pair_a, pair_b)
     assert torch.allclose(first + second, change, rtol=0, atol=1e-13)
     assert first.norm() > 1 and second.norm() > 0.1  # a generic step has both parts
 
@@ -138,8 +140,8 @@ def test_plain_sgd_with_clipping_has_no_first_order_drift():
 
     def per_step(pre):
         for circuit in CIRCUITS:
-            pre_a, pre_b = stacked_pairs(pre, orbits.layout_of(model), circuit)
-            now_a, now_b = stacked_pairs(attention_snapshot(model), orbits.layout_of(model), circuit)
+            pre_a, pre_b = stacked_pairs(pre, layout_of(model), circuit)
+            now_a, now_b = stacked_pairs(attention_snapshot(model), layout_of(model), circuit)
             step_a, step_b = now_a - pre_a, now_b - pre_b
             first, _ = imbalance_step_terms(pre_a, pre_b, step_a, step_b)
             # L relative to its size for a generic step of this length: round-off of the realised step
@@ -180,7 +182,7 @@ def test_sgd_wd_prediction_from_the_full_imbalance_misses_the_undecayed_biases()
     def add_full_prediction(pre):
         for circuit in CIRCUITS:
             full_prediction[circuit] = full_prediction[circuit] + coupled_decay_first_order(
-                *stacked_pairs(pre, orbits.layout_of(model), circuit), optimizer.param_groups[0]["lr"], WEIGHT_DECAY)
+                *stacked_pairs(pre, layout_of(model), circuit), optimizer.param_groups[0]["lr"], WEIGHT_DECAY)
 
     train(model, optimizer, tracker, batches(), 10, on_step=add_full_prediction)
     for circuit in CIRCUITS:

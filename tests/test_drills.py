@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from attnid.rundir import TIMING_COLUMNS
+from attnid.training.rundir import TIMING_COLUMNS
 from pipeline_helpers import copy_pipeline, run_snakemake, shared_smoke_run, smoke_config
 
 SMOKE = smoke_config()["results_dir"]

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from attnid import counts
+from attnid.theory import counts
 from attnid.cli import main
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, shared_smoke_run, smoke_config, stderr_lines
 
@@ -30,7 +30,7 @@ def run(*argv) -> int:
 
 
 def redundant_bias_closed_form(n_layer: int, n_head: int, n_embd: int) -> tuple[int, int]:
-    """Parameters prune-biases makes redundant and all attention parameters, from attnid.counts
+    """Parameters prune-biases makes redundant and all attention parameters, from attnid.theory.counts
     (key biases and, with an output bias, the value biases: §4.7, claim T4)."""
     shape = counts.layer_shape(n_embd, n_head, bias=True)
     per_layer = counts.unidentified_key_bias_params(shape) + counts.unidentified_value_bias_params(shape)

@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnid import figures, rundir, tables
-from attnid.cases import CASES
+from attnid.reports import figures
+from attnid.training import rundir
+from attnid.reports import tables
+from attnid.training.cases import CASES
 from synthetic_runs import write_run, write_study
 
 
@@ -81,7 +83,7 @@ def test_sweep_figure_marks_diverged_points_and_annotates_slopes(tmp_path):
 
 
 def test_missing_inputs_are_a_user_error(tmp_path):
-    from attnid.errors import UserError
+    from attnid.common.errors import UserError
 
     with pytest.raises(UserError, match="not found"):
         figures.make_figures(tmp_path / "t", tmp_path / "r", tmp_path / "th", tmp_path / "out")
@@ -94,7 +96,7 @@ def test_one_style_for_every_case():
 
 
 def test_sgd_wd_prediction_scale_comes_from_run_json(tmp_path):
-    from attnid.errors import UserError
+    from attnid.common.errors import UserError
 
     runs_dir, _ = write_study(tmp_path)
     sgd_wd = rundir.load_runs_by_case(runs_dir)["sgd_wd"]
@@ -156,12 +158,14 @@ def test_the_float64_sgd_sweep_shows_the_slope_of_both_circuits(tmp_path):
 def test_a_sum_of_rounded_steps_has_a_floor_that_grows_like_the_root_of_its_length():
     # float64 SGD's first-order drift after 1,500 steps (the default build: ~1.5e-15) is round-off,
     # though a single rounded quantity that large would not be
-    assert figures.round_off_ceiling("float64", 1500) == pytest.approx(10 * 1e-16 * 1500 ** 0.5)
+    unit = tables.UNIT_ROUND_OFF
+    assert figures.round_off_ceiling("float64", 1500) == pytest.approx(10 * unit["float64"] * 1500 ** 0.5)
     assert figures.at_round_off([1e-16, 8e-16, 1.5e-15], "float64", steps=1500)
     assert not figures.at_round_off([1e-16, 8e-16, 1.5e-15], "float64")
     assert not figures.at_round_off([1e-3, 0.2], "float64", steps=1500)  # a real drift is never a floor
-    assert not figures.at_round_off([1e-4], "float32", steps=1500)  # float32: 10 * 1e-7 * 38.7 = 3.9e-5
-    assert figures.at_round_off([3e-5], "float32", steps=1500)
+    float32_ceiling = 10 * unit["float32"] * 1500 ** 0.5  # 2.3e-5
+    assert not figures.at_round_off([1.1 * float32_ceiling], "float32", steps=1500)
+    assert figures.at_round_off([0.9 * float32_ceiling], "float32", steps=1500)
 
 
 def test_figure_2_marks_round_off_rho_as_a_band(tmp_path, monkeypatch):

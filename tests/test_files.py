@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from attnid.files import atomic_path, write_text_atomic
+from attnid.common.files import atomic_path, write_text_atomic
 
 
 def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

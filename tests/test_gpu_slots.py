@@ -1,4 +1,4 @@
-"""GPU slots (attnid.gpu_slots): concurrent jobs take different slots, wait when all are taken,
+"""GPU slots (attnid.training.gpu_slots): concurrent jobs take different slots, wait when all are taken,
 and a killed holder frees its slot. Runs on the CPU: a slot is only a lock file and an index."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 import attnid
-from attnid import gpu_slots
-from attnid.errors import UserError
+from attnid.training import gpu_slots
+from attnid.common.errors import UserError
 
 SRC = str(Path(attnid.__file__).resolve().parents[1])
 
 # A job: take a slot, print "<index> <CUDA_VISIBLE_DEVICES>", hold the slot until stdin closes.
 HOLDER = """
 import os, sys
-from attnid.gpu_slots import acquire_gpu_slot
+from attnid.training.gpu_slots import acquire_gpu_slot
 index = acquire_gpu_slot(int(sys.argv[1]), sys.argv[2], wait_message_every=0.2, poll_every=0.05)
 print(index, os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
 sys.stdin.read()

@@ -15,10 +15,12 @@ import pytest
 import torch
 import transformers
 
-from attnid import counts, symmetry
+from attnid.model.layout import AttentionLayout, pairs_from_tensors
+from attnid.theory import counts
+from attnid.theory import factor_pairs
 from attnid.cli import main
-from attnid.errors import UserError
-from attnid.hf_config import architecture_from_hf_config
+from attnid.common.errors import UserError
+from attnid.theory.hf_config import architecture_from_hf_config
 
 TOLERANCE = 1e-5
 TINY = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=70, n_positions=32, bos_token_id=0, eos_token_id=0)
@@ -140,8 +142,10 @@ def test_prune_biases_on_a_gpt2_folder(tmp_path, weights):
 @torch.no_grad()
 def pairs_of(model, circuit):
     """Pairs in nanoGPT's layout: Conv1D weights are the transposes."""
-    return [symmetry.pairs_from_tensors(block.attn.c_attn.weight.t(), block.attn.c_attn.bias,
-                                        block.attn.c_proj.weight.t(), TINY["n_head"], circuit)
+    n_embd, n_head = TINY["n_embd"], TINY["n_head"]
+    layout = AttentionLayout(n_embd, n_head, n_head, n_embd // n_head, rope=False, bias=True)
+    return [pairs_from_tensors(block.attn.c_attn.weight.t(), block.attn.c_attn.bias, block.attn.c_proj.weight.t(),
+                               layout, circuit)
             for block in model.transformer.h]
 
 
@@ -155,9 +159,9 @@ def test_balance_and_prune_on_a_gpt2_folder(tmp_path):
     balanced = load_gpt2(tmp_path / "balanced")
     for circuit in ("qk", "ov"):
         for (pair_a, pair_b), (old_a, old_b) in zip(pairs_of(balanced, circuit), pairs_of(original, circuit)):
-            scale = float(symmetry.gram(pair_a).abs().max())
-            assert float(symmetry.imbalance(old_a, old_b).abs().max()) > 1e-3 * scale  # it was unbalanced
-            assert float(symmetry.imbalance(pair_a, pair_b).abs().max()) < 1e-5 * scale
+            scale = float(factor_pairs.gram(pair_a).abs().max())
+            assert float(factor_pairs.imbalance(old_a, old_b).abs().max()) > 1e-3 * scale  # it was unbalanced
+            assert float(factor_pairs.imbalance(pair_a, pair_b).abs().max()) < 1e-5 * scale
 
 
 def test_initial_target_needs_an_attnid_checkpoint(tmp_path, capsys):

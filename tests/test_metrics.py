@@ -8,10 +8,14 @@ import json
 import pytest
 import torch
 
-from attnid import orbits, rebalancing, symmetry
+from attnid.model.layout import model_pairs, write_pairs_back
+from attnid.theory.circuits import CIRCUITS
+from attnid.measure import rebalancing
+from attnid.theory import factor_pairs
 from attnid.cli import main
-from attnid.metrics import MetricTracker, inspect_model
-from attnid.model import GPT, GPTConfig
+from attnid.measure.inspect import inspect_model
+from attnid.measure.metrics import MetricTracker
+from attnid.model.gpt import GPT, GPTConfig
 
 VOCAB, BLOCK = 13, 8
 
@@ -80,13 +84,13 @@ def test_rho_is_one_for_a_pure_orbit_move():
     tracker = MetricTracker(model, probe())
     pre = tracker.snapshot(model)
     gen = torch.Generator().manual_seed(4)
-    for circuit in symmetry.CIRCUITS:
+    for circuit in CIRCUITS:
         moved = []
-        for pair_a, pair_b in orbits.model_pairs(model, circuit):
+        for pair_a, pair_b in model_pairs(model, circuit):
             generator = 1e-3 * torch.randn(3, 4, 4, generator=gen, dtype=torch.float64)
-            step_a, step_b = symmetry.tangent_step(pair_a, pair_b, generator)
+            step_a, step_b = factor_pairs.tangent_step(pair_a, pair_b, generator)
             moved.append((pair_a + step_a, pair_b + step_b))
-        orbits.write_pairs_back(model, circuit, moved)
+        write_pairs_back(model, circuit, moved)
     row = tracker.step_metrics(model, pre)
     assert abs(row["rho_qk"] - 1) < 1e-10 and abs(row["rho_ov"] - 1) < 1e-10
 
@@ -189,8 +193,8 @@ def test_inspect_reports_per_layer_mu_imbalance_and_counts(tmp_path, capsys):
     for layer, row in enumerate(report["layers"]):
         for circuit in ("qk", "ov"):
             assert row[f"mu_{circuit}"] == pytest.approx(expected[f"mu_{circuit}_l{layer}"], rel=1e-12)
-            pair_a, pair_b = orbits.model_pairs(model, circuit)[layer]
-            norm = torch.linalg.matrix_norm(symmetry.imbalance(pair_a, pair_b)).square().sum().sqrt()
+            pair_a, pair_b = model_pairs(model, circuit)[layer]
+            norm = torch.linalg.matrix_norm(factor_pairs.imbalance(pair_a, pair_b)).square().sum().sqrt()
             assert row[f"imbalance_norm_{circuit}"] == pytest.approx(float(norm), rel=1e-12)
         # E=12, H=3, D=4 with biases: the design notes' Jacobian check gives 120 of 624
         assert (row["unidentified"], row["attention_params"]) == (120, 624)

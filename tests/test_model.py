@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from attnid.errors import UserError
-from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.common.errors import UserError
+from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 
 TINY = dict(block_size=16, vocab_size=23, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 

@@ -9,14 +9,15 @@ import pandas as pd
 import pytest
 import torch
 
-from attnid import counts, nullity
+from attnid.theory import counts
+from attnid.theory import nullity
 from attnid.cli import main
 
 NULLITY_COLUMNS = ["case", "kind", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias", "n_params", "theory",
                    "measured", "gap", "passed"]
 
 
-def _random_params(case: nullity.Case, seed: int = 0) -> dict[str, torch.Tensor]:
+def _random_params(case: nullity.NullityCase, seed: int = 0) -> dict[str, torch.Tensor]:
     shapes = nullity.parameter_shapes(case)
     generator = torch.Generator().manual_seed(seed)
     flat = torch.randn(sum(math.prod(s) for s in shapes.values()), generator=generator, dtype=torch.float64)
@@ -25,7 +26,7 @@ def _random_params(case: nullity.Case, seed: int = 0) -> dict[str, torch.Tensor]
 
 @pytest.mark.parametrize("n_head, bias", [(1, False), (3, True), (4, False)])
 def test_attention_layer_matches_torch_causal_attention(n_head, bias):
-    case = nullity.Case("ref", "attention", n_embd=12, n_head=n_head, bias=bias)
+    case = nullity.NullityCase("ref", "attention", n_embd=12, n_head=n_head, bias=bias)
     p, shape = _random_params(case), case.shape()
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     ours = nullity.attention_layer(x, p, shape)
@@ -40,9 +41,9 @@ def test_attention_layer_matches_torch_causal_attention(n_head, bias):
 
 
 def test_gqa_layer_equals_mha_with_repeated_keys_and_values():
-    gqa = nullity.Case("gqa", "gqa", n_embd=12, n_head=4, n_kv_head=2, head_dim=3)
+    gqa = nullity.NullityCase("gqa", "gqa", n_embd=12, n_head=4, n_kv_head=2, head_dim=3)
     p = _random_params(gqa)
-    mha = nullity.Case("mha", "attention", n_embd=12, n_head=4, head_dim=3)
+    mha = nullity.NullityCase("mha", "attention", n_embd=12, n_head=4, head_dim=3)
     repeated = dict(p, w_k=p["w_k"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12),
                     w_v=p["w_v"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12))
     x = torch.randn(3, 6, 12, dtype=torch.float64)
@@ -72,7 +73,7 @@ def test_half_split_is_interleaved_after_a_permutation():
 
 def test_rope_key_bias_is_identified_and_plain_key_bias_is_not():
     """T4 under RoPE: measured nullity sides with 'key bias identified', against the plain count."""
-    case = nullity.Case("rope+bias", "rope_bias", n_embd=8, n_head=2, rope="half", bias=True)
+    case = nullity.NullityCase("rope+bias", "rope_bias", n_embd=8, n_head=2, rope="half", bias=True)
     row = nullity.measure_case(case)
     shape = case.shape()
     key_bias_as_if_unidentified = row["theory"] + shape.n_kv_head * shape.head_dim
@@ -81,7 +82,7 @@ def test_rope_key_bias_is_identified_and_plain_key_bias_is_not():
 
 
 def test_gqa_value_output_symmetry_is_per_group_not_per_head():
-    case = nullity.Case("gqa", "gqa", n_embd=8, n_head=4, n_kv_head=1, head_dim=2)
+    case = nullity.NullityCase("gqa", "gqa", n_embd=8, n_head=4, n_kv_head=1, head_dim=2)
     row = nullity.measure_case(case)
     per_head_count = 4 * 2 ** 2 + 1 * 2 ** 2  # OV counted per head, QK per group
     assert row["measured"] == row["theory"] == 2 * 2 ** 2 != per_head_count
@@ -89,7 +90,7 @@ def test_gqa_value_output_symmetry_is_per_group_not_per_head():
 
 def test_rank_gap_reported_and_too_few_rows_would_be_caught(monkeypatch):
     """With far too few input rows the rank cannot saturate: the check must then fail, not pass."""
-    case = nullity.Case("few rows", "attention", n_embd=8, n_head=2)
+    case = nullity.NullityCase("few rows", "attention", n_embd=8, n_head=2)
     monkeypatch.setattr(nullity, "ROW_FACTOR", 0.2)
     row = nullity.measure_case(case)
     assert row["measured"] > row["theory"] and not row["passed"]
@@ -122,7 +123,7 @@ def test_verify_cli_every_case_passes(tmp_path, capsys):
 
 
 def test_verify_cli_fails_with_exit_1_when_a_case_fails(tmp_path, capsys, monkeypatch):
-    wrong = nullity.Case("deliberately wrong theory", "attention", n_embd=4, n_head=2)
+    wrong = nullity.NullityCase("deliberately wrong theory", "attention", n_embd=4, n_head=2)
     monkeypatch.setattr(nullity, "default_cases", lambda: [wrong])
     monkeypatch.setattr(nullity, "theory_nullity", lambda case: 1)
     out = tmp_path / "nullity.csv"
@@ -140,8 +141,8 @@ def test_counts_and_verify_agree_on_the_formula():
 
 @pytest.mark.parametrize("bias", [False, True])
 def test_project_nanogpt_attention_has_the_closed_form_nullity(bias):
-    """The model we train (attnid.model) loses exactly the counted directions, not just our own layer."""
-    from attnid.model import CausalSelfAttention, GPTConfig
+    """The model we train (attnid.model.gpt) loses exactly the counted directions, not just our own layer."""
+    from attnid.model.gpt import CausalSelfAttention, GPTConfig
 
     torch.manual_seed(0)
     layer = CausalSelfAttention(GPTConfig(block_size=8, n_embd=12, n_head=3, bias=bias, dropout=0.0)).double().eval()

@@ -1,4 +1,4 @@
-"""The --dtype policy (attnid.precision), on CPU; CUDA properties are stubbed where a decision depends on them."""
+"""The --dtype policy (attnid.training.precision), on CPU; CUDA properties are stubbed where a decision depends on them."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import warnings
 import pytest
 import torch
 
-from attnid import precision
-from attnid.errors import UserError
-from attnid.model import GPT, GPTConfig
+from attnid.training import precision
+from attnid.common.errors import UserError
+from attnid.model.gpt import GPT, GPTConfig
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""The identification studies (attnid.studies): the §4.10 matched embedding, the point plan, the
+"""The identification studies (attnid.reports.studies): the §4.10 matched embedding, the point plan, the
 gathering and rank correlation on synthetic run directories, Figure 5, and the rules' plan."""
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import pytest
 import yaml
 from scipy import stats
 
-from attnid import counts, figures, latex, studies
+from attnid.theory import counts
+from attnid.reports import figures
+from attnid.reports import latex
+from attnid.reports import studies
 from attnid.cli import main
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines
 from synthetic_runs import write_run

@@ -1,4 +1,4 @@
-"""Property tests of the factor-pair geometry (attnid.symmetry), all in float64.
+"""Property tests of the factor-pair geometry (attnid.theory.factor_pairs), all in float64.
 
 Tolerances are relative to the scale of the inputs (stated per test): the pairs are
 drawn with random shapes and with A and B at independent scales 10^[-2, 2].
@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings, strategies as st
 
-from attnid import orbits, symmetry
-from attnid.model import GPT, GPTConfig
+from attnid.model.layout import layout_of, model_pairs, pairs_from_tensors, write_pairs_back
+from attnid.theory.circuits import CIRCUITS
+from attnid.theory import factor_pairs
+from attnid.model.gpt import GPT, GPTConfig
 
 F64 = torch.float64
 # derandomized and without an example database: the same examples on every run (CI is reproducible,
@@ -53,7 +55,7 @@ def brute_force_projection(pair_a, pair_b, step_a, step_b):
         for j in range(dim):
             unit = torch.zeros(dim, dim, dtype=F64)
             unit[i, j] = 1
-            ta, tb = symmetry.tangent_step(pair_a, pair_b, unit)
+            ta, tb = factor_pairs.tangent_step(pair_a, pair_b, unit)
             basis.append(torch.cat([ta.flatten(), tb.flatten()]))
     tangent = torch.stack(basis, dim=1)  # (D*n_a + D*n_b, D^2), possibly rank-deficient
     target = torch.cat([step_a.flatten(), step_b.flatten()])
@@ -67,8 +69,8 @@ def brute_force_projection(pair_a, pair_b, step_a, step_b):
 def test_projection_is_idempotent(batch):
     pair_a, pair_b, gen = batch
     step = random_step(pair_a, pair_b, gen)
-    once = symmetry.tangent_projection(pair_a, pair_b, *step)
-    twice = symmetry.tangent_projection(pair_a, pair_b, *once)
+    once = factor_pairs.tangent_projection(pair_a, pair_b, *step)
+    twice = factor_pairs.tangent_projection(pair_a, pair_b, *once)
     difference = (twice[0] - once[0], twice[1] - once[1])
     # relative to the size of the step being projected
     assert torch.all(norm(difference) <= 1e-10 * norm(step))
@@ -79,11 +81,11 @@ def test_projection_is_idempotent(batch):
 def test_projection_is_orthogonal_to_every_tangent(batch):
     pair_a, pair_b, gen = batch
     step = random_step(pair_a, pair_b, gen)
-    projected = symmetry.tangent_projection(pair_a, pair_b, *step)
+    projected = factor_pairs.tangent_projection(pair_a, pair_b, *step)
     residual = (step[0] - projected[0], step[1] - projected[1])
     dim = pair_a.shape[-2]
     for _ in range(3):
-        tangent = symmetry.tangent_step(pair_a, pair_b, torch.randn(dim, dim, generator=gen, dtype=F64))
+        tangent = factor_pairs.tangent_step(pair_a, pair_b, torch.randn(dim, dim, generator=gen, dtype=F64))
         # Cauchy-Schwarz scale: |<r, t>| <= ||r|| ||t||, so compare with ||step|| ||t||
         assert torch.all(inner(residual, tangent).abs() <= 1e-10 * norm(step) * norm(tangent))
 
@@ -93,8 +95,8 @@ def test_projection_is_orthogonal_to_every_tangent(batch):
 def test_unidentified_norm_shortcut_equals_the_projection_norm(batch):
     pair_a, pair_b, gen = batch
     step = random_step(pair_a, pair_b, gen)
-    projected = symmetry.tangent_projection(pair_a, pair_b, *step)
-    sq_norm, singular = symmetry.unidentified_sq_norm(pair_a, pair_b, *step)
+    projected = factor_pairs.tangent_projection(pair_a, pair_b, *step)
+    sq_norm, singular = factor_pairs.unidentified_sq_norm(pair_a, pair_b, *step)
     assert not bool(singular.any())
     # both relative to ||step||^2, the scale of the quantity
     assert torch.all((sq_norm - inner(projected, projected)).abs() <= 1e-10 * inner(step, step))
@@ -105,7 +107,7 @@ def test_unidentified_norm_shortcut_equals_the_projection_norm(batch):
 def test_projection_matches_least_squares_oracle(batch):
     pair_a, pair_b, gen = batch
     step = random_step(pair_a, pair_b, gen)
-    projected = symmetry.tangent_projection(pair_a, pair_b, *step)
+    projected = factor_pairs.tangent_projection(pair_a, pair_b, *step)
     for head in range(pair_a.shape[0]):
         expected = brute_force_projection(pair_a[head], pair_b[head], step[0][head], step[1][head])
         error = norm((projected[0][head:head + 1] - expected[0], projected[1][head:head + 1] - expected[1]))
@@ -119,18 +121,18 @@ def test_singular_pair_is_counted_and_still_projected_exactly():
     pair_b = torch.randn(1, 3, 4, generator=gen, dtype=F64)
     pair_a[:, 0], pair_b[:, 0] = 0, 0
     step = random_step(pair_a, pair_b, gen)
-    generator, singular = symmetry.tangent_solve(pair_a, pair_b, *step)
+    generator, singular = factor_pairs.tangent_solve(pair_a, pair_b, *step)
     assert singular.tolist() == [True]
-    projected = symmetry.tangent_step(pair_a, pair_b, generator)
+    projected = factor_pairs.tangent_step(pair_a, pair_b, generator)
     expected = brute_force_projection(pair_a[0], pair_b[0], step[0][0], step[1][0])
     assert float(norm((projected[0] - expected[0], projected[1] - expected[1]))) <= 1e-10 * float(norm(step))
     assert float(norm(projected)) > 0.1 * float(norm(step))  # not silently zeroed
     zero = torch.zeros(1, 3, 5, dtype=F64), torch.zeros(1, 3, 4, dtype=F64)
-    assert float(norm(symmetry.tangent_projection(*zero, *step))) == 0.0
+    assert float(norm(factor_pairs.tangent_projection(*zero, *step))) == 0.0
 
 
 def rho(pair_a, pair_b, step_a, step_b) -> torch.Tensor:
-    proj = symmetry.tangent_projection(pair_a, pair_b, step_a, step_b)
+    proj = factor_pairs.tangent_projection(pair_a, pair_b, step_a, step_b)
     return inner(proj, proj) / inner((step_a, step_b), (step_a, step_b))
 
 
@@ -139,7 +141,7 @@ def rho(pair_a, pair_b, step_a, step_b) -> torch.Tensor:
 def test_pure_tangent_step_has_rho_one(batch):
     pair_a, pair_b, gen = batch
     dim = pair_a.shape[-2]
-    step = symmetry.tangent_step(pair_a, pair_b, torch.randn(dim, dim, generator=gen, dtype=F64))
+    step = factor_pairs.tangent_step(pair_a, pair_b, torch.randn(dim, dim, generator=gen, dtype=F64))
     assert torch.all((rho(pair_a, pair_b, *step) - 1).abs() <= 1e-10)
 
 
@@ -167,7 +169,7 @@ def random_symmetric(dim: int, heads: int, gen, scale: float) -> torch.Tensor:
     """An indefinite symmetric target: the imbalance of another random pair."""
     other_a = torch.randn(heads, dim, dim + 2, generator=gen, dtype=F64)
     other_b = torch.randn(heads, dim, dim + 1, generator=gen, dtype=F64)
-    return scale * symmetry.imbalance(other_a, other_b)
+    return scale * factor_pairs.imbalance(other_a, other_b)
 
 
 @PROPERTY
@@ -182,7 +184,7 @@ def test_rebalancing_keeps_the_product_and_hits_the_target(batch, target_kind, l
         # larger makes A' huge and B' tiny, and A'^T B' then carries eps * ||A'|| ||B'|| >> eps ||A^T B||
         product_scale = float(torch.linalg.matrix_norm(pair_a.transpose(-1, -2) @ pair_b, ord=2).max())
         target = random_symmetric(dim, heads, gen, 10.0 ** log_target_scale * product_scale / dim)
-    new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, target)
+    new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, target)
     assert bool(done.all())  # random pairs have well-conditioned products
     product = pair_a.transpose(-1, -2) @ pair_b
     new_product = new_a.transpose(-1, -2) @ new_b
@@ -191,21 +193,21 @@ def test_rebalancing_keeps_the_product_and_hits_the_target(batch, target_kind, l
                      <= 1e-13 * torch.linalg.matrix_norm(new_a) * torch.linalg.matrix_norm(new_b))
     assert torch.all(torch.linalg.matrix_norm(new_product - product) <= 1e-12 * torch.linalg.matrix_norm(product))
     # imbalance relative to the size of the two Gram matrices it is the difference of
-    gram_scale = torch.linalg.matrix_norm(symmetry.gram(new_a)) + torch.linalg.matrix_norm(symmetry.gram(new_b))
-    assert torch.all(torch.linalg.matrix_norm(symmetry.imbalance(new_a, new_b) - target) <= 1e-10 * gram_scale)
+    gram_scale = torch.linalg.matrix_norm(factor_pairs.gram(new_a)) + torch.linalg.matrix_norm(factor_pairs.gram(new_b))
+    assert torch.all(torch.linalg.matrix_norm(factor_pairs.imbalance(new_a, new_b) - target) <= 1e-10 * gram_scale)
 
 
 @PROPERTY
 @given(pair_batches())
 def test_excess_norm_is_nonnegative_and_zero_after_balancing(batch):
     pair_a, pair_b, _ = batch
-    frob, twice_nuclear = symmetry.excess_norm_terms(pair_a, pair_b)
+    frob, twice_nuclear = factor_pairs.excess_norm_terms(pair_a, pair_b)
     nuclear = torch.linalg.matrix_norm(pair_a.transpose(-1, -2) @ pair_b, ord="nuc")
     assert torch.allclose(twice_nuclear, 2 * nuclear, rtol=1e-12, atol=0)
     assert torch.all(frob / twice_nuclear - 1 >= 0)
     heads, dim = pair_a.shape[:2]
-    new_a, new_b, _ = symmetry.rebalance_pairs(pair_a, pair_b, torch.zeros(heads, dim, dim, dtype=F64))
-    frob, twice_nuclear = symmetry.excess_norm_terms(new_a, new_b)
+    new_a, new_b, _ = factor_pairs.rebalance_pairs(pair_a, pair_b, torch.zeros(heads, dim, dim, dtype=F64))
+    frob, twice_nuclear = factor_pairs.excess_norm_terms(new_a, new_b)
     assert torch.all((frob / twice_nuclear - 1).abs() <= 1e-12)
 
 
@@ -214,12 +216,12 @@ def test_rank_deficient_product_is_skipped():
     pair_a = torch.randn(2, 3, 6, generator=gen, dtype=F64)
     pair_b = torch.randn(2, 3, 6, generator=gen, dtype=F64)
     pair_b[1, 2] = 1e-9 * pair_b[1, 1]  # second head's product has s_min / s_max ~ 1e-9
-    new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, torch.zeros(2, 3, 3, dtype=F64))
+    new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, torch.zeros(2, 3, 3, dtype=F64))
     assert done.tolist() == [True, False]
     assert torch.equal(new_a[1], pair_a[1]) and torch.equal(new_b[1], pair_b[1])
     assert not torch.equal(new_a[0], pair_a[0])
-    assert symmetry.rebalance_pair(pair_a[1], pair_b[1], torch.zeros(3, 3, dtype=F64)) is None
-    assert symmetry.rebalance_pair(pair_a[0], pair_b[0], torch.zeros(3, 3, dtype=F64)) is not None
+    assert factor_pairs.rebalance_pair(pair_a[1], pair_b[1], torch.zeros(3, 3, dtype=F64)) is None
+    assert factor_pairs.rebalance_pair(pair_a[0], pair_b[0], torch.zeros(3, 3, dtype=F64)) is not None
 
 
 # ------------------------------------------------------------------ pairs in a real model
@@ -243,8 +245,9 @@ def test_pairs_reproduce_the_attention_products():
         q, _, v = attn.c_attn(x).split(12)  # query and value of token x: (E,) each
         k = attn.c_attn(y).split(12)[1]  # key of token y
         projected_values = [attn.c_proj.weight[:, 4 * h:4 * h + 4] @ v[4 * h:4 * h + 4] for h in range(3)]
-    query, key = symmetry.qk_pairs(attn.c_attn.weight, attn.c_attn.bias, 3)
-    value, output = symmetry.ov_pairs(attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight, 3)
+    tensors, layout = (attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight), layout_of(model)
+    query, key = pairs_from_tensors(*tensors, layout, "qk")
+    value, output = pairs_from_tensors(*tensors, layout, "ov")
     x1, y1 = torch.cat([x, torch.ones(1, dtype=F64)]), torch.cat([y, torch.ones(1, dtype=F64)])
     for head in range(3):
         rows = slice(4 * head, 4 * head + 4)
@@ -260,16 +263,16 @@ def test_write_back_is_the_inverse_of_extraction_and_the_orbit_is_a_symmetry():
         with torch.no_grad():
             logits_before, _ = model(idx, idx)
         gen = torch.Generator().manual_seed(2)
-        for circuit in symmetry.CIRCUITS:
-            per_layer = orbits.model_pairs(model, circuit)
-            orbits.write_pairs_back(model, circuit, per_layer)
+        for circuit in CIRCUITS:
+            per_layer = model_pairs(model, circuit)
+            write_pairs_back(model, circuit, per_layer)
             assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-        for circuit in symmetry.CIRCUITS:
+        for circuit in CIRCUITS:
             moved = []
-            for pair_a, pair_b in orbits.model_pairs(model, circuit):
+            for pair_a, pair_b in model_pairs(model, circuit):
                 group = torch.eye(4, dtype=F64) + 0.3 * torch.randn(3, 4, 4, generator=gen, dtype=F64)
                 moved.append((group @ pair_a, torch.linalg.inv(group).transpose(-1, -2) @ pair_b))
-            orbits.write_pairs_back(model, circuit, moved)
+            write_pairs_back(model, circuit, moved)
         changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
         assert sorted(changed) == sorted(k for k in before if ".attn.c_attn." in k or k.endswith("attn.c_proj.weight"))
         with torch.no_grad():

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnid import rundir, tables
+from attnid.training import rundir
+from attnid.reports import latex, tables
 from synthetic_runs import write_run, write_study
 
 
@@ -156,10 +157,10 @@ def test_every_file_is_written_and_latex_is_escaped(study):
 
 
 def test_tex_number_formats():
-    assert tables.tex_number(0.1234) == "0.123"
-    assert tables.tex_number(1.5e-9) == r"$1.50\times10^{-9}$"
-    assert tables.tex_number(float("nan")) == "--" and tables.tex_number(None) == "--"
-    assert tables.tex_mean_sd(2.0, 1.0) == r"2 $\pm$ 1"
+    assert latex.tex_number(0.1234) == "0.123"
+    assert latex.tex_number(1.5e-9) == r"$1.50\times10^{-9}$"
+    assert latex.tex_number(float("nan")) == "--" and latex.tex_number(None) == "--"
+    assert latex.tex_mean_sd(2.0, 1.0) == r"2 $\pm$ 1"
 
 
 def test_cli_without_runs_is_one_line(tmp_path):

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from attnid.cli import build_parser, main
-from attnid.errors import UserError
-from attnid.model import load_nanogpt_checkpoint
-from attnid.cases import CASES
-from attnid.config import config_from_args, resolve_config
-from attnid.rundir import BASE_COLUMNS, TIMING_COLUMNS
-from attnid.train import get_lr
+from attnid.common.errors import UserError
+from attnid.model.gpt import load_nanogpt_checkpoint
+from attnid.training.cases import CASES
+from attnid.training.config import config_from_args, resolve_config
+from attnid.training.rundir import BASE_COLUMNS, TIMING_COLUMNS
+from attnid.training.loop import get_lr
 
 TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
         "--eval-iters", "2", "--progress-every", "1000"]
@@ -287,7 +287,8 @@ def test_corrupt_checkpoint_is_moved_aside_with_one_line(prepared_data_dir, tmp_
 
 def test_a_registered_case_trains_through_the_normal_code_path(prepared_data_dir, tmp_path, capsys):
     """Adding a case is one Case record: the flags, the help, training, run.json and the plot style follow."""
-    from attnid import cases, figures
+    from attnid.training import cases
+    from attnid.reports import figures
 
     def nesterov(model, cfg, device_type):
         return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)

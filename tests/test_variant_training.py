@@ -14,11 +14,17 @@ import pandas as pd
 import pytest
 import torch
 
-from attnid import counts, orbits, rebalancing, symmetry
+from attnid.model.layout import attention_tensors, layout_of, model_pairs, stacked_pairs, write_pairs_back
+from attnid.model.moves import orbit_dimension
+from attnid.theory.rope import planes, rope_plane_traces, rope_unidentified_sq_norm
+from attnid.theory.orbits import ORBITS
+from attnid.theory import counts
+from attnid.measure import rebalancing
+from attnid.theory import factor_pairs
 from attnid.cli import main
-from attnid.metrics import MetricTracker
-from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
-from attnid.rundir import TIMING_COLUMNS
+from attnid.measure.metrics import MetricTracker
+from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.training.rundir import TIMING_COLUMNS
 
 TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
         "--eval-iters", "2", "--progress-every", "1000"]
@@ -83,14 +89,14 @@ def test_rope_rebalancing_moves_on_the_restricted_orbit(prepared_data_dir, tmp_p
     idx = torch.randint(0, 65, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = model(idx, full_logits=True)[0]
-    pairs = orbits.model_pairs(model, "qk")
+    pairs = model_pairs(model, "qk")
     full_gl = []
     for pair_a, pair_b in pairs:
-        new_a, new_b, done = symmetry.rebalance_pairs(pair_a, pair_b, torch.zeros(pair_a.shape[0], 8, 8,
+        new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, torch.zeros(pair_a.shape[0], 8, 8,
                                                                                   dtype=torch.float64))
         assert done.all()
         full_gl.append((new_a, new_b))
-    orbits.write_pairs_back(model, "qk", full_gl)
+    write_pairs_back(model, "qk", full_gl)
     with torch.no_grad():
         moved = model(idx, full_logits=True)[0]
     assert float((moved - logits).abs().max() / logits.abs().max()) > 1e-3
@@ -120,23 +126,23 @@ def test_rope_rho_beta_mu_use_the_restricted_orbit():
     optimizer.step()
     row = tracker.step_metrics(model, pre) | tracker.state_metrics(model)
 
-    layout = orbits.layout_of(model)
-    pre_a, pre_b = orbits.stacked_pairs(pre, layout, "qk")
-    now_a, now_b = orbits.stacked_pairs(orbits.attention_tensors(model), layout, "qk")
+    layout = layout_of(model)
+    pre_a, pre_b = stacked_pairs(pre, layout, "qk")
+    now_a, now_b = stacked_pairs(attention_tensors(model), layout, "qk")
     step_sq = (now_a - pre_a).square().sum() + (now_b - pre_b).square().sum()
-    rope_sq, _ = orbits.rope_unidentified_sq_norm(pre_a, pre_b, now_a - pre_a, now_b - pre_b)
-    gl_sq, _ = symmetry.unidentified_sq_norm(pre_a, pre_b, now_a - pre_a, now_b - pre_b)
+    rope_sq, _ = rope_unidentified_sq_norm(pre_a, pre_b, now_a - pre_a, now_b - pre_b)
+    gl_sq, _ = factor_pairs.unidentified_sq_norm(pre_a, pre_b, now_a - pre_a, now_b - pre_b)
     assert row["rho_qk"] == pytest.approx(float(rope_sq.sum() / step_sq), rel=1e-12)
     assert 1e-6 < row["rho_qk"] < 0.5 * float(gl_sq.sum() / step_sq)
 
-    traces = orbits.rope_plane_traces(symmetry.imbalance(now_a, now_b) - symmetry.imbalance(pre_a, pre_b))
-    norm = (orbits.project_to_algebra("rope", symmetry.gram(pre_a)).square().sum()
-            + orbits.project_to_algebra("rope", symmetry.gram(pre_b)).square().sum()).sqrt()
+    traces = rope_plane_traces(factor_pairs.imbalance(now_a, now_b) - factor_pairs.imbalance(pre_a, pre_b))
+    norm = (ORBITS["rope"].project_to_algebra(factor_pairs.gram(pre_a)).square().sum()
+            + ORBITS["rope"].project_to_algebra(factor_pairs.gram(pre_b)).square().sum()).sqrt()
     # the projected drift: plane blocks (t_p / 2) I_2, Frobenius norm sqrt(sum_p t_p^2 / 2)
     assert row["beta_qk"] == pytest.approx(float((traces.square().sum() / 2).sqrt() / norm), rel=1e-10)
 
-    planes_a = orbits.planes(now_a).square().sum((-1, -2))
-    planes_b = orbits.planes(now_b).square().sum((-1, -2))
+    planes_a = planes(now_a).square().sum((-1, -2))
+    planes_b = planes(now_b).square().sum((-1, -2))
     expected_mu = float((planes_a + planes_b).sum() / (2 * (planes_a * planes_b).sqrt()).sum() - 1)
     assert row["mu_qk"] == pytest.approx(expected_mu, rel=1e-10)
     assert rebalancing.rebalance(model, tracker, "balanced")["tau"] < 1e-5
@@ -245,7 +251,7 @@ def test_head_dim_flag_trains_a_wide_single_head(prepared_data_dir, tmp_path):
                  "--max-iters", "4", "--log-every", "2", "--eval-every", "1000", "--progress-every", "1000"]) == 0
     model = load_nanogpt_checkpoint(out / "ckpt.pt")
     assert model.config.per_head_dim == 24
-    assert orbits.orbit_dimension(model, 0, "qk") == 24 * 24
+    assert orbit_dimension(model, 0, "qk") == 24 * 24
     assert math.isfinite(metrics(out).mu_qk.iloc[-1])
 
 
@@ -254,7 +260,7 @@ def test_head_dim_flag_trains_a_wide_single_head(prepared_data_dir, tmp_path):
 def _drift_run(variant: dict, case: str, steps: int = 20):
     """float64 run of a tiny variant with a DriftTracker around every step; also the raw (unprojected)
     first-order terms of the query-key pairs, summed."""
-    from attnid.drift import DriftTracker, imbalance_step_terms
+    from attnid.measure.drift import DriftTracker, imbalance_step_terms
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=4, n_embd=16, bias=True, **variant)).double()
@@ -267,7 +273,7 @@ def _drift_run(variant: dict, case: str, steps: int = 20):
     decay = 0.1 if case == "sgd_wd" else 0.0
     optimizer = torch.optim.SGD(model.optimizer_groups(decay), lr=0.5)
     tracker = DriftTracker(model, coupled_weight_decay=decay if case == "sgd_wd" else None)
-    layout, raw_first = orbits.layout_of(model), 0.0
+    layout, raw_first = layout_of(model), 0.0
     gen = torch.Generator().manual_seed(1)
     for _ in range(steps):
         batch = (torch.randint(0, 11, (4, 8), generator=gen), torch.randint(0, 11, (4, 8), generator=gen))
@@ -276,8 +282,8 @@ def _drift_run(variant: dict, case: str, steps: int = 20):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tracker.after_step(model, lr=0.5)
-        pre_a, pre_b = orbits.stacked_pairs(pre, layout, "qk")
-        now_a, now_b = orbits.stacked_pairs(orbits.attention_tensors(model), layout, "qk")
+        pre_a, pre_b = stacked_pairs(pre, layout, "qk")
+        now_a, now_b = stacked_pairs(attention_tensors(model), layout, "qk")
         raw_first = raw_first + imbalance_step_terms(pre_a, pre_b, now_a - pre_a, now_b - pre_b)[0]
     return tracker.row(model), raw_first
 

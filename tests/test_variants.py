@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnid import counts, nullity
-from attnid.model import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.theory import counts
+from attnid.theory import nullity
+from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from variant_models import TINY
 from variant_models import VARIANTS as ALL_VARIANTS
 
@@ -125,7 +126,7 @@ def test_stock_model_args_are_nanogpts_and_variants_round_trip(tmp_path):
 
 
 def test_variant_checkpoint_with_wrong_args_is_a_user_error(tmp_path):
-    from attnid.errors import UserError
+    from attnid.common.errors import UserError
 
     model = _model(VARIANTS["gqa G=2"])
     args = dict(model.config.model_args())

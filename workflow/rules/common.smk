@@ -10,7 +10,7 @@ import re
 import shutil
 import sys
 
-from attnid.latex import caption_file
+from attnid.reports.latex import caption_file
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import update_config, validate
 

@@ -1,5 +1,5 @@
 # Tables, figures 1-5 (with report captions) and the LaTeX appendix, under the config's results_dir.
-# Figure captions are package data (attnid/templates/captions), shared with the LaTeX appendix.
+# Figure captions are package data (attnid/reports/templates/captions), shared with the LaTeX appendix.
 
 
 # Figures 1-4 always; Figure 5 draws the identification studies, when the config has them.

@@ -1,7 +1,7 @@
 # The run lists and flags of the identification studies (studies.smk), in common.smk's style: the
-# points come from attnid.studies, so the rules, the tests and `attnid studies` share one plan.
+# points come from attnid.reports.studies, so the rules, the tests and `attnid studies` share one plan.
 
-from attnid.studies import (
+from attnid.reports.studies import (
     STUDY_CASE,
     check_study_config,
     reused_points,

@@ -1,0 +1,139 @@
+"""``attnid inspect``, ``attnid prune-biases`` and ``attnid balance``: the theory on a checkpoint
+(:mod:`attnid.measure.inspect`) and the function-preserving edits (:mod:`attnid.edits`), each edit
+proved on a held-out batch before and after."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from attnid.common.errors import UserError
+from attnid.edits.checkpoints import Checkpoint, check_output_path, load_checkpoint, save_checkpoint
+from attnid.measure.inspect import format_inspection, inspect_model
+from attnid.edits.operations import (BALANCE_TARGETS, stored_initial_imbalance, attention_variant, balance_layers,
+                                     balance_on_own_orbit, check_plain_layout, pair_summary, prune_layer_biases,
+                                     redundant_bias_count)
+
+
+def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", type=Path, help="nanoGPT-format ckpt.pt (ours or nanoGPT's, compiled or not)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+
+
+def run_inspect(args) -> int:
+    from attnid.model.gpt import load_nanogpt_checkpoint
+
+    try:
+        model = load_nanogpt_checkpoint(args.checkpoint)
+    except (KeyError, AttributeError, TypeError, ValueError) as err:
+        raise UserError(f"{args.checkpoint} is not a usable nanoGPT checkpoint ({type(err).__name__}: {err})") from None
+    try:
+        report = inspect_model(model)
+    except ValueError as err:  # a shape counts.py has no closed form for (e.g. heads wider than E)
+        raise UserError(f"{args.checkpoint}: {err}") from None
+    print(json.dumps(report, indent=2) if args.json else format_inspection(report))
+    return 0
+
+
+def add_edit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", type=Path,
+                        help="nanoGPT ckpt.pt, or a Hugging Face GPT-2 folder (config.json + model.safetensors "
+                             "or pytorch_model.bin)")
+    parser.add_argument("--out", type=Path, required=True, help="where to write the edited copy, in the same format")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
+    add_heldout_arguments(parser)
+
+
+def add_prune_biases_arguments(parser: argparse.ArgumentParser) -> None:
+    add_edit_arguments(parser)
+
+
+def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
+    add_edit_arguments(parser)
+    parser.add_argument("--target", choices=BALANCE_TARGETS, default="balanced",
+                        help="imbalance to move every pair to: 0 ('balanced', mu = 0) or the I_0 that "
+                             "attnid train stored ('initial') (default: %(default)s)")
+
+
+def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: bool = False) -> dict:
+    """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
+    from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
+
+    check_output_path(args.checkpoint, args.out)
+    checkpoint = load_checkpoint(args.checkpoint)
+    rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
+    batch, token_source = heldout_batch(checkpoint, args)
+    loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
+    report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
+              "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
+              "bias": checkpoint.attention_layer(0).c_attn_bias is not None}
+    report.update(edit(checkpoint, rope))
+    save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
+    loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
+    report.update({"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)})
+    report.update(compare(loss_before, logits_before, loss_after, logits_after))
+    return report
+
+
+def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
+    from attnid.common.files import write_json_atomic
+
+    lines += [f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
+              f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} (change {report['loss_change']:+.3g}); "
+              f"max relative logit change {report['max_rel_logit_change']:.3g}",
+              f"wrote {report['output']}"]
+    print("\n".join(lines))
+    if json_path is not None:
+        write_json_atomic(json_path, report)
+    return 0
+
+
+def run_prune_biases(args) -> int:
+    def edit(checkpoint: Checkpoint, rope: bool) -> dict:
+        edited = [prune_layer_biases(layer, rope) for layer in checkpoint.attention_layers()]
+        checkpoint.set_attention_layers([layer for layer, _, _ in edited])
+        return {**redundant_bias_count(checkpoint, rope), "rope": rope,
+                "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
+                "nonzero_value_biases_folded": sum(v for _, _, v in edited)}
+
+    report = _edit_and_prove(args, "prune-biases", edit, allow_rope=True)
+    lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}, "
+             f"attention biases: {'yes' if report['bias'] else 'none (nothing to prune)'}",
+             f"redundant biases set to 0: {report['redundant_params']:,} of {report['attention_params']:,} attention "
+             f"parameters ({100 * report['redundant_share']:.3f} %); non-zero before: "
+             f"{report['nonzero_key_biases_zeroed']:,} key, {report['nonzero_value_biases_folded']:,} value"]
+    return _finish(report, args.json, lines)
+
+
+def run_balance(args) -> int:
+    def edit(checkpoint: Checkpoint, rope: bool) -> dict:
+        if rope or attention_variant(checkpoint)[1]:
+            return balance_on_own_orbit(checkpoint, args.target)
+        targets = stored_initial_imbalance(checkpoint) if args.target == "initial" else None
+        layers = checkpoint.attention_layers()
+        before = pair_summary(layers, checkpoint.n_head)
+        skipped = balance_layers(layers, checkpoint.n_head, targets)
+        checkpoint.set_attention_layers(layers)
+        after = pair_summary(checkpoint.attention_layers(), checkpoint.n_head)  # as stored (its dtype)
+        return {"target": args.target, "skipped_pairs": skipped, **{f"{k}_before": v for k, v in before.items()},
+                **{f"{k}_after": v for k, v in after.items()}}
+
+    report = _edit_and_prove(args, "balance", edit, allow_rope=True, allow_resized=True)
+    lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}; "
+             f"target {report['target']}, {report['skipped_pairs']} pair(s) skipped (near rank-deficient)",
+             f"mu_qk {report['mu_qk_before']:.4g} -> {report['mu_qk_after']:.4g}; "
+             f"mu_ov {report['mu_ov_before']:.4g} -> {report['mu_ov_after']:.4g}",
+             f"attention weight norm {report['attn_norm_before']:.6g} -> {report['attn_norm_after']:.6g}"]
+    return _finish(report, args.json, lines)
+
+
+def add_heldout_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--text", type=Path, default=None,
+                        help="held-out text to compare logits on (default: tiny shakespeare's validation part)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="prepared data folder (val.bin, meta.json) of a character model (default: found next "
+                             "to the checkpoint, in its training config, or data/tinyshakespeare)")
+    parser.add_argument("--sequences", type=int, default=8, help="sequences in the held-out batch (default: %(default)s)")
+    parser.add_argument("--length", type=int, default=128,
+                        help="tokens per sequence, at most the model's context (default: %(default)s)")

@@ -1,0 +1,158 @@
+"""``attnid tables``, ``figures``, ``studies``, ``appendix`` and ``edits-table``: gathering the runs
+into tables, claims, figures and the LaTeX appendix (:mod:`attnid.reports`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnid.common.errors import UserError
+
+# Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
+
+
+def add_run_selection_arguments(parser, sweep: bool = True) -> None:
+    """--runs-dir (gather everything below) or --runs (exactly these); the same for the sweep if ``sweep``."""
+    parser.add_argument("--runs-dir", default=None, help="results/runs: <case>/seed<S>/{run.json,metrics.csv}")
+    parser.add_argument("--runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="exactly these run directories (instead of everything under --runs-dir)")
+    if sweep:
+        parser.add_argument("--sweep-dir", default=None, help="results/sweep: <optimizer>/lr<lr>/seed<S>/...")
+        parser.add_argument("--sweep-runs", nargs="+", default=None, metavar="RUN_DIR",
+                            help="exactly these sweep run directories (instead of everything under --sweep-dir)")
+
+
+
+def check_run_selection(args) -> None:
+    if args.runs_dir is None and not args.runs:
+        raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
+
+
+
+def add_tables_arguments(parser) -> None:
+    add_run_selection_arguments(parser)
+    parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
+
+
+
+def run_tables(args) -> int:
+    from attnid.reports.tables import write_tables
+
+    check_run_selection(args)
+    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
+    for row in tables["claims"].itertuples():
+        print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
+    print(f"wrote {len(tables)} tables to {args.out_dir}")
+    return 0
+
+
+
+def add_figures_arguments(parser) -> None:
+    parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
+    add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
+    parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
+    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 (and fig5) .png/.pdf go")
+    parser.add_argument("--no-studies", dest="studies", action="store_false",
+                        help="no Figure 5, even where study tables of an earlier build exist")
+
+
+
+def run_figures(args) -> int:
+    from attnid.reports.figures import make_figures
+
+    check_run_selection(args)
+    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs, studies=args.studies)
+    print(f"wrote {len(paths)} files to {args.out_dir}")
+    return 0
+
+
+
+def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
+    from attnid.reports.latex import FIGURES, OPTIONAL_PARTS
+
+    parser.add_argument("--counts", default="results/theory/counts.csv", help="default: %(default)s")
+    parser.add_argument("--nullity", default="results/theory/nullity.csv", help="default: %(default)s")
+    parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
+    parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
+    parser.add_argument("--experiment-tables", default=None,
+                        help="folder with runs.tex, cases.tex, sweep.tex, prune.tex to include verbatim "
+                             "(those that exist)")
+    parser.add_argument("--figures", default=None,
+                        help=f"folder with {', '.join(name + '.pdf' for name in FIGURES)} to include")
+    parser.add_argument("--templates", default=None,
+                        help="template folder overriding the package's (copy of attnid/reports/templates)")
+    parser.add_argument("--pdf", action="store_true", help="then run latexmk -pdf on main.tex next to --out")
+    parser.add_argument("--omit", nargs="+", default=[], choices=sorted(OPTIONAL_PARTS), metavar="PART",
+                        help="leave out the tables and figures of these optional stages even where files of an "
+                             f"earlier build exist ({', '.join(sorted(OPTIONAL_PARTS))})")
+
+
+
+def run_appendix(args: argparse.Namespace) -> int:
+    from attnid.reports.latex import compile_pdf, render_appendix
+
+    from attnid.common.files import write_text_atomic
+
+    text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
+                           args.figures, args.templates, omit=args.omit)
+    write_text_atomic(args.out, text)
+    if args.pdf:
+        compile_pdf(Path(args.out).resolve().parent / "main.tex")
+    return 0
+
+
+
+def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--studies-dir", default=None,
+                        help="results/<config>/studies: gather every heads/<point>/seed<N> and variants/... below")
+    parser.add_argument("--heads-runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="exactly these run directories of the heads study (<point>/seed<N>)")
+    parser.add_argument("--variants-runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="exactly these run directories of the variants study (<point>/seed<N>)")
+    parser.add_argument("--out-dir", required=True,
+                        help="where heads.csv/.tex, variants.csv/.tex and identification_correlation.csv go")
+
+
+
+def run_studies(args: argparse.Namespace) -> int:
+    from attnid.reports.studies import STUDIES, write_study_tables
+    from attnid.training.rundir import find_run_dirs
+
+    if args.studies_dir is None and not args.heads_runs and not args.variants_runs:
+        raise UserError("say which runs to gather: --studies-dir DIR, or --heads-runs / --variants-runs RUN_DIR ...")
+    run_dirs = {}
+    for study in STUDIES:
+        listed = getattr(args, f"{study}_runs")
+        root = Path(args.studies_dir) / study if args.studies_dir is not None else None
+        run_dirs[study] = find_run_dirs(root, listed)
+    tables = write_study_tables(run_dirs, args.out_dir)
+    for row in tables["correlation"].itertuples():
+        if row.quantity == "final_val_loss":
+            print(f"{row.study}: Spearman(identified fraction, val loss) over {row.n_points} points = "
+                  f"{row.spearman_of_means:.2f} (seed means); per seed {row.spearman_per_seed_mean:.2f} "
+                  f"± {row.spearman_per_seed_sd:.2f} over {row.n_seed_correlations} seeds")
+    print(f"wrote {', '.join(name for name in tables if name != 'correlation')} tables to {args.out_dir}")
+    return 0
+
+
+
+def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, nargs="+", required=True, metavar="REPORT",
+                        help="JSON reports of attnid prune-biases and attnid balance (their --json)")
+    parser.add_argument("--out-dir", type=Path, default=Path("results/tables"),
+                        help="where prune.csv, prune_summary.csv and prune.tex go (default: %(default)s)")
+
+
+
+def run_edits_table(args) -> int:
+    from attnid.reports.edits_table import write_edits_table
+    from attnid.reports.latex import records
+
+    tables = write_edits_table(args.json, args.out_dir)
+    summary = tables["summary"]
+    for row in records(summary):
+        print(f"{row['edit']} ({row['n_runs']} checkpoint(s), L={row['n_layer']} H={row['n_head']} "
+              f"E={row['n_embd']}): max relative logit change {row['max_rel_logit_change']:.3g}, "
+              f"largest |loss change| {row['max_abs_loss_change']:.3g}")
+    print(f"wrote {args.out_dir / 'prune.csv'}, prune_summary.csv, prune.tex")
+    return 0

@@ -1,0 +1,242 @@
+"""Reading and writing the checkpoints that ``attnid prune-biases`` and ``attnid balance`` edit.
+
+Two formats, both read without running any code from the file:
+
+- nanoGPT ``ckpt.pt``: a dict with ``model_args`` and ``model`` (a state dict whose
+  keys may carry ``torch.compile``'s ``_orig_mod.`` prefix); ours adds an ``attnid``
+  section (resume state, the metric tracker's ``I_0``). ``c_attn.weight`` is ``(3E, E)``.
+- Hugging Face GPT-2 folder: ``config.json`` and ``model.safetensors`` or
+  ``pytorch_model.bin`` (or shards listed in a ``*.index.json``). GPT-2's ``Conv1D``
+  stores ``x W + b``, so ``attn.c_attn.weight`` is ``(E, 3E)`` and
+  ``attn.c_proj.weight`` is ``(E, E)``: both the transpose of nanoGPT's.
+
+Pickled files go through :func:`load_weights_only` (``torch.load(weights_only=True)``),
+which refuses any pickle that would build something other than tensors and plain
+containers, so a checkpoint that carries code is rejected before that code runs.
+
+Edits see every layer's attention in nanoGPT's layout and float64
+(:class:`AttentionLayer`); writing back restores each tensor's own layout and dtype
+and leaves every other tensor, and every other entry of the file, as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from attnid.common.errors import UserError
+from attnid.common.files import atomic_path, load_weights_only, require, torch_save_atomic
+
+NANOGPT = "nanogpt"
+HF_GPT2 = "hf-gpt2"
+SAFETENSORS_NAME = "model.safetensors"
+PYTORCH_BIN_NAME = "pytorch_model.bin"
+# Every layer's attention tensors, relative to the prefix that ends in "h." (see _layer_prefix)
+ATTENTION_PARTS = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias")
+
+
+@dataclass
+class AttentionLayer:
+    """One layer's attention in nanoGPT's layout, float64: rows ``[W_Q; W_K; W_V]``, head ``h`` = rows ``h*D:(h+1)*D``."""
+
+    c_attn_weight: torch.Tensor  # (3E, E)
+    c_attn_bias: torch.Tensor | None  # (3E,)
+    c_proj_weight: torch.Tensor  # (E_out, E_in)
+    c_proj_bias: torch.Tensor | None  # (E,)
+
+
+@dataclass
+class Checkpoint:
+    """A loaded checkpoint: its weights by stored name, and what is needed to write it back unchanged."""
+
+    kind: str  # NANOGPT or HF_GPT2
+    path: Path
+    n_layer: int
+    n_head: int
+    n_embd: int
+    tensors: dict[str, torch.Tensor]  # every weight, keyed as stored
+    layer_prefix: str  # stored key of layer i's tensors: f"{layer_prefix}{i}.{part}"
+    payload: dict = field(default_factory=dict)  # nanoGPT: the whole checkpoint dict; HF: config.json
+    weight_files: dict[str, list[str]] = field(default_factory=dict)  # HF: file name -> its keys
+    file_metadata: dict[str, dict | None] = field(default_factory=dict)  # HF safetensors header metadata
+
+    @property
+    def transposed(self) -> bool:
+        return self.kind == HF_GPT2  # Conv1D stores W^T
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.payload["model_args"]["vocab_size"] if self.kind == NANOGPT else self.payload["vocab_size"])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.payload["model_args"]["block_size"] if self.kind == NANOGPT else self.payload["n_positions"])
+
+    def attention_layer(self, layer: int) -> AttentionLayer:
+        """One layer's attention tensors as float64 copies in nanoGPT's layout."""
+        parts = []
+        for part in ATTENTION_PARTS:
+            tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
+            if tensor is not None:
+                tensor = tensor.detach().to(torch.float64, copy=True)
+                tensor = tensor.t().contiguous() if self.transposed and tensor.dim() == 2 else tensor
+            parts.append(tensor)
+        return AttentionLayer(*parts)
+
+    def attention_layers(self) -> list[AttentionLayer]:
+        return [self.attention_layer(layer) for layer in range(self.n_layer)]
+
+    def set_attention_layers(self, layers: list[AttentionLayer]) -> None:
+        """Write edited layers back, each tensor in its stored layout and dtype."""
+        for layer, edited in enumerate(layers):
+            values = (edited.c_attn_weight, edited.c_attn_bias, edited.c_proj_weight, edited.c_proj_bias)
+            for part, value in zip(ATTENTION_PARTS, values):
+                key = f"{self.layer_prefix}{layer}.{part}"
+                if key not in self.tensors:
+                    if value is not None:
+                        raise ValueError(f"{key} is not in the checkpoint, cannot write it")
+                    continue
+                value = value.t() if self.transposed and value.dim() == 2 else value
+                self.tensors[key] = value.to(self.tensors[key].dtype).contiguous()
+
+
+# --------------------------------------------------------------------------------------
+# loading
+# --------------------------------------------------------------------------------------
+
+def _layer_prefix(keys, where: Path) -> str:
+    """The stored prefix of ``h.{i}.attn...`` keys: nanoGPT's ``transformer.h.``, HF's ``transformer.h.`` or ``h.``."""
+    anchor = "h.0.attn.c_attn.weight"
+    hits = [k for k in keys if k == anchor or k.endswith("." + anchor)]
+    if not hits:
+        raise UserError(f"{where} has no {anchor}: not a nanoGPT / GPT-2 model")
+    return hits[0][: -len("0.attn.c_attn.weight")]
+
+
+def _count_layers(keys, prefix: str) -> int:
+    return len({k[len(prefix):].split(".", 1)[0] for k in keys if k.startswith(prefix) and k.endswith("attn.c_attn.weight")})
+
+
+def load_nanogpt(path: Path) -> Checkpoint:
+    checkpoint = load_weights_only(path)
+    if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
+        raise UserError(f"{path} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
+    args, tensors = checkpoint["model_args"], checkpoint["model"]
+    missing = sorted({"n_layer", "n_head", "n_embd", "block_size", "vocab_size"} - set(args))
+    if missing:
+        raise UserError(f"{path}: 'model_args' lacks {missing}: not a nanoGPT checkpoint")
+    prefix = _layer_prefix(tensors, path)
+    n_layer = _count_layers(tensors, prefix)
+    if n_layer != int(args["n_layer"]):
+        raise UserError(f"{path}: model_args says n_layer={args['n_layer']} but the weights have {n_layer} layers")
+    return Checkpoint(NANOGPT, path, n_layer, int(args["n_head"]), int(args["n_embd"]), dict(tensors), prefix,
+                      payload=checkpoint)
+
+
+def _hf_weight_files(folder: Path) -> list[str]:
+    for index_name in (SAFETENSORS_NAME + ".index.json", PYTORCH_BIN_NAME + ".index.json"):
+        index = folder / index_name
+        if index.is_file():
+            try:
+                return sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                raise UserError(f"{index} is not a weight index ({type(err).__name__}: {err})") from None
+    for name in (SAFETENSORS_NAME, PYTORCH_BIN_NAME):
+        if (folder / name).is_file():
+            return [name]
+    raise UserError(f"{folder} has no {SAFETENSORS_NAME} or {PYTORCH_BIN_NAME}: not a Hugging Face model folder")
+
+
+def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
+    if path.suffix == ".safetensors":
+        safetensors = require("safetensors", f"reading {path}")
+        try:
+            with safetensors.safe_open(str(path), framework="pt") as handle:
+                return {k: handle.get_tensor(k) for k in handle.keys()}, handle.metadata()
+        except (safetensors.SafetensorError, OSError) as err:
+            raise UserError(f"cannot read {path}: {err}") from None
+    state = load_weights_only(path)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path} is not a state dict of tensors")
+    return state, None
+
+
+def load_hf_gpt2(folder: Path) -> Checkpoint:
+    from attnid.theory.hf_config import read_hf_config
+
+    config = read_hf_config(folder)
+    if config.get("model_type") != "gpt2":
+        raise UserError(f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
+                        f"can be edited")
+    tensors, weight_files, metadata = {}, {}, {}
+    for name in _hf_weight_files(folder):
+        state, metadata[name] = _read_weight_file(folder / name)
+        weight_files[name] = list(state)
+        tensors.update(state)
+    prefix = _layer_prefix(tensors, folder)
+    n_layer = _count_layers(tensors, prefix)
+    if n_layer != int(config.get("n_layer", -1)):
+        raise UserError(f"{folder}: config.json says n_layer={config.get('n_layer')} but the weights have {n_layer} layers")
+    return Checkpoint(HF_GPT2, folder, n_layer, int(config["n_head"]), int(config["n_embd"]), tensors, prefix,
+                      payload=config, weight_files=weight_files, file_metadata=metadata)
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """A nanoGPT ``ckpt.pt`` (a file) or a Hugging Face GPT-2 model (a folder with ``config.json``)."""
+    path = Path(path)
+    if path.is_dir():
+        return load_hf_gpt2(path)
+    if path.is_file():
+        return load_nanogpt(path)
+    raise UserError(f"checkpoint {path} does not exist (expected a nanoGPT ckpt.pt or a Hugging Face GPT-2 folder)")
+
+
+# --------------------------------------------------------------------------------------
+# saving
+# --------------------------------------------------------------------------------------
+
+def check_output_path(source: Path, out: Path) -> None:
+    if Path(out).resolve() == Path(source).resolve():
+        raise UserError(f"--out {out} is the input checkpoint: write the edited copy somewhere else")
+
+
+def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict | None = None) -> Path:
+    """Write ``checkpoint`` in its own format to ``out`` (a file for nanoGPT, a folder for HF).
+
+    ``record`` (plain values) is kept as ``attnid_edits`` in a nanoGPT checkpoint,
+    a list that grows with each edit; HF folders get no extra file.
+    """
+    out = Path(out)
+    check_output_path(checkpoint.path, out)
+    if checkpoint.kind == NANOGPT:
+        payload = dict(checkpoint.payload, model=checkpoint.tensors)
+        if record is not None:
+            payload["attnid_edits"] = list(payload.get("attnid_edits", [])) + [record]
+        torch_save_atomic(out, payload)
+        return out
+    return _save_hf(checkpoint, out)
+
+
+def _save_hf(checkpoint: Checkpoint, out: Path) -> Path:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; a Hugging Face model is written as a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for name, keys in checkpoint.weight_files.items():
+        state = {k: checkpoint.tensors[k].contiguous() for k in keys}
+        with atomic_path(out / name) as tmp:
+            if name.endswith(".safetensors"):
+                save_file = require("safetensors.torch", f"writing {out / name}").save_file
+                save_file(state, str(tmp), metadata=checkpoint.file_metadata.get(name) or {"format": "pt"})
+            else:
+                torch.save(state, tmp)
+    # config.json, generation_config.json, tokenizer files, the shard index: unchanged
+    for item in sorted(checkpoint.path.iterdir()):
+        if item.is_file() and item.name not in checkpoint.weight_files:
+            with atomic_path(out / item.name) as tmp:
+                shutil.copyfile(item, tmp)
+    return out

@@ -1,0 +1,151 @@
+"""The held-out batch on which checkpoint edits are proven, and the before/after comparison.
+
+Tokens, first source found wins (the report names it):
+
+1. nanoGPT checkpoints without ``--text``: ``val.bin`` of a prepared data folder
+   (``attnid prepare``: tiny shakespeare's last 10 %) -- ``--data DIR``, else the
+   checkpoint's own folder, the ``data`` folder its ``attnid train`` config names,
+   nanoGPT's ``data/<dataset>``, or the pipeline's ``data/tinyshakespeare``.
+2. Text: ``--text FILE``, else the last 10 % of tiny shakespeare (the pipeline's
+   ``data/tinyshakespeare/input.txt``, or the repository's ``assets/tinyshakespeare.txt``).
+   Character models encode it with the ``meta.json`` vocabulary of the folders above;
+   Hugging Face folders with their own tokenizer files when they have them (read
+   offline). Otherwise each token is the text's byte value modulo the vocabulary
+   size: not the model's tokenisation, but a fixed, reproducible input, which is all
+   that a test of function preservation needs.
+3. No text at all: token ids from a generator seeded with 0.
+
+``nanoGPT``'s ``meta.pkl`` is never read (it is a pickle).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from attnid.common.files import require
+from attnid.edits.checkpoints import NANOGPT, Checkpoint
+from attnid.common.errors import UserError
+
+PIPELINE_DATA_DIR = Path("data") / "tinyshakespeare"
+DEFAULT_TEXTS = (PIPELINE_DATA_DIR / "input.txt", Path("assets") / "tinyshakespeare.txt")  # relative to the repository
+VAL_FRACTION = 0.1  # nanoGPT's split: the last 10 % of the text is validation
+RANDOM_TOKENS_SEED = 0
+
+
+def _data_dirs(checkpoint: Checkpoint, data: Path | None) -> list[Path]:
+    if data is not None:
+        return [data]
+    candidates = []
+    if checkpoint.kind == NANOGPT:
+        candidates.append(checkpoint.path.parent)
+        config = checkpoint.payload.get("config")
+        config = config if isinstance(config, dict) else {}
+        if isinstance(config.get("data"), str):
+            candidates.append(Path(config["data"]))  # attnid train --data
+        if isinstance(config.get("dataset"), str):
+            candidates.append(Path("data") / config["dataset"])  # nanoGPT's layout
+    candidates.append(PIPELINE_DATA_DIR)
+    return candidates
+
+
+def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[np.ndarray, str]:
+    from attnid.training import data as data_module
+
+    vocab = checkpoint.vocab_size
+    if checkpoint.kind == NANOGPT:
+        meta_dir = next((d for d in dirs if (d / data_module.META_NAME).is_file()), None)
+        if meta_dir is not None:
+            stoi = data_module.load_meta(meta_dir)["stoi"]
+            unknown = sorted(set(text) - set(stoi))
+            if unknown:
+                raise UserError(f"the held-out text has characters outside {meta_dir / data_module.META_NAME}'s "
+                                f"vocabulary ({unknown[:5]!r}): pass --text with text of the training alphabet")
+            return data_module.encode(text, stoi).astype(np.int64), f"text encoded with {meta_dir / 'meta.json'}"
+    elif any((checkpoint.path / name).is_file() for name in ("tokenizer.json", "vocab.json")):
+        transformers = require("transformers", "reading a Hugging Face tokenizer")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint.path), local_files_only=True)
+        return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64), "text encoded with the folder's tokenizer"
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+    return raw % vocab, f"text bytes modulo the vocabulary size {vocab}"
+
+
+def _tokens(checkpoint: Checkpoint, args) -> tuple[np.ndarray | None, str]:
+    from attnid.training import data as data_module
+
+    dirs = _data_dirs(checkpoint, args.data)
+    if args.text is None and checkpoint.kind == NANOGPT:
+        for folder in dirs:
+            if folder == args.data or ((folder / "val.bin").is_file() and (folder / data_module.META_NAME).is_file()):
+                tokens = np.asarray(data_module.load_split(folder, "val"), dtype=np.int64)
+                if int(tokens.max()) >= checkpoint.vocab_size:
+                    raise UserError(f"{folder / 'val.bin'} has token {int(tokens.max())}, beyond the model's "
+                                    f"vocabulary of {checkpoint.vocab_size}: pass --data of the model's dataset")
+                return tokens, f"{folder / 'val.bin'}"
+    if args.text is not None and not args.text.is_file():
+        raise UserError(f"--text {args.text} not found")
+    text_path = args.text if args.text is not None else next((p for p in DEFAULT_TEXTS if p.is_file()), None)
+    if text_path is None:
+        return None, f"random token ids (seed {RANDOM_TOKENS_SEED}): no held-out text found"
+    text = text_path.read_text(encoding="utf-8")
+    if args.text is None:
+        text = text[int(len(text) * (1 - VAL_FRACTION)):]
+    tokens, how = _encode_text(text, checkpoint, dirs)
+    return tokens, f"{text_path}{'' if args.text is not None else ' (validation part)'}, {how}"
+
+
+def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
+    """``(S, T+1)`` token ids (inputs and next-token targets) from evenly spaced windows, and their source."""
+    if args.sequences < 1 or args.length < 1:
+        raise UserError("--sequences and --length must be positive")
+    length = min(args.length, checkpoint.block_size)
+    tokens, source = _tokens(checkpoint, args)
+    if tokens is None:
+        generator = torch.Generator().manual_seed(RANDOM_TOKENS_SEED)
+        return torch.randint(0, checkpoint.vocab_size, (args.sequences, length + 1), generator=generator), source
+    if len(tokens) < length + 1:
+        raise UserError(f"the held-out tokens ({len(tokens)}) are fewer than one sequence of {length + 1}")
+    starts = np.linspace(0, len(tokens) - (length + 1), args.sequences).astype(np.int64)
+    windows = tokens[starts[:, None] + np.arange(length + 1)]  # (S, T+1)
+    return torch.from_numpy(np.ascontiguousarray(windows)), source
+
+
+def load_for_eval(checkpoint: Checkpoint):
+    """A callable ``ids (B, T) -> logits (B, T, V)`` for the checkpoint as written on disk."""
+    if checkpoint.kind == NANOGPT:
+        from attnid.model.gpt import model_from_checkpoint
+
+        model = model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).eval()
+        return lambda ids: model(ids, full_logits=True)[0]
+    return _hf_model(checkpoint.path)
+
+
+def _hf_model(folder: Path):
+    transformers = require("transformers", "evaluating a Hugging Face model")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    # the folder's weights passed the weights-only loader already; nothing is downloaded
+    model = transformers.GPT2LMHeadModel.from_pretrained(str(folder), local_files_only=True,
+                                                         attn_implementation="eager").eval()
+    return lambda ids: model(input_ids=ids).logits
+
+
+@torch.no_grad()
+def evaluate(logits_of, batch: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """Mean next-token cross-entropy and the logits ``(S, T, V)`` on ``batch`` ``(S, T+1)``."""
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    logits = logits_of(inputs).float()
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return float(loss), logits
+
+
+def compare(loss_before: float, logits_before: torch.Tensor, loss_after: float, logits_after: torch.Tensor) -> dict:
+    """Loss before/after and the max logit change relative to the largest logit (as ``tau_logits``)."""
+    scale = float(logits_before.abs().max())
+    change = float((logits_after - logits_before).abs().max())
+    return {"loss_before": loss_before, "loss_after": loss_after, "loss_change": loss_after - loss_before,
+            "max_rel_logit_change": change / scale if scale > 0 else change}
+

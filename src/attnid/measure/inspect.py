@@ -1,0 +1,104 @@
+"""What ``attnid inspect`` reports about a checkpoint: per layer μ and the conserved imbalance on the
+architecture's own orbit, the orbit's dimension at the weights next to the closed form, and the
+identification counts of the layer's shape (docs/design.md §3.4, §5, §8)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnid.measure.metrics import excess_norm
+from attnid.model.layout import attention_blocks, layer_shape_of, layout_of, model_pairs, orbit_of
+from attnid.model.moves import orbit_dimension_rows
+from attnid.theory import counts
+from attnid.theory.circuits import CIRCUITS
+
+
+# inspect's names for counts.layer_counts' per-layer entries (the keys of ``attnid inspect --json``)
+INSPECT_COUNT_KEYS = {"attention_params": "attn_params_per_layer", "unidentified_qk": "unidentified_qk_per_layer",
+                      "unidentified_ov": "unidentified_ov_per_layer",
+                      "unidentified_bias": "unidentified_bias_per_layer", "unidentified": "unidentified_per_layer",
+                      "identified_fraction": "identified_fraction"}
+
+
+def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
+    """Attention parameters and unidentified ones in one layer of this shape: ``D²`` per key/value group
+    in the query-key product (``D`` with RoPE, Prop. 4.8; Cor. 4.4), ``C²`` in the output-value product
+    (Lemma 4.6), and with biases the key and value biases (§4.7); from :func:`attnid.theory.counts.layer_counts`."""
+    per_layer = counts.layer_counts(shape)
+    return {ours: per_layer[theirs] for ours, theirs in INSPECT_COUNT_KEYS.items()}
+
+
+def _orbit_columns(model) -> dict[int, dict]:
+    """Per layer: each circuit's orbit kind and dimension at the weights, and whether every one equals
+    counts.py's closed form (:func:`attnid.model.moves.orbit_dimension_rows`)."""
+    per_layer: dict[int, dict] = {}
+    for row in orbit_dimension_rows(model):
+        columns = per_layer.setdefault(row["layer"], {"orbit_matches_closed_form": True})
+        columns[f"orbit_{row['circuit']}"] = row["orbit"]
+        columns[f"orbit_dim_{row['circuit']}"] = row["orbit_dimension"]
+        columns["orbit_matches_closed_form"] &= row["orbit_dimension"] == row["closed_form"]
+    return per_layer
+
+
+@torch.no_grad()
+def inspect_model(model) -> dict:
+    """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit,
+    the orbit dimension used, and the identification counts of :mod:`attnid.theory.counts` for the layer's
+    shape (MHA, GQA, RoPE, a head width of its own)."""
+    layout = layout_of(model)
+    orbits = {c: orbit_of(model, c) for c in CIRCUITS}
+    layers = []
+    per_circuit = {c: model_pairs(model, c) for c in CIRCUITS}
+    counted = _layer_counts(layer_shape_of(model))
+    dimensions = _orbit_columns(model)
+    totals = {c: [torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)] for c in CIRCUITS}
+    for layer in range(len(attention_blocks(model))):
+        row = {"layer": layer, "heads": layout.n_head, "kv_heads": layout.n_kv_head, "head_dim": layout.head_dim,
+               "rope": layout.rope}
+        for circuit in CIRCUITS:
+            pair_a, pair_b = per_circuit[circuit][layer]
+            frobenius_sq, minimum = orbits[circuit].excess_norm_terms(pair_a, pair_b)
+            totals[circuit][0] += frobenius_sq.sum().cpu()
+            totals[circuit][1] += minimum.sum().cpu()
+            row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
+            conserved = orbits[circuit].conserved_imbalance(pair_a, pair_b)
+            row[f"imbalance_norm_{circuit}"] = float(conserved.square().sum().sqrt())
+        row.update(counted)
+        row.update(dimensions[layer])
+        layers.append(row)
+    summary = {f"mu_{c}": excess_norm(*totals[c]) for c in CIRCUITS}
+    for circuit in CIRCUITS:  # sqrt of the sum over layers of ||I||_F^2
+        summary[f"imbalance_norm_{circuit}"] = math.sqrt(sum(r[f"imbalance_norm_{circuit}"] ** 2 for r in layers))
+    summary["attention_params"] = sum(r["attention_params"] for r in layers)
+    summary["unidentified"] = sum(r["unidentified"] for r in layers)
+    summary["identified_fraction"] = 1 - summary["unidentified"] / summary["attention_params"]
+    summary["orbit_matches_closed_form"] = all(r["orbit_matches_closed_form"] for r in layers)
+    return {"n_layer": len(layers), "n_head": layout.n_head, "n_kv_head": layout.n_kv_head,
+            "head_dim": layout.head_dim, "rope": layout.rope, "n_embd": layout.n_embd, "bias": layout.bias,
+            "layers": layers, "total": summary}
+
+
+def format_inspection(report: dict) -> str:
+    columns = [("layer", "{}"), ("heads", "{}"), ("mu_qk", "{:.4g}"), ("mu_ov", "{:.4g}"),
+               ("imbalance_norm_qk", "{:.4g}"), ("imbalance_norm_ov", "{:.4g}"),
+               ("attention_params", "{}"), ("orbit_qk", "{}"), ("orbit_dim_qk", "{}"), ("unidentified_qk", "{}"),
+               ("orbit_dim_ov", "{}"), ("unidentified_ov", "{}"), ("unidentified_bias", "{}"),
+               ("identified_fraction", "{:.6f}")]
+    headers = ["layer", "heads", "mu_qk", "mu_ov", "|I_qk|_F", "|I_ov|_F", "attn params",
+               "orbit qk", "dim qk", "unid qk", "dim ov", "unid ov", "unid bias", "identified"]
+    cells = [[fmt.format(row[key]) for key, fmt in columns] + [("" if row["orbit_matches_closed_form"] else "MISMATCH")]
+             for row in report["layers"]]
+    headers.append("dim = closed form")
+    total = report["total"]
+    cells.append(["all", "", f"{total['mu_qk']:.4g}", f"{total['mu_ov']:.4g}",
+                  f"{total['imbalance_norm_qk']:.4g}", f"{total['imbalance_norm_ov']:.4g}",
+                  str(total["attention_params"]), "", "", "", "", "", str(total["unidentified"]),
+                  f"{total['identified_fraction']:.6f}", "yes" if total["orbit_matches_closed_form"] else "NO"])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+    lines = [f"n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
+             f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} bias={report['bias']}",
+             "  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)

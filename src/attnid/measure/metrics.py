@@ -1,0 +1,275 @@
+"""The four logged quantities ρ, β, τ, μ, and ``attnid inspect``.
+
+Definitions (docs/design.md §3; the paper's extracted text does not keep its
+formulas, so these are this project's, chosen to test claims E1–E3 exactly). Each
+is aggregated over every factor pair of one circuit (``qk`` or ``ov``; per head for
+MHA, per key/value group for GQA, see :mod:`attnid.model.orbits`), with a per-layer
+breakdown under the suffix ``_l{i}``, and always on the orbit of the model's own
+architecture (docs/design.md §8): ``GL_D``, or for RoPE query-key pairs the
+subgroup of per-plane scalings and rotations.
+
+- ρ, unidentified share of one optimizer step ``Δ = θ_{t+1} - θ_t``:
+  ``Σ ||proj(Δ)||² / Σ ||Δ||²``, projecting onto the orbit tangent space at ``θ_t``
+  (Lemma 4.1/4.6). Zero for plain gradient steps (Lemma 5.1).
+- β, drift of the conserved imbalance ``P(I)``, ``I = A Aᵀ - B Bᵀ`` (Lemma 5.1), with
+  ``P`` the projection onto the orbit's Lie algebra (the identity for ``GL_D``; for
+  RoPE the per-plane trace of ``I``'s 2x2 diagonal blocks):
+  ``sqrt(Σ ||P(I_t) - P(I_0)||²) / sqrt(Σ ||P(A_0 A_0ᵀ)||² + ||P(B_0 B_0ᵀ)||²)``.
+- τ, effect of an orbit move (rebalancing, §5) on the function: relative change of
+  the probe-batch loss, and max-abs logit change over max-abs logit.
+- μ, excess norm on the orbit: ``Σ (||A||² + ||B||²) / Σ min_orbit (||A||² + ||B||²) - 1 >= 0``;
+  the minimum is ``2 ||Aᵀ B||_*`` on ``GL_D`` and ``Σ_p 2 sqrt(||A_p||² ||B_p||²)`` over
+  the RoPE planes ``p``.
+
+All maths runs in float64, batched over every pair of every layer with one
+eigendecomposition call per circuit, either on the model's device or on the host
+(``metrics_device="host"``: each read copies the attention tensors to the CPU first;
+the probe forward passes of τ stay on the model's device). Nothing reads global RNG state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnid.common.errors import UserError
+from attnid.model import moves
+from attnid.model.layout import attention_blocks, attention_tensors, layout_of, orbit_of, stacked_pairs
+from attnid.theory import factor_pairs
+from attnid.theory.circuits import CIRCUITS
+
+
+# --------------------------------------------------------------------------------------
+# Helpers on stacked pairs (L*G, D, n): every layer's pairs of one circuit in one batch
+# --------------------------------------------------------------------------------------
+
+def _per_layer(values: torch.Tensor, n_layer: int) -> torch.Tensor:
+    """``(L*G,)`` per-pair values -> ``(L,)`` per-layer sums."""
+    return values.reshape(n_layer, -1).sum(-1)
+
+
+def _share(numerator: float, denominator: float) -> float:
+    # a zero step (or zero weights) has no unidentified part: report 0, not NaN
+    return numerator / denominator if denominator > 0 else 0.0
+
+
+def _device(model) -> torch.device:
+    return attention_blocks(model)[0].attn.c_attn.weight.device
+
+
+METRICS_DEVICES = ("host", "device")
+
+
+def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
+    """μ from summed :meth:`attnid.theory.orbits.Orbit.excess_norm_terms` (``inf`` if every minimum is zero)."""
+    total_frob, total_minimum = float(frobenius_sq.sum()), float(minimum.sum())
+    if total_minimum > 0:
+        return total_frob / total_minimum - 1.0
+    return 0.0 if total_frob == 0 else math.inf
+
+
+# --------------------------------------------------------------------------------------
+# The tracker the training loop calls
+# --------------------------------------------------------------------------------------
+
+class MetricTracker:
+    """Computes ρ, β, τ, μ for one training run, on the orbit of the model's own architecture.
+
+    Each circuit's orbit is :func:`attnid.model.layout.orbit_of`'s: ``GL_D`` per head (MHA)
+    or per key/value group (GQA), and for RoPE query-key pairs the restricted group
+    (docs/design.md §8). It only measures; the orbit moves it measures τ across are in
+    :mod:`attnid.model.moves` (called by :mod:`attnid.measure.rebalancing`). Construction records the
+    conserved ``I_0`` of every pair of both circuits and the β normaliser;
+    :meth:`state_dict` / :meth:`load_state_dict` carry them through a checkpoint so a
+    resumed run continues bit-identically.
+
+    ``metrics_device`` says where the linear algebra runs: ``"device"`` reads the live
+    tensors where the model is, ``"host"`` copies them to the CPU (float64) at each read
+    and keeps ``I_0`` there, so that on CUDA the hundreds of small eigen- and singular
+    value solves of a log step run on the job's CPU threads instead of as one small
+    cuSOLVER call each. The numbers are the same either way (to round-off; bit for bit
+    on a CPU).
+    """
+
+    def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor], metrics_device: str = "device"):
+        if metrics_device not in METRICS_DEVICES:
+            raise UserError(f"metrics device must be 'host' or 'device', got {metrics_device!r}")
+        self.on_host = metrics_device == "host"
+        self.probe_batch = probe_batch
+        self.n_layer = len(attention_blocks(model))
+        self.layout = layout_of(model)
+        self.orbits = {circuit: orbit_of(model, circuit) for circuit in CIRCUITS}
+        self.initial_imbalance: dict[str, torch.Tensor] = {}  # circuit -> (L*G, D, D), conserved part
+        self.beta_norm_sq: dict[str, torch.Tensor] = {}  # circuit -> (L,) Σ ||P(A0A0ᵀ)||² + ||P(B0B0ᵀ)||²
+        now = self.read(model)
+        for circuit, orbit in self.orbits.items():
+            pair_a, pair_b = stacked_pairs(now, self.layout, circuit)
+            # P: projection onto the orbit's algebra (identity for GL_D), so that β compares like with like
+            gram_a = orbit.project_to_algebra(factor_pairs.gram(pair_a))
+            gram_b = orbit.project_to_algebra(factor_pairs.gram(pair_b))
+            # as state_metrics computes it, so that β is exactly 0 at the start
+            self.initial_imbalance[circuit] = orbit.conserved_imbalance(pair_a, pair_b)
+            per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
+            self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
+        # (circuit, target) -> rebalance_model's prepared target, computed once: targets are fixed over a run
+        self._targets: dict[tuple[str, str], object] = {}
+        # circuit -> the last orbit move (its pairs before the move and mu's minimum there; see state_metrics)
+        self._last_move: dict[str, moves.Move] = {}
+
+    def rebalance_targets(self, target: str) -> dict[str, object]:
+        """Per circuit, the prepared target of :func:`attnid.model.moves.rebalance_model` that moves to
+        ``I_0`` (``initial``) or 0 (``balanced``)."""
+        if target not in moves.REBALANCE_TARGETS:
+            raise UserError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
+        for circuit, initial in self.initial_imbalance.items():
+            if (circuit, target) not in self._targets:
+                self._targets[circuit, target] = moves.prepared_target(self.orbits[circuit], initial, target)
+        return {circuit: self._targets[circuit, target] for circuit in CIRCUITS}
+
+    def remember_move(self, circuit: str, move: moves.Move) -> None:
+        """Keep what an orbit move computed at the weights before it: :meth:`state_metrics` reuses
+        mu's minimum when the weights are bit-identical to those (a τ probe restores them)."""
+        self._last_move[circuit] = move
+
+    def initial_imbalance_scale(self) -> dict[str, float]:
+        """Per circuit, ``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)``: the β of an imbalance
+        scaled to zero, which Figure 3's SGD + weight-decay prediction needs (run.json)."""
+        return {circuit: float(self.initial_imbalance[circuit].double().square().sum().sqrt()
+                               / self.beta_norm_sq[circuit].double().sum().sqrt()) for circuit in CIRCUITS}
+
+    # ----- where the maths runs -------------------------------------------------------
+
+    @property
+    def compute_device(self) -> torch.device | None:
+        """The CPU for host metrics; None: wherever the model is."""
+        return torch.device("cpu") if self.on_host else None
+
+    def _to_compute(self, tensors, copy: bool) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """Per-layer tensors moved to the host (float64; always a new tensor with ``copy``) for host
+        metrics; as they are otherwise."""
+        if not self.on_host:
+            return tensors
+        return [tuple(None if t is None else t.detach().to(device="cpu", dtype=torch.float64, copy=copy)
+                      for t in layer) for layer in tensors]
+
+    @torch.no_grad()
+    def read(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` where the maths runs: the live
+        tensors (device metrics, no copy) or float64 copies on the host (one device-to-host copy each)."""
+        return self._to_compute(attention_tensors(model), copy=True)
+
+    # ----- ρ ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def snapshot(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+        """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step,
+        on the host for host metrics."""
+        def copy(tensor):
+            return None if tensor is None else tensor.detach().to(device=self.compute_device or tensor.device,
+                                                                  dtype=torch.float64, copy=True)
+        return [tuple(copy(t) for t in tensors) for tensors in attention_tensors(model)]
+
+    @torch.no_grad()
+    def step_metrics(self, model, pre) -> dict[str, float]:
+        """ρ per circuit (and per layer) for the step from ``pre`` (a :meth:`snapshot`) to now.
+
+        The projection is onto the tangent space of the architecture's orbit at the
+        pre-step point. Also reports ``rho_singular_pairs``: pairs whose normal equations
+        were singular and were solved by pseudo-inverse (still the exact projection; see
+        :func:`attnid.theory.factor_pairs.tangent_solve`). ``pre`` may live on any device (the drift
+        tracker's snapshot is on the model's); it is moved to where the maths runs.
+        """
+        now = self.read(model)
+        pre = self._to_compute(pre, copy=False)
+        row: dict[str, float] = {}
+        singular_pairs = 0
+        for circuit, orbit in self.orbits.items():
+            pre_a, pre_b = stacked_pairs(pre, self.layout, circuit)
+            now_a, now_b = stacked_pairs(now, self.layout, circuit)
+            step_a, step_b = now_a - pre_a, now_b - pre_b  # pairs are linear in the weights
+            proj_sq, singular = orbit.unidentified_sq_norm(pre_a, pre_b, step_a, step_b)
+            proj_sq = _per_layer(proj_sq, self.n_layer)
+            step_sq = _per_layer(step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2)), self.n_layer)
+            proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
+            row[f"rho_{circuit}"] = _share(sum(proj_sq), sum(step_sq))
+            for layer in range(self.n_layer):
+                row[f"rho_{circuit}_l{layer}"] = _share(proj_sq[layer], step_sq[layer])
+            singular_pairs += int(singular.sum())
+        row["rho_singular_pairs"] = singular_pairs
+        return row
+
+    # ----- β and μ --------------------------------------------------------------------
+
+    def _excess_terms(self, circuit: str, pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
+        """μ's two per-pair sums, reusing the last orbit move's minimum at bit-identical weights."""
+        move = self._last_move.pop(circuit, None)
+        if move is not None and torch.equal(move.pair_a, pair_a) and torch.equal(move.pair_b, pair_b):
+            return pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2)), move.minimum
+        return self.orbits[circuit].excess_norm_terms(pair_a, pair_b)
+
+    @torch.no_grad()
+    def state_metrics(self, model) -> dict[str, float]:
+        """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit."""
+        now = self.read(model)
+        row: dict[str, float] = {}
+        for circuit, orbit in self.orbits.items():
+            pair_a, pair_b = stacked_pairs(now, self.layout, circuit)
+            conserved = orbit.conserved_imbalance(pair_a, pair_b)
+            drift = conserved - self.initial_imbalance[circuit].to(conserved.device)
+            drift_sq = _per_layer(drift.square().sum((-1, -2)), self.n_layer).tolist()
+            norm_sq = self.beta_norm_sq[circuit].tolist()
+            row[f"beta_{circuit}"] = _share(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))
+            for layer in range(self.n_layer):
+                row[f"beta_{circuit}_l{layer}"] = _share(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
+            frobenius_sq, minimum = self._excess_terms(circuit, pair_a, pair_b)
+            row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
+            for layer, (frob, low) in enumerate(zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))):
+                row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, low)
+        return row
+
+    # ----- τ ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def probe(self, model) -> tuple[float, torch.Tensor]:
+        """Probe-batch loss and full-sequence logits, in eval mode (train/eval mode restored)."""
+        x_probe, y_probe = self.probe_batch
+        device = _device(model)
+        was_training = model.training
+        model.eval()
+        try:
+            logits, loss = model(x_probe.to(device), y_probe.to(device))
+        finally:
+            model.train(was_training)
+        return float(loss), logits.detach()
+
+    @staticmethod
+    def tau(before: tuple[float, torch.Tensor], after: tuple[float, torch.Tensor]) -> dict[str, float]:
+        """τ across an orbit move from two :meth:`probe` results: relative loss change and
+        max-abs logit change over max-abs logit."""
+        (loss_before, logits_before), (loss_after, logits_after) = before, after
+        tau = abs(loss_after - loss_before) / abs(loss_before) if loss_before != 0 else abs(loss_after)
+        scale = float(logits_before.abs().max())
+        change = float((logits_after - logits_before).abs().max())
+        return {"tau": tau, "tau_logits": change / scale if scale > 0 else change}
+
+    # ----- checkpointing ------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """``I_0`` and the β normalisers, as CPU tensors."""
+        return {"initial_imbalance": {c: t.detach().cpu().clone() for c, t in self.initial_imbalance.items()},
+                "beta_norm_sq": {c: t.detach().cpu().clone() for c, t in self.beta_norm_sq.items()},
+                "n_layer": self.n_layer}
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["n_layer"]) != self.n_layer:
+            raise UserError(f"metric state is for {state['n_layer']} layers, the model has {self.n_layer}")
+        for circuit in CIRCUITS:
+            saved = state["initial_imbalance"][circuit]
+            if saved.shape != self.initial_imbalance[circuit].shape:
+                raise UserError(f"metric state I_0[{circuit}] has shape {tuple(saved.shape)}, "
+                                f"expected {tuple(self.initial_imbalance[circuit].shape)}")
+            device = self.initial_imbalance[circuit].device
+            self.initial_imbalance[circuit] = saved.to(device=device, dtype=torch.float64)
+            self.beta_norm_sq[circuit] = state["beta_norm_sq"][circuit].to(device=device, dtype=torch.float64)
+        self._targets.clear()

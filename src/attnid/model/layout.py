@@ -1,0 +1,229 @@
+"""How a model's attention tensors are cut into factor pairs, and which orbit each circuit has.
+
+Factor pairs per key/value group ``g`` (query head ``h`` belongs to group ``h // (H/G)``;
+the layout of :mod:`attnid.model.gpt`), batched as ``(G, D, n)``:
+
+- query-key: ``A = [W_Q^{h_1} | b_Q^{h_1} | W_Q^{h_2} | b_Q^{h_2} | ...]``, the
+  group's query heads side by side (``D x (H/G)(E[+1])``), against the shared key
+  ``B = [W_K^g | b_K^g]`` (Lemma 4.3, Cor. 4.4; the paper's §4.9 for GQA).
+- output-value: ``A = [W_V^g | b_V^g]``, ``B = [W_O^{h_1 T} | W_O^{h_2 T} | ...]``,
+  the group's output columns side by side (Lemma 4.6).
+
+With ``G = H`` these are one pair per head (docs/design.md §2.1). Every quantity the
+pipeline logs and every rebalancing move must use the orbit of the model's *own*
+architecture (docs/design.md §8): :func:`orbit_of` gives ``GL_D`` for every circuit except
+the query-key pairs of a RoPE model, which have the RoPE commutant (the full ``GL_D``
+orbit of a RoPE query-key pair contains moves that change the function).
+
+The tensors are nanoGPT's: per layer ``c_attn.weight`` ``(H*D + 2*G*D, E)`` with rows
+``[W_Q; W_K; W_V]``, ``c_attn.bias`` likewise, and ``c_proj.weight`` ``(E, H*D)``. A
+model is read through its ``transformer.h`` blocks; other formats (Hugging Face GPT-2)
+bring their tensors into this layout first (:mod:`attnid.edits.checkpoints`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnid.theory import counts
+from attnid.theory.circuits import CIRCUITS, check_circuit
+from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT, Orbit
+
+# Per layer (c_attn.weight, c_attn.bias or None, c_proj.weight): the tensors pairs are cut from
+LayerTensors = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------
+# The layout of an attention layer and the orbit of each circuit
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """The attention shape the pairs are cut from: ``E, H, G, D``, RoPE, biases."""
+
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    rope: bool
+    bias: bool
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.n_head // self.n_kv_head
+
+
+def _unwrap(model):
+    """The GPT inside DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    while not hasattr(model, "config") and (hasattr(model, "module") or hasattr(model, "_orig_mod")):
+        model = model.module if hasattr(model, "module") else model._orig_mod
+    return model
+
+
+def layout_of(model_or_config) -> AttentionLayout:
+    """The attention layout of a GPT (possibly wrapped) or of a GPTConfig."""
+    config = getattr(_unwrap(model_or_config), "config", model_or_config)
+    return AttentionLayout(config.n_embd, config.n_head, config.kv_heads, config.per_head_dim,
+                           bool(config.rope), bool(config.bias))
+
+
+def layer_shape_of(model_or_config) -> counts.LayerShape:
+    """counts.py's LayerShape of one attention layer of this model (values as wide as keys: ``C = D``)."""
+    layout = layout_of(model_or_config)
+    return counts.layer_shape(layout.n_embd, layout.n_head, layout.n_kv_head, layout.head_dim, layout.head_dim,
+                              layout.rope, layout.bias, layout.bias)
+
+
+def orbit_of(model_or_config, circuit: str) -> Orbit:
+    """The orbit of one circuit's pairs: the RoPE commutant for the query-key pairs of a RoPE model,
+    ``GL_D`` otherwise (docs/design.md §8)."""
+    check_circuit(circuit)
+    return ROPE_COMMUTANT if circuit == "qk" and layout_of(model_or_config).rope else GENERAL_LINEAR
+
+
+# --------------------------------------------------------------------------------------
+# Reading a model's tensors
+# --------------------------------------------------------------------------------------
+
+def attention_blocks(model):
+    """The model's transformer blocks, through DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    return _unwrap(model).transformer.h
+
+
+def layer_tensors(block) -> LayerTensors:
+    """The three attention tensors of a block: c_attn weight, c_attn bias (or None), c_proj weight."""
+    attn = block.attn
+    return attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight
+
+
+def attention_tensors(model) -> list[LayerTensors]:
+    """Per layer the live ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (through wrappers)."""
+    return [layer_tensors(block) for block in attention_blocks(model)]
+
+
+# --------------------------------------------------------------------------------------
+# Cutting pairs out of the tensors, and writing them back
+# --------------------------------------------------------------------------------------
+
+def _rows(weight: torch.Tensor, bias: torch.Tensor | None, n_heads: int, head_dim: int) -> torch.Tensor:
+    """(heads*D, E) rows [+ (heads*D,) bias] -> (heads, D, E[+1]) float64."""
+    per_head = weight.detach().to(torch.float64).reshape(n_heads, head_dim, -1)
+    if bias is None:
+        return per_head
+    return torch.cat([per_head, bias.detach().to(torch.float64).reshape(n_heads, head_dim, 1)], dim=-1)
+
+
+def _side_by_side(per_head: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(H, D, n) -> (G, D, (H/G) n): each group's heads' columns next to each other."""
+    n_head, head_dim, width = per_head.shape
+    grouped = per_head.reshape(n_groups, n_head // n_groups, head_dim, width)  # (G, H/G, D, n)
+    return grouped.transpose(1, 2).reshape(n_groups, head_dim, -1)
+
+
+def _unside_by_side(pairs: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Inverse of :func:`_side_by_side`: (G, D, (H/G) n) -> (H, D, n)."""
+    n_groups, head_dim, columns = pairs.shape
+    per_group = n_head // n_groups
+    grouped = pairs.reshape(n_groups, head_dim, per_group, columns // per_group)  # (G, D, H/G, n)
+    return grouped.transpose(1, 2).reshape(n_head, head_dim, -1)
+
+
+def _row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
+    """Row ranges of W_Q, W_K, W_V in ``c_attn``."""
+    q_rows = layout.n_head * layout.head_dim
+    kv_rows = layout.n_kv_head * layout.head_dim
+    return slice(0, q_rows), slice(q_rows, q_rows + kv_rows), slice(q_rows + kv_rows, q_rows + 2 * kv_rows)
+
+
+def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: AttentionLayout,
+                       circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's pairs of one circuit, each ``(G, D, n)`` float64 (see the module docstring)."""
+    expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
+    if tuple(c_attn_weight.shape) != expected:
+        raise ValueError(f"c_attn.weight is {tuple(c_attn_weight.shape)}, the layout needs {expected}")
+    query, key, value = _row_blocks(layout)
+
+    def bias_of(rows: slice):
+        return None if c_attn_bias is None else c_attn_bias[rows]
+
+    g, d = layout.n_kv_head, layout.head_dim
+    if circuit == "qk":
+        queries = _rows(c_attn_weight[query], bias_of(query), layout.n_head, d)  # (H, D, E[+1])
+        return _side_by_side(queries, g), _rows(c_attn_weight[key], bias_of(key), g, d)
+    if circuit == "ov":
+        outputs = _rows(c_proj_weight.t(), None, layout.n_head, d)  # (H, D, E_out)
+        return _rows(c_attn_weight[value], bias_of(value), g, d), _side_by_side(outputs, g)
+    raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
+
+
+def stacked_pairs(tensors_per_layer, layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One circuit's pairs of every layer, ``(L*G, D, n)`` float64, layer-major, from per-layer
+    ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
+    per_layer = [pairs_from_tensors(w, b, p, layout, circuit) for w, b, p in tensors_per_layer]
+    return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
+
+
+def layer_pairs(model, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(A, B)`` pairs (each ``(G, D, n)``) of one circuit of one layer."""
+    return pairs_from_tensors(*layer_tensors(attention_blocks(model)[layer]), layout_of(model), circuit)
+
+
+def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the float64 ``(A, B)`` pairs of one circuit, for any variant."""
+    layout = layout_of(model)
+    return [pairs_from_tensors(*tensors, layout, circuit) for tensors in attention_tensors(model)]
+
+
+def _copy_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pairs: torch.Tensor,
+               n_embd: int) -> None:
+    """Write (heads, D, E[+1]) float64 pairs into ``c_attn`` rows (and bias) in place."""
+    weight[rows].copy_(pairs[..., :n_embd].reshape(-1, n_embd).to(weight.dtype))
+    if bias is not None:
+        bias[rows].copy_(pairs[..., n_embd].reshape(-1).to(bias.dtype))
+
+
+@torch.no_grad()
+def write_layer_pairs(tensors: LayerTensors, layout: AttentionLayout, circuit: str, pair_a: torch.Tensor,
+                      pair_b: torch.Tensor) -> None:
+    """Write one layer's ``(A, B)`` pairs into its ``(c_attn.weight, c_attn.bias, c_proj.weight)``, in place.
+
+    Exact inverse of :func:`pairs_from_tensors`; values are cast to each tensor's dtype. Tensors outside
+    the circuit (and ``c_proj.bias``) are untouched.
+    """
+    c_attn_weight, c_attn_bias, c_proj_weight = tensors
+    query, key, value = _row_blocks(layout)
+    if check_circuit(circuit) == "qk":
+        _copy_rows(c_attn_weight, c_attn_bias, query, _unside_by_side(pair_a, layout.n_head), layout.n_embd)
+        _copy_rows(c_attn_weight, c_attn_bias, key, pair_b, layout.n_embd)
+    else:
+        _copy_rows(c_attn_weight, c_attn_bias, value, pair_a, layout.n_embd)
+        outputs = _unside_by_side(pair_b, layout.n_head)  # (H, D, E_out)
+        c_proj_weight.copy_(outputs.reshape(-1, layout.n_embd).t().to(c_proj_weight.dtype))
+
+
+def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
+    """Write per-layer ``(A, B)`` pairs back into the model's attention parameters, in place
+    (the inverse of :func:`model_pairs`)."""
+    layout = layout_of(model)
+    for tensors, (pair_a, pair_b) in zip(attention_tensors(model), per_layer_pairs, strict=True):
+        write_layer_pairs(tensors, layout, circuit, pair_a, pair_b)
+
+
+def weight_columns(layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of the weight-matrix columns of a pair's ``A`` and ``B`` (the rest are bias columns).
+
+    A GQA query-key ``A`` holds ``H/G`` blocks ``[W_Q^h | b_Q^h]`` side by side, so with
+    biases its bias columns are every ``(E+1)``-th, not only the last one.
+    """
+    columns = layout.n_embd + (1 if layout.bias else 0)
+    heads_block = torch.arange(layout.heads_per_group * columns)
+    with_bias = torch.arange(columns)
+    if circuit == "qk":
+        return heads_block[heads_block % columns < layout.n_embd], with_bias[:layout.n_embd]
+    if circuit == "ov":
+        return with_bias[:layout.n_embd], torch.arange(layout.heads_per_group * layout.n_embd)
+    raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
+
+

@@ -1,0 +1,341 @@
+"""Does identification buy anything? The heads and variants studies, planned and gathered.
+
+The paper closes on a hypothesis it never tests: more heads, GQA and RoPE make attention "more
+identified" (a larger closed-form identified fraction, ``attnid.theory.counts``), and that may be why they
+improved transformers. Two studies train AdamW (the ``adamw`` case's settings) on the same data and
+token budget per point, 3 seeds each (docs/experiments.md, "Does identification buy anything?"):
+
+* ``heads``: ``H`` heads at the config's embedding ``E`` (``D = E/H``), plus the identification-matched
+  single head of the paper's §4.10: ``H = 1`` at ``E_0 = E sqrt(2 - 1/H_ref)`` rounded to an even
+  integer (:func:`matched_single_head_embd`, docs/design.md §10);
+* ``variants``: at the config's ``H``, MHA, GQA (``n_kv_head``) and RoPE, alone and together.
+
+Planning (:func:`study_points`, :func:`check_study_config`) is pure Python: workflow/rules/studies.smk
+imports it to lay out one training job per point and seed under
+``<results_dir>/studies/<study>/<point>/seed<N>/``. Gathering reads only ``run.json`` and
+``metrics.csv`` (torch-free, testable on synthetic runs):
+
+    attnid studies --heads-runs RUN_DIR... --variants-runs RUN_DIR... --out-dir results/tables
+
+writes ``heads.csv/.tex``, ``variants.csv/.tex`` (one row per point: mean ± sd over seeds) and
+``identification_correlation.csv``: the Spearman rank correlation between the identified fraction and
+the final val loss (and the measured ρ) across the points, per seed and over the seed means.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from attnid.theory.counts import attention_params_per_layer, identified_fraction, layer_shape, \
+    single_head_match_equal_identified
+from attnid.common.errors import UserError
+from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.training.rundir import load_run
+from attnid.reports.tables import mean_sd_over_seeds
+
+STUDIES = ("heads", "variants")
+# Every study point trains with the AdamW case's settings (lr, weight decay).
+STUDY_CASE = "adamw"
+# Keys of a study section that are the study's own grid, not flags of `attnid train`.
+STUDY_GRID_KEYS = ("n_heads", "matched_reference_heads", "points", "seeds")
+# Per-point quantities averaged over seeds (final = last logged value; rho = mean over the logged steps).
+POINT_COLUMNS = ("final_val_loss", "rho_qk_mean", "rho_ov_mean", "mu_qk_final", "mu_ov_final", "tokens_per_s")
+# What makes two points the same model (with the same step count, the same experiment).
+ARCHITECTURE_COLUMNS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias")
+# The quantities whose rank correlation with the identified fraction is reported.
+CORRELATED = ("final_val_loss", "rho_qk_mean", "rho_ov_mean")
+# Fewer points than this give no rank correlation worth a number.
+MIN_CORRELATION_POINTS = 3
+
+
+# ---------------------------------------------------------------------------- planning
+
+@dataclass(frozen=True)
+class StudyPoint:
+    """One architecture of a study: its directory name and the `attnid train` flags that make it."""
+
+    study: str
+    name: str
+    n_embd: int
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    rope: bool
+
+    def architecture(self) -> dict:
+        return {"n_head": self.n_head, "n_embd": self.n_embd, "head_dim": self.head_dim,
+                "n_kv_head": self.n_kv_head, "rope": self.rope}
+
+
+def matched_single_head_embd(n_embd: int, reference_heads: int) -> int:
+    """``E_0`` of the single head matched to an ``H_ref``-head layer of width ``E`` (§4.10, T6):
+    ``E sqrt(2 - 1/H_ref)`` (equal identified counts, :func:`attnid.theory.counts.single_head_match_equal_identified`,
+    docs/design.md §10), rounded to the nearest even integer (170 for ``E = 128``, ``H_ref = 4``)."""
+    return 2 * math.floor(single_head_match_equal_identified(n_embd, reference_heads) / 2 + 0.5)
+
+
+def heads_points(model: dict, heads: dict) -> list[StudyPoint]:
+    """``h<H>`` for every ``H`` of ``heads.n_heads`` at ``model.n_embd``, then ``h1_e<E_0>``, the
+    matched single head, when ``heads.matched_reference_heads`` is set."""
+    n_embd = int(model["n_embd"])
+    points = []
+    for n_head in heads["n_heads"]:
+        head_dim = n_embd // n_head if n_embd % n_head == 0 else None
+        points.append(StudyPoint("heads", f"h{n_head}", n_embd, n_head, n_head, head_dim, False))
+    reference = heads.get("matched_reference_heads")
+    if reference:
+        e0 = matched_single_head_embd(n_embd, int(reference))
+        points.append(StudyPoint("heads", f"h1_e{e0}", e0, 1, 1, e0, False))
+    return points
+
+
+def variants_points(model: dict, variants: dict) -> list[StudyPoint]:
+    """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H`` and ``E``."""
+    n_embd, n_head = int(model["n_embd"]), int(model["n_head"])
+    head_dim = n_embd // n_head if n_embd % n_head == 0 else None
+    return [StudyPoint("variants", name, n_embd, n_head, int((spec or {}).get("n_kv_head", n_head)), head_dim,
+                       bool((spec or {}).get("rope", False)))
+            for name, spec in variants["points"].items()]
+
+
+def study_points(config: dict) -> dict[str, list[StudyPoint]]:
+    """{study: its points} for the study sections a pipeline config has (``heads``, ``variants``: each
+    optional, a config without them trains no study)."""
+    planners = {"heads": heads_points, "variants": variants_points}
+    return {study: planners[study](config["model"], config[study]) for study in STUDIES if config.get(study)}
+
+
+def study_run_settings(section: dict) -> dict:
+    """The `attnid train` settings a study section sets for all its points (max_iters, log_every, ...)."""
+    return {key: value for key, value in section.items() if key not in STUDY_GRID_KEYS}
+
+
+def reused_points(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
+    """``{(study, point): (study, point) it reuses}``: a point that trains exactly what an earlier point
+    trains (the same attention shape and the same study settings, so the same `attnid train` flags for
+    each seed; e.g. the variants' ``mha`` and the heads' ``h4`` at the default ``H``) takes that point's
+    runs instead of training them again. The first point of a kind, in config order, is the one trained."""
+    trained, reused = {}, {}
+    for study, points in study_points(config).items():
+        settings = tuple(sorted(study_run_settings(config[study]).items()))
+        for point in points:
+            key = (settings, tuple(sorted(point.architecture().items())))
+            if key in trained:
+                reused[(study, point.name)] = trained[key]
+            else:
+                trained[key] = (study, point.name)
+    return reused
+
+
+def check_study_config(config: dict) -> list[str]:
+    """Problems of the study sections the schema cannot see (shapes the model or counts.py reject),
+    one line each, naming the config key."""
+    problems = []
+    for study, points in study_points(config).items():
+        for point in points:
+            if point.head_dim is None:
+                problems.append(f"{study}/{point.name}: n_head {point.n_head} does not divide model/n_embd "
+                                f"{point.n_embd}")
+                continue
+            try:
+                layer_shape(point.n_embd, point.n_head, point.n_kv_head, point.head_dim, rope=point.rope)
+            except ValueError as err:
+                problems.append(f"{study}/{point.name}: {err}")
+    return problems
+
+
+# ---------------------------------------------------------------------------- gathering
+
+def run_architecture(info: dict) -> dict:
+    """The attention shape a run trained, from its run.json config (older runs: plain MHA)."""
+    config = info.get("config") or {}
+    n_embd, n_head = int(config.get("n_embd", 128)), int(config.get("n_head", 4))
+    n_kv_head = config.get("n_kv_head") or n_head
+    head_dim = config.get("head_dim") or n_embd // n_head
+    return {"n_layer": int(config.get("n_layer", 4)), "n_embd": n_embd, "n_head": n_head,
+            "n_kv_head": int(n_kv_head), "head_dim": int(head_dim), "rope": bool(config.get("rope", False)),
+            "bias": bool(config.get("bias", False))}
+
+
+def architecture_label(arch: dict) -> str:
+    """A short name of an attention shape for tables and figures: ``H=4``, ``GQA G=2``, ``RoPE``, ``H=1, E=170``."""
+    parts = [f"H={arch['n_head']}"]
+    if arch["n_kv_head"] != arch["n_head"]:
+        parts.append("MQA" if arch["n_kv_head"] == 1 else f"GQA G={arch['n_kv_head']}")
+    if arch["rope"]:
+        parts.append("RoPE")
+    if arch["head_dim"] * arch["n_head"] != arch["n_embd"]:
+        parts.append(f"D={arch['head_dim']}")
+    return ", ".join(parts)
+
+
+def _median_positive(values: pd.Series) -> float:
+    finite = pd.to_numeric(values, errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
+    finite = finite[finite > 0]
+    return float(finite.median()) if len(finite) else math.nan
+
+
+def summarize_study_run(run_dir: Path) -> dict:
+    """One run of a study: its point (the parent folder), architecture, closed-form identified fraction
+    of one attention layer (counts.py for that shape), final val loss, mean ρ, final μ and tokens/s
+    (median over the logged intervals)."""
+    from attnid.reports.tables import summarize_run
+
+    info, metrics = load_run(run_dir)
+    summary = summarize_run(info, metrics)
+    arch = run_architecture(info)
+    shape = layer_shape(arch["n_embd"], arch["n_head"], arch["n_kv_head"], arch["head_dim"], rope=arch["rope"],
+                        bias=arch["bias"])
+    row = {"point": Path(run_dir).parent.name, "seed": summary["seed"], "status": summary["status"], **arch,
+           "label": architecture_label(arch), "n_params": info.get("n_params"),
+           "attn_params": arch["n_layer"] * attention_params_per_layer(shape),
+           "identified_fraction": identified_fraction(arch["n_embd"], arch["n_head"], arch["n_kv_head"],
+                                                      arch["head_dim"], arch["rope"], arch["bias"]),
+           "steps": summary["steps"], "wall_time_s": summary["wall_time_s"],
+           "tokens_per_s": _median_positive(metrics["tokens_per_s"]) if "tokens_per_s" in metrics else math.nan}
+    for column in POINT_COLUMNS:
+        if column != "tokens_per_s":
+            row[column] = summary[column]
+    row["run_dir"] = str(run_dir)
+    return row
+
+
+def study_runs_table(run_dirs: list[Path]) -> pd.DataFrame:
+    rows = [summarize_study_run(Path(d)) for d in run_dirs]
+    return pd.DataFrame(rows)
+
+
+def study_points_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per point (in the order of the runs): architecture, parameters, identified fraction, and
+    mean / sample sd (ddof=1) over the seeds that did not diverge of every :data:`POINT_COLUMNS`."""
+    rows = []
+    for point, group in runs.groupby("point", sort=False):
+        first = group.iloc[0]
+        done = group[group["status"] != "diverged"]
+        row = {"point": point, "label": first["label"]}
+        row.update({key: first[key] for key in (*ARCHITECTURE_COLUMNS, "n_params", "attn_params",
+                                                 "identified_fraction")})
+        row["unidentified_fraction"] = 1.0 - float(first["identified_fraction"])
+        row.update(n_seeds=len(group), n_diverged=int((group["status"] == "diverged").sum()),
+                   steps=int(group["steps"].max()))
+        row.update(mean_sd_over_seeds(done, POINT_COLUMNS))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------- rank correlation
+
+def rank_average(values) -> np.ndarray:
+    """Ranks 1..n with ties given their average rank (what Spearman's rho uses)."""
+    values = np.asarray(values, dtype=float)
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    sorted_values = values[order]
+    start = 0
+    while start < len(values):
+        stop = start
+        while stop + 1 < len(values) and sorted_values[stop + 1] == sorted_values[start]:
+            stop += 1
+        ranks[order[start:stop + 1]] = (start + stop) / 2 + 1
+        start = stop + 1
+    return ranks
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the (average-tie) ranks of the finite pairs.
+    NaN with fewer than :data:`MIN_CORRELATION_POINTS` pairs or when either side is constant."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < MIN_CORRELATION_POINTS:
+        return math.nan
+    rank_x, rank_y = rank_average(x[keep]), rank_average(y[keep])
+    rank_x, rank_y = rank_x - rank_x.mean(), rank_y - rank_y.mean()
+    norm = math.sqrt(float((rank_x ** 2).sum() * (rank_y ** 2).sum()))
+    return float((rank_x * rank_y).sum() / norm) if norm > 0 else math.nan
+
+
+def pooled_points(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The points of several studies as one set for the pooled correlation: a point whose architecture
+    and step count repeat an earlier point's (the variants' MHA is the heads sweep's point at the default
+    ``H``, see :func:`reused_points`) is the same experiment and counts once, or it would count twice."""
+    kept = points.drop_duplicates(subset=[*ARCHITECTURE_COLUMNS, "steps"], keep="first")
+    return runs[runs["point"].isin(kept["point"])], kept
+
+
+def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame) -> list[dict]:
+    """Spearman's rho between the identified fraction and each :data:`CORRELATED` quantity across the
+    points: over the seed means, and per seed (the points' runs with that seed) with mean and sample sd
+    over the seeds, so the spread a seed change makes is next to the number."""
+    rows = []
+    done = runs[runs["status"] != "diverged"] if not runs.empty else runs
+    for quantity in CORRELATED:
+        per_seed = []
+        for _, group in done.groupby("seed", sort=True):
+            value = spearman(group["identified_fraction"], group[quantity])
+            if math.isfinite(value):
+                per_seed.append(value)
+        rows.append({
+            "study": study, "quantity": quantity, "n_points": len(points),
+            "spearman_of_means": spearman(points["identified_fraction"], points[f"{quantity}_mean"])
+            if len(points) else math.nan,
+            "spearman_per_seed_mean": float(np.mean(per_seed)) if per_seed else math.nan,
+            "spearman_per_seed_sd": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan,
+            "n_seed_correlations": len(per_seed),
+        })
+    return rows
+
+
+# ---------------------------------------------------------------------------- writing
+
+STUDY_CAPTIONS = {
+    "heads": "Head sweep at fixed embedding $E$ ($D = E/H$) and the identification-matched single head "
+             "($H = 1$ at $E_0 = E\\sqrt{2 - 1/H_\\mathrm{ref}}$, even), trained with AdamW",
+    "variants": "Attention variants at the default number of heads, trained with AdamW",
+}
+
+
+QUANTITY_TEX = {"final_val_loss": "val loss", "rho_qk_mean": r"$\bar\rho_{QK}$", "rho_ov_mean": r"$\bar\rho_{OV}$"}
+
+
+def render_study_table(study: str, points: pd.DataFrame, correlations: list[dict]) -> str:
+    """``<study>.tex`` from templates/identification_study.tex.j2 (the experiment tables' TeX-safe jinja2
+    environment, :func:`attnid.reports.latex.render_table`)."""
+    from attnid.reports.latex import render_table
+
+    rows = [row | {"quantity_tex": QUANTITY_TEX[row["quantity"]]} for row in correlations]
+    return render_table("identification_study.tex.j2", study=study, caption=STUDY_CAPTIONS[study], points=points,
+                        correlations=rows, steps=int(points["steps"].max()))
+
+
+def write_study_tables(run_dirs: dict[str, list[Path]], out_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """Gather every study that has runs and write ``<study>.csv/.tex`` and ``identification_correlation.csv``
+    (rows per study and quantity; ``all`` pools the points of both studies)."""
+    out = Path(out_dir)
+    tables, correlations, all_runs, all_points = {}, [], [], []
+    for study in STUDIES:
+        dirs = run_dirs.get(study) or []
+        if not dirs:
+            continue
+        runs = study_runs_table(dirs)
+        points = study_points_table(runs)
+        rows = correlation_rows(study, runs, points)
+        correlations += rows
+        all_runs.append(runs.assign(point=study + "/" + runs["point"]))
+        all_points.append(points.assign(point=study + "/" + points["point"]))
+        tables[study] = points
+        write_csv_atomic(out / f"{study}.csv", points)
+        write_text_atomic(out / f"{study}.tex", render_study_table(study, points, rows))
+    if not tables:
+        raise UserError("no study runs given: pass --heads-runs and/or --variants-runs (or --studies-dir)")
+    if len(all_runs) > 1:
+        correlations += correlation_rows("all", *pooled_points(pd.concat(all_runs), pd.concat(all_points)))
+    tables["correlation"] = pd.DataFrame(correlations)
+    write_csv_atomic(out / "identification_correlation.csv", tables["correlation"])
+    return tables
+
+

@@ -1,0 +1,122 @@
+"""Attention shapes from a Hugging Face ``config.json``, for ``attnid counts --hf-config``.
+
+Maps the fields of GPT-2, Llama, Mistral, Qwen2, Gemma and Falcon configs onto the
+architecture fields of :mod:`attnid.theory.counts` (``n_layer``, ``n_embd`` = E,
+``n_head`` = H, ``n_kv_head`` = G, ``head_dim`` = D, ``rope``, ``bias`` for the
+q/k/v projections, ``out_bias`` for the output projection), so a downloaded model's
+counts come out as the same row as ``config/architectures.yaml`` would give it.
+
+Which model types use RoPE and which biases they carry is not in the config's
+numbers but in the modelling code of each type; the table :data:`MODEL_TYPES`
+records it (with the config flags that switch it, e.g. Llama's ``attention_bias``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from attnid.common.errors import UserError
+
+# model_type -> (rope, q/k/v bias, output bias) when the config has no flag saying otherwise
+MODEL_TYPES: dict[str, tuple[bool, bool, bool]] = {
+    "gpt2": (False, True, True),  # Conv1D c_attn / c_proj, both with biases
+    "llama": (True, False, False),  # attention_bias switches q, k, v and o biases together
+    "mistral": (True, False, False),
+    "qwen2": (True, True, False),  # q_proj, k_proj, v_proj with bias; o_proj without
+    "gemma": (True, False, False),
+    "gemma2": (True, False, False),
+    "falcon": (True, False, False),  # 'bias' switches every linear; 'alibi' replaces RoPE
+}
+
+# (our field, the config's names for it, first found wins)
+FIELD_NAMES = {
+    "n_embd": ("n_embd", "hidden_size", "d_model"),
+    "n_head": ("n_head", "num_attention_heads"),
+    "n_layer": ("n_layer", "num_hidden_layers"),
+}
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+    """The JSON object of ``path`` (a ``config.json``, or a folder that holds one)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise UserError(f"Hugging Face config {path} not found: pass a config.json or the model folder holding one")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} must hold a JSON object of model settings")
+    return config
+
+
+def _field(config: dict, ours: str, where: str) -> int:
+    for name in FIELD_NAMES[ours]:
+        if config.get(name) is not None:
+            return config[name]
+    raise UserError(f"{where} lacks {' / '.join(FIELD_NAMES[ours])} (needed for {ours}): cannot count its attention")
+
+
+def _kv_heads(config: dict, model_type: str, n_head: int, where: str) -> int:
+    """G: Falcon states it three ways (``new_decoder_architecture`` + ``num_kv_heads``,
+    ``multi_query``, or neither = one key/value head per query head); the others by
+    ``num_key_value_heads`` (absent = plain multi-head attention)."""
+    if model_type == "falcon":
+        if config.get("new_decoder_architecture"):
+            if config.get("num_kv_heads") is None:
+                raise UserError(f"{where} has new_decoder_architecture but lacks num_kv_heads")
+            return config["num_kv_heads"]
+        return 1 if config.get("multi_query", True) else n_head
+    kv_heads = config.get("num_key_value_heads")
+    return n_head if kv_heads is None else kv_heads
+
+
+def _rope_and_biases(config: dict, model_type: str) -> tuple[bool, bool, bool]:
+    rope, bias, out_bias = MODEL_TYPES[model_type]
+    if model_type == "falcon":
+        rope = not config.get("alibi", False)
+        bias = out_bias = bool(config.get("bias", False))
+    elif model_type != "gpt2" and config.get("attention_bias") is not None:
+        bias = out_bias = bool(config["attention_bias"])
+    if config.get("qkv_bias") is not None:
+        bias = bool(config["qkv_bias"])
+    return rope, bias, out_bias
+
+
+def architecture_from_hf_config(config: dict, source: str = "config.json") -> dict:
+    """An ``architectures.yaml``-style entry (see :func:`attnid.theory.counts.architecture_row`) for one HF config.
+
+    Raises a one-line UserError naming the field it could not find or the model type
+    it does not know.
+    """
+    model_type = config.get("model_type")
+    if model_type is None:
+        raise UserError(f"{source} lacks model_type: cannot tell the attention layout (known: {', '.join(MODEL_TYPES)})")
+    if model_type not in MODEL_TYPES:
+        raise UserError(f"{source}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}; "
+                        f"whether it uses RoPE and attention biases is not in its config")
+    n_head = _field(config, "n_head", source)
+    spec = {"n_layer": _field(config, "n_layer", source), "n_embd": _field(config, "n_embd", source),
+            "n_head": n_head, "n_kv_head": _kv_heads(config, model_type, n_head, source)}
+    if config.get("head_dim") is not None:
+        spec["head_dim"] = config["head_dim"]
+    for name, value in spec.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{source}: the field giving {name} must be a positive integer, got {value!r}")
+    spec["rope"], spec["bias"], spec["out_bias"] = _rope_and_biases(config, model_type)
+    spec["source"] = source
+    return spec
+
+
+def hf_architecture(path: str | os.PathLike) -> tuple[str, dict]:
+    """``(name, spec)`` for the config at ``path``; the name is the config's model type and folder."""
+    config = read_hf_config(path)
+    where = str(Path(path) / "config.json") if Path(path).is_dir() else str(path)
+    spec = architecture_from_hf_config(config, source=where)
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    name = config.get("_name_or_path") or folder.name or config["model_type"]
+    return str(name), spec

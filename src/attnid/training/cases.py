@@ -1,0 +1,124 @@
+"""The optimizer cases: one :class:`Case` record per case, in one registry.
+
+Training (the optimizer and whether it rebalances), the command line's help, the
+tables, the figures' colours and the workflow schema's case list all read
+:data:`CASES`, so adding a case touches only this module (or one :func:`register`
+call). Importing this module does not import torch: the optimizer factories import
+it when called, so ``attnid tables`` stays torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from attnid.common.errors import UserError
+
+# make_optimizer(model, cfg, device_type) -> torch.optim.Optimizer; ``cfg`` is an attnid.training.config.TrainConfig
+OptimizerFactory = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One optimizer case: what it is, how it trains, and how it is drawn."""
+
+    name: str
+    label: str            # short name in figures and tables
+    description: str      # one line for 'attnid train --help' (and the experiment's claim, E1-E3)
+    default_lr: float     # peak learning rate when --lr is not given
+    make_optimizer: OptimizerFactory
+    rebalances: bool = False  # moves the attention pairs along their orbits every --rebalance-every steps (E3)
+    # plain SGD with coupled L2 decay (--weight-decay), no momentum: its first-order imbalance drift is
+    # predicted exactly, L_t = -2 lr_t wd I_t (docs/design.md §7), and logged as drift1_pred_*
+    coupled_weight_decay: bool = False
+    color: str = "gray"
+    linestyle: str = "-"
+    marker: str = "o"
+
+    def style(self) -> dict:
+        """matplotlib keyword arguments plus ``label``."""
+        return {"color": self.color, "label": self.label, "linestyle": self.linestyle, "marker": self.marker}
+
+
+# --------------------------------------------------------------------------------------
+# optimizer factories: weight decay (where used) acts on >= 2-D tensors only, as nanoGPT's groups
+# --------------------------------------------------------------------------------------
+
+def sgd(model, cfg, device_type: str):
+    import torch
+
+    return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=0.0)
+
+
+def sgd_weight_decay(model, cfg, device_type: str):
+    import torch
+
+    # torch's SGD weight_decay adds wd * theta to the gradient: coupled L2, I_t ~ prod(1 - lr wd)^2 I_0
+    return torch.optim.SGD(model.optimizer_groups(cfg.weight_decay), lr=cfg.lr, momentum=0.0)
+
+
+def sgd_momentum(model, cfg, device_type: str):
+    import torch
+
+    return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=cfg.momentum)
+
+
+def adamw(model, cfg, device_type: str):
+    import torch
+
+    extra = {"fused": True} if device_type == "cuda" else {}
+    return torch.optim.AdamW(model.optimizer_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             **extra)
+
+
+# --------------------------------------------------------------------------------------
+# the registry
+# --------------------------------------------------------------------------------------
+
+# Colours: the Okabe-Ito palette (colour-blind safe), one hue family per case; line styles
+# and markers tell the cases apart in greyscale too. Default learning rates: nanoGPT
+# shakespeare-char's for AdamW; SGD needs a larger one.
+CASES: dict[str, Case] = {}
+
+
+def register(case: Case) -> Case:
+    """Add ``case`` to the registry (after the existing ones); its name must be new."""
+    if case.name in CASES:
+        raise ValueError(f"case {case.name!r} is already registered")
+    CASES[case.name] = case
+    return case
+
+
+def unregister(name: str) -> None:
+    CASES.pop(name)
+
+
+def get_case(name: str) -> Case:
+    """The case called ``name``; an unknown name is a UserError listing the known ones."""
+    try:
+        return CASES[name]
+    except KeyError:
+        raise UserError(f"unknown case {name!r}: choose one of {', '.join(CASES)}") from None
+
+
+def case_names() -> list[str]:
+    return list(CASES)
+
+
+def rebalancing_cases() -> list[str]:
+    return [case.name for case in CASES.values() if case.rebalances]
+
+
+register(Case("sgd", "SGD", "plain SGD, no momentum, no weight decay: the imbalance is conserved (E1)",
+              0.1, sgd, color="#0072B2", linestyle="-", marker="o"))
+register(Case("sgd_wd", "SGD + weight decay",
+              "SGD with coupled L2 weight decay (--weight-decay) on matrices and embeddings (E2)",
+              0.1, sgd_weight_decay, coupled_weight_decay=True, color="#D55E00", linestyle="--", marker="s"))
+register(Case("sgd_momentum", "SGD + momentum", "SGD with heavy-ball momentum (--momentum, 0.9), no weight decay",
+              0.01, sgd_momentum, color="#CC79A7", linestyle="-.", marker="^"))
+register(Case("adamw", "AdamW",
+              "nanoGPT's AdamW: betas (0.9, 0.99), decoupled weight decay on matrices and embeddings (E2)",
+              1e-3, adamw, color="#009E73", linestyle="-", marker="D"))
+register(Case("adamw_rebalance", "AdamW + rebalancing",
+              "adamw, plus every --rebalance-every steps each attention pair moved along its orbit (E3)",
+              1e-3, adamw, rebalances=True, color="#000000", linestyle="--", marker="v"))

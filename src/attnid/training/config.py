@@ -1,0 +1,252 @@
+"""The options of ``attnid train``: one dataclass drives the flags, the ``--config`` file and validation.
+
+Each field of :class:`TrainConfig` carries its type (the annotation, read with
+:func:`typing.get_type_hints`) and its metadata: ``help`` (``None`` hides a test
+hook from ``--help``), ``metavar``, ``bound`` (``positive`` or ``non_negative``) and
+``resume`` (False for keys that may differ between a checkpoint and the command that
+resumes it). Adding an option is adding one field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from attnid.common.errors import UserError
+from attnid.measure.metrics import METRICS_DEVICES
+from attnid.model.moves import REBALANCE_TARGETS
+from attnid.training import cases
+from attnid.training.precision import DTYPES
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def option(default, help: str | None, *, metavar: str | None = None, bound: str | None = None,
+           resume: bool = True):
+    """A :class:`TrainConfig` field with its ``--help`` text and checks."""
+    return field(default=default, metadata={"help": help, "metavar": metavar, "bound": bound, "resume": resume})
+
+
+@dataclass
+class TrainConfig:
+    data: str | None = option(None, "prepared data directory (train.bin, val.bin, meta.json from 'attnid prepare'); "
+                                    "required", metavar="DIR", resume=False)
+    out: str | None = option(None, "run directory for metrics.csv, run.json, ckpt.pt; required", metavar="RUN_DIR",
+                             resume=False)
+    case: str = option("adamw", "optimizer case: {cases}", metavar="CASE")
+    lr: float | None = option(None, "peak learning rate (default per case: {default_lrs})", bound="positive")
+    seed: int = option(1337, "seed for the init, the batches and dropout (default 1337)")
+    max_iters: int = option(5000, "optimizer steps (default 5000)", bound="positive")
+    log_every: int = option(10, "a metrics.csv row every K steps, plus the last step and every rebalance "
+                                "(default 10)", bound="positive")
+    eval_every: int = option(250, "eval train/val loss every N steps, at step 0 and at the end (default 250)",
+                             bound="positive")
+    eval_iters: int = option(20, "batches per eval split (default 20)", bound="positive")
+    ckpt_every: int = option(250, "save ckpt.pt every N steps (default 250); also on SIGTERM/SIGINT and at the end",
+                             bound="positive")
+    n_layer: int = option(4, "transformer blocks (default 4)", bound="positive")
+    n_head: int = option(4, "heads per block (default 4)", bound="positive")
+    n_embd: int = option(128, "embedding width E (default 128)", bound="positive")
+    n_kv_head: int | None = option(None, "key/value heads G (grouped-query attention, G divides --n-head; 1 = "
+                                         "multi-query) (default: --n-head, multi-head)", metavar="G",
+                                   bound="positive")
+    rope: bool = option(False, "rotary position embeddings on queries and keys (base 10000, half-split planes) "
+                               "instead of the learned position embedding")
+    head_dim: int | None = option(None, "width D of each head (default E / H; even under --rope)", metavar="D",
+                                  bound="positive")
+    block_size: int = option(64, "context length (default 64)", bound="positive")
+    batch_size: int = option(12, "sequences per step (default 12)", bound="positive")
+    dropout: float = option(0.0, "dropout probability (default 0.0)", bound="non_negative")
+    bias: bool = option(False, "biases in Linears and LayerNorms (default off, as nanoGPT's CPU config)")
+    weight_decay: float = option(0.1, "weight decay for sgd_wd (coupled L2) and the adamw cases (decoupled) "
+                                      "(default 0.1)", bound="non_negative")
+    momentum: float = option(0.9, "momentum of sgd_momentum (default 0.9)", bound="non_negative")
+    beta1: float = option(0.9, "AdamW beta1 (default 0.9)")
+    beta2: float = option(0.99, "AdamW beta2 (default 0.99)")
+    grad_clip: float = option(1.0, "clip the gradient norm at this value, 0 = off (default 1.0)",
+                              bound="non_negative")
+    warmup_iters: int | None = option(None, "linear warmup steps (default min(100, max_iters // 10))")
+    lr_decay_iters: int | None = option(None, "cosine decay length (default max_iters)")
+    min_lr: float | None = option(None, "learning rate at the end of the decay (default lr / 10)")
+    rebalance_every: int = option(200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive")
+    rebalance_target: str = option("initial", "rebalancing cases: target imbalance, 'initial' (I_0) or "
+                                              "'balanced' (0) (default initial)")
+    reset_optimizer_state: bool = option(False, "rebalancing cases: drop the optimizer state of the attention "
+                                                "weights at each rebalance")
+    diverge_threshold: float | None = option(None, "stop as 'diverged' when the loss is NaN/inf or above this "
+                                                   "(default 3 x first loss)")
+    metrics: bool = option(True, "measure rho, beta, tau, mu (--no-metrics: only losses; for benchmarks)")
+    metrics_device: str = option("auto", "where the metrics' float64 linear algebra runs at a log step: host (copy "
+                                         "the attention weights to the CPU threads), device (where the model "
+                                         "trains) or auto (host when training on CUDA, else device) (default "
+                                         "auto)", metavar="WHERE")
+    compile: bool | None = option(None, "torch.compile the model for training (default: on for CUDA, off on "
+                                        "the CPU); checkpoints keep nanoGPT's parameter names")
+    threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
+    device: str = option("auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE")
+    dtype: str = option("auto", "training precision: auto (float32 on CPU, bf16 on CUDA), bf16 (CUDA autocast, "
+                                "TF32), float32 (true float32, TF32 off) or float64 (default auto)", metavar="DTYPE")
+    fresh: bool = option(False, "ignore an existing ckpt.pt in --out and start over", resume=False)
+    # test hook: behave as if SIGTERM arrived after this step
+    stop_after: int | None = option(None, None, resume=False)
+    progress_every: float = option(5.0, "seconds between progress lines on stderr (default 5)", bound="positive",
+                                   resume=False)
+
+
+def option_names() -> list[str]:
+    return [f.name for f in fields(TrainConfig)]
+
+
+def resume_free_keys() -> tuple[str, ...]:
+    """Keys that may differ between a checkpoint and the command resuming it."""
+    return tuple(f.name for f in fields(TrainConfig) if not f.metadata["resume"])
+
+
+@functools.cache
+def option_type(name: str) -> type:
+    """int, float, str or bool: the annotation of field ``name`` without its ``| None``."""
+    hint = typing.get_type_hints(TrainConfig)[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return hint
+
+
+def help_text(name: str) -> str | None:
+    """The ``--help`` line of an option; case lists and default learning rates come from the case registry."""
+    text = next(f.metadata["help"] for f in fields(TrainConfig) if f.name == name)
+    if text is None:
+        return None
+    default_lrs = ", ".join(f"{c.name} {c.default_lr:g}" for c in cases.CASES.values())
+    return text.format(cases=", ".join(cases.CASES), default_lrs=default_lrs)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these options (underscored keys); "
+                                                          "flags given on the command line override it")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind, text = option_type(f.name), help_text(f.name)
+        if text is None:
+            parser.add_argument(flag, type=kind, default=None, help=argparse.SUPPRESS)
+        elif kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, metavar=f.metadata["metavar"], help=text)
+
+
+def _coerce(name: str, value, source: str):
+    kind = option_type(name)
+    if value is None:
+        return None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{source}: '{name}' must be true or false, not {value!r}")
+        return value
+    if kind is int and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
+        raise UserError(f"{source}: '{name}' must be an integer, not {value!r}")
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{source}: '{name}' must be a {kind.__name__}, not {value!r}") from None
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """Options from a YAML file (keys as the flags, underscored). Unknown keys are an error."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
+    try:
+        content = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise UserError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(content, dict):
+        raise UserError(f"config file {path} must be a mapping of option: value")
+    unknown = sorted(str(k) for k in content if k not in option_names())
+    if unknown:
+        raise UserError(f"config file {path}: unknown keys {unknown}; valid keys are the flags of "
+                        f"'attnid train --help' with underscores")
+    return {k: _coerce(k, v, f"config file {path}") for k, v in content.items()}
+
+
+def _check_bounds(cfg: TrainConfig) -> None:
+    for bound in ("positive", "non_negative"):  # every positive option is checked before the non-negative ones
+        for f in fields(TrainConfig):
+            value = getattr(cfg, f.name)
+            if f.metadata["bound"] != bound or value is None:  # None: the option's derived default
+                continue
+            if bound == "positive" and not (value > 0 and math.isfinite(value)):
+                raise UserError(f"--{f.name.replace('_', '-')} must be positive, not {value}")
+            if bound == "non_negative" and not value >= 0:
+                raise UserError(f"--{f.name.replace('_', '-')} must be >= 0, not {value}")
+
+
+def _check_attention_shape(cfg: TrainConfig) -> None:
+    """The attention variant must be buildable (docs/design.md §8): one line per problem."""
+    if cfg.head_dim is None and cfg.n_embd % cfg.n_head:
+        raise UserError(f"--n-embd {cfg.n_embd} is not a multiple of --n-head {cfg.n_head} (or give --head-dim)")
+    if cfg.n_kv_head is not None and cfg.n_head % cfg.n_kv_head:
+        raise UserError(f"--n-kv-head {cfg.n_kv_head} must divide --n-head {cfg.n_head}")
+    head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
+    if cfg.rope and head_dim % 2:
+        raise UserError(f"--rope needs an even head width, got D = {head_dim} (choose --head-dim)")
+    # the stock values mean the stock model: same resume key and nanoGPT model_args as leaving them out
+    if cfg.n_kv_head == cfg.n_head:
+        cfg.n_kv_head = None
+    if cfg.head_dim is not None and cfg.head_dim * cfg.n_head == cfg.n_embd:
+        cfg.head_dim = None
+
+
+def resolve_config(values: dict) -> TrainConfig:
+    """Fill the derived defaults and check every value; raises UserError with one clear line."""
+    cfg = TrainConfig(**{k: v for k, v in values.items() if v is not None})
+    if cfg.data is None:
+        raise UserError("missing --data DIR (the prepared data directory from 'attnid prepare')")
+    if cfg.out is None:
+        raise UserError("missing --out RUN_DIR (where metrics.csv, run.json and ckpt.pt go)")
+    case = cases.get_case(cfg.case)
+    if cfg.rebalance_target not in REBALANCE_TARGETS:
+        raise UserError(f"unknown --rebalance-target {cfg.rebalance_target!r}: choose initial or balanced")
+    if cfg.device not in DEVICES:
+        raise UserError(f"unknown --device {cfg.device!r}: choose auto, cpu or cuda")
+    if cfg.dtype not in ("auto", *DTYPES):
+        raise UserError(f"unknown --dtype {cfg.dtype!r}: choose auto, {', '.join(DTYPES)}")
+    if cfg.lr is None:
+        cfg.lr = case.default_lr
+    _check_bounds(cfg)
+    if not cfg.dropout < 1:
+        raise UserError(f"--dropout must be below 1, not {cfg.dropout}")
+    if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
+        raise UserError("--beta1 and --beta2 must be in [0, 1)")
+    _check_attention_shape(cfg)
+    if cfg.metrics_device not in ("auto", *METRICS_DEVICES):
+        raise UserError(f"unknown --metrics-device {cfg.metrics_device!r}: choose auto, host or device")
+    if cfg.warmup_iters is None:
+        cfg.warmup_iters = min(100, cfg.max_iters // 10)
+    if cfg.lr_decay_iters is None:
+        cfg.lr_decay_iters = cfg.max_iters
+    if cfg.min_lr is None:
+        cfg.min_lr = cfg.lr / 10
+    if cfg.warmup_iters < 0 or cfg.lr_decay_iters <= cfg.warmup_iters:
+        raise UserError(f"need 0 <= --warmup-iters ({cfg.warmup_iters}) < --lr-decay-iters ({cfg.lr_decay_iters})")
+    if cfg.diverge_threshold is not None and not cfg.diverge_threshold > 0:
+        raise UserError(f"--diverge-threshold must be positive, not {cfg.diverge_threshold}")
+    if cfg.stop_after is not None and cfg.stop_after < 1:
+        raise UserError("--stop-after must be >= 1")
+    return cfg
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    values = read_config_file(args.config) if getattr(args, "config", None) else {}
+    for name in option_names():  # explicit flags override the file
+        flag_value = getattr(args, name, None)
+        if flag_value is not None:
+            values[name] = flag_value
+    return resolve_config(values)

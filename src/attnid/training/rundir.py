@@ -1,0 +1,217 @@
+"""The run directory of ``attnid train``: what is in it, and how it is written and read.
+
+A run directory holds
+
+- ``metrics.csv``: one row per log step; :data:`BASE_COLUMNS` first, in that order,
+  then any further columns in the order the loop first produced them (per-layer
+  ``rho_qk_l0`` ...). A new quantity is a new key in the row dicts the loop appends;
+  add it to :data:`BASE_COLUMNS` to give it a fixed place.
+- ``run.json``: status and summary, written last (a run.json means the outputs are
+  complete). It carries everything the tables and figures need, e.g.
+  ``initial_imbalance_scale`` for Figure 3's prediction, so nothing but training reads
+  the checkpoint.
+- ``ckpt.pt``: nanoGPT's checkpoint keys (``model``, ``optimizer``, ``model_args``,
+  ``iter_num``, ``best_val_loss``, ``config``) plus ours under ``attnid`` (RNG states,
+  the metric rows so far, the metric tracker's state), so that rerunning the same
+  command resumes exactly. Everything in it loads with ``torch.load(weights_only=True)``:
+  tensors, dicts, lists, tuples, floats, ints, bools, str and None.
+
+This module imports torch only inside the checkpoint functions: tables stay torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import platform
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from attnid import __version__
+from attnid.common.errors import UserError
+from attnid.common.files import torch_save_atomic, write_csv_atomic, write_json_atomic
+
+# metrics.csv: these columns first, in this order; per-layer columns (e.g. rho_qk_l0) follow.
+BASE_COLUMNS = ("step", "lr", "train_loss", "eval_train_loss", "val_loss", "rho_qk", "rho_ov", "beta_qk", "beta_ov",
+                "tau", "tau_logits", "mu_qk", "mu_ov", "grad_norm", "tokens_per_s", "wall_s", "rebalanced",
+                "skipped_pairs", "drift1_qk", "drift1_ov", "drift2_qk", "drift2_ov", "closure_qk", "closure_ov")
+# Columns that measure the clock, not the run: the only ones that differ between identical runs.
+TIMING_COLUMNS = ("tokens_per_s", "wall_s")
+
+METRICS_FILE, RUN_FILE, CHECKPOINT_FILE = "metrics.csv", "run.json", "ckpt.pt"
+CHECKPOINT_FORMAT = 2  # 2: loadable with weights_only=True
+
+
+# --------------------------------------------------------------------------------------
+# writing
+# --------------------------------------------------------------------------------------
+
+def _finite_or_none(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_outputs(out: Path, rows: list[dict], summary: dict) -> None:
+    """metrics.csv, then run.json last: a run.json means the run's outputs are complete."""
+    frame = pd.DataFrame(rows)
+    extra = [c for c in frame.columns if c not in BASE_COLUMNS]
+    frame = frame.reindex(columns=list(BASE_COLUMNS) + extra)
+    write_csv_atomic(Path(out) / METRICS_FILE, frame)
+    write_json_atomic(Path(out) / RUN_FILE, {k: _finite_or_none(v) for k, v in summary.items()})
+
+
+def versions() -> dict:
+    """Versions of what made the run, for run.json."""
+    import numpy as np
+    import torch
+
+    # str(): torch.__version__ is a TorchVersion, which weights_only loading refuses
+    return {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(np.__version__),
+            "attnid": str(__version__)}
+
+
+def git_commit() -> str | None:
+    """The commit of the attnid source tree, or None outside a git checkout."""
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip() or None if result.returncode == 0 else None
+
+
+def remove_outputs(out: Path) -> None:
+    """Delete run.json and metrics.csv: they must never describe an older run while this one is unfinished."""
+    for stale in (RUN_FILE, METRICS_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (Path(out) / stale).unlink()
+
+
+# --------------------------------------------------------------------------------------
+# the checkpoint
+# --------------------------------------------------------------------------------------
+
+def resume_key(config: dict, free_keys, device_type: str, meta: dict) -> dict:
+    """What must agree between a checkpoint and the command resuming it (``config`` as a dict)."""
+    key = {k: v for k, v in config.items() if k not in free_keys}
+    key["device"] = device_type
+    key["data"] = {k: meta.get(k) for k in ("vocab_size", "train_tokens", "val_tokens", "source_sha256")}
+    return key
+
+
+def save_run_checkpoint(path: Path, *, model_state: dict, optimizer_state: dict, model_args: dict, iter_num: int,
+                    best_val_loss: float, config: dict, ours: dict) -> None:
+    """Write ``ckpt.pt`` atomically: nanoGPT's keys (nanoGPT and load_nanogpt_checkpoint read
+    model_args + model), ours under ``attnid`` with the format number."""
+    torch_save_atomic(path, {
+        "model": model_state, "optimizer": optimizer_state, "model_args": model_args, "iter_num": iter_num,
+        "best_val_loss": best_val_loss, "config": config,
+        "attnid": {"format": CHECKPOINT_FORMAT, **ours},
+    })
+
+
+def _move_aside(path: Path) -> Path:
+    aside = path.with_name(path.name + ".corrupt")
+    number = 1
+    while aside.exists():
+        aside = path.with_name(f"{path.name}.corrupt{number}")
+        number += 1
+    path.rename(aside)
+    return aside
+
+
+def load_run_checkpoint(path: Path, key: dict) -> dict:
+    """The checkpoint at ``path`` if it belongs to the run ``key`` describes.
+
+    An unreadable file (truncated, corrupted, not ours) is renamed to ``ckpt.pt.corrupt``
+    (never overwritten) and reported in one line; the next run then starts over. A
+    checkpoint of another configuration is left in place and reported.
+    """
+    import torch
+
+    try:
+        # on the CPU: RNG states must stay CPU tensors; load_state_dict moves weights and moments to the device
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        stored_format, stored_key = checkpoint["attnid"]["format"], checkpoint["attnid"]["resume_key"]
+    except Exception as err:  # noqa: BLE001 - a damaged or foreign file
+        aside = _move_aside(path)
+        raise UserError(f"{path} is not a readable attnid checkpoint ({type(err).__name__}); moved it to "
+                        f"{aside.name}; rerun to start over") from None
+    if stored_format != CHECKPOINT_FORMAT:
+        aside = _move_aside(path)
+        raise UserError(f"{path} has checkpoint format {stored_format}, this attnid reads {CHECKPOINT_FORMAT}; "
+                        f"moved it to {aside.name}; rerun to start over")
+    if stored_key != key:
+        differing = sorted(k for k in set(key) | set(stored_key) if key.get(k) != stored_key.get(k))
+        shown = ", ".join(f"{k}: {stored_key.get(k)!r} in ckpt vs {key.get(k)!r} now" for k in differing[:3])
+        raise UserError(f"{path} belongs to a run with another configuration ({shown}); "
+                        f"delete it or pass --fresh to start over")
+    return checkpoint
+
+
+# --------------------------------------------------------------------------------------
+# reading finished runs
+# --------------------------------------------------------------------------------------
+
+def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> list[Path]:
+    """The run directories to gather: ``listed`` when given, else every one under ``root``.
+
+    The pipeline passes the runs its config asks for (``listed``), so runs left over from
+    an older config in the same ``results/`` folder never leak into tables or figures.
+    A listed directory without ``run.json`` is an error, not a silent gap.
+    """
+    if listed:
+        missing = [d for d in listed if not (Path(d) / RUN_FILE).is_file()]
+        if missing:
+            raise UserError(f"no run.json in {missing[0]} ({len(missing)} listed runs unfinished); "
+                            "run the training jobs first (snakemake --cores all)")
+        return [Path(d) for d in listed]
+    if root is None or not Path(root).is_dir():
+        return []
+    return sorted(path.parent for path in Path(root).rglob(RUN_FILE))
+
+
+def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
+    """``run.json`` as a dict (plus ``run_dir``) and ``metrics.csv`` as a frame (one row per logged step)."""
+    run_dir = Path(run_dir)
+    try:
+        info = json.loads((run_dir / RUN_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {run_dir / RUN_FILE}: {err}; rerun that training job") from err
+    metrics_path = run_dir / METRICS_FILE
+    if not metrics_path.is_file():
+        raise UserError(f"{metrics_path} is missing; rerun that training job")
+    metrics = pd.read_csv(metrics_path)
+    info.setdefault("run_dir", str(run_dir))
+    return info, metrics
+
+
+def load_runs_by_case(runs_dir: str | Path | None,
+                      listed: list[str] | None = None) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
+    """{case: [(run.json, metrics.csv) per seed]} for the listed runs (or every run under ``runs_dir``),
+    in the case registry's order (unknown cases last)."""
+    from attnid.training.cases import CASES
+
+    by_case: dict[str, list] = {}
+    for run_dir in find_run_dirs(runs_dir, listed):
+        info, metrics = load_run(run_dir)
+        by_case.setdefault(str(info.get("case")), []).append((info, metrics))
+    order = {case: i for i, case in enumerate(CASES)}
+    return dict(sorted(by_case.items(), key=lambda item: order.get(item[0], len(order))))
+
+
+def initial_imbalance_scale(info: dict, circuit: str) -> float | None:
+    """``||I_0||_F / N`` of a run's ``circuit`` from its run.json (N = β's normaliser, docs/design.md §3).
+
+    None for a run trained without metrics (it logged no β to compare with); a run.json
+    that lacks the entry altogether comes from an older attnid and is an error.
+    """
+    if "initial_imbalance_scale" not in info:
+        raise UserError(f"{Path(info.get('run_dir', '?')) / RUN_FILE} has no initial_imbalance_scale "
+                        f"(written by an older attnid); rerun that training job")
+    scales = info["initial_imbalance_scale"]
+    return None if scales is None else float(scales[circuit])

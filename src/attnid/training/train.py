@@ -1,0 +1,401 @@
+"""``attnid train``: one training run (optimizer case, learning rate, seed) with ρ, β, τ, μ logged.
+
+The loop is nanoGPT's ``train.py`` (cosine schedule with linear warmup, gradient
+clipping, periodic train/val evaluation) with the measurements of the paper's §5
+around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`), in the
+precision of ``--dtype`` (:mod:`attnid.training.precision`):
+
+    loss = model(batch); prefetch the next batch   # the loss stays on the device until a log step
+    scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
+    pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
+    scaler.step(optimizer); scaler.update()
+    drift.after_step(model, lr)                    # the exact drift split D1, D2 (docs/design.md §7)
+    on log steps, with TF32 off:
+      rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
+      drift1, drift2, closure <- drift.row(model)
+      tau  <- rebalancing.rebalance(model, tracker, ...)  # rebalance steps: orbit move in place (E3);
+                                                          #   then drift.reset_reference(model)
+           or rebalancing.tau_probe(model, tracker, ...)  # other log steps: a probe move, weights restored
+      beta, mu <- tracker.state_metrics(model)
+
+The options are :class:`attnid.training.config.TrainConfig`, the optimizer cases
+:data:`attnid.training.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
+``ckpt.pt``, resuming) :mod:`attnid.training.rundir`. See the README's "experiments" section.
+Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``: :mod:`attnid.training.loop`.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from attnid.training import gpu_slots
+from attnid.training import loop
+from attnid.training import precision
+from attnid.measure import rebalancing
+from attnid.training import rundir
+from attnid.training.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
+from attnid.training.loop import get_lr
+from attnid.training.cases import get_case
+from attnid.common.errors import UserError
+from attnid.training.config import TrainConfig, resume_free_keys
+from attnid.model.gpt import GPT, GPTConfig
+from attnid.training.runtime import StopSignals, format_duration, resolve_device, say
+
+# Offset that gives the fixed probe batch its own seed, apart from the training batches'.
+PROBE_SEED_OFFSET = 7_919
+# Sequences in the fixed probe batch of tau: round-off shows on a few sequences as well as on many,
+# and the probe's two forward passes at every log step are most of the metrics' cost.
+PROBE_SEQUENCES = 2
+
+
+def _isnan(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+# --------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------
+
+class Run:
+    """One training run: its data, model, optimizer, tracker, the metric rows, the step and the clocks.
+
+    :func:`train` calls set-up (``__init__``, :meth:`load_checkpoint`, :meth:`build`,
+    :meth:`resume`), then :meth:`train_step` until the end, then :meth:`finish`. A new
+    per-step measurement goes into :meth:`measure` (log steps) and its column into the row.
+    """
+
+    def __init__(self, cfg: TrainConfig):
+        from attnid.training.data import load_meta, load_split
+
+        self.cfg, self.case = cfg, get_case(cfg.case)
+        torch.set_num_threads(cfg.threads)
+        self.device = resolve_device(cfg.device)
+        self.dtype = precision.resolve_dtype(cfg.dtype, self.device)
+        precision.configure_tf32(self.dtype)
+        if self.dtype == "float64":
+            precision.warn_if_slow_float64(self.device)
+        self.meta = load_meta(cfg.data)
+        self.splits = {"train": load_split(cfg.data, "train"), "val": load_split(cfg.data, "val")}
+        for name, data in self.splits.items():
+            if len(data) <= cfg.block_size + 1:
+                raise UserError(f"{name}.bin has {len(data)} tokens, fewer than --block-size {cfg.block_size} + 2")
+        self.out = Path(cfg.out)
+        self.ckpt_path = self.out / rundir.CHECKPOINT_FILE
+        # the resolved dtype: '--dtype auto' and the dtype it stands for resume each other
+        self.key = rundir.resume_key(asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type,
+                                     self.meta)
+        self.rows: list[dict] = []
+        self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
+        self.status, self.diverged_step, self.diverged_loss = "completed", None, None
+        self.tokens_per_step = cfg.batch_size * cfg.block_size
+        self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
+        self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
+
+    def autocast(self):
+        return precision.autocast_context(self.dtype, self.device)
+
+    def load_checkpoint(self) -> dict | None:
+        if self.cfg.fresh or not self.ckpt_path.exists():
+            return None
+        return rundir.load_run_checkpoint(self.ckpt_path, self.key)
+
+    def build(self) -> None:
+        """Model, optimizer and every source of randomness, seeded from --seed."""
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        self.model_config = GPTConfig(block_size=cfg.block_size, vocab_size=int(self.meta["vocab_size"]),
+                                      n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                      dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head, rope=cfg.rope,
+                                      head_dim=cfg.head_dim)
+        self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
+        self.model.train()
+        # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
+        self.compiled = loop.resolve_compile(cfg.compile, self.device)
+        self.forward_model = torch.compile(self.model) if self.compiled else self.model
+        self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
+        self.scaler = precision.grad_scaler(self.dtype, self.device)
+        self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
+        probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
+        train_data = self.splits["train"]
+        probe_starts = random_starts(len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size,
+                                     probe_generator)
+        probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
+        self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
+        self.tracker, self.drift = None, None
+        if cfg.metrics or self.case.rebalances:
+            from attnid.measure.metrics import MetricTracker
+
+            # records I_0 from the initial weights
+            self.tracker = MetricTracker(self.model, probe_batch=probe_batch, metrics_device=self.metrics_device)
+        if cfg.metrics:
+            from attnid.measure.drift import DriftTracker
+
+            decay = cfg.weight_decay if self.case.coupled_weight_decay else None
+            self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
+
+    def resume(self, checkpoint: dict) -> None:
+        ours = checkpoint["attnid"]
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if ours.get("scaler"):
+            self.scaler.load_state_dict(ours["scaler"])
+        self.batches.set_generator_state(ours["batch_generator"])
+        torch.set_rng_state(ours["torch_rng"])
+        if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
+        if self.tracker is not None:
+            self.tracker.load_state_dict(ours["tracker"])
+        if self.drift is not None:
+            self.drift.load_state_dict(ours["drift"])
+        self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
+        self.best_val_loss, self.losses.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
+        self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
+        say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
+        warning = loop.other_gpu_warning(ours.get("device_name"), self.device_name)
+        if warning is not None:
+            say(warning)
+
+    def start_clocks(self) -> None:
+        cfg, device = self.cfg, self.device
+        self.started = self.last_row_time = self.last_progress = time.time()
+        self.last_row_step = self.step
+        say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
+             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads} thread(s), "
+             f"{cfg.max_iters} steps -> {self.out}")
+
+    def wall_s(self) -> float:
+        return self.wall_before + time.time() - self.started
+
+    def save_checkpoint(self, summary: dict | None = None) -> None:
+        device = self.device
+        rundir.save_run_checkpoint(
+            self.ckpt_path, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
+            model_args=self.model_config.model_args(), iter_num=self.step, best_val_loss=self.best_val_loss,
+            config=asdict(self.cfg),
+            ours={"resume_key": self.key, "rows": self.rows, "summary": summary,
+                  "batch_generator": self.batches.generator_state(), "torch_rng": torch.get_rng_state(),
+                  "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                  "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+                  "drift": self.drift.state_dict() if self.drift is not None else None,
+                  "scaler": self.scaler.state_dict(),
+                  "first_loss": self.losses.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
+                  "device_name": self.device_name})
+
+    # ----- logging and evaluation -----------------------------------------------------
+
+    def finish_row(self, row: dict) -> None:
+        now = time.time()
+        row["tokens_per_s"] = (self.step - self.last_row_step) * self.tokens_per_step / max(now - self.last_row_time,
+                                                                                           1e-9)
+        row["wall_s"] = self.wall_s()
+        self.last_row_time, self.last_row_step = now, self.step
+        self.rows.append(row)
+
+    def evaluate(self, row: dict) -> None:
+        losses = self.evaluator.losses(self.forward_model, self.autocast)
+        row["eval_train_loss"], row["val_loss"] = losses["train"], losses["val"]
+        self.best_val_loss = min(self.best_val_loss, losses["val"])
+
+    def log_initial_state(self) -> None:
+        """Row 0: eval losses, beta = 0, mu and tau of the initialisation."""
+        row = {"step": 0, "rebalanced": 0}
+        if self.cfg.metrics:
+            with precision.no_tf32():
+                if not self.case.rebalances:
+                    row.update(rebalancing.tau_probe(self.model, self.tracker))
+                row.update(self.tracker.state_metrics(self.model))
+                row.update(self.drift.row(self.model))
+        self.evaluate(row)
+        self.finish_row(row)
+
+    def report_progress(self, loss_value: float, lr: float) -> None:
+        now = time.time()
+        if now - self.last_progress < self.cfg.progress_every:
+            return
+        self.last_progress = now
+        since = self.resumed_at[-1] if self.resumed_at else 0
+        rate = (self.step - since) * self.tokens_per_step / max(now - self.started, 1e-9)
+        eta = (self.cfg.max_iters - self.step) * self.tokens_per_step / max(rate, 1e-9)
+        say(f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
+             f"eta {format_duration(eta)}")
+
+    # ----- one step -------------------------------------------------------------------
+
+    def forward_backward(self, lr: float, sync: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Loss and clipped gradient norm of the next batch, as device tensors. With ``sync`` (and at
+        step 1, for the first loss) the pending losses are read and checked first: None (status
+        'diverged') when one of them is bad, before this step's update."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.batches.next()
+        with self.autocast():
+            _, loss = self.forward_model(x, y)
+        self.batches.prefetch()  # as nanoGPT: the host builds the next batch while the device computes
+        self.losses.add(self.step + 1, loss)
+        if (sync or self.losses.needs_first_loss) and not self.check_losses():
+            return None
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)  # fp16: clip the true gradient
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        return loss.detach(), torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+
+    def check_losses(self) -> bool:
+        """Read and check the pending losses (one host sync); False at the first bad one, which sets the
+        status, ``diverged_step``/``diverged_loss`` and ``step`` exactly as a check at every step would."""
+        bad = self.losses.check()
+        if bad is not None:
+            self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
+            self.step = self.diverged_step - 1  # the steps after it until this sync are not part of the record
+            say(f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold "
+                f"{self.losses.threshold():.4g}): run diverged")
+        return bad is None
+
+    def train_step(self) -> bool:
+        """One optimizer step, with its measurements and row on log steps; False when the run diverged.
+
+        Steps without a row make no host sync: their loss waits in :attr:`losses`."""
+        cfg = self.cfg
+        lr = get_lr(self.step, cfg)
+        step = self.step + 1  # the update being made: theta_{step-1} -> theta_step
+        is_rebalance = self.case.rebalances and step % cfg.rebalance_every == 0
+        is_eval = step % cfg.eval_every == 0 or step == cfg.max_iters
+        is_row = step % cfg.log_every == 0 or is_eval or is_rebalance or step == cfg.max_iters
+        result = self.forward_backward(lr, sync=is_row)
+        if result is None:
+            return False
+        loss, grad_norm = result
+        self.step = step
+        # the drift split needs the pre-step weights at every step; rho reuses them on log steps
+        pre = self.drift.before_step(self.model) if cfg.metrics else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cfg.metrics:
+            with precision.no_tf32():
+                self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
+        if not is_row:
+            return True
+        loss_value = loss.item()
+        row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm.item(), "rebalanced": 0}
+        with precision.no_tf32():
+            if is_rebalance:
+                self.rebalance(row, pre)
+            elif cfg.metrics:
+                self.measure(row, pre)
+        if is_eval:
+            self.evaluate(row)
+        self.finish_row(row)
+        self.report_progress(loss_value, lr)
+        return True
+
+    def measure(self, row: dict, pre) -> None:
+        """The metrics of a log step: rho of the step from ``pre`` (a snapshot), the drift split, tau by a
+        probe (runs without rebalancing), beta and mu at the new weights."""
+        row.update(self.tracker.step_metrics(self.model, pre))
+        row.update(self.drift.row(self.model))
+        if not self.case.rebalances:
+            row.update(rebalancing.tau_probe(self.model, self.tracker))
+        row.update(self.tracker.state_metrics(self.model))
+
+    def rebalance(self, row: dict, pre) -> None:
+        """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
+        after; the drift's reference becomes the rebalanced imbalance), row marked."""
+        if pre is not None:
+            row.update(self.tracker.step_metrics(self.model, pre))
+            row.update(self.drift.row(self.model))
+        row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
+        if self.drift is not None:
+            self.drift.reset_reference(self.model)
+        row["rebalanced"] = 1
+        if self.cfg.reset_optimizer_state:
+            for block in self.model.transformer.h:  # the rebalanced tensors' moments point the old way
+                for param in block.attn.parameters():
+                    self.optimizer.state.pop(param, None)
+        if self.cfg.metrics:
+            row.update(self.tracker.state_metrics(self.model))
+
+    def stop_if_requested(self, stop: StopSignals) -> int | None:
+        """After a step: on SIGTERM/SIGINT (or --stop-after) save a checkpoint and return the exit status;
+        save the periodic checkpoint otherwise."""
+        cfg, step = self.cfg, self.step
+        stop_requested = stop.signum is not None or (cfg.stop_after is not None and step == cfg.stop_after)
+        saving = step < cfg.max_iters and (stop_requested or step % cfg.ckpt_every == 0)
+        if saving and not self.check_losses():  # never checkpoint a run that has diverged since the last row
+            return None
+        if stop_requested and step < cfg.max_iters:
+            self.save_checkpoint()
+            signum = stop.signum if stop.signum is not None else signal.SIGTERM
+            say(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
+                 f"rerun the same command to resume")
+            return 128 + int(signum)
+        if step % cfg.ckpt_every == 0 and step < cfg.max_iters:
+            self.save_checkpoint()
+        return None
+
+    # ----- the end ----------------------------------------------------------------------
+
+    def summary(self) -> dict:
+        """run.json: status, final losses, what the figures need, and how the run was made."""
+        cfg, device = self.cfg, self.device
+        last_eval = next((r for r in reversed(self.rows) if not _isnan(r.get("val_loss"))), {})
+        scale = self.tracker.initial_imbalance_scale() if self.tracker is not None and cfg.metrics else None
+        return {
+            "status": self.status, "case": cfg.case, "lr": cfg.lr, "seed": cfg.seed,
+            "steps_completed": self.step, "max_iters": cfg.max_iters,
+            "diverged_step": self.diverged_step, "diverged_loss": self.diverged_loss,
+            "final_train_loss": last_eval.get("eval_train_loss"), "final_val_loss": last_eval.get("val_loss"),
+            "final_eval_step": last_eval.get("step"),
+            "wall_time_s": self.wall_s(), "device": device.type,
+            "dtype": self.dtype,
+            "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
+            "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
+            "initial_imbalance_scale": scale,
+            "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": rundir.versions(), "git_commit": rundir.git_commit(), "config": asdict(cfg),
+        }
+
+    def finish(self) -> int:
+        self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
+        summary = self.summary()
+        self.save_checkpoint(summary)
+        rundir.write_outputs(self.out, self.rows, summary)
+        say(f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
+             f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, {self.out / rundir.RUN_FILE}")
+        return 0
+
+
+def train(cfg: TrainConfig) -> int:
+    """Run (or resume) one training run; returns the exit status (0 also for a diverged run)."""
+    if cfg.device != "cpu" and not torch.cuda.is_initialized():
+        gpu_slots.acquire_gpu_slot()  # before CUDA starts: this job's own GPU on a multi-GPU machine
+    run = Run(cfg)
+    checkpoint = run.load_checkpoint()
+    if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
+        say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
+             f"rewriting metrics.csv and run.json from it")
+        rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
+        return 0
+    rundir.remove_outputs(run.out)
+    run.build()
+    if checkpoint is not None:
+        run.resume(checkpoint)
+    run.start_clocks()
+    if run.step == 0:
+        run.log_initial_state()
+    with StopSignals() as stop:
+        # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
+        while run.status != "diverged" and run.step < cfg.max_iters and run.train_step():
+            exit_status = run.stop_if_requested(stop)
+            if exit_status is not None:
+                return exit_status
+    return run.finish()
+
+
