@@ -11,7 +11,7 @@ import yaml
 
 from attnid.model import moves
 from attnid.training import cases
-from attnid.training import config, precision
+from attnid.training import config, moments, precision
 from attnid.cli import build_parser
 
 SCHEMA = "workflow/schemas/config.schema.yaml"
@@ -50,6 +50,7 @@ def test_schema_options_are_train_options_of_the_same_type(repo_root):
     for name, spec in options.items():
         if "enum" in spec:
             allowed = {"rebalance_target": moves.REBALANCE_TARGETS, "device": config.DEVICES,
+                       "rebalance_moments": moments.REBALANCE_MOMENTS,
                        "dtype": ("auto", *precision.DTYPES)}[name]
             assert tuple(spec["enum"]) == allowed, name
         else:
@@ -69,17 +70,25 @@ def test_help_lists_cases_and_their_default_lrs():
     parser = build_parser("train")
     train_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
     text = " ".join(train_parser.format_help().split())
-    assert "optimizer case: sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance" in text
+    assert ("optimizer case: sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance, adamw_projected, "
+            "adamw_gauge_fixed") in text
     for case in cases.CASES.values():
         assert f"{case.name} {case.default_lr:g}" in text
     assert "--stop-after" not in text
 
 
 def test_cases_are_one_record_each():
-    assert list(cases.CASES) == ["sgd", "sgd_wd", "sgd_momentum", "adamw", "adamw_rebalance"]
+    assert list(cases.CASES) == ["sgd", "sgd_wd", "sgd_momentum", "adamw", "adamw_rebalance",
+                                 "adamw_projected", "adamw_gauge_fixed"]
     assert cases.rebalancing_cases() == ["adamw_rebalance"]
+    assert [c.name for c in cases.CASES.values() if c.projects_steps] == ["adamw_projected"]
+    assert [c.name for c in cases.CASES.values() if c.gauge_fixed] == ["adamw_gauge_fixed"]
     assert {c.name: c.default_lr for c in cases.CASES.values()} == {
-        "sgd": 0.1, "sgd_wd": 0.1, "sgd_momentum": 0.01, "adamw": 1e-3, "adamw_rebalance": 1e-3}
+        "sgd": 0.1, "sgd_wd": 0.1, "sgd_momentum": 0.01, "adamw": 1e-3, "adamw_rebalance": 1e-3,
+        "adamw_projected": 1e-3, "adamw_gauge_fixed": 1e-3}
+    # the interventions train adamw's optimizer (docs/design.md §12, §13)
+    assert {cases.CASES[name].make_optimizer for name in ("adamw_rebalance", "adamw_projected",
+                                                          "adamw_gauge_fixed")} == {cases.adamw}
     styles = [(c.color, c.linestyle, c.marker) for c in cases.CASES.values()]
     assert len({color for color, _, _ in styles}) == len(styles)
     with pytest.raises(ValueError, match="already registered"):

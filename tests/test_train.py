@@ -119,7 +119,7 @@ def test_rebalancing_keeps_the_function_and_resets_beta(prepared_data_dir, tmp_p
 
     balanced = tmp_path / "balanced"
     assert train(prepared_data_dir, balanced, "--case", "adamw_rebalance", "--max-iters", "20", "--log-every", "10",
-                 "--rebalance-every", "10", "--rebalance-target", "balanced", "--reset-optimizer-state",
+                 "--rebalance-every", "10", "--rebalance-target", "balanced", "--rebalance-moments", "reset",
                  "--eval-every", "1000") == 0
     rows = metrics(balanced)
     assert (rows[rows.rebalanced == 1].mu_qk < 1e-6).all() and (rows[rows.rebalanced == 1].mu_ov < 1e-6).all()
@@ -217,6 +217,9 @@ def test_config_file_and_flag_precedence(tmp_path):
     (["--out", "o"], "missing --data"),
     (["--data", "d", "--out", "o", "--n-embd", "30", "--n-head", "4"], "multiple"),
     (["--data", "d", "--out", "o", "--rebalance-target", "zero"], "initial or balanced"),
+    (["--data", "d", "--out", "o", "--rebalance-moments", "rotate"], "keep, transport or reset"),
+    (["--data", "d", "--out", "o", "--reset-optimizer-state"], "--rebalance-moments reset"),
+    (["--data", "d", "--out", "o", "--case", "adamw_gauge_fixed", "--rope"], "does not support --rope"),
     (["--data", "{tmp}/nowhere", "--out", "{tmp}/o"], "meta.json not found"),
 ])
 def test_bad_flags_give_one_clear_line(tmp_path, capsys, flags, expected):

@@ -130,7 +130,7 @@ def _unside_by_side(pairs: torch.Tensor, n_head: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(n_head, head_dim, -1)
 
 
-def _row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
+def row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
     """Row ranges of W_Q, W_K, W_V in ``c_attn``."""
     q_rows = layout.n_head * layout.head_dim
     kv_rows = layout.n_kv_head * layout.head_dim
@@ -143,7 +143,7 @@ def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: Attent
     expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
     if tuple(c_attn_weight.shape) != expected:
         raise ValueError(f"c_attn.weight is {tuple(c_attn_weight.shape)}, the layout needs {expected}")
-    query, key, value = _row_blocks(layout)
+    query, key, value = row_blocks(layout)
 
     def bias_of(rows: slice):
         return None if c_attn_bias is None else c_attn_bias[rows]
@@ -193,7 +193,7 @@ def write_layer_pairs(tensors: LayerTensors, layout: AttentionLayout, circuit: s
     the circuit (and ``c_proj.bias``) are untouched.
     """
     c_attn_weight, c_attn_bias, c_proj_weight = tensors
-    query, key, value = _row_blocks(layout)
+    query, key, value = row_blocks(layout)
     if check_circuit(circuit) == "qk":
         _copy_rows(c_attn_weight, c_attn_bias, query, _unside_by_side(pair_a, layout.n_head), layout.n_embd)
         _copy_rows(c_attn_weight, c_attn_bias, key, pair_b, layout.n_embd)

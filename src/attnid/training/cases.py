@@ -31,6 +31,12 @@ class Case:
     # plain SGD with coupled L2 decay (--weight-decay), no momentum: its first-order imbalance drift is
     # predicted exactly, L_t = -2 lr_t wd I_t (docs/design.md §7), and logged as drift1_pred_*
     coupled_weight_decay: bool = False
+    # after every optimizer step the realised update loses its component along the orbit, so training never
+    # moves along it (docs/design.md §12; attnid.model.step_projection)
+    projects_steps: bool = False
+    # trains the identified parametrisation: per key/value group one D x D block of W_K and of W_V fixed
+    # (docs/design.md §13; attnid.model.gauge)
+    gauge_fixed: bool = False
     color: str = "gray"
     linestyle: str = "-"
     marker: str = "o"
@@ -122,3 +128,12 @@ register(Case("adamw", "AdamW",
 register(Case("adamw_rebalance", "AdamW + rebalancing",
               "adamw, plus every --rebalance-every steps each attention pair moved along its orbit (E3)",
               1e-3, adamw, rebalances=True, color="#000000", linestyle="--", marker="v"))
+# The interventions on the orbit (docs/design.md §12, §13): adamw's optimizer, model and settings
+register(Case("adamw_projected", "AdamW, projected",
+              "adamw with each realised update's component along the orbit removed after the step: no orbit "
+              "motion, the imbalance conserved to first order",
+              1e-3, adamw, projects_steps=True, color="#E69F00", linestyle=":", marker="P"))
+register(Case("adamw_gauge_fixed", "AdamW, gauge fixed",
+              "adamw on the identified parametrisation: per key/value group one D x D block of W_K and "
+              "one of W_V fixed (c I), the rest trained",
+              1e-3, adamw, gauge_fixed=True, color="#56B4E9", linestyle="-.", marker="X"))

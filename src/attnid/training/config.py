@@ -20,11 +20,19 @@ from pathlib import Path
 
 from attnid.common.errors import UserError
 from attnid.measure.metrics import METRICS_DEVICES
+from attnid.model.gauge import check_gauge_layout
+from attnid.model.layout import AttentionLayout
 from attnid.model.moves import REBALANCE_TARGETS
 from attnid.training import cases
+from attnid.training.moments import REBALANCE_MOMENTS
 from attnid.training.precision import DTYPES
 
 DEVICES = ("auto", "cpu", "cuda")
+# Options that were replaced: each gives one line that says what to use instead
+REPLACED_OPTIONS = {
+    "reset_optimizer_state": "--reset-optimizer-state was replaced by --rebalance-moments reset "
+                             "(config key rebalance_moments: reset)",
+}
 
 
 def option(default, help: str | None, *, metavar: str | None = None, bound: str | None = None,
@@ -77,8 +85,9 @@ class TrainConfig:
     rebalance_every: int = option(200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive")
     rebalance_target: str = option("initial", "rebalancing cases: target imbalance, 'initial' (I_0) or "
                                               "'balanced' (0) (default initial)")
-    reset_optimizer_state: bool = option(False, "rebalancing cases: drop the optimizer state of the attention "
-                                                "weights at each rebalance")
+    rebalance_moments: str = option("keep", "rebalancing cases: the attention weights' AdamW moments at "
+                                            "each rebalance: keep (as they are), transport (mapped with the "
+                                            "orbit move) or reset (dropped) (default keep)", metavar="HOW")
     diverge_threshold: float | None = option(None, "stop as 'diverged' when the loss is NaN/inf or above this "
                                                    "(default 3 x first loss)")
     metrics: bool = option(True, "measure rho, beta, tau, mu (--no-metrics: only losses; for benchmarks)")
@@ -138,6 +147,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
         else:
             parser.add_argument(flag, type=kind, default=None, metavar=f.metadata["metavar"], help=text)
+    for name in REPLACED_OPTIONS:  # accepted by the parser only to say what replaced them
+        parser.add_argument("--" + name.replace("_", "-"), action="store_true", default=None,
+                            help=argparse.SUPPRESS)
 
 
 def _coerce(name: str, value, source: str):
@@ -169,6 +181,9 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise UserError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(content, dict):
         raise UserError(f"config file {path} must be a mapping of option: value")
+    for name, message in REPLACED_OPTIONS.items():
+        if name in content:
+            raise UserError(f"config file {path}: {message}")
     unknown = sorted(str(k) for k in content if k not in option_names())
     if unknown:
         raise UserError(f"config file {path}: unknown keys {unknown}; valid keys are the flags of "
@@ -214,6 +229,9 @@ def resolve_config(values: dict) -> TrainConfig:
     case = cases.get_case(cfg.case)
     if cfg.rebalance_target not in REBALANCE_TARGETS:
         raise UserError(f"unknown --rebalance-target {cfg.rebalance_target!r}: choose initial or balanced")
+    if cfg.rebalance_moments not in REBALANCE_MOMENTS:
+        raise UserError(f"unknown --rebalance-moments {cfg.rebalance_moments!r}: choose keep, transport "
+                        f"or reset")
     if cfg.device not in DEVICES:
         raise UserError(f"unknown --device {cfg.device!r}: choose auto, cpu or cuda")
     if cfg.dtype not in ("auto", *DTYPES):
@@ -226,6 +244,10 @@ def resolve_config(values: dict) -> TrainConfig:
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
         raise UserError("--beta1 and --beta2 must be in [0, 1)")
     _check_attention_shape(cfg)
+    if case.gauge_fixed:
+        head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
+        check_gauge_layout(AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim,
+                                           cfg.rope, cfg.bias))
     if cfg.metrics_device not in ("auto", *METRICS_DEVICES):
         raise UserError(f"unknown --metrics-device {cfg.metrics_device!r}: choose auto, host or device")
     if cfg.warmup_iters is None:
@@ -244,6 +266,9 @@ def resolve_config(values: dict) -> TrainConfig:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    for name, message in REPLACED_OPTIONS.items():
+        if getattr(args, name, None):
+            raise UserError(message)
     values = read_config_file(args.config) if getattr(args, "config", None) else {}
     for name in option_names():  # explicit flags override the file
         flag_value = getattr(args, name, None)

@@ -9,6 +9,7 @@ precision of ``--dtype`` (:mod:`attnid.training.precision`):
     scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
     pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
     scaler.step(optimizer); scaler.update()
+    remove_orbit_component(model, pre)             # adamw_projected: the step's orbit part removed (§12)
     drift.after_step(model, lr)                    # the exact drift split D1, D2 (docs/design.md §7)
     on log steps, with TF32 off:
       rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
@@ -16,6 +17,8 @@ precision of ``--dtype`` (:mod:`attnid.training.precision`):
       tau  <- rebalancing.rebalance(model, tracker, ...)  # rebalance steps: orbit move in place (E3);
                                                           #   then drift.reset_reference(model)
            or rebalancing.tau_probe(model, tracker, ...)  # other log steps: a probe move, weights restored
+                                                          #   (rebalance: AdamW's moments kept, transported
+                                                          #   or reset, attnid.training.moments)
       beta, mu <- tracker.state_metrics(model)
 
 The options are :class:`attnid.training.config.TrainConfig`, the optimizer cases
@@ -37,15 +40,19 @@ import torch
 
 from attnid.training import gpu_slots
 from attnid.training import loop
+from attnid.training import moments
 from attnid.training import precision
 from attnid.measure import rebalancing
+from attnid.measure.drift import attention_snapshot
 from attnid.training import rundir
 from attnid.training.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
 from attnid.training.loop import get_lr
 from attnid.training.cases import get_case
 from attnid.common.errors import UserError
 from attnid.training.config import TrainConfig, resume_free_keys
+from attnid.model import gauge
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.step_projection import remove_orbit_component
 from attnid.training.runtime import StopSignals, format_duration, resolve_device, say
 
 # Offset that gives the fixed probe batch its own seed, apart from the training batches'.
@@ -116,17 +123,19 @@ class Run:
                                       head_dim=cfg.head_dim)
         self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
+        self.removed = None  # adamw_projected: the last step's removed and whole squared norms per circuit
+        probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
+        train_data = self.splits["train"]
+        probe_starts = random_starts(len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size,
+                                     probe_generator)
+        probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
+        self.gauge = self.fix_gauge(probe_batch) if self.case.gauge_fixed else None
         # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
         self.compiled = loop.resolve_compile(cfg.compile, self.device)
         self.forward_model = torch.compile(self.model) if self.compiled else self.model
         self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
         self.scaler = precision.grad_scaler(self.dtype, self.device)
         self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
-        probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
-        train_data = self.splits["train"]
-        probe_starts = random_starts(len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size,
-                                     probe_generator)
-        probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
         self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
         self.tracker, self.drift = None, None
         if cfg.metrics or self.case.rebalances:
@@ -139,6 +148,22 @@ class Run:
 
             decay = cfg.weight_decay if self.case.coupled_weight_decay else None
             self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
+
+    @torch.no_grad()
+    def fix_gauge(self, probe_batch) -> dict:
+        """adamw_gauge_fixed: move the initial weights into the gauge (docs/design.md §13), before the
+        optimizer, the tracker's I_0 and torch.compile see the model. Returns what run.json records of it:
+        the largest condition number inverted, and the change of the probe batch's logits (eval mode),
+        max-abs over max-abs."""
+        self.model.eval()
+        before = self.model(probe_batch[0], full_logits=True)[0]
+        condition = gauge.fix_gauge(self.model)
+        after = self.model(probe_batch[0], full_logits=True)[0]
+        self.model.train()
+        change = float((after - before).abs().max() / before.abs().max())
+        say(f"gauge fixed: blocks inverted with condition number <= {condition:.3g}, probe logits changed by "
+            f"{change:.2e} (relative)")
+        return {"condition": condition, "logit_change": change}
 
     def resume(self, checkpoint: dict) -> None:
         ours = checkpoint["attnid"]
@@ -273,18 +298,26 @@ class Run:
             return False
         loss, grad_norm = result
         self.step = step
-        # the drift split needs the pre-step weights at every step; rho reuses them on log steps
+        # the drift split needs the pre-step weights at every step; rho and the projection reuse them
         pre = self.drift.before_step(self.model) if cfg.metrics else None
+        if pre is None and self.case.projects_steps:
+            pre = attention_snapshot(self.model)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        if cfg.metrics:
-            with precision.no_tf32():
+        with precision.no_tf32():
+            if self.case.projects_steps:  # before the drift split and rho see the step (docs/design.md §12)
+                self.removed = remove_orbit_component(self.model, pre)
+            if cfg.metrics:
                 self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
         if not is_row:
             return True
         loss_value = loss.item()
         row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm.item(), "rebalanced": 0}
+        if self.removed is not None:
+            for circuit, (removed_sq, step_sq) in self.removed.items():
+                step_sq = float(step_sq)
+                row[f"projected_out_{circuit}"] = float(removed_sq) / step_sq if step_sq > 0 else 0.0
         with precision.no_tf32():
             if is_rebalance:
                 self.rebalance(row, pre)
@@ -311,14 +344,15 @@ class Run:
         if pre is not None:
             row.update(self.tracker.step_metrics(self.model, pre))
             row.update(self.drift.row(self.model))
+        before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "transport" else None
         row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
         if self.drift is not None:
             self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
-        if self.cfg.reset_optimizer_state:
-            for block in self.model.transformer.h:  # the rebalanced tensors' moments point the old way
-                for param in block.attn.parameters():
-                    self.optimizer.state.pop(param, None)
+        if before is not None:  # the moments map with the move (docs/design.md §14)
+            moments.transport_moments(self.optimizer, self.model, before)
+        elif self.cfg.rebalance_moments == "reset":  # the moved tensors' moments point the old way
+            moments.reset_moments(self.optimizer, self.model)
         if self.cfg.metrics:
             row.update(self.tracker.state_metrics(self.model))
 
@@ -357,6 +391,7 @@ class Run:
             "dtype": self.dtype,
             "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
             "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
+            "trained_attention_params": gauge.trainable_attention_params(self.model), "gauge": self.gauge,
             "initial_imbalance_scale": scale,
             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "versions": rundir.versions(), "git_commit": rundir.git_commit(), "config": asdict(cfg),

@@ -1,0 +1,257 @@
+"""The identified parametrisation: the ``adamw_gauge_fixed`` intervention (docs/design.md §13).
+
+Every query-key pair ``(A, B) = (W_Q^{group}, W_K^g)`` and every output-value pair
+``(A, B) = (W_V^g, W_O^{group T})`` is determined by its product only up to
+``A -> S A``, ``B -> S^{-T} B`` (docs/design.md §2.1; one pair per key/value group
+under GQA, §8). Fixing one ``D x D`` block of one factor to a constant invertible
+matrix picks one point of every generic orbit, because it determines ``S``. Here,
+per group ``g``, a window of ``D`` consecutive weight columns starting at ``s_g``:
+
+- query-key: ``W_K^g[:, s_g : s_g + D] = c_g I``;
+- output-value: ``W_V^g[:, s'_g : s'_g + D] = c'_g I``.
+
+Everything else in attention is trained. The windows and scales are chosen once, at
+the standard initialisation, so that the move into the gauge is well conditioned and
+the gauge point is not lopsided (docs/design.md §13 says why both matter for AdamW):
+``s_g`` is the window whose block has the smallest condition number, and ``c_g`` makes
+the two factors equally large (``||A'||_F = ||B'||_F``).
+
+The fixed blocks are not parameters at all: per layer :class:`GaugeFixedQKV` holds the
+whole ``c_attn.weight`` ``(H*D + 2*G*D, E)`` as one tensor (a buffer, so the metrics, the
+τ probe's move and checkpoints see the full matrix under nanoGPT's name) and registers
+as parameters only views of its free entries: the query rows, and each key and value
+group's columns left and right of its window. An optimizer step writes through those
+views; nothing writes the fixed blocks, so they stay bit-exactly ``c_g I`` (no weight
+decay, no update). This takes ``2 G D^2`` parameters per layer out of training: the
+closed form ``unidentified_qk_params + unidentified_ov_params`` of
+:mod:`attnid.theory.counts` for a layer without RoPE.
+
+:func:`fix_gauge` moves a freshly initialised GPT into the gauge along its orbit (same
+function, so the same initial function as ``adamw`` for the same seed) and swaps each
+layer's ``c_attn`` for a :class:`GaugeFixedQKV`. ``GPT`` itself is unchanged, and so is
+the state dict: full matrices under nanoGPT's names, so a checkpoint of this arm loads
+in :class:`attnid.model.gpt.GPT` (and in nanoGPT).
+
+Under RoPE the query-key orbit is the rotations' commutant (docs/design.md §8), which
+cannot move a block of ``W_K`` to ``c I``; this parametrisation is refused there.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+from attnid.common.errors import UserError
+from attnid.model.layout import (AttentionLayout, attention_blocks, attention_tensors, layout_of,
+                                 pairs_from_tensors, row_blocks, write_layer_pairs)
+
+# Which factor of each circuit's pair carries the fixed block: the key B of a query-key pair, the value A of
+# an output-value pair (the factors with one D x E matrix per group)
+GAUGED_FACTOR = {"qk": "b", "ov": "a"}
+
+
+def check_gauge_layout(layout: AttentionLayout) -> None:
+    """One line for an attention shape this gauge does not fit."""
+    if layout.rope:
+        raise UserError("adamw_gauge_fixed does not support --rope: the RoPE query-key orbit is the "
+                        "rotations' commutant, which cannot move a D x D block of W_K to c I "
+                        "(docs/design.md §13)")
+    if layout.head_dim > layout.n_embd:
+        raise UserError(f"adamw_gauge_fixed needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
+                        f"D = {layout.head_dim} > E = {layout.n_embd}")
+
+
+def fixed_entries_per_layer(layout: AttentionLayout) -> int:
+    """Entries taken out of training per layer: a ``D x D`` block of each group's key and value
+    (``2 G D^2``)."""
+    return 2 * layout.n_kv_head * layout.head_dim ** 2
+
+
+# --------------------------------------------------------------------------------------
+# Pure functions on stacked pairs (G, D, n), float64
+# --------------------------------------------------------------------------------------
+
+def best_windows(factor: torch.Tensor, n_embd: int) -> torch.Tensor:
+    """Per pair ``(G, D, n)``, the start ``s`` of the ``D`` consecutive weight columns (among the first
+    ``n_embd``) whose ``D x D`` block has the smallest condition number: ``(G,)`` long."""
+    head_dim = factor.shape[-2]
+    windows = factor[..., :n_embd].unfold(-1, head_dim, 1)  # (G, D, E - D + 1, D): windows[g, :, s] = block s
+    singular = torch.linalg.svdvals(windows.transpose(-3, -2))  # (G, E - D + 1, D) descending
+    condition = singular[..., 0] / singular[..., -1].clamp_min(torch.finfo(singular.dtype).tiny)
+    return condition.argmin(-1)
+
+
+def gauge_move(pair_a: torch.Tensor, pair_b: torch.Tensor, circuit: str,
+               starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The orbit move of one layer's pairs into the gauge: ``(A', B', condition)`` with ``(G,)`` the
+    condition numbers of the blocks inverted (docs/design.md §13).
+
+    With ``F`` the gauged factor (:data:`GAUGED_FACTOR`), ``F_c`` its block at ``starts`` and ``O`` the other
+    factor, the move is ``F -> N F``, ``O -> N^{-T} O`` with ``N = c F_c^{-1}``, so that ``F'_c = c I``, and
+    ``c^2 = ||F_cᵀ O||_F / ||F_c^{-1} F||_F`` makes ``||F'||_F = ||O'||_F``. The block is then set to exactly
+    ``c I`` (the solve leaves it there to round-off).
+    """
+    gauged, other = (pair_b, pair_a) if GAUGED_FACTOR[circuit] == "b" else (pair_a, pair_b)
+    head_dim = gauged.shape[-2]
+    columns = starts[:, None] + torch.arange(head_dim, device=starts.device)  # (G, D)
+    block = torch.take_along_dim(gauged, columns[:, None, :].expand(-1, head_dim, -1), dim=-1)  # (G, D, D)
+    unit_gauged = torch.linalg.solve(block, gauged)  # F_c^{-1} F
+    unit_other = block.transpose(-1, -2) @ other  # F_cᵀ O
+    scale = (unit_other.square().sum((-1, -2)) / unit_gauged.square().sum((-1, -2))).pow(0.25)  # (G,) = c
+    new_gauged = scale[:, None, None] * unit_gauged
+    new_other = unit_other / scale[:, None, None]
+    eye = torch.eye(head_dim, dtype=gauged.dtype, device=gauged.device)
+    new_gauged.scatter_(-1, columns[:, None, :].expand(-1, head_dim, -1), scale[:, None, None] * eye)
+    condition = torch.linalg.cond(block)
+    if GAUGED_FACTOR[circuit] == "b":
+        return new_other, new_gauged, condition
+    return new_gauged, new_other, condition
+
+
+# --------------------------------------------------------------------------------------
+# The module that replaces c_attn
+# --------------------------------------------------------------------------------------
+
+class GaugeFixedQKV(nn.Module):
+    """``c_attn`` of a gauge-fixed layer: ``x -> x Wᵀ + b`` with ``W = [W_Q; W_K; W_V]``, where each group's
+    key and value window (``key_starts[g]``, ``value_starts[g]``) is a fixed ``c I`` (module docstring).
+
+    ``weight`` ``(H*D + 2*G*D, E)`` is a buffer holding the whole matrix; the parameters are views of its
+    free entries (``query_weight`` ``(H*D, E)``, ``key{g}_left`` ``(D, s_g)``, ``key{g}_right``,
+    ``value{g}_left``, ...), so the optimizer updates ``weight`` in place, and an in-place write to
+    ``weight`` (an orbit move and its restore) is what the next forward uses. ``bias`` (when the model has
+    one) is trained as in ``GPT``. The state dict holds ``weight`` and ``bias`` only: nanoGPT's keys.
+    """
+
+    def __init__(self, linear: nn.Linear, layout: AttentionLayout, key_starts: list[int],
+                 value_starts: list[int]):
+        super().__init__()
+        check_gauge_layout(layout)
+        self.head_dim, self.n_embd = layout.head_dim, layout.n_embd
+        self.query_rows, key_rows, value_rows = row_blocks(layout)
+        # kind -> (first row of its block in c_attn, per group the first column of the fixed window)
+        self.windows = {"key": (key_rows.start, list(key_starts)),
+                        "value": (value_rows.start, list(value_starts))}
+        self.register_buffer("weight", linear.weight.detach().clone())
+        self.bias = linear.bias  # the same Parameter (or None)
+        for name, view in self._free_views().items():
+            self.register_parameter(name, nn.Parameter(view))
+
+    def _group_rows(self, first_row: int, group: int) -> slice:
+        return slice(first_row + group * self.head_dim, first_row + (group + 1) * self.head_dim)
+
+    def _group_pieces(self) -> list[list[tuple[str | None, torch.Tensor]]]:
+        """Per key and value group (in row order), its ``(D, E)`` rows as ``(name, piece)`` left to right:
+        the free columns left of the window, the fixed block (name None), the free columns right of it."""
+        pieces = []
+        for kind, (first_row, starts) in self.windows.items():
+            for group, start in enumerate(starts):
+                rows = self.weight[self._group_rows(first_row, group)]
+                end = start + self.head_dim
+                pieces.append([(f"{kind}{group}_left", rows[:, :start]), (None, rows[:, start:end]),
+                               (f"{kind}{group}_right", rows[:, end:])])
+        return pieces
+
+    def _free_views(self) -> dict[str, torch.Tensor]:
+        views = {"query_weight": self.weight[self.query_rows]}
+        for row in self._group_pieces():
+            views.update({name: piece for name, piece in row if name is not None and piece.shape[1] > 0})
+        return views
+
+    def fixed_blocks(self) -> list[torch.Tensor]:
+        """The ``(D, D)`` fixed blocks, key groups then value groups (views of ``weight``)."""
+        return [piece for row in self._group_pieces() for name, piece in row if name is None]
+
+    def forward(self, x):
+        rows = [self.query_weight]
+        for row in self._group_pieces():
+            # the fixed block is read from the buffer (no gradient), the rest are the parameters themselves
+            rows.append(torch.cat([piece if name is None else getattr(self, name) for name, piece in row
+                                   if piece.shape[1] > 0], dim=1))  # (D, E)
+        return F.linear(x, torch.cat(rows, dim=0), self.bias)  # the weight equals self.weight
+
+    def _apply(self, fn, recurse=True):
+        # Module.to / .double() give `weight` a new tensor and each parameter a copy of its view: point the
+        # parameters (the same objects, so an optimizer keeps them) at views of the new `weight` again
+        super()._apply(fn, recurse)
+        for name, view in self._free_views().items():
+            getattr(self, name).data = view
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # the views are entries of `weight`: nanoGPT's two keys hold everything
+        destination[prefix + "weight"] = self.weight if keep_vars else self.weight.detach()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        for name, target in (("weight", self.weight), ("bias", self.bias)):
+            if target is None:
+                continue
+            key = prefix + name
+            if key not in state_dict:
+                missing_keys.append(key)
+                continue
+            value = state_dict[key]
+            if tuple(value.shape) != tuple(target.shape):
+                error_msgs.append(f"size mismatch for {key}: {tuple(value.shape)} in the checkpoint, "
+                                  f"{tuple(target.shape)} in the model")
+                continue
+            with torch.no_grad():
+                target.copy_(value)  # in place: the parameter views follow
+        if not gauge_holds(self):
+            error_msgs.append(f"{prefix}weight: a fixed block is not c I (not a checkpoint of this "
+                              f"gauge-fixed parametrisation, or of another seed's)")
+        own = {prefix + "weight", prefix + "bias"}
+        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own
+                               and "." not in k[len(prefix):])
+
+
+def gauge_holds(qkv: GaugeFixedQKV) -> bool:
+    """Whether every fixed block is bit-exactly ``c I`` with ``c > 0``."""
+    eye = torch.eye(qkv.head_dim, dtype=qkv.weight.dtype, device=qkv.weight.device)
+    return all(bool(block[0, 0] > 0) and torch.equal(block, block[0, 0] * eye)
+               for block in qkv.fixed_blocks())
+
+
+# --------------------------------------------------------------------------------------
+# A whole model
+# --------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def fix_gauge(model) -> float:
+    """Move a stock GPT into the gauge along its ``GL_D`` orbits and swap every layer's ``c_attn`` for a
+    :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §13).
+
+    The maths runs in float64 and the moved weights are cast to the model's dtype, so the function is the
+    same up to that rounding. Returns the largest condition number of the blocks inverted.
+    """
+    layout = layout_of(model)
+    check_gauge_layout(layout)
+    worst = 1.0
+    for block, tensors in zip(attention_blocks(model), attention_tensors(model), strict=True):
+        starts = {}
+        for circuit in ("qk", "ov"):
+            pair_a, pair_b = pairs_from_tensors(*tensors, layout, circuit)  # (G, D, n) float64
+            gauged = pair_b if GAUGED_FACTOR[circuit] == "b" else pair_a
+            starts[circuit] = best_windows(gauged, layout.n_embd)
+            new_a, new_b, condition = gauge_move(pair_a, pair_b, circuit, starts[circuit])
+            write_layer_pairs(tensors, layout, circuit, new_a, new_b)
+            worst = max(worst, float(condition.max()))
+        block.attn.c_attn = GaugeFixedQKV(block.attn.c_attn, layout, starts["qk"].tolist(),
+                                          starts["ov"].tolist())
+    return worst
+
+
+def gauge_fixed_layers(model) -> list[GaugeFixedQKV]:
+    """The model's :class:`GaugeFixedQKV` modules (empty for a stock GPT)."""
+    return [block.attn.c_attn for block in attention_blocks(model)
+            if isinstance(block.attn.c_attn, GaugeFixedQKV)]
+
+
+def trainable_attention_params(model) -> int:
+    """Entries of the attention layers the optimizer trains (``c_attn``, ``c_proj``, biases included)."""
+    return sum(param.numel() for block in attention_blocks(model) for param in block.attn.parameters()
+               if param.requires_grad)
