@@ -184,7 +184,8 @@ def test_a_perfect_ordering_of_five_points_has_p_2_over_120():
 def test_rank_correlation_needs_three_finite_points_and_no_constant_side():
     assert math.isnan(statistics.rank_correlation([1, 2], [3, 4]))
     assert math.isnan(statistics.rank_correlation([1, 1, 1], [1, 2, 3]))
-    assert statistics.rank_correlation([1, 2, 3, np.nan], [1, 3, 2, 5]) == pytest.approx(0.5)  # NaN pair left out
+    # a NaN pair is left out
+    assert statistics.rank_correlation([1, 2, 3, np.nan], [1, 3, 2, 5]) == pytest.approx(0.5)
     assert math.isnan(statistics.rank_correlation_p_value([1, 2, np.nan], [3, 4, 5]))
 
 

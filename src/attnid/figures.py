@@ -546,11 +546,12 @@ def figure_identification_study(tables_dir: str | Path, out_dir: str | Path) -> 
 def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The head sweep (the points at the most common embedding, by identified fraction) and the
     labelled extra points (the matched single head, at its own embedding)."""
+    from attnid.studies import head_sweep
+
     if heads is None or heads.empty:
         return pd.DataFrame(), pd.DataFrame()
-    sweep_embd = heads["n_embd"].mode().iloc[0]
-    series = heads[heads["n_embd"] == sweep_embd].sort_values("identified_fraction")
-    return series, heads[heads["n_embd"] != sweep_embd]
+    sweep = head_sweep(heads)
+    return heads[sweep].sort_values("identified_fraction"), heads[~sweep]
 
 
 @styled

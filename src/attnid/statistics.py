@@ -37,6 +37,9 @@ BOOTSTRAP_RESAMPLES = 9_999
 SIGN_FLIP_RESAMPLES = 9_999
 # The same for the n! orderings of a correlation's point means: exact up to n = 8 points.
 PERMUTATION_RESAMPLES = 99_999
+# The most seeds / points whose null distribution scipy enumerates in full at these settings.
+EXACT_SIGN_FLIP_SEEDS = SIGN_FLIP_RESAMPLES.bit_length() - 1
+EXACT_PERMUTATION_POINTS = max(n for n in range(1, 20) if math.factorial(n) <= PERMUTATION_RESAMPLES)
 # Fixed, so that a table computed twice from the same runs is the same table.
 RESAMPLING_SEED = 0
 # A bootstrap CI of a mean needs two values; a rank correlation needs three points to be worth a number.
@@ -62,7 +65,8 @@ class PairedComparison:
     verdict: str
 
 
-def paired_differences(arm: Mapping[int, float], baseline: Mapping[int, float]) -> tuple[list[int], np.ndarray]:
+def paired_differences(arm: Mapping[int, float],
+                       baseline: Mapping[int, float]) -> tuple[list[int], np.ndarray]:
     """The seeds of ``arm`` (sorted) and ``arm[seed] - baseline[seed]`` for each: ``{seed: value}`` maps,
     matched by seed. A baseline seed without an arm run is not used; an arm seed without a baseline run is a
     ``ValueError`` (a pairing is the point: an unpaired run compares nothing)."""
