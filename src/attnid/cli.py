@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("attnid.figures", "draw figures 1-5 from the tables and logs"),
     "studies": ("attnid.studies", "gather the heads and variants studies (does identification buy anything?) "
                                   "into tables with rank correlations"),
+    "interventions-table": ("attnid.interventions_table", "compare every arm with the adamw baseline, seed by "
+                                                          "seed: mean difference, bootstrap CI, p, verdict"),
 }
 
 

@@ -185,10 +185,13 @@ FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5")
 # Drawn only for a build with the identification studies (attnid.studies): included when present.
 OPTIONAL_FIGURES = ("fig5",)
 # The studies' tables (attnid studies), included when present, each after its own paragraph.
-STUDY_TABLES = ("heads.tex", "variants.tex")
+STUDY_TABLES = ("heads.tex", "variants.tex", "identification_correlation.tex")
+# The interventions' paired comparison (attnid interventions-table), in the same section, when present.
+INTERVENTION_TABLES = ("interventions.tex",)
 # The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
 # build with a stage turned off never includes that stage's leftovers from an earlier build.
-OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"}}
+OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"},
+                  "interventions": {*INTERVENTION_TABLES}}
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
@@ -295,6 +298,14 @@ def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
     return frame
 
 
+def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
+    """``{name, text}`` of each table ``names`` lists that exists in ``folder`` and is not ``omitted``."""
+    if folder is None:
+        return []
+    return [{"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
+            for name in names if name not in omitted and (Path(folder) / name).is_file()]
+
+
 def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
                     template_dir=None, omit=()) -> str:
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, plus the
@@ -315,16 +326,13 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
             if name not in omitted and path.is_file():
                 experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
                                           "landscape": name in LANDSCAPE_TABLES})
-    study_blocks = []
-    if experiment_tables is not None:
-        for name in STUDY_TABLES:
-            path = Path(experiment_tables) / name
-            if name not in omitted and path.is_file():
-                study_blocks.append({"name": name, "text": path.read_text(encoding="utf-8")})
+    study_blocks = _verbatim_blocks(experiment_tables, STUDY_TABLES, omitted)
+    intervention_blocks = _verbatim_blocks(experiment_tables, INTERVENTION_TABLES, omitted)
     figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
-    sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks + study_blocks]
+    sources += [str(Path(experiment_tables) / b["name"])
+                for b in experiment_blocks + study_blocks + intervention_blocks]
     shown_templates = "attnid/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {
@@ -336,6 +344,8 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "experiment_blocks": experiment_blocks,
         "experiment_tables": {block["name"] for block in experiment_blocks},
         "study_blocks": study_blocks,
+        "study_tables": {block["name"] for block in study_blocks},
+        "intervention_blocks": intervention_blocks,
         "figures": figure_entries,
         "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
         "n_cases": len(nullity_frame),
@@ -350,8 +360,8 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
-                        help="folder with runs.tex, cases.tex, sweep.tex, prune.tex to include verbatim "
-                             "(those that exist)")
+                        help="folder with runs.tex, cases.tex, sweep.tex, prune.tex, the studies' and "
+                             "interventions' tables to include verbatim (those that exist)")
     parser.add_argument("--figures", default=None,
                         help=f"folder with {', '.join(name + '.pdf' for name in FIGURES)} to include")
     parser.add_argument("--templates", default=None,
