@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -126,7 +128,7 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
     assert "arm_higher - adamw, final_val_loss: mean +0.046" in printed and ": worse" in printed
 
     tex = (out / "interventions.tex").read_text()
-    assert r"\label{tab:interventions}" in tex and r"\texttt{arm\_slow} vs \texttt{adamw}" in tex
+    assert r"\label{tab:interventions}" in tex and r"\texttt{arm\_slow} against \texttt{adamw}" in tex
     assert tex.count("no detectable difference") >= 2  # the caption and arm_same's row
     assert "0.0625 at $n = 5$" in tex and "& 0.0625 & better" in tex
 
@@ -212,3 +214,29 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
     assert "tab:study-correlation" not in text  # no study tables in this folder: no paragraph about them
     lean = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, omit=("interventions",))
     assert "tab:interventions" not in lean and "Does identification buy anything" not in lean
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+def test_the_table_fits_the_page(tmp_path, repo_root):
+    """The widest rows the table gets (long arm names, differences in scientific notation) compile with no
+    box more than 5 pt too wide."""
+    from test_studies import _theory
+
+    root = tmp_path / "runs"
+    for seed in SEEDS:
+        write_arm_run(root, "adamw", seed, baseline_losses(seed), 0.1)
+        for arm, shift in (("adamw_gauge_fixed", -1.234e-4), ("adamw_rebalance_transport", 3.21e-3)):
+            losses = {k: v + shift * (1 + seed) for k, v in baseline_losses(seed).items()}
+            write_arm_run(root, arm, seed, losses, 0.1 + 0.01 * seed)
+    tables, paper = tmp_path / "tables", tmp_path / "paper"
+    interventions_table.write_interventions_table(root, tables)
+    paper.mkdir()
+    shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
+    (paper / "appendix.tex").write_text(latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex",
+                                                              experiment_tables=tables))
+    latex.compile_pdf(paper / "main.tex")
+    log = (paper / "main.log").read_text(errors="replace")
+    widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
+    assert not widths or max(widths) <= 5.0, re.findall(r"Overfull.*", log)
+    assert "Float too large" not in log

@@ -558,8 +558,9 @@ def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFram
 def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
     """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
     against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ
-    against the identified fraction: the head sweep as one series (band: ± sd over seeds), the matched
-    single head and the variants as labelled points with ± sd error bars. (c) also draws ``ρ = 1 - f``,
+    against the identified fraction: the head sweep as one series (band: ± the seeds' sample sd, a spread),
+    the matched single head and the variants as labelled points with bars of the same spread. (c) also
+    draws ``ρ = 1 - f``,
     the unidentified share of a step that is isotropic in the attention parameters."""
     plt = _pyplot()
     series, extras = _study_series(heads)

@@ -1,6 +1,6 @@
 """The interventions study's table: every arm against the ``adamw`` baseline, seed by seed.
 
-The interventions of issue 17 change only how training moves along the symmetry orbit and are trained
+The interventions on the orbit change only how training moves along the symmetry orbit and are trained
 exactly like ``adamw`` (the same model, learning rate, schedule, seeds and batches), so each arm's run
 with seed ``s`` is compared with the baseline's run with seed ``s``. Gathering reads only ``run.json``
 and ``metrics.csv`` (torch-free, testable on synthetic runs):
@@ -36,14 +36,14 @@ from attnid.statistics import BOOTSTRAP_RESAMPLES, EXACT_SIGN_FLIP_SEEDS, MIN_PA
     paired_differences, smallest_sign_flip_p_value
 from attnid.tables import add_run_selection_arguments, check_run_selection, render_table, summarize_run
 
-# The paired baseline of every arm (issue 17: "adamw as the paired baseline").
+# The paired baseline of every arm.
 BASELINE_CASE = "adamw"
 METRICS = ("final_val_loss", "best_val_loss", "val_loss_at_equal_wall_time")
 COLUMNS = ("arm", "baseline", "n_seeds", "metric", "delta_mean", "ci_low", "ci_high", "p_value", "verdict")
 # The verdict of a row with too few usable pairs for a CI (not one of attnid.statistics.VERDICTS).
 TOO_FEW_SEEDS = "too few seeds"
 METRIC_TEX = {"final_val_loss": "final val loss", "best_val_loss": "best val loss",
-              "val_loss_at_equal_wall_time": "val loss at equal wall time"}
+              "val_loss_at_equal_wall_time": "at equal wall time"}
 
 
 # ---------------------------------------------------------------------------- one run

@@ -288,7 +288,7 @@ def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame,
 
 
 def confound_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame, matched: pd.Series) -> list[dict]:
-    """The confound splits of a set of points (issue: RoPE also adds position information, the matched
+    """The confound splits of a set of points (RoPE also adds position information, the matched
     single head is wider): the set without its RoPE points and without the matched single head
     (``matched``: a mask of ``points``), each only where it leaves out something and keeps the rest."""
     rows = []
