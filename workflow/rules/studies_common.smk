@@ -41,7 +41,7 @@ STUDY_OUTPUTS = [
 # A config without study sections (heads: null, variants: null) has no study jobs and no Figure 5.
 STUDY_TABLE_FILES = (
     [f"{TABLES_DIR}/{study}.{ext}" for study in STUDY_POINTS for ext in ("csv", "tex")]
-    + [f"{TABLES_DIR}/identification_correlation.csv"]
+    + [f"{TABLES_DIR}/identification_correlation.{ext}" for ext in ("csv", "tex")]
     if STUDY_POINTS
     else []
 )

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),
     "studies": ("attnid.cli.reports", "gather the heads and variants studies (does identification buy anything?) "
                                   "into tables with rank correlations"),
+    "interventions-table": ("attnid.cli.reports", "compare every arm with the adamw baseline, seed by "
+                                                          "seed: mean difference, bootstrap CI, p, verdict"),
 }
 
 

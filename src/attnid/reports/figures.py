@@ -33,7 +33,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
 from attnid.training.cases import CASES
 from attnid.training.rundir import initial_imbalance_scale, load_runs_by_case
-from attnid.reports.studies import STUDIES
+from attnid.reports.studies import STUDIES, head_sweep
 from attnid.reports.tables import UNIT_ROUND_OFF, run_dtype
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
@@ -530,19 +530,20 @@ def figure_identification_study(tables_dir: str | Path, out_dir: str | Path) -> 
 def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The head sweep (the points at the most common embedding, by identified fraction) and the
     labelled extra points (the matched single head, at its own embedding)."""
+
     if heads is None or heads.empty:
         return pd.DataFrame(), pd.DataFrame()
-    sweep_embd = heads["n_embd"].mode().iloc[0]
-    series = heads[heads["n_embd"] == sweep_embd].sort_values("identified_fraction")
-    return series, heads[heads["n_embd"] != sweep_embd]
+    sweep = head_sweep(heads)
+    return heads[sweep].sort_values("identified_fraction"), heads[~sweep]
 
 
 @styled
 def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
     """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
     against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ
-    against the identified fraction: the head sweep as one series (band: ± sd over seeds), the matched
-    single head and the variants as labelled points with ± sd error bars. (c) also draws ``ρ = 1 - f``,
+    against the identified fraction: the head sweep as one series (band: ± the seeds' sample sd, a spread),
+    the matched single head and the variants as labelled points with bars of the same spread. (c) also
+    draws ``ρ = 1 - f``,
     the unidentified share of a step that is isotropic in the attention parameters."""
     plt = _pyplot()
     series, extras = _study_series(heads)
