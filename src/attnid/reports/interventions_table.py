@@ -7,7 +7,7 @@ and ``metrics.csv`` (torch-free, testable on synthetic runs):
 
     attnid interventions-table --runs RUN_DIR... --out-dir results/tables [--baseline adamw]
 
-writes ``interventions.csv``, one row per arm and metric with the columns :data:`COLUMNS`, and
+writes ``interventions.csv``, one row per arm and metric with the columns :data:`INTERVENTION_COLUMNS`, and
 ``interventions.tex`` (templates/interventions.tex.j2). Every case among the runs other than the baseline
 is an arm, in the case registry's order (cases it does not know last): the arms' names are whatever case
 names their runs carry. The metrics (docs/design.md §11.5) are the final val loss, the best val loss and
@@ -39,7 +39,7 @@ from attnid.training.rundir import load_runs_by_case
 # The paired baseline of every arm.
 BASELINE_CASE = "adamw"
 METRICS = ("final_val_loss", "best_val_loss", "val_loss_at_equal_wall_time")
-COLUMNS = ("arm", "baseline", "n_seeds", "metric", "delta_mean", "ci_low", "ci_high", "p_value", "verdict")
+INTERVENTION_COLUMNS = ("arm", "baseline", "n_seeds", "metric", "delta_mean", "ci_low", "ci_high", "p_value", "verdict")
 # The verdict of a row with too few usable pairs for a CI (not one of attnid.reports.statistics.VERDICTS).
 TOO_FEW_SEEDS = "too few seeds"
 METRIC_TEX = {"final_val_loss": "final val loss", "best_val_loss": "best val loss",
@@ -128,7 +128,7 @@ def _paired_values(arm: str, arm_runs: dict[int, dict], baseline: str,
 
 def interventions_table(by_case: dict[str, list[tuple[dict, pd.DataFrame]]],
                         baseline: str = BASELINE_CASE) -> tuple[pd.DataFrame, list[str]]:
-    """The rows of interventions.csv (:data:`COLUMNS`) for every arm of ``by_case`` ({case: [(run.json,
+    """The rows of interventions.csv (:data:`INTERVENTION_COLUMNS`) for every arm of ``by_case`` ({case: [(run.json,
     metrics.csv)]}, as :func:`attnid.rundir.load_runs_by_case` gives them) against ``baseline``, and one note
     per pair left out of a metric (a diverged run)."""
     if baseline not in by_case:
@@ -161,7 +161,7 @@ def interventions_table(by_case: dict[str, list[tuple[dict, pd.DataFrame]]],
             rows.append(row | {"delta_mean": result.delta_mean, "ci_low": result.ci_low,
                                "ci_high": result.ci_high, "p_value": result.p_value,
                                "verdict": result.verdict})
-    return pd.DataFrame(rows, columns=list(COLUMNS)), notes
+    return pd.DataFrame(rows, columns=list(INTERVENTION_COLUMNS)), notes
 
 
 def render_interventions_table(table: pd.DataFrame) -> str:
