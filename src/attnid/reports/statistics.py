@@ -175,7 +175,10 @@ def rank_correlation_p_value(x, y) -> float:
         return math.nan
 
     def statistic(ordering, axis=-1):
-        return _spearman_along(x, ordering, axis=axis)
+        # r_s of n points is a ratio of integers: rounded to 12 digits, orderings that tie with the observed
+        # value in exact arithmetic also tie in floating point (scipy compares with a relative tolerance only,
+        # which misses ties of an observed r_s of 0 computed as +-1e-17)
+        return np.round(_spearman_along(x, ordering, axis=axis), 12)
 
     result = stats.permutation_test((y,), statistic, permutation_type="pairings", vectorized=True,
                                     n_resamples=PERMUTATION_RESAMPLES, alternative="two-sided",
