@@ -71,11 +71,10 @@ def save_tiny(family: str, folder, dtype: str = "float32", sharded: bool = False
 
 
 def load(folder, dtype=torch.float32):
-    """transformers' own model for a folder, computing in ``dtype`` (a bfloat16 weight is exact in
-    float32)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True,
-                                                              attn_implementation="eager")
-    return model.to(dtype).eval()
+    """transformers' own model for a folder, built in ``dtype`` (a bfloat16 weight is exact in float32; built
+    in bfloat16, Gemma would round its embedding scale)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype,
+                                                             attn_implementation="eager").eval()
 
 
 @torch.no_grad()
@@ -262,9 +261,12 @@ def test_balance_reaches_mu_zero_on_the_own_orbit(tmp_path, capsys, family, dtyp
         assert min(change, report["max_rel_logit_change"]) > TOLERANCE
 
 
-def test_balance_a_bfloat16_folder_in_float32(tmp_path, capsys):
-    folder = save_tiny("qwen2", tmp_path / "in", "bfloat16", sharded=True)
-    _, out = edit(capsys, "balance", folder, tmp_path / "out", "--dtype", "float32")
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_balance_a_bfloat16_folder_in_float32(tmp_path, capsys, family):
+    folder = save_tiny(family, tmp_path / "in", "bfloat16", sharded=True)
+    report, out = edit(capsys, "balance", folder, tmp_path / "out", "--dtype", "float32")
+    assert report["input_dtype"] == "bfloat16" and report["stored_dtype"] == "float32"
+    assert report["max_rel_logit_change"] <= TOLERANCE
     assert "stored as float32" in out and "rounded to bfloat16" not in out
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
