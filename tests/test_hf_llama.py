@@ -64,6 +64,15 @@ def tiny_model(family: str, seed: int = 0, **overrides):
     return model
 
 
+@torch.no_grad()
+def attention_in_bfloat16(model):
+    """The model with its q/k/v/o_proj tensors rounded to bfloat16 (and kept in float32)."""
+    for layer in model.model.layers:
+        for tensor in layer.self_attn.parameters():
+            tensor.copy_(tensor.to(torch.bfloat16).float())
+    return model
+
+
 def save_tiny(family: str, folder, dtype: str = "float32", sharded: bool = False, **overrides):
     model = tiny_model(family, **overrides).to(getattr(torch, dtype))
     model.save_pretrained(folder, **({"max_shard_size": SHARD_SIZE} if sharded else {}))
@@ -259,6 +268,10 @@ def test_balance_reaches_mu_zero_on_the_own_orbit(tmp_path, capsys, family, dtyp
     else:  # every moved weight rounded to bfloat16 (unit round-off 2^-8): the logits move with it
         assert 2 ** -12 < report["write_back_rel_error"] < 2 ** -8
         assert min(change, report["max_rel_logit_change"]) > TOLERANCE
+        # ... as much as rounding the float32 model's attention weights to bfloat16 once does
+        original = tiny_model(family, **overrides)
+        storage = relative_logit_change(attention_in_bfloat16(tiny_model(family, **overrides)), original)
+        assert storage / 10 < change < 10 * storage
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
