@@ -147,6 +147,18 @@ def test_layers_are_the_stacked_projections_and_write_back_is_lossless(tmp_path,
     assert all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k]) for k in before)
 
 
+def test_a_pytorch_model_bin_folder_is_balanced_and_written_as_one(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    folder = save_tiny("mistral", tmp_path / "in")
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    report, _ = edit(capsys, "balance", folder, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(folder))
+    assert report["mu_qk_after"] < BALANCED and report["max_rel_logit_change"] <= TOLERANCE
+    assert relative_logit_change(load(tmp_path / "out"), load(folder)) <= TOLERANCE
+
+
 # --------------------------------------------------------------------------------------
 # the convention: our orbit groups are transformers' symmetries
 # --------------------------------------------------------------------------------------

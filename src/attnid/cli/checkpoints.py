@@ -143,7 +143,7 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
     lines += [f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
               f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} (change {report['loss_change']:+.3g}); "
               f"max relative logit change {report['max_rel_logit_change']:.3g}"]
-    if report["stored_dtype"] in ("bfloat16", "float16") and "write_back_rel_error" in report:
+    if report["stored_dtype"] in ("bfloat16", "float16") and report.get("write_back_rel_error", 0) > 0:
         lines.append(f"the edited weights were rounded to {report['stored_dtype']} on writing (relative "
                      f"error {report['write_back_rel_error']:.2g}): that rounding, not the edit, is the "
                      f"logit change above; --dtype float32 writes a float32 folder instead")

@@ -103,11 +103,10 @@ class LlamaCheckpoint(Checkpoint):
                 values[projection, "bias"] = None if edited.c_attn_bias is None else edited.c_attn_bias[block]
             for (projection, part), value in values.items():
                 key = self.key(layer, projection, part)
-                if key not in self.tensors:
-                    if value is not None:
-                        raise ValueError(f"{key} is not in the checkpoint, cannot write it")
-                    continue
-                self.tensors[key] = value.to(self.tensors[key].dtype).contiguous()
+                if (key in self.tensors) != (value is not None):
+                    raise ValueError(f"{key}: the edited layer and the checkpoint disagree on its presence")
+                if value is not None:
+                    self.tensors[key] = value.to(self.tensors[key].dtype).contiguous()
 
     def stored_dtype(self) -> str:
         """The dtype the attention weights are stored in (``bfloat16``, ``float32``, ...)."""
@@ -118,7 +117,7 @@ class LlamaCheckpoint(Checkpoint):
 # reading
 # --------------------------------------------------------------------------------------
 
-def _layer_prefix(keys, folder: Path) -> str:
+def _llama_layer_prefix(keys, folder: Path) -> str:
     """The stored prefix of ``layers.{i}.self_attn`` keys: ``model.layers.`` (``*ForCausalLM``) or
     ``layers.``."""
     hits = sorted(k for k in keys if k == ANCHOR or k.endswith("." + ANCHOR))
@@ -186,7 +185,7 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
         state, metadata[name] = _read_weight_file(folder / name)
         weight_files[name] = list(state)
         tensors.update(state)
-    prefix = _layer_prefix(tensors, folder)
+    prefix = _llama_layer_prefix(tensors, folder)
     n_layer = len({k[len(prefix):].split(".", 1)[0] for k in tensors
                    if k.startswith(prefix) and k.endswith("self_attn.q_proj.weight")})
     if n_layer != spec["n_layer"]:
