@@ -18,7 +18,9 @@ orbit of a RoPE query-key pair contains moves that change the function).
 The tensors are nanoGPT's: per layer ``c_attn.weight`` ``(H*D + 2*G*D, E)`` with rows
 ``[W_Q; W_K; W_V]``, ``c_attn.bias`` likewise, and ``c_proj.weight`` ``(E, H*D)``. A
 model is read through its ``transformer.h`` blocks; other formats (Hugging Face GPT-2)
-bring their tensors into this layout first (:mod:`attnid.edits.checkpoints`).
+bring their tensors into this layout first (:mod:`attnid.edits.checkpoints`, and
+:mod:`attnid.edits.hf_llama` for Llama-family folders, whose stacked ``[q_proj; k_proj; v_proj]``
+are these ``c_attn`` rows).
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ def _unwrap(model):
 
 
 def layout_of(model_or_config) -> AttentionLayout:
-    """The attention layout of a GPT (possibly wrapped) or of a GPTConfig."""
+    """The attention layout of a GPT (possibly wrapped), of a GPTConfig, or an AttentionLayout itself (the
+    layout of a checkpoint read without building a model, :mod:`attnid.edits`)."""
+    if isinstance(model_or_config, AttentionLayout):
+        return model_or_config
     config = getattr(_unwrap(model_or_config), "config", model_or_config)
     return AttentionLayout(config.n_embd, config.n_head, config.kv_heads, config.per_head_dim,
                            bool(config.rope), bool(config.bias))
@@ -130,7 +135,7 @@ def _unside_by_side(pairs: torch.Tensor, n_head: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(n_head, head_dim, -1)
 
 
-def _row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
+def row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
     """Row ranges of W_Q, W_K, W_V in ``c_attn``."""
     q_rows = layout.n_head * layout.head_dim
     kv_rows = layout.n_kv_head * layout.head_dim
@@ -143,7 +148,7 @@ def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: Attent
     expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
     if tuple(c_attn_weight.shape) != expected:
         raise ValueError(f"c_attn.weight is {tuple(c_attn_weight.shape)}, the layout needs {expected}")
-    query, key, value = _row_blocks(layout)
+    query, key, value = row_blocks(layout)
 
     def bias_of(rows: slice):
         return None if c_attn_bias is None else c_attn_bias[rows]
@@ -193,7 +198,7 @@ def write_layer_pairs(tensors: LayerTensors, layout: AttentionLayout, circuit: s
     the circuit (and ``c_proj.bias``) are untouched.
     """
     c_attn_weight, c_attn_bias, c_proj_weight = tensors
-    query, key, value = _row_blocks(layout)
+    query, key, value = row_blocks(layout)
     if check_circuit(circuit) == "qk":
         _copy_rows(c_attn_weight, c_attn_bias, query, _unside_by_side(pair_a, layout.n_head), layout.n_embd)
         _copy_rows(c_attn_weight, c_attn_bias, key, pair_b, layout.n_embd)

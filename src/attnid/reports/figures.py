@@ -144,10 +144,17 @@ def coarsest_dtype(dtypes) -> str:
     return max(known, key=UNIT_ROUND_OFF.get) if known else "float32"
 
 
-def round_off_ceiling(dtype: str, steps: int = 1) -> float:
+def round_off_floor(dtype: str, order: int = 1) -> float:
+    """The round-off floor of a relative quantity of weights stored in ``dtype``: its unit round-off, to the
+    power ``order`` for a quantity that rounding moves only at that order (μ at its minimum, the balanced
+    point: order 2), and never below float64's, in which the quantity is computed."""
+    return max(UNIT_ROUND_OFF[dtype] ** order, UNIT_ROUND_OFF["float64"])
+
+
+def round_off_ceiling(dtype: str, steps: int = 1, order: int = 1) -> float:
     """The largest value still counted as round-off: ``ROUND_OFF_MARGIN`` floors, times ``sqrt(steps)`` for a
     sum of ``steps`` per-step terms each rounded independently (the drift parts, docs/design.md §7)."""
-    return ROUND_OFF_MARGIN * UNIT_ROUND_OFF[dtype] * math.sqrt(max(int(steps), 1))
+    return ROUND_OFF_MARGIN * round_off_floor(dtype, order) * math.sqrt(max(int(steps), 1))
 
 
 def at_round_off(values, dtype: str, steps: int = 1) -> bool:
@@ -159,21 +166,23 @@ def at_round_off(values, dtype: str, steps: int = 1) -> bool:
     return float(values.abs().max()) < round_off_ceiling(dtype, steps)
 
 
-def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1) -> None:
+def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1, order: int = 1) -> None:
     """One labelled band per precision, floor/10 .. :func:`round_off_ceiling`, naming the series at its
-    round-off (on a log y axis, extended down to show the whole band)."""
+    round-off (on a log y axis, extended down to show the whole band); ``order``: see
+    :func:`round_off_floor`."""
     from matplotlib.transforms import blended_transform_factory
 
     for dtype, labels in floors.items():
         if not labels:
             continue
-        floor, ceiling = UNIT_ROUND_OFF[dtype], round_off_ceiling(dtype, steps)
+        floor, ceiling = round_off_floor(dtype, order), round_off_ceiling(dtype, steps, order)
         ax.set_yscale("log")
         bottom, top = ax.get_ylim()
         ax.set_ylim(min(bottom, floor / ROUND_OFF_MARGIN / 3), max(top, ceiling * 10))
         ax.axhspan(floor / ROUND_OFF_MARGIN, ceiling, color=FLOOR_COLOR, alpha=0.35, linewidth=0, zorder=0)
         summed = f", summed over {steps:,} steps" if steps > 1 else ""
-        ax.text(0.02, ceiling, f"{dtype} round-off{summed}: {', '.join(dict.fromkeys(labels))}",
+        squared = "" if order == 1 else f" to order {order}"
+        ax.text(0.02, ceiling, f"{dtype} round-off{squared}{summed}: {', '.join(dict.fromkeys(labels))}",
                 transform=blended_transform_factory(ax.transAxes, ax.transData), fontsize=6, color="#555555",
                 va="bottom", ha="left")
 
