@@ -18,14 +18,7 @@ from snakemake.utils import min_version
 min_version("8.0")
 
 
-# The default config, unless --configfile names another: then that file alone is the
-# config (snakemake would otherwise merge it into the default, so a config listing
-# fewer cases or seeds would silently keep the default's).
-if not workflow.overwrite_configfiles:
-
-    configfile: "config/config.yaml"
-
-
+# The config (config/config.yaml unless --configfile names another), checked, and the run lists.
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/theory.smk"

@@ -12,6 +12,7 @@ that only read them.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -54,11 +55,13 @@ def snakemake_env() -> dict:
 
 
 def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None = SMOKE_CONFIG,
-                  config: dict | None = None, cores: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
+                  config: dict | None = None, cores: int = 2, timeout: float = 600,
+                  env: dict | None = None) -> subprocess.CompletedProcess:
     """``snakemake --cores N [--configfile F] [ARGS] [--config K=V ...]`` in ``workdir``.
 
     ``--config`` goes last because it swallows every following argument. A mapping or list
     value is written as YAML flow text (``cases={sgd: {lr: 0.1}}``), as a user would type it.
+    ``env`` adds to (or replaces) the child's environment variables, e.g. ``PYTHONPATH``.
     """
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
     if configfile:
@@ -66,7 +69,8 @@ def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None
     command += list(args)
     if config:
         command += ["--config"] + [f"{key}={config_text(value)}" for key, value in config.items()]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=snakemake_env())
+    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout,
+                          env={**snakemake_env(), **(env or {})})
 
 
 def run_smoke_dag(workdir: str | os.PathLike, shakespeare_url: str, *args: str, config: dict | None = None,
@@ -85,6 +89,18 @@ def config_text(value) -> str:
     return str(value)
 
 
+def pipeline_config():
+    """workflow/rules/pipeline_config.py, the config's contracts with the package (common.smk imports it
+    the same way: snakemake puts each included file's folder on sys.path)."""
+    path = REPO / "workflow" / "rules" / "pipeline_config.py"
+    if "pipeline_config" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("pipeline_config", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["pipeline_config"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["pipeline_config"]
+
+
 def smoke_config() -> dict:
     return yaml.safe_load((REPO / SMOKE_CONFIG).read_text())
 
@@ -97,7 +113,7 @@ def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 def lr_label(lr: float) -> str:
-    """Same as workflow/rules/train.smk."""
+    """Same as workflow/rules/common.smk."""
     return f"{float(lr):.10g}"
 
 
@@ -130,7 +146,7 @@ def expected_outputs(config: dict) -> list[str]:
     files += [f"{out}/tables/{name}" for name in TABLES]
     if plan:
         files += [f"{out}/tables/{study}.{ext}" for study in plan for ext in ("csv", "tex")]
-        files += [f"{out}/tables/identification_correlation.csv"]
+        files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
     files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if plan else 5) for ext in ("png", "pdf")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
               f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]

@@ -1,5 +1,5 @@
 """The options of ``attnid train`` (attnid.training.config), the case registry (attnid.training.cases), and the
-workflow schema that must list the same names."""
+workflow schema, whose case names come from the registry."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from dataclasses import fields
 
 import pytest
 import yaml
+from pipeline_helpers import pipeline_config
 
-from attnid.model import moves
-from attnid.training import cases
-from attnid.training import config, moments, precision
 from attnid.cli import build_parser
+from attnid.model import moves
+from attnid.training import cases, config, moments, precision
 
 SCHEMA = "workflow/schemas/config.schema.yaml"
 JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
@@ -40,8 +40,9 @@ def schema_training_options(document: dict) -> dict[str, dict]:
     return options
 
 
-def test_schema_case_enum_is_the_case_registry(repo_root):
-    assert schema(repo_root)["$defs"]["case_name"]["enum"] == list(cases.CASES)
+def test_schema_case_enum_is_the_case_registry():
+    """The workflow validates against the schema with the registry's case names (tests/test_workflow.py)."""
+    assert pipeline_config().config_schema()["$defs"]["case_name"]["enum"] == list(cases.CASES)
 
 
 def test_schema_options_are_train_options_of_the_same_type(repo_root):

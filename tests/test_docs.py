@@ -1,6 +1,7 @@
 """The README's numbers are those of the default build whose outputs docs/figures/ keeps: the claims
-table row by row (measured value to the digits shown, precision, result) and the study's pooled rank
-correlation, so a regenerated docs/figures/ cannot silently leave the front page behind."""
+table row by row (measured value to the digits shown, precision, result) and the study's rank
+correlations with their p-values, so a regenerated docs/figures/ cannot silently leave the front page
+behind."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import pandas as pd
 import pytest
 
+from attnid.reports import statistics, studies
 from pipeline_helpers import REPO
 
 README = (REPO / "README.md").read_text()
@@ -45,15 +47,68 @@ def test_readme_claims_table_is_the_kept_default_build():
         assert agrees_to_shown_digits(measured, claim.measured), (claim.claim, measured, claim.measured)
 
 
-def test_readme_pooled_correlation_is_the_kept_default_build():
+def kept_points() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The kept build's heads points and the two studies' points pooled as `attnid studies` pools them."""
+    heads, variants = (pd.read_csv(FIGURES / f"{study}.csv") for study in studies.STUDIES)
+    points = pd.concat([heads.assign(point="heads/" + heads["point"]),
+                        variants.assign(point="variants/" + variants["point"])], ignore_index=True)
+    _, pooled = studies.pooled_points(pd.DataFrame({"point": []}), points)
+    return heads, pooled
+
+
+def correlation(points: pd.DataFrame, column: str = "final_val_loss_mean") -> tuple[float, float]:
+    """r_s over the point means and its permutation p-value (design §11.4), from the kept point means."""
+    x, y = points["identified_fraction"], points[column]
+    return statistics.rank_correlation(x, y), statistics.rank_correlation_p_value(x, y)
+
+
+def test_readme_study_correlations_are_those_of_the_kept_point_means():
+    """The kept identification_correlation.csv predates the p-values and CIs; the README's p-values and
+    confound splits are functions of the point means alone, so they are recomputed here from the kept
+    heads.csv and variants.csv with attnid's own statistics (the CIs over seeds need the runs, which
+    docs/figures lacks)."""
+    text = " ".join(README.split())
     table = pd.read_csv(FIGURES / "identification_correlation.csv")
-    pooled = table[(table["study"] == "all") & (table["quantity"] == "final_val_loss")].iloc[0]
-    match = re.search(r"Across the (\d+)\s+distinct points the rank correlation between identified fraction "
-                      r"and val loss is −(\d\.\d+) ± (\d\.\d+)", README)
-    assert match, "the README states the pooled correlation of the study"
-    assert int(match.group(1)) == pooled.n_points
-    assert agrees_to_shown_digits("-" + match.group(2), pooled.spearman_per_seed_mean)
-    assert agrees_to_shown_digits(match.group(3), pooled.spearman_per_seed_sd)
+    kept = table[(table["study"] == "all") & (table["quantity"] == "final_val_loss")].iloc[0]
+    heads, pooled = kept_points()
+    match = re.search(r"Across the (\d+) distinct points the rank correlation between identified fraction "
+                      r"and val loss is −(\d\.\d+) over the point means, permutation p = (\d\.\d+): no "
+                      r"detectable correlation", text)
+    assert match, "the README states the pooled correlation of the study with its p-value"
+    r_pooled, p_pooled = correlation(pooled)
+    assert int(match.group(1)) == kept.n_points == len(pooled)
+    assert r_pooled == pytest.approx(kept.spearman_of_means)  # the same points as the kept build's
+    assert agrees_to_shown_digits("-" + match.group(2), r_pooled)
+    assert agrees_to_shown_digits(match.group(3), p_pooled) and p_pooled > 0.05  # "no detectable correlation"
+
+    rope = pooled["rope"].astype(str).str.lower() == "true"
+    matched = pooled["point"].isin("heads/" + heads.loc[~studies.head_sweep(heads), "point"])
+    match = re.search(r"Without the RoPE points, .*? it is −(\d\.\d+) \(p = (\d\.\d+)\); without the wider "
+                      r"matched single head, −(\d\.\d+) \(p = (\d\.\d+)\)", text)
+    assert match, "the README states the confound splits"
+    shown = (match.group(1, 2), match.group(3, 4))
+    for (r_shown, p_shown), subset in zip(shown, (pooled[~rope], pooled[~matched])):
+        r_value, p_value = correlation(subset)
+        assert agrees_to_shown_digits("-" + r_shown, r_value) and agrees_to_shown_digits(p_shown, p_value)
+
+    sweep = heads[studies.head_sweep(heads)]
+    match = re.search(r"The head sweep alone is ordered exactly \(−(\d\.\d+), p = (\d\.\d+) over its (\d+) "
+                      r"points\), but its whole range is one seed spread", text)
+    assert match, "the README states the head sweep's own correlation"
+    r_sweep, p_sweep = correlation(sweep)
+    assert agrees_to_shown_digits("-" + match.group(1), r_sweep)
+    assert agrees_to_shown_digits(match.group(2), p_sweep)
+    assert int(match.group(3)) == len(sweep)
+    spread = sweep["final_val_loss_mean"].max() - sweep["final_val_loss_mean"].min()
+    assert spread <= sweep["final_val_loss_sd"].max()  # "a range no larger than the seeds' spread"
+
+    match = re.search(r"\(Spearman −(\d\.\d+) against the identified fraction, p = (\d\.\d+) over the "
+                      r"study's (\d+) points\)", text)
+    assert match, "the README states the correlation of rho with the identified fraction"
+    r_rho, p_rho = correlation(heads, "rho_qk_mean_mean")
+    assert agrees_to_shown_digits("-" + match.group(1), r_rho)
+    assert agrees_to_shown_digits(match.group(2), p_rho)
+    assert int(match.group(3)) == len(heads)
 
 
 @pytest.mark.parametrize("shown, value, expected", [("7e-15", 6.96e-15, True), ("7e-15", 7.6e-15, False),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnid.model.layout import layer_pairs, layer_shape_of, layer_tensors, model_pairs, orbit_of, pairs_from_tensors, write_pairs_back
+from attnid.model.layout import layer_pairs, layer_shape_of, model_pairs, orbit_of, write_pairs_back
 from attnid.model.moves import (initial_conserved, orbit_dimension, orbit_dimension_rows, prepared_target,
                                 rebalance_model)
 from attnid.theory.rope import rope_plane_traces

@@ -3,6 +3,7 @@ gathering and rank correlation on synthetic run directories, Figure 5, and the r
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -153,34 +154,93 @@ def test_gathering_summarizes_every_point_over_its_seeds(synthetic_study, tmp_pa
     assert "h1\\_e40" in (out / "heads.tex").read_text()
 
 
-def test_rank_correlation_per_seed_and_over_means(synthetic_study, tmp_path):
+def brute_force_permutation_p(x, y) -> float:
+    """Twice the smaller share of the n! orderings of y with r_s at most / at least the observed one."""
+    observed = stats.spearmanr(x, y).statistic
+    null = np.array([stats.spearmanr(x, order).statistic for order in itertools.permutations(y)])
+    return min(1.0, 2 * min(np.mean(null <= observed + 1e-12), np.mean(null >= observed - 1e-12)))
+
+
+def seed_draw_range(x, per_seed: dict) -> tuple[float, float]:
+    """The smallest and largest r_s(x, point means) over every multiset of seeds drawn with replacement.
+    With 3 seeds each multiset has probability >= 1/27 > 2.5 %, so the 95 % percentile bootstrap CI is
+    this range."""
+    points = list(per_seed)
+    n_seeds = len(per_seed[points[0]])
+    values = [stats.spearmanr(x, [np.mean([per_seed[p][s] for s in draw]) for p in points]).statistic
+              for draw in itertools.combinations_with_replacement(range(n_seeds), n_seeds)]
+    return min(values), max(values)
+
+
+def test_rank_correlation_with_its_p_value_and_seed_bootstrap(synthetic_study, tmp_path):
     out = tmp_path / "tables"
     assert main(["studies", "--studies-dir", str(synthetic_study), "--out-dir", str(out)]) == 0
     table = pd.read_csv(out / "identification_correlation.csv")
-    row = table[(table["study"] == "heads") & (table["quantity"] == "final_val_loss")].iloc[0]
+    rows = table[table["quantity"] == "final_val_loss"].set_index(["study", "subset"])
     fractions = {p: 1 - 1 / (2 * h) for p, h in HEADS.items()} | {"h1_e40": 0.5}
     losses = LOSSES | {"h1_e40": (2.0, 2.1, 2.2)}
-    per_seed = [stats.spearmanr([fractions[p] for p in losses], [losses[p][s] for p in losses]).statistic
-                for s in range(3)]
-    means = stats.spearmanr(list(fractions.values()), [np.mean(losses[p]) for p in fractions]).statistic
+    x = [fractions[p] for p in losses]
+    means = [np.mean(losses[p]) for p in losses]
+    per_seed = [stats.spearmanr(x, [losses[p][s] for p in losses]).statistic for s in range(3)]
+    row = rows.loc[("heads", "all points")]
     assert row.spearman_per_seed_mean == pytest.approx(np.mean(per_seed))
     assert row.spearman_per_seed_sd == pytest.approx(np.std(per_seed, ddof=1)) and row.spearman_per_seed_sd > 0
-    assert row.spearman_of_means == pytest.approx(means) and row.n_seed_correlations == 3
-    variants = table[(table["study"] == "variants") & (table["quantity"] == "final_val_loss")].iloc[0]
+    assert row.spearman_of_means == pytest.approx(stats.spearmanr(x, means).statistic)
+    assert row.n_seed_correlations == 3 and row.n_points == 5 and row.n_ci_seeds == 3
+    assert row.p_value == pytest.approx(brute_force_permutation_p(x, means))  # 5! orderings, exact
+    assert (row.ci_low, row.ci_high) == pytest.approx(seed_draw_range(x, losses))
+    assert row.ci_low < row.ci_high
+
+    sweep = rows.loc[("heads", "head sweep alone")]  # without the matched single head h1_e40
+    sweep_x, sweep_means = [fractions[p] for p in HEADS], [np.mean(LOSSES[p]) for p in HEADS]
+    assert sweep.n_points == len(HEADS)
+    assert sweep.spearman_of_means == pytest.approx(-1.0)  # the means fall with H
+    assert sweep.p_value == pytest.approx(2 / 24)
+    assert sweep.p_value == pytest.approx(brute_force_permutation_p(sweep_x, sweep_means))
+    assert (sweep.ci_low, sweep.ci_high) == pytest.approx(seed_draw_range(sweep_x, LOSSES))
+
+    variants = rows.loc[("variants", "all points")]
     assert variants.n_seed_correlations == 2  # seed 1: three finished points (mqa diverged) still rank
+    assert variants.n_ci_seeds == 1 and math.isnan(variants.ci_low)  # only seed 0 has every point: no CI
     assert set(table["study"]) == {"heads", "variants", "all"}
     # pooled, the variants' mha (the same 32-wide 4-head model, same steps) is heads' h4 and counts once
-    pooled = table[(table["study"] == "all") & (table["quantity"] == "final_val_loss")].iloc[0]
+    pooled = rows.loc[("all", "all points")]
     assert pooled.n_points == len(HEADS) + 1 + len(VARIANTS) - 1
+    # the confound splits of the pooled set: RoPE (one point) and the matched single head (one point) left out
+    assert rows.loc[("all", "without RoPE")].n_points == pooled.n_points - 1
+    assert rows.loc[("all", "without matched single head")].n_points == pooled.n_points - 1
+    pooled_losses = {f"heads/{p}": np.mean(v) for p, v in losses.items()}
+    pooled_losses |= {f"variants/{p}": 2.0 - i / 10 + (0.005 if p != "mqa" else 0.0)
+                      for i, p in enumerate(VARIANTS) if p != "mha"}
+    pooled_x = {f"heads/{p}": f for p, f in fractions.items()}
+    pooled_x |= {f"variants/{p}": counts.identified_fraction(32, 4, a.get("n_kv_head"),
+                                                            rope=a.get("rope", False))
+                 for p, a in VARIANTS.items() if p != "mha"}
+    without_rope = [p for p in pooled_losses if p != "variants/rope"]
+    expected = stats.spearmanr([pooled_x[p] for p in without_rope], [pooled_losses[p] for p in without_rope])
+    assert rows.loc[("all", "without RoPE")].spearman_of_means == pytest.approx(expected.statistic)
+    assert set(table["subset"]) == {"all points", "head sweep alone", "without RoPE",
+                                    "without matched single head"}
+    assert table["p_value"].between(0, 1, inclusive="right").all()
+
+    tex = (out / "identification_correlation.tex").read_text()
+    assert r"\label{tab:study-correlation}" in tex and "pooled, without RoPE" in tex
+    assert "spread, not an uncertainty" in tex
+    for study in ("heads", "variants"):  # the study tables point to it and label the seed sd as a spread
+        text = (out / f"{study}.tex").read_text()
+        assert r"Table~\ref{tab:study-correlation}" in text and "not an uncertainty" in text
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_spearman_matches_scipy_with_ties(seed):
-    rng = np.random.default_rng(seed)
-    x = rng.integers(0, 4, size=9).astype(float)  # ties
-    y = rng.normal(size=9)
-    assert studies.spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic)
-    assert math.isnan(studies.spearman([1, 2], [3, 4])) and math.isnan(studies.spearman([1, 1, 1], [1, 2, 3]))
+def test_one_study_alone_gets_its_own_confound_split(synthetic_study, tmp_path):
+    heads = studies.write_study_tables({"heads": sorted((synthetic_study / "heads").glob("*/seed*"))},
+                                       tmp_path / "heads_only")["correlation"]
+    assert set(zip(heads["study"], heads["subset"])) == {("heads", "all points"),
+                                                         ("heads", "head sweep alone")}
+    variant_runs = sorted((synthetic_study / "variants").glob("*/seed*"))
+    variants = studies.write_study_tables({"variants": variant_runs}, tmp_path / "variants")["correlation"]
+    assert set(zip(variants["study"], variants["subset"])) == {("variants", "all points"),
+                                                               ("variants", "without RoPE")}
+    assert (variants.loc[variants["subset"] == "without RoPE", "n_points"] == len(VARIANTS) - 1).all()
 
 
 def test_no_runs_is_one_line(tmp_path, capsys):

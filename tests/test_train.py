@@ -22,7 +22,8 @@ from attnid.cli import build_parser, main
 from attnid.common.errors import UserError
 from attnid.model.gpt import load_nanogpt_checkpoint
 from attnid.training.cases import CASES
-from attnid.training.config import config_from_args, resolve_config
+from attnid.cli.train import config_from_args
+from attnid.training.config import resolve_config
 from attnid.training.rundir import BASE_COLUMNS, TIMING_COLUMNS
 from attnid.training.loop import get_lr
 

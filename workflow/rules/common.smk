@@ -1,4 +1,5 @@
-# Shared by the other .smk files: the config (typed, validated), the output layout and the run lists.
+# The config (read, typed, validated), the output layout and the run lists: every name that more than one
+# .smk file uses is defined here, and only here. The other files hold rules (and names only they use).
 #
 # Every output of a config goes under its `results_dir` (results/default, results/smoke,
 # results/paper), so builds of different configs in one checkout never share a run directory,
@@ -11,14 +12,34 @@ import shutil
 import sys
 
 from attnid.reports.latex import caption_file
-from snakemake.exceptions import WorkflowError
-from snakemake.utils import update_config, validate
+from attnid.reports.studies import (
+    STUDY_CASE,
+    check_study_config,
+    reused_points,
+    study_points,
+    study_run_settings,
+)
+from pipeline_config import (
+    ConfigError,
+    run_flags,
+    unwritable,
+    validate_config,
+    yaml_error,
+)
+from snakemake.utils import update_config
 
 # A number as YAML 1.2 reads it (PyYAML's YAML 1.1 would keep "1e-3" a string).
 NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 INTEGER = re.compile(r"[-+]?\d+")
 BOOLEANS = {"true": True, "false": False}
 NULLS = ("null", "~")
+DEFAULT_CONFIG = "config/config.yaml"
+
+
+def config_error(message):
+    """A bad config is ONE line on stderr, never a traceback."""
+    print(f"config error: {message}", file=sys.stderr)
+    sys.exit(1)
 
 
 def typed_value(value):
@@ -43,34 +64,6 @@ def typed_value(value):
     return None if value in NULLS else value
 
 
-def config_error(message):
-    """A bad config is ONE line on stderr, never a traceback."""
-    print(f"config error: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def validate_config_or_exit(config):
-    """Validate against the schema, then the cross-key rules the schema cannot say."""
-    try:
-        validate(config, "../schemas/config.schema.yaml")
-    except WorkflowError as err:
-        # snakemake wraps the jsonschema ValidationError; it is the exception's context.
-        cause = err.__context__ if hasattr(err.__context__, "absolute_path") else None
-        if cause is None:
-            config_error(str(err).splitlines()[0])
-        where = (
-            os.path.join(*map(str, cause.absolute_path))
-            if cause.absolute_path
-            else "(top level)"
-        )
-        config_error(f"{where}: {cause.message}")
-    for optimizer in config["sweep"]:
-        if optimizer not in config["cases"]:
-            config_error(
-                f"sweep/{optimizer}: no case '{optimizer}' under cases to take its settings from"
-            )
-
-
 def want_pdf():
     """paper_pdf: auto builds the appendix PDF only where latexmk is installed."""
     setting = config.get("paper_pdf", "auto")
@@ -82,55 +75,51 @@ def lr_label(lr):
     return f"{float(lr):.10g}"
 
 
-def run_settings(case, **overrides):
-    """Model + training defaults, then the case's own settings, then per-job overrides."""
-    settings = dict(config["model"])
-    settings.update(config["training"])
-    settings.update(config["cases"][case])
-    settings.update(overrides)
-    return settings
+# ------------------------------------------------------------------ reading and checking the config
+
+# The default config, unless --configfile names another: then that file alone is the config
+# (snakemake would otherwise merge it into the default, so a config listing fewer cases or
+# seeds would silently keep the default's). Snakemake reads a --configfile itself, before this
+# file runs, and reports a YAML error there without file or line; the default's is ours to name.
+if not workflow.overwrite_configfiles:
+    if os.path.exists(DEFAULT_CONFIG) and yaml_error(DEFAULT_CONFIG):
+        config_error(yaml_error(DEFAULT_CONFIG))
+
+    configfile: DEFAULT_CONFIG
 
 
-def train_flags(case, settings):
-    """The `attnid train` flags for one run: the one command builder for runs and sweeps."""
-    flags = [f"--case {case}"]
-    for key, value in settings.items():
-        option = key.replace("_", "-")
-        if isinstance(value, bool):
-            flags.append(f"--{option}" if value else f"--no-{option}")
-        else:
-            flags.append(f"--{option} {value}")
-    return " ".join(flags)
+def read_config():
+    """The config: --config values merged into the config file's (nested mappings key by key,
+    snakemake's update_config; lists and scalars replace), read with YAML types (typed_value);
+    a section of the optional stages set to null (--config edits=null) is off; then checked.
+    """
+    update_config(config, typed_value(workflow.config_settings.config or {}))
+    for section in ("heads", "variants", "edits"):
+        if section in config and config[section] is None:
+            del config[section]
+    try:
+        validate_config(config)
+    except ConfigError as err:
+        config_error(str(err))
+    # the cross-key rules the schema cannot say
+    for optimizer in config["sweep"]:
+        if optimizer not in config["cases"]:
+            config_error(
+                f"sweep/{optimizer}: no case '{optimizer}' under cases to take its settings from"
+            )
+    for problem in check_study_config(config):
+        config_error(problem)
+    edits = config.get("edits")
+    if edits is not None and edits["case"] not in config["cases"]:
+        config_error(
+            f"edits/case: no case '{edits['case']}' under cases to take its settings from"
+        )
 
 
-def case_flags(wildcards):
-    return train_flags(
-        wildcards.case, run_settings(wildcards.case, seed=int(wildcards.seed))
-    )
+read_config()
+EDITS = config.get("edits")
 
-
-def sweep_flags(wildcards):
-    sweep = config["sweep"][wildcards.optimizer]
-    overrides = {
-        key: value for key, value in sweep.items() if key not in ("lrs", "seeds")
-    }
-    settings = run_settings(
-        wildcards.optimizer,
-        lr=float(wildcards.lr),
-        seed=int(wildcards.seed),
-        **overrides,
-    )
-    return train_flags(wildcards.optimizer, settings)
-
-
-# --config values merge into the config (nested mappings key by key, snakemake's
-# update_config; lists and scalars replace), read with YAML types: see typed_value.
-update_config(config, typed_value(workflow.config_settings.config or {}))
-# The stages beyond the paper are optional: a section set to null (--config edits=null) is off.
-for section in ("heads", "variants", "edits"):
-    if section in config and config[section] is None:
-        del config[section]
-validate_config_or_exit(config)
+# ------------------------------------------------------------------ the output layout
 
 RESULTS = os.path.normpath(config["results_dir"])
 DATA_DIR = "data/tinyshakespeare"
@@ -141,19 +130,104 @@ THEORY_DIR = f"{RESULTS}/theory"
 TABLES_DIR = f"{RESULTS}/tables"
 FIGURES_DIR = f"{RESULTS}/figures"
 PAPER_DIR = f"{RESULTS}/paper"
+EDITS_DIR = f"{RESULTS}/edits"
 ENV = "../envs/attnid.yaml"
+
+
+def check_folders_writable():
+    """A folder no job could write is one line now, not a failed job later."""
+    for key, folder in (
+        ("results_dir", RESULTS),
+        ("data directory", DATA_DIR),
+        ("data directory", DATA_LOGS),
+    ):
+        reason = unwritable(folder)
+        if reason:
+            config_error(f"{key}: {folder} is not writable: {reason}")
+
+
+check_folders_writable()
+
+# ------------------------------------------------------------------ the training runs and their settings
+
+
+def run_settings(case, **overrides):
+    """Model + training defaults, then the case's own settings, then per-job overrides."""
+    settings = dict(config["model"])
+    settings.update(config["training"])
+    settings.update(config["cases"][case])
+    settings.update(overrides)
+    return settings
+
+
+def case_run(case, seed):
+    """(case, settings) of one run of a case."""
+    return case, run_settings(case, seed=seed)
+
+
+def sweep_run(optimizer, lr, seed):
+    """(case, settings) of one sweep point: the case's settings, the sweep's own on top."""
+    sweep = config["sweep"][optimizer]
+    overrides = {
+        key: value for key, value in sweep.items() if key not in ("lrs", "seeds")
+    }
+    return optimizer, run_settings(optimizer, lr=lr, seed=seed, **overrides)
+
+
+def study_run(study, point, seed):
+    """(case, settings) of one run of a study point (attnid.reports.studies)."""
+    return STUDY_CASE, run_settings(
+        STUDY_CASE,
+        **study_run_settings(config[study]),
+        **STUDY_POINTS[study][point].architecture(),
+        seed=seed,
+    )
+
+
+def edit_run(case, seed):
+    """(case, settings) of one run of the edits stage: the case's, with biases."""
+    return case, run_settings(
+        case, bias=EDITS.get("bias", True), seed=seed, **EDITS_OVERRIDES
+    )
+
+
+# The `flags` param of each training rule: the run its wildcards name, as `attnid train` flags.
+def case_flags(wildcards):
+    return run_flags(*case_run(wildcards.case, int(wildcards.seed)))
+
+
+def sweep_flags(wildcards):
+    return run_flags(
+        *sweep_run(wildcards.optimizer, float(wildcards.lr), int(wildcards.seed))
+    )
+
+
+def study_flags(wildcards):
+    return run_flags(*study_run(wildcards.study, wildcards.point, int(wildcards.seed)))
+
+
+def edit_flags(wildcards):
+    return run_flags(*edit_run(wildcards.case, int(wildcards.seed)))
+
 
 CASES = list(config["cases"])
 SEEDS = list(config["seeds"])
-# Every (optimizer, lr, seed) of the sweeps, keyed by its run directory.
-SWEEP_POINTS = {
-    f"{RESULTS}/sweep/{optimizer}/lr{lr_label(lr)}/seed{seed}": (optimizer, lr, seed)
+# Every training job of this config, by kind: {run directory: (case, settings)}, in the config's order.
+CASE_RUNS = {
+    f"{RESULTS}/runs/{case}/seed{seed}": case_run(case, seed)
+    for case in CASES
+    for seed in SEEDS
+}
+SWEEP_RUNS = {
+    f"{RESULTS}/sweep/{optimizer}/lr{lr_label(lr)}/seed{seed}": sweep_run(
+        optimizer, lr, seed
+    )
     for optimizer, sweep in config["sweep"].items()
     for lr in sweep["lrs"]
     for seed in sweep["seeds"]
 }
-RUN_DIRS = [f"{RESULTS}/runs/{case}/seed{seed}" for case in CASES for seed in SEEDS]
-SWEEP_DIRS = list(SWEEP_POINTS)
+RUN_DIRS = list(CASE_RUNS)
+SWEEP_DIRS = list(SWEEP_RUNS)
 RUN_OUTPUTS = [
     f"{run_dir}/{name}"
     for run_dir in RUN_DIRS + SWEEP_DIRS
@@ -178,6 +252,92 @@ RUN_SELECTION = {
     "sweep_runs": f"--sweep-runs {' '.join(SWEEP_DIRS)}" if SWEEP_DIRS else "",
 }
 
+# The identification studies (studies.smk): the points come from attnid.reports.studies, so the
+# rules, the tests and `attnid studies` share one plan. {study: {point name: StudyPoint}}, in the
+# config's order.
+STUDY_POINTS = {
+    study: {point.name: point for point in points}
+    for study, points in study_points(config).items()
+}
+STUDY_RUNS = {
+    study: {
+        f"{RESULTS}/studies/{study}/{name}/seed{seed}": study_run(study, name, seed)
+        for name in points
+        for seed in config[study]["seeds"]
+    }
+    for study, points in STUDY_POINTS.items()
+}
+STUDY_RUN_DIRS = {study: list(runs) for study, runs in STUDY_RUNS.items()}
+# "<study>/<point>" -> "<study>/<point>" of the earlier point that trains the same model with the same
+# settings (e.g. variants/mha -> heads/h4): its runs are copied, not trained again.
+REUSED_STUDY_RUNS = {
+    f"{study}/{point}": f"{source_study}/{source_point}"
+    for (study, point), (source_study, source_point) in reused_points(config).items()
+}
+STUDY_OUTPUTS = [
+    f"{run_dir}/{name}"
+    for run_dirs in STUDY_RUN_DIRS.values()
+    for run_dir in run_dirs
+    for name in ("metrics.csv", "run.json")
+]
+# A config without study sections (heads: null, variants: null) has no study jobs and no Figure 5.
+STUDY_TABLE_FILES = (
+    [f"{TABLES_DIR}/{study}.{ext}" for study in STUDY_POINTS for ext in ("csv", "tex")]
+    + [f"{TABLES_DIR}/identification_correlation.{ext}" for ext in ("csv", "tex")]
+    if STUDY_POINTS
+    else []
+)
+
+# The checkpoint edits (edits.smk); without an `edits` section, none. Run settings the section may
+# change (the rest are the case's): see the schema.
+EDITS_OVERRIDES = {
+    key: value
+    for key, value in (EDITS or {}).items()
+    if key in ("max_iters", "warmup_iters")
+}
+EDIT_RUNS = (
+    {
+        f"{EDITS_DIR}/{EDITS['case']}/seed{seed}": edit_run(EDITS["case"], seed)
+        for seed in EDITS["seeds"]
+    }
+    if EDITS
+    else {}
+)
+EDIT_DIRS = list(EDIT_RUNS)
+# Each edit's JSON report; the gather reads which edit it is from the report itself.
+EDIT_REPORTS = [
+    f"{run_dir}/{edit}.json" for run_dir in EDIT_DIRS for edit in ("prune", "balance")
+]
+EDITS_TABLE_FILES = (
+    [f"{TABLES_DIR}/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
+    if EDITS
+    else []
+)
+
+
+def check_run_flags():
+    """Every planned run's flags are built now, so that a setting without an `attnid train` flag
+    is a config error, not a failed job."""
+    runs = {**CASE_RUNS, **SWEEP_RUNS, **EDIT_RUNS}
+    for study_runs in STUDY_RUNS.values():
+        runs.update(study_runs)
+    for run_dir, (case, settings) in runs.items():
+        try:
+            run_flags(case, settings)
+        except ConfigError as err:
+            config_error(f"{run_dir}: {err}")
+
+
+check_run_flags()
+
+
+def reused_run_file(wildcards, name):
+    """A file of the run that the reused study point {reused} copies (rule reuse_study_run)."""
+    source = REUSED_STUDY_RUNS[wildcards.reused]
+    return f"{RESULTS}/studies/{source}/seed{wildcards.seed}/{name}"
+
+
+# The resources of every training job (train.smk's template rule).
 TRAIN_RESOURCES = {
     "mem_mb": config["resources"]["mem_mb"],
     "runtime": config["resources"]["runtime"],

@@ -9,32 +9,6 @@
 # measures on a batch of the validation split (--data: the prepared data), so its loss
 # change is a change of validation loss.
 
-EDITS = config.get("edits")
-if EDITS is not None and EDITS["case"] not in config["cases"]:
-    config_error(
-        f"edits/case: no case '{EDITS['case']}' under cases to take its settings from"
-    )
-# Run settings the section may change (the rest are the case's): see the schema.
-EDITS_OVERRIDES = {
-    key: value
-    for key, value in (EDITS or {}).items()
-    if key in ("max_iters", "warmup_iters")
-}
-EDITS_DIR = f"{RESULTS}/edits"
-EDIT_DIRS = (
-    [f"{EDITS_DIR}/{EDITS['case']}/seed{seed}" for seed in EDITS["seeds"]]
-    if EDITS
-    else []
-)
-# Each edit's JSON report; the gather reads which edit it is from the report itself.
-EDIT_REPORTS = [
-    f"{run_dir}/{edit}.json" for run_dir in EDIT_DIRS for edit in ("prune", "balance")
-]
-EDITS_TABLE_FILES = (
-    [f"{TABLES_DIR}/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
-    if EDITS
-    else []
-)
 EDIT_SHELL = (
     "attnid {params.command} {params.checkpoint:q} --out {output.checkpoint:q}"
     " --data {params.data_dir:q} --json {output.report:q} > {log:q} 2>&1"
@@ -44,9 +18,7 @@ EDIT_SHELL = (
 # Only a config with an `edits` section has these jobs.
 if EDITS:
 
-    rule train_edits:
-        input:
-            rules.prepare_data.output,
+    use rule train_case as train_edits with:
         output:
             metrics=f"{EDITS_DIR}/{{case}}/seed{{seed}}/metrics.csv",
             run=f"{EDITS_DIR}/{{case}}/seed{{seed}}/run.json",
@@ -57,26 +29,8 @@ if EDITS:
         wildcard_constraints:
             case=EDITS["case"],
             seed=r"\d+",
-        conda:
-            ENV
-        threads: config["threads"]
-        resources:
-            **TRAIN_RESOURCES,
         params:
-            flags=lambda wildcards: train_flags(
-                wildcards.case,
-                run_settings(
-                    wildcards.case,
-                    bias=EDITS.get("bias", True),
-                    seed=int(wildcards.seed),
-                    **EDITS_OVERRIDES,
-                ),
-            ),
-            data_dir=lambda wildcards, input: os.path.dirname(input[0]),
-            device=config["device"],
-            out_dir=lambda wildcards, output: os.path.dirname(output.run),
-        shell:
-            TRAIN_SHELL
+            flags=edit_flags,
 
     rule prune_biases:
         input:

@@ -4,9 +4,16 @@
 
 # Figures 1-4 always; Figure 5 draws the identification studies, when the config has them.
 FIGURE_NUMBERS = [1, 2, 3, 4] + ([5] if STUDY_POINTS else [])
-# The optional stages this config leaves out: their files of an earlier build are never shown.
+# The optional stages this config leaves out: their files of an earlier build are never shown
+# (the interventions' table appears once the config has an interventions stage).
 OMITTED_PARTS = [
-    part for part, on in (("studies", STUDY_POINTS), ("edits", EDITS)) if not on
+    part
+    for part, on in (
+        ("studies", STUDY_POINTS),
+        ("edits", EDITS),
+        ("interventions", config.get("interventions")),
+    )
+    if not on
 ]
 
 

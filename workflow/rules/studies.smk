@@ -1,16 +1,11 @@
-# Does identification buy anything? The heads and variants studies (src/attnid/studies.py).
+# Does identification buy anything? The heads and variants studies (src/attnid/reports/studies.py).
 #
 # One AdamW training job per point and seed under <results_dir>/studies/<study>/<point>/seed<N>/
 # (the adamw case's settings, the model and training sections, then the study's own max_iters,
 # log_every, ... and the point's attention shape), gathered by `attnid studies` into the tables.
 
 
-include: "studies_common.smk"
-
-
-rule train_study:
-    input:
-        rules.prepare_data.output,
+use rule train_case as train_study with:
     output:
         metrics=f"{RESULTS}/studies/{{study}}/{{point}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/studies/{{study}}/{{point}}/seed{{seed}}/run.json",
@@ -22,18 +17,8 @@ rule train_study:
         study="|".join(STUDY_POINTS) or "none",
         point=r"[a-z][a-z0-9_]*",
         seed=r"\d+",
-    conda:
-        ENV
-    threads: config["threads"]
-    resources:
-        **TRAIN_RESOURCES,
     params:
         flags=study_flags,
-        data_dir=lambda wildcards, input: os.path.dirname(input[0]),
-        device=config["device"],
-        out_dir=lambda wildcards, output: os.path.dirname(output.run),
-    shell:
-        TRAIN_SHELL
 
 
 # A point that trains what an earlier point trains copies its runs (REUSED_STUDY_RUNS).

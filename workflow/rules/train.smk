@@ -3,11 +3,11 @@
 # Only metrics.csv and run.json are declared outputs: the run's ckpt.pt is not, so a
 # failed or killed job keeps its checkpoint and the rerun resumes from it. A diverged
 # run is a finished job (exit 0, run.json status "diverged").
-
-TRAIN_SHELL = (
-    "attnid train --data {params.data_dir:q} {params.flags} --threads {threads} --device {params.device}"
-    " --out {params.out_dir:q} > {log:q} 2>&1"
-)
+#
+# train_case is the template of every training job: the sweeps here, the identification
+# studies (studies.smk) and the edits' runs (edits.smk) are `use rule train_case as ... with:`
+# their own output paths, wildcards and `flags` (the run's settings as `attnid train` flags,
+# common.smk's *_flags functions); the data, threads, resources and command are this rule's.
 
 
 rule train_case:
@@ -34,12 +34,11 @@ rule train_case:
         device=config["device"],
         out_dir=lambda wildcards, output: os.path.dirname(output.run),
     shell:
-        TRAIN_SHELL
+        "attnid train --data {params.data_dir:q} {params.flags} --threads {threads} --device {params.device}"
+        " --out {params.out_dir:q} > {log:q} 2>&1"
 
 
-rule train_sweep:
-    input:
-        rules.prepare_data.output,
+use rule train_case as train_sweep with:
     output:
         metrics=f"{RESULTS}/sweep/{{optimizer}}/lr{{lr}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/sweep/{{optimizer}}/lr{{lr}}/seed{{seed}}/run.json",
@@ -51,15 +50,5 @@ rule train_sweep:
         optimizer="|".join(config["sweep"]) or "none",
         lr=r"[0-9.e+-]+",
         seed=r"\d+",
-    conda:
-        ENV
-    threads: config["threads"]
-    resources:
-        **TRAIN_RESOURCES,
     params:
         flags=sweep_flags,
-        data_dir=lambda wildcards, input: os.path.dirname(input[0]),
-        device=config["device"],
-        out_dir=lambda wildcards, output: os.path.dirname(output.run),
-    shell:
-        TRAIN_SHELL

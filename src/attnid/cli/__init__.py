@@ -22,10 +22,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("attnid.cli.data", "download a file (http(s) or file://), verify its sha256, write it atomically"),
     "prepare": ("attnid.cli.data", "encode tiny shakespeare at character level into train.bin / val.bin / meta.json"),
     "train": ("attnid.cli.train", "train one run (one optimizer case, lr, seed) and log rho, beta, tau, mu"),
-    "inspect": ("attnid.cli.checkpoints", "mu, imbalance and identification counts per layer of a nanoGPT checkpoint"),
+    "inspect": ("attnid.cli.checkpoints",
+                "mu, imbalance, orbit dimension and identification counts per layer of a nanoGPT "
+                "checkpoint or a Llama/Mistral/Qwen2/Gemma/GPT-2 folder"),
     "counts": ("attnid.cli.theory", "closed-form (un)identified parameter counts for real architectures"),
-    "prune-biases": ("attnid.cli.checkpoints", "zero the key biases and fold the value biases into the output bias "
-                                      "(exact), for nanoGPT and Hugging Face GPT-2 checkpoints"),
+    "prune-biases": ("attnid.cli.checkpoints",
+                     "zero the key biases and fold the value biases into the output bias (exact), for "
+                     "nanoGPT checkpoints and Hugging Face GPT-2 and Llama-family folders"),
     "balance": ("attnid.cli.checkpoints", "move every attention factor pair to balance (mu = 0) without changing the function"),
     "edits-table": ("attnid.cli.reports", "gather prune-biases and balance reports into prune.csv and prune.tex"),
     "verify": ("attnid.cli.theory", "check every closed form against the numerical nullity of a Jacobian"),
@@ -34,6 +37,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),
     "studies": ("attnid.cli.reports", "gather the heads and variants studies (does identification buy anything?) "
                                   "into tables with rank correlations"),
+    "interventions-table": ("attnid.cli.reports", "compare every arm with the adamw baseline, seed by "
+                                                          "seed: mean difference, bootstrap CI, p, verdict"),
 }
 
 

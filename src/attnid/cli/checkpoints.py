@@ -9,39 +9,75 @@ import json
 from pathlib import Path
 
 from attnid.common.errors import UserError
-from attnid.edits.checkpoints import Checkpoint, check_output_path, load_checkpoint, save_checkpoint
-from attnid.measure.inspect import format_inspection, inspect_model
+from attnid.edits.checkpoints import HF_LLAMA, Checkpoint, check_output_path, load_checkpoint, save_checkpoint
+from attnid.measure.inspect import format_inspection, inspect_layers, inspect_model, inspection_csv
+from attnid.edits.hf_llama import STORED_DTYPES, set_stored_dtype
 from attnid.edits.operations import (BALANCE_TARGETS, stored_initial_imbalance, attention_variant, balance_layers,
-                                     balance_on_own_orbit, check_plain_layout, pair_summary, prune_layer_biases,
-                                     redundant_bias_count)
+                                     balance_on_own_orbit, check_plain_layout, checkpoint_layout,
+                                     checkpoint_shape, layer_tensors_of, pair_summary, prune_layer_biases,
+                                     redundant_bias_count, store_layers)
+
+FOLDER_HELP = ("a Hugging Face folder (config.json + safetensors or pytorch_model.bin, sharded or not) of "
+               "Llama, Mistral, Qwen2, Gemma or GPT-2")
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path, help="nanoGPT-format ckpt.pt (ours or nanoGPT's, compiled or not)")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    parser.add_argument("checkpoint", type=Path,
+                        help=f"nanoGPT-format ckpt.pt (ours or nanoGPT's, compiled or not), or {FOLDER_HELP}")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    output.add_argument("--csv", action="store_true", help="print one CSV row per layer instead of a table")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
+                        help="also draw mu_QK and mu_OV per layer (on the model's own orbits) to this PNG")
 
 
-def run_inspect(args) -> int:
+def _inspect_file(path: Path) -> dict:
     from attnid.model.gpt import load_nanogpt_checkpoint
 
     try:
-        model = load_nanogpt_checkpoint(args.checkpoint)
+        model = load_nanogpt_checkpoint(path)
     except (KeyError, AttributeError, TypeError, ValueError) as err:
-        raise UserError(f"{args.checkpoint} is not a usable nanoGPT checkpoint ({type(err).__name__}: {err})") from None
+        raise UserError(f"{path} is not a usable nanoGPT checkpoint ({type(err).__name__}: {err})") from None
     try:
         report = inspect_model(model)
     except ValueError as err:  # a shape counts.py has no closed form for (e.g. heads wider than E)
-        raise UserError(f"{args.checkpoint}: {err}") from None
-    print(json.dumps(report, indent=2) if args.json else format_inspection(report))
+        raise UserError(f"{path}: {err}") from None
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return {"format": "nanogpt", "dtype": dtype, **report}
+
+
+def _inspect_folder(path: Path) -> dict:
+    """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
+    checkpoint = load_checkpoint(path)
+    report = inspect_layers(checkpoint_layout(checkpoint), checkpoint_shape(checkpoint),
+                            layer_tensors_of(checkpoint.attention_layers()))
+    return {"format": checkpoint.kind, "model_type": checkpoint.payload.get("model_type"),
+            "dtype": _stored_dtype(checkpoint), **report}
+
+
+def run_inspect(args) -> int:
+    report = _inspect_folder(args.checkpoint) if args.checkpoint.is_dir() else _inspect_file(args.checkpoint)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    elif args.csv:
+        print(inspection_csv(report), end="")
+    else:
+        print(format_inspection(report))
+    if args.plot is not None:
+        from attnid.reports.inspect_figure import plot_inspection
+
+        plot_inspection(report, args.plot, title=str(args.checkpoint))
     return 0
 
 
 def add_edit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path,
-                        help="nanoGPT ckpt.pt, or a Hugging Face GPT-2 folder (config.json + model.safetensors "
-                             "or pytorch_model.bin)")
-    parser.add_argument("--out", type=Path, required=True, help="where to write the edited copy, in the same format")
+    parser.add_argument("checkpoint", type=Path, help=f"nanoGPT ckpt.pt, or {FOLDER_HELP}")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="where to write the edited copy, in the same format (a folder: the same shards)")
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
+    parser.add_argument("--dtype", choices=sorted(STORED_DTYPES), default=None,
+                        help="store a Llama-family folder's weights in this dtype instead of the input's: a "
+                             "bfloat16 or float16 model's edited weights are then not rounded back to it")
     add_heldout_arguments(parser)
 
 
@@ -56,6 +92,13 @@ def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
                              "attnid train stored ('initial') (default: %(default)s)")
 
 
+def _stored_dtype(checkpoint: Checkpoint) -> str:
+    if checkpoint.kind == HF_LLAMA:
+        return checkpoint.stored_dtype()
+    stored = checkpoint.tensors[f"{checkpoint.layer_prefix}0.attn.c_attn.weight"]
+    return str(stored.dtype).removeprefix("torch.")
+
+
 def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: bool = False) -> dict:
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
@@ -63,11 +106,21 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
     check_output_path(args.checkpoint, args.out)
     checkpoint = load_checkpoint(args.checkpoint)
     rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
+    if args.dtype is not None and checkpoint.kind != HF_LLAMA:
+        raise UserError(f"--dtype rewrites Llama-family folders only; {args.checkpoint} is written in its "
+                        f"own dtype")
     batch, token_source = heldout_batch(checkpoint, args)
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
     report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
               "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
-              "bias": checkpoint.attention_layer(0).c_attn_bias is not None}
+              "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
+              "input_dtype": _stored_dtype(checkpoint)}
+    if checkpoint.kind == HF_LLAMA:
+        report.update({"model_type": checkpoint.model_type, "n_kv_head": checkpoint.n_kv_head,
+                       "head_dim": checkpoint.head_dim})
+        if args.dtype is not None:
+            set_stored_dtype(checkpoint, args.dtype)
+    report["stored_dtype"] = _stored_dtype(checkpoint)
     report.update(edit(checkpoint, rope))
     save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
     loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
@@ -76,13 +129,25 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
     return report
 
 
+def _model_line(report: dict) -> str:
+    grouped = ""
+    if "n_kv_head" in report:
+        grouped = f", G={report['n_kv_head']} key/value heads, D={report['head_dim']}"
+    return (f"{report.get('model_type', report['format'])} model, {report['n_layer']} layers x "
+            f"{report['n_head']} heads{grouped}, E={report['n_embd']}, stored as {report['stored_dtype']}")
+
+
 def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
     from attnid.common.files import write_json_atomic
 
     lines += [f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
               f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} (change {report['loss_change']:+.3g}); "
-              f"max relative logit change {report['max_rel_logit_change']:.3g}",
-              f"wrote {report['output']}"]
+              f"max relative logit change {report['max_rel_logit_change']:.3g}"]
+    if report["stored_dtype"] in ("bfloat16", "float16") and report.get("write_back_rel_error", 0) > 0:
+        lines.append(f"the edited weights were rounded to {report['stored_dtype']} on writing (relative "
+                     f"error {report['write_back_rel_error']:.2g}): that rounding, not the edit, is the "
+                     f"logit change above; --dtype float32 writes a float32 folder instead")
+    lines.append(f"wrote {report['output']}")
     print("\n".join(lines))
     if json_path is not None:
         write_json_atomic(json_path, report)
@@ -91,39 +156,45 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
 def run_prune_biases(args) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
-        edited = [prune_layer_biases(layer, rope) for layer in checkpoint.attention_layers()]
-        checkpoint.set_attention_layers([layer for layer, _, _ in edited])
-        return {**redundant_bias_count(checkpoint, rope), "rope": rope,
+        layout = checkpoint_layout(checkpoint)
+        edited = [prune_layer_biases(layer, layout) for layer in checkpoint.attention_layers()]
+        rounding = store_layers(checkpoint, [layer for layer, _, _ in edited])
+        return {**redundant_bias_count(checkpoint), "rope": rope, "write_back_rel_error": rounding,
                 "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
                 "nonzero_value_biases_folded": sum(v for _, _, v in edited)}
 
     report = _edit_and_prove(args, "prune-biases", edit, allow_rope=True)
-    lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}, "
-             f"attention biases: {'yes' if report['bias'] else 'none (nothing to prune)'}",
+    biases = "yes" if report["bias"] else "none (nothing to prune)"
+    lines = [f"{_model_line(report)}, attention biases: {biases}",
              f"redundant biases set to 0: {report['redundant_params']:,} of {report['attention_params']:,} attention "
              f"parameters ({100 * report['redundant_share']:.3f} %); non-zero before: "
              f"{report['nonzero_key_biases_zeroed']:,} key, {report['nonzero_value_biases_folded']:,} value"]
+    if report["key_biases_kept"] or report["value_biases_kept"]:
+        lines.append(f"kept: {report['key_biases_kept']:,} key biases (identified under RoPE), "
+                     f"{report['value_biases_kept']:,} value biases (no output bias to fold them into)")
     return _finish(report, args.json, lines)
 
 
 def run_balance(args) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
-        if rope or attention_variant(checkpoint)[1]:
+        if checkpoint.kind != HF_LLAMA and (rope or attention_variant(checkpoint)[1]):
             return balance_on_own_orbit(checkpoint, args.target)
         targets = stored_initial_imbalance(checkpoint) if args.target == "initial" else None
-        layers = checkpoint.attention_layers()
-        before = pair_summary(layers, checkpoint.n_head)
-        skipped = balance_layers(layers, checkpoint.n_head, targets)
-        checkpoint.set_attention_layers(layers)
-        after = pair_summary(checkpoint.attention_layers(), checkpoint.n_head)  # as stored (its dtype)
-        return {"target": args.target, "skipped_pairs": skipped, **{f"{k}_before": v for k, v in before.items()},
+        layout, layers = checkpoint_layout(checkpoint), checkpoint.attention_layers()
+        before = pair_summary(layers, layout)
+        skipped = balance_layers(layers, layout, targets)
+        rounding = store_layers(checkpoint, layers)
+        after = pair_summary(checkpoint.attention_layers(), layout)  # as stored (its dtype)
+        return {"target": args.target, "orbit": "own", "skipped_pairs": skipped,
+                "write_back_rel_error": rounding, **{f"{k}_before": v for k, v in before.items()},
                 **{f"{k}_after": v for k, v in after.items()}}
 
     report = _edit_and_prove(args, "balance", edit, allow_rope=True, allow_resized=True)
-    lines = [f"{report['format']} model, {report['n_layer']} layers x {report['n_head']} heads, E={report['n_embd']}; "
-             f"target {report['target']}, {report['skipped_pairs']} pair(s) skipped (near rank-deficient)",
+    lines = [f"{_model_line(report)}; target {report['target']}, {report['skipped_pairs']} pair(s) skipped "
+             f"(near rank-deficient)",
              f"mu_qk {report['mu_qk_before']:.4g} -> {report['mu_qk_after']:.4g}; "
-             f"mu_ov {report['mu_ov_before']:.4g} -> {report['mu_ov_after']:.4g}",
+             f"mu_ov {report['mu_ov_before']:.4g} -> {report['mu_ov_after']:.4g} (each on the model's own "
+             f"orbit)",
              f"attention weight norm {report['attn_norm_before']:.6g} -> {report['attn_norm_after']:.6g}"]
     return _finish(report, args.json, lines)
 

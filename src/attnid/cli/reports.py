@@ -22,17 +22,14 @@ def add_run_selection_arguments(parser, sweep: bool = True) -> None:
                             help="exactly these sweep run directories (instead of everything under --sweep-dir)")
 
 
-
 def check_run_selection(args) -> None:
     if args.runs_dir is None and not args.runs:
         raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
 
 
-
 def add_tables_arguments(parser) -> None:
     add_run_selection_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
-
 
 
 def run_tables(args) -> int:
@@ -46,7 +43,6 @@ def run_tables(args) -> int:
     return 0
 
 
-
 def add_figures_arguments(parser) -> None:
     parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
@@ -54,7 +50,6 @@ def add_figures_arguments(parser) -> None:
     parser.add_argument("--out-dir", required=True, help="where fig1..fig4 (and fig5) .png/.pdf go")
     parser.add_argument("--no-studies", dest="studies", action="store_false",
                         help="no Figure 5, even where study tables of an earlier build exist")
-
 
 
 def run_figures(args) -> int:
@@ -66,7 +61,6 @@ def run_figures(args) -> int:
     return 0
 
 
-
 def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     from attnid.reports.latex import FIGURES, OPTIONAL_PARTS
 
@@ -75,8 +69,8 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
-                        help="folder with runs.tex, cases.tex, sweep.tex, prune.tex to include verbatim "
-                             "(those that exist)")
+                        help="folder with runs.tex, cases.tex, sweep.tex, prune.tex, the studies' and "
+                             "interventions' tables to include verbatim (those that exist)")
     parser.add_argument("--figures", default=None,
                         help=f"folder with {', '.join(name + '.pdf' for name in FIGURES)} to include")
     parser.add_argument("--templates", default=None,
@@ -85,7 +79,6 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--omit", nargs="+", default=[], choices=sorted(OPTIONAL_PARTS), metavar="PART",
                         help="leave out the tables and figures of these optional stages even where files of an "
                              f"earlier build exist ({', '.join(sorted(OPTIONAL_PARTS))})")
-
 
 
 def run_appendix(args: argparse.Namespace) -> int:
@@ -101,7 +94,6 @@ def run_appendix(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--studies-dir", default=None,
                         help="results/<config>/studies: gather every heads/<point>/seed<N> and variants/... below")
@@ -110,8 +102,8 @@ def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants-runs", nargs="+", default=None, metavar="RUN_DIR",
                         help="exactly these run directories of the variants study (<point>/seed<N>)")
     parser.add_argument("--out-dir", required=True,
-                        help="where heads.csv/.tex, variants.csv/.tex and identification_correlation.csv go")
-
+                        help="where heads.csv/.tex, variants.csv/.tex and identification_correlation"
+                             ".csv/.tex go")
 
 
 def run_studies(args: argparse.Namespace) -> int:
@@ -128,12 +120,13 @@ def run_studies(args: argparse.Namespace) -> int:
     tables = write_study_tables(run_dirs, args.out_dir)
     for row in tables["correlation"].itertuples():
         if row.quantity == "final_val_loss":
-            print(f"{row.study}: Spearman(identified fraction, val loss) over {row.n_points} points = "
-                  f"{row.spearman_of_means:.2f} (seed means); per seed {row.spearman_per_seed_mean:.2f} "
-                  f"± {row.spearman_per_seed_sd:.2f} over {row.n_seed_correlations} seeds")
+            print(f"{row.study} ({row.subset}): Spearman(identified fraction, val loss) over {row.n_points} "
+                  f"point means = {row.spearman_of_means:.2f}, permutation p = {row.p_value:.2g}, "
+                  f"95% bootstrap CI over {row.n_ci_seeds} seeds [{row.ci_low:.2f}, {row.ci_high:.2f}]; "
+                  f"per-seed mean {row.spearman_per_seed_mean:.2f}, spread (sd) "
+                  f"{row.spearman_per_seed_sd:.2f} over {row.n_seed_correlations} seeds")
     print(f"wrote {', '.join(name for name in tables if name != 'correlation')} tables to {args.out_dir}")
     return 0
-
 
 
 def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,7 +134,6 @@ def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON reports of attnid prune-biases and attnid balance (their --json)")
     parser.add_argument("--out-dir", type=Path, default=Path("results/tables"),
                         help="where prune.csv, prune_summary.csv and prune.tex go (default: %(default)s)")
-
 
 
 def run_edits_table(args) -> int:
@@ -155,4 +147,29 @@ def run_edits_table(args) -> int:
               f"E={row['n_embd']}): max relative logit change {row['max_rel_logit_change']:.3g}, "
               f"largest |loss change| {row['max_abs_loss_change']:.3g}")
     print(f"wrote {args.out_dir / 'prune.csv'}, prune_summary.csv, prune.tex")
+    return 0
+
+
+def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
+    from attnid.reports.interventions_table import BASELINE_CASE
+
+    add_run_selection_arguments(parser, sweep=False)
+    parser.add_argument("--baseline", default=BASELINE_CASE,
+                        help="the case every other case (an arm) is compared with, seed by seed "
+                             "(default: %(default)s)")
+    parser.add_argument("--out-dir", required=True, help="where interventions.csv and interventions.tex go")
+
+
+def run_interventions_table(args: argparse.Namespace) -> int:
+    from attnid.reports.interventions_table import write_interventions_table
+
+    check_run_selection(args)
+    table, notes = write_interventions_table(args.runs_dir, args.out_dir, args.runs, args.baseline)
+    for note in notes:
+        print(f"note: {note}")
+    for row in table.itertuples():
+        print(f"{row.arm} - {row.baseline}, {row.metric}: mean {row.delta_mean:+.4g}, 95% CI "
+              f"[{row.ci_low:+.4g}, {row.ci_high:+.4g}] over {row.n_seeds} seeds, "
+              f"sign-flip p = {row.p_value:.3g}: {row.verdict}")
+    print(f"wrote interventions.csv and interventions.tex to {args.out_dir}")
     return 0

@@ -1,13 +1,46 @@
-"""``attnid train``: one training run (:mod:`attnid.training.train`); its options are
-:class:`attnid.training.config.TrainConfig`'s, one flag per field."""
+"""``attnid train``: one training run (:mod:`attnid.training.train`). Its flags are generated from
+:class:`attnid.training.config.TrainConfig`, one per field, so an option is added in one place."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 
-from attnid.training.config import add_train_arguments, config_from_args  # noqa: F401 - the command's parser
-from attnid.training.train import train
+from attnid.common.errors import UserError
+from attnid.training.config import (REPLACED_OPTIONS, TrainConfig, help_text, option_names, option_type,
+                                    read_config_file, resolve_config)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these options (underscored keys); "
+                                                          "flags given on the command line override it")
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        kind, text = option_type(f.name), help_text(f.name)
+        if text is None:
+            parser.add_argument(flag, type=kind, default=None, help=argparse.SUPPRESS)
+        elif kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            parser.add_argument(flag, type=kind, default=None, metavar=f.metadata["metavar"], help=text)
+    for name in REPLACED_OPTIONS:  # accepted by the parser only to say what replaced them
+        parser.add_argument("--" + name.replace("_", "-"), action="store_true", default=None,
+                            help=argparse.SUPPRESS)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    for name, message in REPLACED_OPTIONS.items():
+        if getattr(args, name, None):
+            raise UserError(message)
+    values = read_config_file(args.config) if getattr(args, "config", None) else {}
+    for name in option_names():  # explicit flags override the file
+        flag_value = getattr(args, name, None)
+        if flag_value is not None:
+            values[name] = flag_value
+    return resolve_config(values)
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from attnid.training.train import train
+
     return train(config_from_args(args))

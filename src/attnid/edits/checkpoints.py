@@ -1,6 +1,6 @@
 """Reading and writing the checkpoints that ``attnid prune-biases`` and ``attnid balance`` edit.
 
-Two formats, both read without running any code from the file:
+The formats, all read without running any code from the file:
 
 - nanoGPT ``ckpt.pt``: a dict with ``model_args`` and ``model`` (a state dict whose
   keys may carry ``torch.compile``'s ``_orig_mod.`` prefix); ours adds an ``attnid``
@@ -9,6 +9,8 @@ Two formats, both read without running any code from the file:
   ``pytorch_model.bin`` (or shards listed in a ``*.index.json``). GPT-2's ``Conv1D``
   stores ``x W + b``, so ``attn.c_attn.weight`` is ``(E, 3E)`` and
   ``attn.c_proj.weight`` is ``(E, E)``: both the transpose of nanoGPT's.
+- Hugging Face Llama-family folders (Llama, Mistral, Qwen2, Gemma): :mod:`attnid.edits.hf_llama`,
+  which reads them with this module's weight-file readers.
 
 Pickled files go through :func:`load_weights_only` (``torch.load(weights_only=True)``),
 which refuses any pickle that would build something other than tensors and plain
@@ -34,6 +36,7 @@ from attnid.common.files import atomic_path, load_weights_only, require, torch_s
 
 NANOGPT = "nanogpt"
 HF_GPT2 = "hf-gpt2"
+HF_LLAMA = "hf-llama"  # Llama, Mistral, Qwen2, Gemma folders: attnid.edits.hf_llama
 SAFETENSORS_NAME = "model.safetensors"
 PYTORCH_BIN_NAME = "pytorch_model.bin"
 # Every layer's attention tensors, relative to the prefix that ends in "h." (see _layer_prefix)
@@ -171,8 +174,10 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
 
     config = read_hf_config(folder)
     if config.get("model_type") != "gpt2":
+        from attnid.edits.hf_llama import LLAMA_FAMILY
+
         raise UserError(f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
-                        f"can be edited")
+                        f"and Llama-family folders ({', '.join(LLAMA_FAMILY)}) can be edited")
     tensors, weight_files, metadata = {}, {}, {}
     for name in _hf_weight_files(folder):
         state, metadata[name] = _read_weight_file(folder / name)
@@ -187,9 +192,15 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """A nanoGPT ``ckpt.pt`` (a file) or a Hugging Face GPT-2 model (a folder with ``config.json``)."""
+    """A nanoGPT ``ckpt.pt`` (a file), or a Hugging Face GPT-2 or Llama-family model (a folder with
+    ``config.json``)."""
     path = Path(path)
     if path.is_dir():
+        from attnid.edits.hf_llama import LLAMA_FAMILY, load_hf_llama  # it builds on this module
+        from attnid.theory.hf_config import read_hf_config
+
+        if read_hf_config(path).get("model_type") in LLAMA_FAMILY:
+            return load_hf_llama(path)
         return load_hf_gpt2(path)
     if path.is_file():
         return load_nanogpt(path)
@@ -219,6 +230,10 @@ def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict
             payload["attnid_edits"] = list(payload.get("attnid_edits", [])) + [record]
         torch_save_atomic(out, payload)
         return out
+    if checkpoint.kind == HF_LLAMA:
+        from attnid.edits.hf_llama import save_hf_llama
+
+        return save_hf_llama(checkpoint, out)
     return _save_hf(checkpoint, out)
 
 

@@ -27,7 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from attnid.common.files import require
-from attnid.edits.checkpoints import NANOGPT, Checkpoint
+from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, Checkpoint
 from attnid.common.errors import UserError
 
 PIPELINE_DATA_DIR = Path("data") / "tinyshakespeare"
@@ -120,16 +120,25 @@ def load_for_eval(checkpoint: Checkpoint):
 
         model = model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).eval()
         return lambda ids: model(ids, full_logits=True)[0]
-    return _hf_model(checkpoint.path)
+    model_class = "AutoModelForCausalLM" if checkpoint.kind == HF_LLAMA else "GPT2LMHeadModel"
+    return _hf_model(checkpoint.path, model_class)
 
 
-def _hf_model(folder: Path):
+def _hf_model(folder: Path, model_class: str):
+    """``transformers``' own model for the folder, built in float32 whatever its stored dtype: a bfloat16 or
+    float16 weight is exact in float32, so before and after are compared on what is stored, and buffers the
+    model computes at load (Gemma's embedding scale) are not rounded to the stored dtype either."""
     transformers = require("transformers", "evaluating a Hugging Face model")
+    from packaging.version import Version  # a dependency of transformers
+
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    # from_pretrained's dtype keyword is torch_dtype before transformers 4.56
+    dtype_keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
     # the folder's weights passed the weights-only loader already; nothing is downloaded
-    model = transformers.GPT2LMHeadModel.from_pretrained(str(folder), local_files_only=True,
-                                                         attn_implementation="eager").eval()
+    model = getattr(transformers, model_class).from_pretrained(str(folder), local_files_only=True,
+                                                               attn_implementation="eager",
+                                                               **{dtype_keyword: torch.float32}).eval()
     return lambda ids: model(input_ids=ids).logits
 
 

@@ -14,11 +14,14 @@
   to the imbalance ``I_0`` that ``attnid train`` recorded at initialisation. Grouped-query
   and RoPE checkpoints of ``attnid train`` are balanced on their own, smaller orbits
   (docs/design.md §8) by the move the rebalancing runs make; a full ``GL_D`` move would
-  change a RoPE model's function.
+  change a RoPE model's function. Llama-family folders (:mod:`attnid.edits.hf_llama`) are
+  cut by their own grouped layout (:func:`checkpoint_layout`) and balanced on their own
+  orbits by the same :func:`balance_layers`.
 
 Each command proves its edit: logits and loss on a held-out batch before and after,
 the "after" model being loaded back from the written file (nanoGPT: our
-``load_nanogpt_checkpoint``; Hugging Face: ``GPT2LMHeadModel.from_pretrained``).
+``load_nanogpt_checkpoint``; Hugging Face: ``GPT2LMHeadModel`` or ``AutoModelForCausalLM``
+``.from_pretrained``, computing in float32).
 """
 
 from __future__ import annotations
@@ -28,71 +31,109 @@ import math
 import torch
 
 from attnid.common.errors import UserError
-from attnid.edits.checkpoints import (NANOGPT, AttentionLayer, Checkpoint)
+from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, AttentionLayer, Checkpoint
 from attnid.model.gpt import COMPILED_PREFIX
-from attnid.model.layout import AttentionLayout, model_pairs, orbit_of, stacked_pairs, write_layer_pairs
+from attnid.model.layout import (AttentionLayout, model_pairs, orbit_of, row_blocks, stacked_pairs,
+                                 write_layer_pairs)
 from attnid.model.moves import rebalance_model
+from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
-from attnid.theory.orbits import GENERAL_LINEAR
 
 BALANCE_TARGETS = ("balanced", "initial")
 
 
 # --------------------------------------------------------------------------------------
-# the edits (pure functions on float64 layers in nanoGPT's layout)
+# the edits (pure functions on float64 layers in nanoGPT's layout, grouped for GQA)
 # --------------------------------------------------------------------------------------
 
-def prune_layer_biases(layer: AttentionLayer, rope: bool = False) -> tuple[AttentionLayer, int, int]:
+def prune_layer_biases(layer: AttentionLayer, layout: AttentionLayout) -> tuple[AttentionLayer, int, int]:
     """Zero the key biases (not under RoPE) and fold the value biases into the output bias (where it exists).
 
-    Returns the edited layer (a copy) and how many key and value biases were non-zero
-    before. Exact: ``W_O b_V`` is added in float64.
+    ``layout`` says how ``c_attn`` is cut (:func:`checkpoint_layout`; grouped rows for GQA). Returns the
+    edited layer (a copy) and how many key and value biases were non-zero before. Exact: ``W_O b_V`` is
+    added in float64, each group's value bias once per query head that reads it.
     """
     if layer.c_attn_bias is None:
         return layer, 0, 0
-    n_embd = layer.c_attn_weight.shape[1]
     bias = layer.c_attn_bias.clone()
-    key, value = slice(n_embd, 2 * n_embd), slice(2 * n_embd, 3 * n_embd)
+    _, key, value = row_blocks(layout)
     key_nonzero = value_nonzero = 0
-    if not rope:
+    if not layout.rope:
         key_nonzero = int(bias[key].count_nonzero())
         bias[key] = 0
     out_bias = layer.c_proj_bias
     if out_bias is not None:
         value_nonzero = int(bias[value].count_nonzero())
-        out_bias = out_bias + layer.c_proj_weight @ bias[value]  # b_O + sum_h W_O^h b_V^h
+        per_group = bias[value].reshape(layout.n_kv_head, 1, layout.head_dim)  # (G, 1, D)
+        per_head = per_group.expand(-1, layout.heads_per_group, -1).reshape(-1)  # (H*D,): b_V^{g(h)} per head
+        out_bias = out_bias + layer.c_proj_weight @ per_head  # b_O + sum_h W_O^h b_V^{g(h)}
         bias[value] = 0
     return AttentionLayer(layer.c_attn_weight, bias, layer.c_proj_weight, out_bias), key_nonzero, value_nonzero
 
 
-def _plain_layout(layers: list[AttentionLayer], n_head: int) -> AttentionLayout:
-    """The ``(3E, E)`` multi-head layout of nanoGPT and GPT-2 (``G = H``, ``D = E/H``, no RoPE)."""
-    n_embd = layers[0].c_attn_weight.shape[1]
-    return AttentionLayout(n_embd, n_head, n_head, n_embd // n_head, rope=False,
-                           bias=layers[0].c_attn_bias is not None)
+def checkpoint_layout(checkpoint: Checkpoint) -> AttentionLayout:
+    """How the edits cut a checkpoint's attention into pairs (docs/design.md §9): a Llama-family folder's
+    own grouped layout (:mod:`attnid.edits.hf_llama`); for nanoGPT and GPT-2 the ``(3E, E)`` multi-head
+    block (``G = H``, ``D = E/H``), with RoPE where ``model_args`` say so."""
+    if checkpoint.kind == HF_LLAMA:
+        return checkpoint.layout
+    first = checkpoint.attention_layer(0)
+    n_embd = first.c_attn_weight.shape[1]
+    rope, _ = attention_variant(checkpoint)
+    return AttentionLayout(n_embd, checkpoint.n_head, checkpoint.n_head, n_embd // checkpoint.n_head,
+                           rope=rope, bias=first.c_attn_bias is not None)
 
 
-def _layer_tensors(layer: AttentionLayer):
-    return layer.c_attn_weight, layer.c_attn_bias, layer.c_proj_weight
+def checkpoint_shape(checkpoint: Checkpoint) -> counts.LayerShape:
+    """counts.py's shape of one attention layer of the checkpoint (the closed forms' input): from
+    ``config.json`` for a Llama-family folder (as ``attnid counts --hf-config`` reads it), else from
+    :func:`checkpoint_layout` and whether ``c_proj`` has a bias."""
+    if checkpoint.kind == HF_LLAMA:
+        return checkpoint.shape
+    layout = checkpoint_layout(checkpoint)
+    return counts.layer_shape(layout.n_embd, layout.n_head, rope=layout.rope, bias=layout.bias,
+                              out_bias=checkpoint.attention_layer(0).c_proj_bias is not None)
 
 
-def balance_layers(layers: list[AttentionLayer], n_head: int,
+def layer_tensors_of(layers: list[AttentionLayer]):
+    """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)``: what :mod:`attnid.model.layout` cuts
+    pairs from."""
+    return [(layer.c_attn_weight, layer.c_attn_bias, layer.c_proj_weight) for layer in layers]
+
+
+def balance_layers(layers: list[AttentionLayer], layout: AttentionLayout,
                    targets: dict[str, torch.Tensor] | None = None) -> int:
-    """Move every pair of both circuits to imbalance 0 (or ``targets[circuit]``, ``(L*H, D, D)``), in place.
+    """Move every pair of both circuits to imbalance 0 (or ``targets[circuit]``, ``(L*G, D, D)``), in place.
 
-    On the full ``GL_D`` orbit (paper §5; :class:`attnid.theory.orbits.GeneralLinearOrbit`). Returns the
-    number of pairs left alone because their product is nearly rank-deficient.
+    Each circuit on its own orbit (:func:`attnid.model.layout.orbit_of` of ``layout``: ``GL_D``, or the RoPE
+    commutant for RoPE query-key pairs; paper §5, docs/design.md §4, §8). Returns the number of pairs left
+    alone because their product is nearly rank-deficient.
     """
-    layout, skipped = _plain_layout(layers, n_head), 0
+    skipped, tensors = 0, layer_tensors_of(layers)
     for circuit in CIRCUITS:
-        pair_a, pair_b = stacked_pairs([_layer_tensors(layer) for layer in layers], layout, circuit)  # (L*H, D, n)
-        target = None if targets is None else GENERAL_LINEAR.rebalance_target(targets[circuit].to(pair_a.dtype))
-        moved = GENERAL_LINEAR.rebalance(pair_a, pair_b, target)
+        orbit = orbit_of(layout, circuit)
+        pair_a, pair_b = stacked_pairs(tensors, layout, circuit)  # (L*G, D, n)
+        target = None if targets is None else orbit.rebalance_target(targets[circuit].to(pair_a.dtype))
+        moved = orbit.rebalance(pair_a, pair_b, target)
         skipped += int((~moved.done).sum())
-        for layer, layer_a, layer_b in zip(layers, moved.pair_a.chunk(len(layers)), moved.pair_b.chunk(len(layers)),
+        n_layer = len(layers)
+        for layer, layer_a, layer_b in zip(tensors, moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer),
                                            strict=True):
-            write_layer_pairs(_layer_tensors(layer), layout, circuit, layer_a, layer_b)
+            write_layer_pairs(layer, layout, circuit, layer_a, layer_b)
     return skipped
+
+
+def store_layers(checkpoint: Checkpoint, layers: list[AttentionLayer]) -> float:
+    """Write edited float64 layers into the checkpoint in its stored dtype; the relative Frobenius error that
+    rounding to that dtype causes, over every attention tensor (the part of the edit that is not exact)."""
+    checkpoint.set_attention_layers(layers)
+    error_sq = total_sq = 0.0
+    for exact, stored in zip(layers, checkpoint.attention_layers(), strict=True):
+        for exact_tensor, stored_tensor in zip(vars(exact).values(), vars(stored).values()):
+            if exact_tensor is not None:
+                error_sq += float((stored_tensor - exact_tensor).square().sum())
+                total_sq += float(exact_tensor.square().sum())
+    return math.sqrt(error_sq / total_sq) if total_sq > 0 else 0.0
 
 
 def _summary(pairs_of_circuit) -> dict[str, float]:
@@ -111,25 +152,27 @@ def _summary(pairs_of_circuit) -> dict[str, float]:
     return row
 
 
-def pair_summary(layers: list[AttentionLayer], n_head: int) -> dict[str, float]:
-    """:func:`_summary` of plain multi-head layers, on the full ``GL_D`` orbit."""
-    layout = _plain_layout(layers, n_head)
-    return _summary(lambda circuit: (GENERAL_LINEAR, *stacked_pairs([_layer_tensors(layer) for layer in layers],
-                                                                    layout, circuit)))
+def pair_summary(layers: list[AttentionLayer], layout: AttentionLayout) -> dict[str, float]:
+    """:func:`_summary` of layers cut by ``layout``, each circuit on its own orbit."""
+    tensors = layer_tensors_of(layers)
+    return _summary(lambda circuit: (orbit_of(layout, circuit), *stacked_pairs(tensors, layout, circuit)))
 
 
-def redundant_bias_count(checkpoint: Checkpoint, rope: bool = False) -> dict[str, int | float]:
-    """Biases that pruning makes redundant, from the closed forms of :mod:`attnid.theory.counts` (§4.7)."""
-    from attnid.theory import counts
-
-    first = checkpoint.attention_layer(0)
-    shape = counts.layer_shape(checkpoint.n_embd, checkpoint.n_head, rope=rope, bias=first.c_attn_bias is not None,
-                               out_bias=first.c_proj_bias is not None)
+def redundant_bias_count(checkpoint: Checkpoint) -> dict[str, int | float]:
+    """Biases that pruning removes, from the closed forms of :mod:`attnid.theory.counts` (§4.7): the
+    unidentified key biases (none under RoPE) and, only where an output bias absorbs them, the value biases;
+    and the ones it keeps: RoPE key biases (identified), value biases without an output bias."""
+    shape = checkpoint_shape(checkpoint)
     folded = counts.unidentified_value_bias_params(shape) if shape.out_bias else 0  # fold only into a b_O
     per_layer = counts.unidentified_key_bias_params(shape) + folded
     attention = checkpoint.n_layer * counts.attention_params_per_layer(shape)
+    key_biases, value_biases = shape.n_kv_head * shape.head_dim, shape.n_kv_head * shape.value_dim
     return {"redundant_params": checkpoint.n_layer * per_layer, "attention_params": attention,
-            "redundant_share": checkpoint.n_layer * per_layer / attention}
+            "redundant_share": checkpoint.n_layer * per_layer / attention,
+            "unidentified_bias_params": checkpoint.n_layer * counts.unidentified_bias_params(shape),
+            "key_biases_kept": checkpoint.n_layer * key_biases if shape.bias and shape.rope else 0,
+            "value_biases_kept": checkpoint.n_layer * value_biases if shape.bias and not shape.out_bias
+            else 0}
 
 
 # --------------------------------------------------------------------------------------
@@ -142,6 +185,8 @@ def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
     ``resized``: grouped key/value heads (``n_kv_head != n_head``) or ``head_dim != E/H``,
     whose ``c_attn`` is not the ``(3E, E)`` block these edits slice.
     """
+    if checkpoint.kind == HF_LLAMA:
+        return True, False  # always RoPE; its grouped rows are cut by its own layout (checkpoint_layout)
     if checkpoint.kind != NANOGPT:
         return False, False
     args = checkpoint.payload["model_args"]

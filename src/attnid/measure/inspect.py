@@ -4,13 +4,15 @@ identification counts of the layer's shape (docs/design.md §3.4, §5, §8)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 
 import torch
 
 from attnid.measure.metrics import excess_norm
-from attnid.model.layout import attention_blocks, layer_shape_of, layout_of, model_pairs, orbit_of
-from attnid.model.moves import orbit_dimension_rows
+from attnid.model.layout import (AttentionLayout, attention_tensors, layer_shape_of, layout_of, orbit_of,
+                                 pairs_from_tensors)
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 
@@ -30,47 +32,49 @@ def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
     return {ours: per_layer[theirs] for ours, theirs in INSPECT_COUNT_KEYS.items()}
 
 
-def _orbit_columns(model) -> dict[int, dict]:
-    """Per layer: each circuit's orbit kind and dimension at the weights, and whether every one equals
-    counts.py's closed form (:func:`attnid.model.moves.orbit_dimension_rows`)."""
-    per_layer: dict[int, dict] = {}
-    for row in orbit_dimension_rows(model):
-        columns = per_layer.setdefault(row["layer"], {"orbit_matches_closed_form": True})
-        columns[f"orbit_{row['circuit']}"] = row["orbit"]
-        columns[f"orbit_dim_{row['circuit']}"] = row["orbit_dimension"]
-        columns["orbit_matches_closed_form"] &= row["orbit_dimension"] == row["closed_form"]
-    return per_layer
+@torch.no_grad()
+def inspect_model(model) -> dict:
+    """:func:`inspect_layers` of a GPT (MHA, GQA, RoPE, a head width of its own), at its live weights."""
+    return inspect_layers(layout_of(model), layer_shape_of(model), attention_tensors(model))
 
 
 @torch.no_grad()
-def inspect_model(model) -> dict:
-    """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit,
-    the orbit dimension used, and the identification counts of :mod:`attnid.theory.counts` for the layer's
-    shape (MHA, GQA, RoPE, a head width of its own)."""
-    layout = layout_of(model)
-    orbits = {c: orbit_of(model, c) for c in CIRCUITS}
+def inspect_layers(layout: AttentionLayout, shape: counts.LayerShape, tensors_per_layer) -> dict:
+    """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit, the
+    orbit's dimension at the weights (the tangent map's rank) next to the closed form of
+    :mod:`attnid.theory.counts` for ``shape``, and the identification counts of that shape.
+
+    ``tensors_per_layer``: per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` cut by ``layout``
+    (:mod:`attnid.model.layout`), a model's live tensors or a checkpoint's float64 copies.
+    """
+    orbits = {c: orbit_of(layout, c) for c in CIRCUITS}
+    closed_form = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
+    counted = _layer_counts(shape)
     layers = []
-    per_circuit = {c: model_pairs(model, c) for c in CIRCUITS}
-    counted = _layer_counts(layer_shape_of(model))
-    dimensions = _orbit_columns(model)
-    totals = {c: [torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)] for c in CIRCUITS}
-    for layer in range(len(attention_blocks(model))):
-        row = {"layer": layer, "heads": layout.n_head, "kv_heads": layout.n_kv_head, "head_dim": layout.head_dim,
-               "rope": layout.rope}
+    zero = torch.zeros((), dtype=torch.float64)
+    totals = {c: [zero.clone(), zero.clone()] for c in CIRCUITS}  # sum of ||A||^2 + ||B||^2, of its minimum
+    for layer, tensors in enumerate(tensors_per_layer):
+        row = {"layer": layer, "heads": layout.n_head, "kv_heads": layout.n_kv_head,
+               "head_dim": layout.head_dim, "rope": layout.rope}
+        matches = True
         for circuit in CIRCUITS:
-            pair_a, pair_b = per_circuit[circuit][layer]
+            pair_a, pair_b = pairs_from_tensors(*tensors, layout, circuit)  # (G, D, n) each
             frobenius_sq, minimum = orbits[circuit].excess_norm_terms(pair_a, pair_b)
             totals[circuit][0] += frobenius_sq.sum().cpu()
             totals[circuit][1] += minimum.sum().cpu()
             row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
             conserved = orbits[circuit].conserved_imbalance(pair_a, pair_b)
             row[f"imbalance_norm_{circuit}"] = float(conserved.square().sum().sqrt())
+            row[f"orbit_{circuit}"] = orbits[circuit].name
+            row[f"orbit_dim_{circuit}"] = orbits[circuit].tangent_rank(pair_a, pair_b)
+            matches &= row[f"orbit_dim_{circuit}"] == closed_form[circuit]
         row.update(counted)
-        row.update(dimensions[layer])
+        row["orbit_matches_closed_form"] = matches
         layers.append(row)
     summary = {f"mu_{c}": excess_norm(*totals[c]) for c in CIRCUITS}
     for circuit in CIRCUITS:  # sqrt of the sum over layers of ||I||_F^2
-        summary[f"imbalance_norm_{circuit}"] = math.sqrt(sum(r[f"imbalance_norm_{circuit}"] ** 2 for r in layers))
+        squares = sum(r[f"imbalance_norm_{circuit}"] ** 2 for r in layers)
+        summary[f"imbalance_norm_{circuit}"] = math.sqrt(squares)
     summary["attention_params"] = sum(r["attention_params"] for r in layers)
     summary["unidentified"] = sum(r["unidentified"] for r in layers)
     summary["identified_fraction"] = 1 - summary["unidentified"] / summary["attention_params"]
@@ -78,6 +82,15 @@ def inspect_model(model) -> dict:
     return {"n_layer": len(layers), "n_head": layout.n_head, "n_kv_head": layout.n_kv_head,
             "head_dim": layout.head_dim, "rope": layout.rope, "n_embd": layout.n_embd, "bias": layout.bias,
             "layers": layers, "total": summary}
+
+
+def inspection_csv(report: dict) -> str:
+    """The per-layer rows of a report as CSV (a header line, one line per layer), for scripts."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(report["layers"][0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(report["layers"])
+    return buffer.getvalue()
 
 
 def format_inspection(report: dict) -> str:
@@ -97,7 +110,8 @@ def format_inspection(report: dict) -> str:
                   str(total["attention_params"]), "", "", "", "", "", str(total["unidentified"]),
                   f"{total['identified_fraction']:.6f}", "yes" if total["orbit_matches_closed_form"] else "NO"])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    lines = [f"n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
+    source = "".join(f"{key}={report[key]} " for key in ("format", "model_type", "dtype") if report.get(key))
+    lines = [f"{source}n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
              f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} bias={report['bias']}",
              "  ".join(h.rjust(w) for h, w in zip(headers, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]

@@ -18,7 +18,9 @@ orbit of a RoPE query-key pair contains moves that change the function).
 The tensors are nanoGPT's: per layer ``c_attn.weight`` ``(H*D + 2*G*D, E)`` with rows
 ``[W_Q; W_K; W_V]``, ``c_attn.bias`` likewise, and ``c_proj.weight`` ``(E, H*D)``. A
 model is read through its ``transformer.h`` blocks; other formats (Hugging Face GPT-2)
-bring their tensors into this layout first (:mod:`attnid.edits.checkpoints`).
+bring their tensors into this layout first (:mod:`attnid.edits.checkpoints`, and
+:mod:`attnid.edits.hf_llama` for Llama-family folders, whose stacked ``[q_proj; k_proj; v_proj]``
+are these ``c_attn`` rows).
 """
 
 from __future__ import annotations
@@ -63,7 +65,10 @@ def _unwrap(model):
 
 
 def layout_of(model_or_config) -> AttentionLayout:
-    """The attention layout of a GPT (possibly wrapped) or of a GPTConfig."""
+    """The attention layout of a GPT (possibly wrapped), of a GPTConfig, or an AttentionLayout itself (the
+    layout of a checkpoint read without building a model, :mod:`attnid.edits`)."""
+    if isinstance(model_or_config, AttentionLayout):
+        return model_or_config
     config = getattr(_unwrap(model_or_config), "config", model_or_config)
     return AttentionLayout(config.n_embd, config.n_head, config.kv_heads, config.per_head_dim,
                            bool(config.rope), bool(config.bias))

@@ -25,7 +25,7 @@ from attnid.common.errors import UserError
 EDITS = ("prune-biases", "balance")
 SHAPE = ["edit", "format", "n_layer", "n_head", "n_embd", "bias"]
 # Columns of prune.csv, in order; a report lacks those of the other edit (left empty).
-COLUMNS = SHAPE + [
+PRUNE_COLUMNS = SHAPE + [
     "case", "seed", "input", "output",
     "redundant_params", "attention_params", "redundant_share", "rope",
     "nonzero_key_biases_zeroed", "nonzero_value_biases_folded",
@@ -74,7 +74,7 @@ def per_run_table(paths: list[Path]) -> pd.DataFrame:
     if not paths:
         raise UserError("no --json reports given")
     frame = pd.DataFrame([read_report(path) for path in paths])
-    frame = frame.reindex(columns=COLUMNS + [c for c in frame.columns if c not in COLUMNS])
+    frame = frame.reindex(columns=PRUNE_COLUMNS + [c for c in frame.columns if c not in PRUNE_COLUMNS])
     frame["attn_norm_reduction"] = 1 - frame["attn_norm_after"] / frame["attn_norm_before"]  # balance rows only
     for column in INTEGERS:  # counts stay integers where the other edit's rows leave them empty
         frame[column] = frame[column].astype("Int64")

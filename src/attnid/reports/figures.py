@@ -33,7 +33,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
 from attnid.training.cases import CASES
 from attnid.training.rundir import initial_imbalance_scale, load_runs_by_case
-from attnid.reports.studies import STUDIES
+from attnid.reports.studies import STUDIES, head_sweep
 from attnid.reports.tables import UNIT_ROUND_OFF, run_dtype
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
@@ -144,10 +144,17 @@ def coarsest_dtype(dtypes) -> str:
     return max(known, key=UNIT_ROUND_OFF.get) if known else "float32"
 
 
-def round_off_ceiling(dtype: str, steps: int = 1) -> float:
+def round_off_floor(dtype: str, order: int = 1) -> float:
+    """The round-off floor of a relative quantity of weights stored in ``dtype``: its unit round-off, to the
+    power ``order`` for a quantity that rounding moves only at that order (μ at its minimum, the balanced
+    point: order 2), and never below float64's, in which the quantity is computed."""
+    return max(UNIT_ROUND_OFF[dtype] ** order, UNIT_ROUND_OFF["float64"])
+
+
+def round_off_ceiling(dtype: str, steps: int = 1, order: int = 1) -> float:
     """The largest value still counted as round-off: ``ROUND_OFF_MARGIN`` floors, times ``sqrt(steps)`` for a
     sum of ``steps`` per-step terms each rounded independently (the drift parts, docs/design.md §7)."""
-    return ROUND_OFF_MARGIN * UNIT_ROUND_OFF[dtype] * math.sqrt(max(int(steps), 1))
+    return ROUND_OFF_MARGIN * round_off_floor(dtype, order) * math.sqrt(max(int(steps), 1))
 
 
 def at_round_off(values, dtype: str, steps: int = 1) -> bool:
@@ -159,21 +166,23 @@ def at_round_off(values, dtype: str, steps: int = 1) -> bool:
     return float(values.abs().max()) < round_off_ceiling(dtype, steps)
 
 
-def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1) -> None:
+def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1, order: int = 1) -> None:
     """One labelled band per precision, floor/10 .. :func:`round_off_ceiling`, naming the series at its
-    round-off (on a log y axis, extended down to show the whole band)."""
+    round-off (on a log y axis, extended down to show the whole band); ``order``: see
+    :func:`round_off_floor`."""
     from matplotlib.transforms import blended_transform_factory
 
     for dtype, labels in floors.items():
         if not labels:
             continue
-        floor, ceiling = UNIT_ROUND_OFF[dtype], round_off_ceiling(dtype, steps)
+        floor, ceiling = round_off_floor(dtype, order), round_off_ceiling(dtype, steps, order)
         ax.set_yscale("log")
         bottom, top = ax.get_ylim()
         ax.set_ylim(min(bottom, floor / ROUND_OFF_MARGIN / 3), max(top, ceiling * 10))
         ax.axhspan(floor / ROUND_OFF_MARGIN, ceiling, color=FLOOR_COLOR, alpha=0.35, linewidth=0, zorder=0)
         summed = f", summed over {steps:,} steps" if steps > 1 else ""
-        ax.text(0.02, ceiling, f"{dtype} round-off{summed}: {', '.join(dict.fromkeys(labels))}",
+        squared = "" if order == 1 else f" to order {order}"
+        ax.text(0.02, ceiling, f"{dtype} round-off{squared}{summed}: {', '.join(dict.fromkeys(labels))}",
                 transform=blended_transform_factory(ax.transAxes, ax.transData), fontsize=6, color="#555555",
                 va="bottom", ha="left")
 
@@ -530,19 +539,20 @@ def figure_identification_study(tables_dir: str | Path, out_dir: str | Path) -> 
 def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The head sweep (the points at the most common embedding, by identified fraction) and the
     labelled extra points (the matched single head, at its own embedding)."""
+
     if heads is None or heads.empty:
         return pd.DataFrame(), pd.DataFrame()
-    sweep_embd = heads["n_embd"].mode().iloc[0]
-    series = heads[heads["n_embd"] == sweep_embd].sort_values("identified_fraction")
-    return series, heads[heads["n_embd"] != sweep_embd]
+    sweep = head_sweep(heads)
+    return heads[sweep].sort_values("identified_fraction"), heads[~sweep]
 
 
 @styled
 def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
     """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
     against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ
-    against the identified fraction: the head sweep as one series (band: ± sd over seeds), the matched
-    single head and the variants as labelled points with ± sd error bars. (c) also draws ``ρ = 1 - f``,
+    against the identified fraction: the head sweep as one series (band: ± the seeds' sample sd, a spread),
+    the matched single head and the variants as labelled points with bars of the same spread. (c) also
+    draws ``ρ = 1 - f``,
     the unidentified share of a step that is isotropic in the attention parameters."""
     plt = _pyplot()
     series, extras = _study_series(heads)

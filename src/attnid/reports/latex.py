@@ -141,9 +141,22 @@ def tex_signed(value) -> str:
 
 
 def tex_spread(value) -> str:
-    r"""`` $\pm$ 0.12`` after a per-seed mean; nothing when there is a single seed."""
+    r"""``sd 0.12`` after a per-seed mean: the seeds' spread, labelled as one; ``--`` for a single seed."""
     number = _finite(value)
-    return "" if number is None else rf" $\pm$ {number:.2f}"
+    return "--" if number is None else f"sd {number:.2f}"
+
+
+def tex_probability(value) -> str:
+    """A p-value to two significant digits (``0.34``, ``0.017``); ``--`` when there is none."""
+    number = _finite(value)
+    return "--" if number is None else f"{number:.2g}"
+
+
+def tex_interval(low, high) -> str:
+    """A correlation's CI as ``[$-0.52$, $-0.10$]``; ``--`` when there is none."""
+    if _finite(low) is None or _finite(high) is None:
+        return "--"
+    return f"[{tex_signed(low)}, {tex_signed(high)}]"
 
 
 def tex_whole(value) -> str:
@@ -191,8 +204,8 @@ def latex_environment(template_dir=None):
     )
     env.filters.update(thousands=thousands, fixed=fixed, tex=tex_escape, yesno=yesno, sci=scientific,
                        bias=bias_label, gap=nullity_gap, num=tex_number, signed=tex_signed, spread=tex_spread,
-                       whole=tex_whole)
-    env.globals["mean_sd"] = tex_mean_sd
+                       whole=tex_whole, p=tex_probability)
+    env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval)
     return env
 
 
@@ -242,10 +255,13 @@ FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5")
 # Drawn only for a build with the identification studies (attnid.reports.studies): included when present.
 OPTIONAL_FIGURES = ("fig5",)
 # The studies' tables (attnid studies), included when present, each after its own paragraph.
-STUDY_TABLES = tuple(f"{study}.tex" for study in STUDIES)
+STUDY_TABLES = (*(f"{study}.tex" for study in STUDIES), "identification_correlation.tex")
+# The interventions' paired comparison (attnid interventions-table), in the same section, when present.
+INTERVENTION_TABLES = ("interventions.tex",)
 # The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
 # build with a stage turned off never includes that stage's leftovers from an earlier build.
-OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"}}
+OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"},
+                  "interventions": {*INTERVENTION_TABLES}}
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
@@ -352,6 +368,14 @@ def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
     return frame
 
 
+def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
+    """``{name, text}`` of each table ``names`` lists that exists in ``folder`` and is not ``omitted``."""
+    if folder is None:
+        return []
+    return [{"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
+            for name in names if name not in omitted and (Path(folder) / name).is_file()]
+
+
 def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
                     template_dir=None, omit=()) -> str:
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, plus the
@@ -372,16 +396,13 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
             if name not in omitted and path.is_file():
                 experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
                                           "landscape": name in LANDSCAPE_TABLES})
-    study_blocks = []
-    if experiment_tables is not None:
-        for name in STUDY_TABLES:
-            path = Path(experiment_tables) / name
-            if name not in omitted and path.is_file():
-                study_blocks.append({"name": name, "text": path.read_text(encoding="utf-8")})
+    study_blocks = _verbatim_blocks(experiment_tables, STUDY_TABLES, omitted)
+    intervention_blocks = _verbatim_blocks(experiment_tables, INTERVENTION_TABLES, omitted)
     figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
-    sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks + study_blocks]
+    sources += [str(Path(experiment_tables) / b["name"])
+                for b in experiment_blocks + study_blocks + intervention_blocks]
     shown_templates = "attnid/reports/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {
@@ -393,6 +414,8 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "experiment_blocks": experiment_blocks,
         "experiment_tables": {block["name"] for block in experiment_blocks},
         "study_blocks": study_blocks,
+        "study_tables": {block["name"] for block in study_blocks},
+        "intervention_blocks": intervention_blocks,
         "figures": figure_entries,
         "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
         "n_cases": len(nullity_frame),

@@ -35,8 +35,10 @@ from attnid.theory.counts import attention_params_per_layer, identified_fraction
     single_head_match_equal_identified
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
-from attnid.training.rundir import load_run
+from attnid.reports.statistics import (BOOTSTRAP_RESAMPLES, EXACT_PERMUTATION_POINTS, PERMUTATION_RESAMPLES,
+                                       rank_correlation, rank_correlation_ci_over_seeds, rank_correlation_p_value)
 from attnid.reports.tables import mean_sd_over_seeds
+from attnid.training.rundir import load_run
 
 STUDIES = ("heads", "variants")
 # Every study point trains with the AdamW case's settings (lr, weight decay).
@@ -49,8 +51,6 @@ POINT_COLUMNS = ("final_val_loss", "rho_qk_mean", "rho_ov_mean", "mu_qk_final", 
 ARCHITECTURE_COLUMNS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias")
 # The quantities whose rank correlation with the identified fraction is reported.
 CORRELATED = ("final_val_loss", "rho_qk_mean", "rho_ov_mean")
-# Fewer points than this give no rank correlation worth a number.
-MIN_CORRELATION_POINTS = 3
 
 
 # ---------------------------------------------------------------------------- planning
@@ -230,33 +230,12 @@ def study_points_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 # ---------------------------------------------------------------------------- rank correlation
 
-def rank_average(values) -> np.ndarray:
-    """Ranks 1..n with ties given their average rank (what Spearman's rho uses)."""
-    values = np.asarray(values, dtype=float)
-    order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    sorted_values = values[order]
-    start = 0
-    while start < len(values):
-        stop = start
-        while stop + 1 < len(values) and sorted_values[stop + 1] == sorted_values[start]:
-            stop += 1
-        ranks[order[start:stop + 1]] = (start + stop) / 2 + 1
-        start = stop + 1
-    return ranks
-
-
-def spearman(x, y) -> float:
-    """Spearman's rank correlation: Pearson's correlation of the (average-tie) ranks of the finite pairs.
-    NaN with fewer than :data:`MIN_CORRELATION_POINTS` pairs or when either side is constant."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    keep = np.isfinite(x) & np.isfinite(y)
-    if keep.sum() < MIN_CORRELATION_POINTS:
-        return math.nan
-    rank_x, rank_y = rank_average(x[keep]), rank_average(y[keep])
-    rank_x, rank_y = rank_x - rank_x.mean(), rank_y - rank_y.mean()
-    norm = math.sqrt(float((rank_x ** 2).sum() * (rank_y ** 2).sum()))
-    return float((rank_x * rank_y).sum() / norm) if norm > 0 else math.nan
+def head_sweep(points: pd.DataFrame) -> pd.Series:
+    """Boolean mask of the head sweep among a heads study's points: those at the sweep's embedding (the most
+    common one); the others are the matched single head of §4.10 at its own width ``E_0``."""
+    if points.empty:
+        return pd.Series(False, index=points.index)
+    return points["n_embd"] == points["n_embd"].mode().iloc[0]
 
 
 def pooled_points(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -267,26 +246,56 @@ def pooled_points(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.DataFram
     return runs[runs["point"].isin(kept["point"])], kept
 
 
-def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame) -> list[dict]:
-    """Spearman's rho between the identified fraction and each :data:`CORRELATED` quantity across the
-    points: over the seed means, and per seed (the points' runs with that seed) with mean and sample sd
-    over the seeds, so the spread a seed change makes is next to the number."""
+def seed_matrix(runs: pd.DataFrame, points: pd.DataFrame, quantity: str) -> np.ndarray:
+    """``(points, seeds)``: each point's ``quantity`` per seed, over the seeds every point finished (a seed
+    on which some point diverged or did not run is left out), rows in the order of ``points``."""
+    done = runs[runs["status"] != "diverged"]
+    table = done.pivot_table(index="point", columns="seed", values=quantity, aggfunc="first")
+    table = table.reindex(points["point"]).dropna(axis=1, how="any")
+    return table.to_numpy(dtype=float)
+
+
+def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame,
+                     subset: str = "all points") -> list[dict]:
+    """Spearman's ``r_s`` between the identified fraction and each :data:`CORRELATED` quantity across the
+    points (docs/design.md §11.4): over the points' seed means, with the permutation p-value over those
+    means and the bootstrap CI over seeds (:mod:`attnid.reports.statistics`); and per seed (the points' runs with
+    that seed), whose mean and sample sd over the seeds are the seeds' spread, not an uncertainty."""
     rows = []
     done = runs[runs["status"] != "diverged"] if not runs.empty else runs
     for quantity in CORRELATED:
         per_seed = []
         for _, group in done.groupby("seed", sort=True):
-            value = spearman(group["identified_fraction"], group[quantity])
+            value = rank_correlation(group["identified_fraction"], group[quantity])
             if math.isfinite(value):
                 per_seed.append(value)
+        ranked = points[np.isfinite(pd.to_numeric(points[f"{quantity}_mean"], errors="coerce"))]
+        fractions = ranked["identified_fraction"].to_numpy(float)
+        means = ranked[f"{quantity}_mean"].to_numpy(float)
+        matrix = seed_matrix(runs, ranked, quantity)
+        ci_low, ci_high = rank_correlation_ci_over_seeds(fractions, matrix)
         rows.append({
-            "study": study, "quantity": quantity, "n_points": len(points),
-            "spearman_of_means": spearman(points["identified_fraction"], points[f"{quantity}_mean"])
-            if len(points) else math.nan,
+            "study": study, "subset": subset, "quantity": quantity, "n_points": len(ranked),
+            "spearman_of_means": rank_correlation(fractions, means),
+            "p_value": rank_correlation_p_value(fractions, means),
+            "ci_low": ci_low, "ci_high": ci_high, "n_ci_seeds": matrix.shape[1],
             "spearman_per_seed_mean": float(np.mean(per_seed)) if per_seed else math.nan,
             "spearman_per_seed_sd": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan,
             "n_seed_correlations": len(per_seed),
         })
+    return rows
+
+
+def confound_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame, matched: pd.Series) -> list[dict]:
+    """The confound splits of a set of points (RoPE also adds position information, the matched
+    single head is wider): the set without its RoPE points and without the matched single head
+    (``matched``: a mask of ``points``), each only where it leaves out something and keeps the rest."""
+    rows = []
+    rope = points["rope"].astype(str).str.lower().isin(["true", "1"])
+    for subset, left_out in (("without RoPE", rope), ("without matched single head", matched)):
+        if left_out.any() and not left_out.all():
+            kept = points[~left_out]
+            rows += correlation_rows(study, runs[runs["point"].isin(kept["point"])], kept, subset)
     return rows
 
 
@@ -302,40 +311,61 @@ STUDY_CAPTIONS = {
 QUANTITY_TEX = {"final_val_loss": "val loss", "rho_qk_mean": r"$\bar\rho_{QK}$", "rho_ov_mean": r"$\bar\rho_{OV}$"}
 
 
-def render_study_table(study: str, points: pd.DataFrame, correlations: list[dict]) -> str:
-    """``<study>.tex`` from templates/identification_study.tex.j2 (the experiment tables' TeX-safe jinja2
-    environment, :func:`attnid.reports.latex.render_table`)."""
+def render_study_table(study: str, points: pd.DataFrame) -> str:
+    """``<study>.tex`` from templates/identification_study.tex.j2 (:func:`attnid.reports.latex.render_table`)."""
     from attnid.reports.latex import render_table
 
-    rows = [row | {"quantity_tex": QUANTITY_TEX[row["quantity"]]} for row in correlations]
     return render_table("identification_study.tex.j2", study=study, caption=STUDY_CAPTIONS[study], points=points,
-                        correlations=rows, steps=int(points["steps"].max()))
+                        steps=int(points["steps"].max()))
+
+
+def render_correlation_table(correlations: pd.DataFrame) -> str:
+    """``identification_correlation.tex`` (every row of identification_correlation.csv) from
+    templates/identification_correlation.tex.j2."""
+    from attnid.reports.latex import records, render_table
+
+    rows = [row | {"quantity_tex": QUANTITY_TEX[row["quantity"]]} for row in records(correlations)]
+    return render_table("identification_correlation.tex.j2", rows, exact_points=EXACT_PERMUTATION_POINTS,
+                        permutation_resamples=PERMUTATION_RESAMPLES, bootstrap_resamples=BOOTSTRAP_RESAMPLES)
 
 
 def write_study_tables(run_dirs: dict[str, list[Path]], out_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Gather every study that has runs and write ``<study>.csv/.tex`` and ``identification_correlation.csv``
-    (rows per study and quantity; ``all`` pools the points of both studies)."""
+    """Gather every study that has runs and write ``<study>.csv/.tex`` and
+    ``identification_correlation.csv/.tex``: rows per set of points and quantity, for each study (the
+    heads study also as the head sweep alone), ``all`` pooling the points of both studies, and the widest
+    set without its RoPE points and without the matched single head (:func:`confound_rows`)."""
     out = Path(out_dir)
-    tables, correlations, all_runs, all_points = {}, [], [], []
+    tables, correlations, all_runs, all_points, matched_points = {}, [], [], [], []
     for study in STUDIES:
         dirs = run_dirs.get(study) or []
         if not dirs:
             continue
         runs = study_runs_table(dirs)
         points = study_points_table(runs)
-        rows = correlation_rows(study, runs, points)
-        correlations += rows
+        correlations += correlation_rows(study, runs, points)
+        matched = ~head_sweep(points) if study == "heads" else pd.Series(False, index=points.index)
+        if study == "heads" and matched.any() and not matched.all():
+            sweep = points[~matched]
+            correlations += correlation_rows(study, runs[runs["point"].isin(sweep["point"])], sweep,
+                                             "head sweep alone")
+        matched_points += [f"{study}/{point}" for point in points.loc[matched, "point"]]
         all_runs.append(runs.assign(point=study + "/" + runs["point"]))
         all_points.append(points.assign(point=study + "/" + points["point"]))
         tables[study] = points
         write_csv_atomic(out / f"{study}.csv", points)
-        write_text_atomic(out / f"{study}.tex", render_study_table(study, points, rows))
+        write_text_atomic(out / f"{study}.tex", render_study_table(study, points))
     if not tables:
         raise UserError("no study runs given: pass --heads-runs and/or --variants-runs (or --studies-dir)")
-    if len(all_runs) > 1:
-        correlations += correlation_rows("all", *pooled_points(pd.concat(all_runs), pd.concat(all_points)))
+    widest = "all" if len(all_runs) > 1 else next(iter(tables))
+    pooled_runs, pooled = pooled_points(pd.concat(all_runs), pd.concat(all_points, ignore_index=True))
+    if widest == "all":
+        correlations += correlation_rows("all", pooled_runs, pooled)
+    # the heads study's own split without the matched head is the head sweep row above
+    matched = pooled["point"].isin(matched_points) & (widest != "heads")
+    correlations += confound_rows(widest, pooled_runs, pooled, matched)
     tables["correlation"] = pd.DataFrame(correlations)
     write_csv_atomic(out / "identification_correlation.csv", tables["correlation"])
+    write_text_atomic(out / "identification_correlation.tex", render_correlation_table(tables["correlation"]))
     return tables
 
 

@@ -9,7 +9,6 @@ resumes it). Adding an option is adding one field.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import os
@@ -135,23 +134,6 @@ def help_text(name: str) -> str | None:
     return text.format(cases=", ".join(cases.CASES), default_lrs=default_lrs)
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these options (underscored keys); "
-                                                          "flags given on the command line override it")
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind, text = option_type(f.name), help_text(f.name)
-        if text is None:
-            parser.add_argument(flag, type=kind, default=None, help=argparse.SUPPRESS)
-        elif kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
-        else:
-            parser.add_argument(flag, type=kind, default=None, metavar=f.metadata["metavar"], help=text)
-    for name in REPLACED_OPTIONS:  # accepted by the parser only to say what replaced them
-        parser.add_argument("--" + name.replace("_", "-"), action="store_true", default=None,
-                            help=argparse.SUPPRESS)
-
-
 def _coerce(name: str, value, source: str):
     kind = option_type(name)
     if value is None:
@@ -265,13 +247,3 @@ def resolve_config(values: dict) -> TrainConfig:
     return cfg
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    for name, message in REPLACED_OPTIONS.items():
-        if getattr(args, name, None):
-            raise UserError(message)
-    values = read_config_file(args.config) if getattr(args, "config", None) else {}
-    for name in option_names():  # explicit flags override the file
-        flag_value = getattr(args, name, None)
-        if flag_value is not None:
-            values[name] = flag_value
-    return resolve_config(values)
