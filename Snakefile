@@ -2,7 +2,7 @@
 
     snakemake --cores all                                   # default, laptop CPU -> results/default/
     snakemake --cores all --configfile config/paper.yaml    # the paper's scale, GPU -> results/paper/
-    snakemake --report report.html                          # figures 1-5 with captions
+    snakemake --report report.html                          # figures 1-6 with captions
 
 The rules are thin: each one calls the ``attnid`` command line. The DAG is
 data -> (theory, training runs) -> tables -> figures -> appendix. Each config writes
@@ -25,6 +25,7 @@ include: "workflow/rules/theory.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/studies.smk"
 include: "workflow/rules/edits.smk"
+include: "workflow/rules/interventions.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -33,5 +34,6 @@ rule all:
     input:
         rules.tables.output,
         STUDY_TABLE_FILES,
+        INTERVENTION_TABLE_FILES,
         rules.figures.output,
         rules.appendix.output,

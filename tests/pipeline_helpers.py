@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from attnid.reports.interventions import arm_overrides, intervention_arms
+from attnid.reports.interventions_table import BASELINE_CASE
 from attnid.reports.studies import reused_points, study_points
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,6 +127,19 @@ def reused_study_runs(config: dict) -> list[str]:
             for study, point in reused_points(config) for seed in config[study]["seeds"]]
 
 
+def trained_intervention_runs(config: dict) -> list[str]:
+    """The interventions' run directories the DAG trains (rule ``train_intervention``): every arm and seed
+    except those whose run is a case run, i.e. an arm of a configured case whose section equals the adamw
+    case's with the arm's own settings on top, for the cases' seeds (those runs are gathered from runs/)."""
+    out, cases = config["results_dir"], config["cases"]
+    trained = []
+    for arm in intervention_arms(config):
+        same = arm.case in cases and cases[arm.case] == {**cases[BASELINE_CASE], **arm_overrides(config, arm)}
+        trained += [f"{out}/interventions/{arm.name}/seed{seed}" for seed in config["interventions"]["seeds"]
+                    if not (same and seed in config["seeds"])]
+    return trained
+
+
 def expected_outputs(config: dict) -> list[str]:
     """Every file the DAG promises for ``config`` (paths relative to the work directory).
 
@@ -139,7 +154,12 @@ def expected_outputs(config: dict) -> list[str]:
                for study, points in plan.items() for point in points for seed in config[study]["seeds"]]
     edits = config.get("edits")
     edit_runs = [f"{out}/edits/{edits['case']}/seed{seed}" for seed in edits["seeds"]] if edits else []
-    files = [f"{d}/{name}" for d in runs + sweeps + studies + edit_runs for name in ("metrics.csv", "run.json")]
+    interventions = config.get("interventions")
+    intervention_runs = trained_intervention_runs(config) if interventions else []
+    intervention_runs += [f"{out}/interventions/identity/seed{seed}"
+                          for seed in (interventions["identity"]["seeds"] if interventions else [])]
+    files = [f"{d}/{name}" for d in runs + sweeps + studies + edit_runs + intervention_runs
+             for name in ("metrics.csv", "run.json")]
     files += [f"{d}/{name}" for d in edit_runs for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")]
     if edits:
         files += [f"{out}/tables/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
@@ -148,6 +168,9 @@ def expected_outputs(config: dict) -> list[str]:
         files += [f"{out}/tables/{study}.{ext}" for study in plan for ext in ("csv", "tex")]
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
     files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if plan else 5) for ext in ("png", "pdf")]
+    if interventions:
+        files += [f"{out}/tables/interventions.{ext}" for ext in ("csv", "tex")]
+        files += [f"{out}/figures/fig6.{ext}" for ext in ("png", "pdf", "rst")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
               f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
     return files + ["data/tinyshakespeare/train.bin"]

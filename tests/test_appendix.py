@@ -10,11 +10,26 @@ import tomllib
 import pandas as pd
 import pytest
 
-from attnid.reports import latex
+from attnid.reports import figures, latex
 from attnid.theory import nullity
 from attnid.cli import main
 from attnid.common.files import write_csv_atomic
 from synthetic_runs import write_run, write_study
+
+# Figure 6's caption numbers of a build with every arm (attnid.reports.figures.interventions_caption).
+SAMPLE_FIG6_NUMBERS = {
+    "n_seeds": 5,
+    "final": [{"label": label, "baseline": baseline, "delta_mean": delta, "ci_low": delta - 0.004,
+               "ci_high": delta + 0.004, "verdict": verdict}
+              for label, baseline, delta, verdict in (
+                  ("AdamW + rebalancing", "adamw", -0.0031, "no detectable difference"),
+                  ("AdamW + rebalancing, transport", "adamw", 0.0123, "worse"),
+                  ("AdamW + rebalancing, transport", "adamw_rebalance", 0.0154, "worse"),
+                  ("AdamW, projected", "adamw", -0.0007, "no detectable difference"),
+                  ("AdamW, gauge fixed", "adamw", -0.0211, "better"))],
+    "identity_steps": 200, "identity_rho_max": 1.6e-28, "identity_drift_ratio_max": 2.9e-14,
+    "projected_rho_max": 8.1e-11, "projected_dtype": "float32", "adamw_rho_mean": 0.033,
+}
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +178,14 @@ def _figure_pdfs(folder):
     folder.mkdir()
     with matplotlib.rc_context({"pdf.fonttype": 42}):
         for name in latex.FIGURES:
-            fig, ax = plt.subplots(figsize=(6, 3))
+            # Figure 6 is three panels and a legend row, as drawn (its filled caption is the longest)
+            fig, ax = plt.subplots(figsize=(10.8, 3.5) if name == "fig6" else (6, 3))
             ax.plot([1, 2, 3], [1, 4, 9], label=name)
             ax.legend()
             fig.savefig(folder / f"{name}.pdf")
             plt.close(fig)
+    # a caption filled with a build's numbers sits next to its figure (as long as a real one)
+    (folder / "fig6.rst").write_text(figures.interventions_caption(SAMPLE_FIG6_NUMBERS), encoding="utf-8")
 
 
 def _overfull_boxes(log: str) -> list[float]:
@@ -224,7 +242,7 @@ def test_log_and_font_parsers():
 
 def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
     report_rules = (repo_root / "workflow" / "rules" / "report.smk").read_text()
-    assert 'caption=caption_file(f"fig{i}")' in report_rules
+    assert 'caption_file(f"fig{i}")' in report_rules and 'caption=FIGURE_CAPTIONS[i]' in report_rules
     for name in latex.FIGURES:
         source = latex.caption_file(name)
         text = open(source, encoding="utf-8").read()

@@ -43,7 +43,7 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     config = smoke_config()
     missing = [path for path in expected_outputs(config) if not (smoke_dir / path).is_file()]
     assert not missing, f"the smoke DAG did not make {missing}"
-    for i in range(1, 6):
+    for i in range(1, 7):
         assert (smoke_dir / f"{SMOKE}/figures/fig{i}.png").stat().st_size > 10_000
         assert (smoke_dir / f"{SMOKE}/figures/fig{i}.pdf").read_bytes().startswith(b"%PDF")
     # every job leaves a log and a benchmark
@@ -53,6 +53,7 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     appendix = (smoke_dir / f"{SMOKE}/paper/appendix.tex").read_text()
     assert "tab:experiment-cases" in appendix and "fig4" in appendix
     assert "tab:study-heads" in appendix and "tab:study-variants" in appendix and "fig5" in appendix
+    assert "tab:interventions" in appendix and "fig6" in appendix
 
 
 @pytest.mark.slow
@@ -78,7 +79,9 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     cases = pd.read_csv(smoke_dir / f"{SMOKE}/tables/cases.csv")
     assert cases.set_index("case")["n_seeds"].to_dict() == {c: len(config["seeds"]) for c in config["cases"]}
     claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv")
-    assert len(claims) == 10 and set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
+    assert len(claims) == 10 + 6  # the paper's claims, then the interventions' identities
+    assert set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
+    assert claims["claim"].iloc[10:].str.startswith("interventions: ").all()
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]
     assert (adamw["rho_qk_mean"] > 1e-3).all()
@@ -108,13 +111,14 @@ def test_second_run_has_nothing_to_do(smoke_dir, shakespeare_url):
 
 
 @pytest.mark.slow
-def test_report_has_all_five_figures(smoke_dir, shakespeare_url, tmp_path):
+def test_report_has_all_six_figures(smoke_dir, shakespeare_url, tmp_path):
     report = tmp_path / "report.html"
     proc = run_smoke_dag(smoke_dir, shakespeare_url, "--nolock", "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     html = report.read_text(errors="replace")
-    for i in range(1, 6):
+    for i in range(1, 7):
         assert f"fig{i}.png" in html
+    assert "does identification change training" in html  # Figure 6's caption, filled by its build
     assert "identification by design" in html and "learning-rate sweep" in html  # the .rst captions
 
 
@@ -248,6 +252,8 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
                   "adamw": {"lrs": [1e-3, 1e-2], "seeds": [0], "max_iters": 4}},
         "heads": {"n_heads": [1, 2], "seeds": [0], "max_iters": 4, "eval_every": 2, "warmup_iters": 1},
         "variants": {"seeds": [0], "max_iters": 4, "eval_every": 2, "warmup_iters": 1},  # the default's points
+        "interventions": {"seeds": [0], "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2,
+                                                     "log_every": 2}},  # the default's arms
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -256,7 +262,10 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     merged = {**default, "seeds": [0], "sweep": shortened["sweep"], "model": shortened["model"],
               "heads": {**default["heads"], **shortened["heads"]},
-              "variants": {**default["variants"], **shortened["variants"]}}
+              "variants": {**default["variants"], **shortened["variants"]},
+              "interventions": {**default["interventions"], "seeds": [0],
+                                "identity": {**default["interventions"]["identity"],
+                                             **shortened["interventions"]["identity"]}}}
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing
     runs = pd.read_csv(workdir / default["results_dir"] / "tables/runs.csv")

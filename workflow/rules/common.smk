@@ -11,6 +11,14 @@ import re
 import shutil
 import sys
 
+from attnid.reports.interventions import (
+    IDENTITY_CASE,
+    arm_overrides,
+    check_interventions_config,
+    identity_overrides,
+    intervention_arms,
+)
+from attnid.reports.interventions_table import BASELINE_CASE
 from attnid.reports.latex import caption_file
 from attnid.reports.studies import (
     STUDY_CASE,
@@ -94,7 +102,7 @@ def read_config():
     a section of the optional stages set to null (--config edits=null) is off; then checked.
     """
     update_config(config, typed_value(workflow.config_settings.config or {}))
-    for section in ("heads", "variants", "edits"):
+    for section in ("heads", "variants", "edits", "interventions"):
         if section in config and config[section] is None:
             del config[section]
     try:
@@ -114,6 +122,8 @@ def read_config():
         config_error(
             f"edits/case: no case '{edits['case']}' under cases to take its settings from"
         )
+    for problem in check_interventions_config(config):
+        config_error(problem)
 
 
 read_config()
@@ -184,6 +194,22 @@ def study_run(study, point, seed):
     )
 
 
+def intervention_run(arm, seed):
+    """(case, settings) of one run of an interventions arm (attnid.reports.interventions): the adamw
+    case's settings, with the arm's own (its case's rebalancing, its options) on top."""
+    spec = INTERVENTION_ARMS[arm]
+    return spec.case, run_settings(
+        BASELINE_CASE, **arm_overrides(config, spec), seed=seed
+    )
+
+
+def identity_run(seed):
+    """(case, settings) of the interventions' identity run: the projected arm's, in float64, shorter."""
+    return IDENTITY_CASE, run_settings(
+        BASELINE_CASE, **identity_overrides(config), seed=seed
+    )
+
+
 def edit_run(case, seed):
     """(case, settings) of one run of the edits stage: the case's, with biases."""
     return case, run_settings(
@@ -208,6 +234,14 @@ def study_flags(wildcards):
 
 def edit_flags(wildcards):
     return run_flags(*edit_run(wildcards.case, int(wildcards.seed)))
+
+
+def intervention_flags(wildcards):
+    return run_flags(*intervention_run(wildcards.arm, int(wildcards.seed)))
+
+
+def identity_flags(wildcards):
+    return run_flags(*identity_run(int(wildcards.seed)))
 
 
 CASES = list(config["cases"])
@@ -315,10 +349,63 @@ EDITS_TABLE_FILES = (
 )
 
 
+# The interventions (interventions.smk); without an `interventions` section, none. {arm name: Arm},
+# the baseline adamw first. Each arm's run of a seed is a case run when it trains exactly what that
+# case's run trains (the baseline's, and the kept-moments rebalancing's, for the cases' seeds): the
+# gather reads that run, and only the others are trained here, under interventions/<arm>/seed<N>.
+INTERVENTION_ARMS = {arm.name: arm for arm in intervention_arms(config)}
+INTERVENTIONS = config.get("interventions") or {}
+
+
+def plan_intervention_runs():
+    """(every run the gather pairs, arms and baselines, in the config's order; {run directory: (case,
+    settings)} of the runs this stage trains)."""
+    run_dirs, trained = [], {}
+    for arm in INTERVENTION_ARMS:
+        for seed in INTERVENTIONS.get("seeds", []):
+            run = intervention_run(arm, seed)
+            if run[0] in CASES and seed in SEEDS and case_run(run[0], seed) == run:
+                run_dirs.append(f"{RESULTS}/runs/{run[0]}/seed{seed}")
+            else:
+                trained[f"{RESULTS}/interventions/{arm}/seed{seed}"] = run
+                run_dirs.append(f"{RESULTS}/interventions/{arm}/seed{seed}")
+    return run_dirs, trained
+
+
+INTERVENTION_RUN_DIRS, INTERVENTION_RUNS = plan_intervention_runs()
+IDENTITY_RUNS = {
+    f"{RESULTS}/interventions/identity/seed{seed}": identity_run(seed)
+    for seed in (INTERVENTIONS["identity"]["seeds"] if INTERVENTIONS else [])
+}
+INTERVENTION_OUTPUTS = [
+    f"{run_dir}/{name}"
+    for run_dir in INTERVENTION_RUN_DIRS + list(IDENTITY_RUNS)
+    for name in ("metrics.csv", "run.json")
+]
+INTERVENTION_TABLE_FILES = (
+    [f"{TABLES_DIR}/interventions.{ext}" for ext in ("csv", "tex")]
+    if INTERVENTIONS
+    else []
+)
+# What `attnid tables` and `attnid figures` read of the stage (claims.csv's identities, Figure 6).
+INTERVENTION_SELECTION = (
+    f"--intervention-runs {' '.join(INTERVENTION_RUN_DIRS)}"
+    f" --identity-runs {' '.join(IDENTITY_RUNS)}"
+    if INTERVENTIONS
+    else ""
+)
+
+
 def check_run_flags():
     """Every planned run's flags are built now, so that a setting without an `attnid train` flag
     is a config error, not a failed job."""
-    runs = {**CASE_RUNS, **SWEEP_RUNS, **EDIT_RUNS}
+    runs = {
+        **CASE_RUNS,
+        **SWEEP_RUNS,
+        **EDIT_RUNS,
+        **INTERVENTION_RUNS,
+        **IDENTITY_RUNS,
+    }
     for study_runs in STUDY_RUNS.values():
         runs.update(study_runs)
     for run_dir, (case, settings) in runs.items():

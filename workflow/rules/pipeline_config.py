@@ -3,9 +3,9 @@
 common.smk reads the config through these functions; the .smk files hold the rules. Three contracts:
 
 - :data:`TRAIN_FLAGS`, the one table of which setting of a training run (a key of the config's
-  ``model``, ``training``, ``cases``, ``sweep``, ``heads``/``variants`` and ``edits`` sections, and
-  the job's seed) becomes which ``attnid train`` flag. A setting without an entry is a config error
-  at parse time, never a failed job; tests/test_workflow.py checks the table against
+  ``model``, ``training``, ``cases``, ``sweep``, ``heads``/``variants``, ``edits`` and ``interventions``
+  sections, and the job's seed) becomes which ``attnid train`` flag. A setting without an entry is a
+  config error at parse time, never a failed job; tests/test_workflow.py checks the table against
   ``attnid train --help`` and against the schema.
 - :func:`config_schema`: workflow/schemas/config.schema.yaml with its case list taken from the case
   registry (:data:`attnid.training.cases.CASES`), so that adding a case touches only that module.
@@ -73,6 +73,7 @@ TRAIN_FLAGS = {
     "weight_decay": TrainFlag("--weight-decay", float),
     "rebalance_every": TrainFlag("--rebalance-every", int),
     "rebalance_target": TrainFlag("--rebalance-target", str),
+    "rebalance_moments": TrainFlag("--rebalance-moments", str),
     "dtype": TrainFlag("--dtype", str),
     # one per job, from the seeds lists
     "seed": TrainFlag("--seed", int),

@@ -1,9 +1,18 @@
-# Tables, figures 1-5 (with report captions) and the LaTeX appendix, under the config's results_dir.
-# Figure captions are package data (attnid/reports/templates/captions), shared with the LaTeX appendix.
+# Tables, figures 1-6 (with report captions) and the LaTeX appendix, under the config's results_dir.
+# Figure captions are package data (attnid/reports/templates/captions), shared with the LaTeX appendix;
+# Figure 6's is filled with the build's numbers by `attnid figures` (fig6.rst next to the figure).
 
 
-# Figures 1-4 always; Figure 5 draws the identification studies, when the config has them.
-FIGURE_NUMBERS = [1, 2, 3, 4] + ([5] if STUDY_POINTS else [])
+# Figures 1-4 always; Figure 5 draws the identification studies and Figure 6 the interventions, when the
+# config has them.
+FIGURE_NUMBERS = (
+    [1, 2, 3, 4] + ([5] if STUDY_POINTS else []) + ([6] if INTERVENTIONS else [])
+)
+# The caption a figure's report entry shows: the package's, or the one its build filled in.
+FIGURE_CAPTIONS = {
+    i: (f"{FIGURES_DIR}/fig{i}.rst" if i == 6 else caption_file(f"fig{i}"))
+    for i in FIGURE_NUMBERS
+}
 # The optional stages this config leaves out: their files of an earlier build are never shown
 # (the interventions' table appears once the config has an interventions stage).
 OMITTED_PARTS = [
@@ -20,6 +29,7 @@ OMITTED_PARTS = [
 rule tables:
     input:
         RUN_OUTPUTS,
+        INTERVENTION_OUTPUTS,
     output:
         TABLE_FILES,
     log:
@@ -28,9 +38,11 @@ rule tables:
         ENV
     params:
         **RUN_SELECTION,
+        interventions=INTERVENTION_SELECTION,
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "attnid tables --runs {params.runs} {params.sweep_runs} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "attnid tables --runs {params.runs} {params.sweep_runs} {params.interventions}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule figures:
@@ -38,18 +50,20 @@ rule figures:
         tables=TABLE_FILES,
         studies=STUDY_TABLE_FILES,
         runs=RUN_OUTPUTS,
+        interventions=INTERVENTION_OUTPUTS,
         counts=rules.counts.output.counts,
         nullity=rules.verify.output[0],
     output:
         [
             report(
                 f"{FIGURES_DIR}/fig{i}.png",
-                caption=caption_file(f"fig{i}"),
+                caption=FIGURE_CAPTIONS[i],
                 category="Figures",
             )
             for i in FIGURE_NUMBERS
         ],
         [f"{FIGURES_DIR}/fig{i}.pdf" for i in FIGURE_NUMBERS],
+        [f"{FIGURES_DIR}/fig6.rst"] if INTERVENTIONS else [],
     log:
         f"{LOGS}/figures.log",
     conda:
@@ -60,8 +74,9 @@ rule figures:
         theory=lambda wildcards, input: os.path.dirname(input.nullity),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         studies="" if STUDY_POINTS else "--no-studies",
+        interventions=INTERVENTION_SELECTION,
     shell:
-        "attnid figures --tables {params.tables:q} --runs {params.runs} {params.studies}"
+        "attnid figures --tables {params.tables:q} --runs {params.runs} {params.studies} {params.interventions}"
         " --theory-dir {params.theory:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
@@ -88,6 +103,7 @@ rule appendix:
         tables=TABLE_FILES,
         studies=STUDY_TABLE_FILES,
         edits=EDITS_TABLE_FILES,
+        interventions=INTERVENTION_TABLE_FILES,
         figures=rules.figures.output,
         main=rules.paper_main.output,
     output:

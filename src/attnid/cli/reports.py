@@ -27,8 +27,17 @@ def check_run_selection(args) -> None:
         raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
 
 
+def add_intervention_run_arguments(parser) -> None:
+    """The interventions study's runs (optional): its arms and baselines, and its float64 identity run."""
+    parser.add_argument("--intervention-runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="the interventions' arm and adamw runs (claims.csv's identities, Figure 6)")
+    parser.add_argument("--identity-runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="the interventions' float64 adamw_projected run(s)")
+
+
 def add_tables_arguments(parser) -> None:
     add_run_selection_arguments(parser)
+    add_intervention_run_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
 
 
@@ -36,7 +45,8 @@ def run_tables(args) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
-    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
+    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs,
+                          args.intervention_runs, args.identity_runs)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
@@ -47,7 +57,8 @@ def add_figures_arguments(parser) -> None:
     parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
     parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
-    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 (and fig5) .png/.pdf go")
+    add_intervention_run_arguments(parser)
+    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 (and fig5, fig6) .png/.pdf go")
     parser.add_argument("--no-studies", dest="studies", action="store_false",
                         help="no Figure 5, even where study tables of an earlier build exist")
 
@@ -56,7 +67,9 @@ def run_figures(args) -> int:
     from attnid.reports.figures import make_figures
 
     check_run_selection(args)
-    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs, studies=args.studies)
+    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs,
+                         studies=args.studies, intervention_runs=args.intervention_runs,
+                         identity_runs=args.identity_runs)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
 

@@ -1,4 +1,5 @@
-"""Figures 1-5 (1-4 as in the paper, 5 the identification study), from the tables and run logs.
+"""Figures 1-6 (1-4 as in the paper, 5 the identification study, 6 the interventions), from the tables and
+run logs.
 
     attnid figures --tables results/tables --runs-dir results/runs \\
                    --theory-dir results/theory --out-dir figures
@@ -12,6 +13,10 @@
    part; rebalancing shows as a sawtooth; μ per case below (E1-E3).
 4. LR sweep: final β (both circuits) and mean ρ vs lr (log-log, fitted slopes
    annotated), final val loss vs lr; diverged points marked with a cross at the top.
+5. The identification studies (:func:`figure_identification_study`).
+6. The interventions on the orbit (:func:`figure_interventions`): each arm's val loss against adamw's with
+   its CI, and the projected arm's ρ and first-order drift on their round-off floors; its caption is
+   filled with the build's numbers.
 
 A series at numerical round-off (:func:`at_round_off`: its largest value below 10x the
 round-off floor of its runs' training precision) is never drawn as data in Figures 2 and
@@ -30,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from attnid.common.errors import UserError
-from attnid.common.files import atomic_path
+from attnid.common.files import atomic_path, write_text_atomic
 from attnid.training.cases import CASES
 from attnid.training.rundir import initial_imbalance_scale, load_runs_by_case
 from attnid.reports.studies import STUDIES, head_sweep
@@ -496,8 +501,11 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 
 # ---------------------------------------------------------------------------- command line
 
-def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None, studies: bool = True) -> list[Path]:
-    """Draw figures 1-4 (and 5 when the study tables exist) into ``out_dir``; returns the written paths (the sweep is read from the tables)."""
+def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None, studies: bool = True,
+                 intervention_runs: list[str] | None = None,
+                 identity_runs: list[str] | None = None) -> list[Path]:
+    """Draw figures 1-4 (and 5 when the study tables exist, 6 with the interventions' runs) into ``out_dir``;
+    returns the written paths (the sweep is read from the tables)."""
     for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
         if not needed.is_file():
             raise UserError(f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
@@ -511,6 +519,12 @@ def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None, st
     paths += figure_sweep(tables_dir, out_dir)
     if studies and any((Path(tables_dir) / f"{study}.csv").is_file() for study in STUDIES):  # a config with the studies
         paths += figure_identification_study(tables_dir, out_dir)
+    if intervention_runs:
+        from attnid.reports.interventions_table import load_runs_by_arm
+        from attnid.training.rundir import find_run_dirs, load_run
+
+        identity = [load_run(run_dir) for run_dir in find_run_dirs(None, identity_runs or [])]
+        paths += figure_interventions(load_runs_by_arm(None, intervention_runs), identity, out_dir)
     return paths
 
 
@@ -652,3 +666,182 @@ def _draw_point(ax, row, column: str, color: str, marker: str, label: str | None
     ax.errorbar([row["identified_fraction"]], [mean], yerr=[[sd] if np.isfinite(sd) else [0.0]] * 2,
                 fmt=marker, color=color, markerfacecolor="none" if hollow else color, capsize=2,
                 label=label, elinewidth=0.8)
+
+
+# ---------------------------------------------------------------------------- figure 6
+
+# The arms' style in Figure 6: the case's; an arm with transported or reset moments its case's colour,
+# dotted (docs/design.md §14).
+MOVED_MOMENTS_LINESTYLE = ":"
+
+
+def arm_style(arm: str, case: str) -> dict:
+    """color, label, linestyle and marker of an interventions arm: its case's (and
+    :data:`MOVED_MOMENTS_LINESTYLE` for moved moments)."""
+    style = dict(case_style(case))
+    if arm != case:
+        moments = arm.removeprefix(case + "_")
+        style.update(linestyle=MOVED_MOMENTS_LINESTYLE, label=f"{style['label']}, {moments}")
+    return style
+
+
+def paired_eval_differences(arm_runs: list, baseline_runs: list) -> pd.DataFrame:
+    """Per evaluated step logged by every seed pair: the mean over seeds of ``arm - baseline`` val loss with
+    its 95 % bootstrap CI (:func:`attnid.reports.statistics.mean_confidence_interval`, docs/design.md §11.1);
+    columns ``step, n_seeds, mean, low, high``. Diverged runs are left out, as in the interventions table."""
+    from attnid.reports.interventions_table import eval_rows
+    from attnid.reports.statistics import MIN_PAIRED_SEEDS, mean_confidence_interval
+
+    def by_seed(runs):
+        return {int(info["seed"]): eval_rows(metrics).set_index("step")["val_loss"] for info, metrics in runs
+                if info.get("status") != "diverged" and info.get("seed") is not None}
+
+    arm, baseline = by_seed(arm_runs), by_seed(baseline_runs)
+    seeds = sorted(set(arm) & set(baseline))
+    rows = []
+    if not seeds:
+        return pd.DataFrame(columns=["step", "n_seeds", "mean", "low", "high"])
+    steps = sorted(set.intersection(*(set(arm[s].index) & set(baseline[s].index) for s in seeds)))
+    for step in steps:
+        differences = np.array([arm[s][step] - baseline[s][step] for s in seeds])
+        enough = len(seeds) >= MIN_PAIRED_SEEDS
+        low, high = mean_confidence_interval(differences) if enough else (math.nan, math.nan)
+        rows.append({"step": step, "n_seeds": len(seeds), "mean": float(differences.mean()), "low": low,
+                     "high": high})
+    return pd.DataFrame(rows)
+
+
+def _max_of(runs: list, columns: list[str]) -> float:
+    values = [pd.to_numeric(metrics[c], errors="coerce").abs().max() for _, metrics in runs for c in columns
+              if c in metrics]
+    values = [v for v in values if pd.notna(v)]
+    return float(max(values)) if values else math.nan
+
+
+def _drift_ratio_max(runs: list) -> float:
+    """The largest drift1 / drift2 on any logged row, both circuits (docs/design.md §7, §12)."""
+    ratios = []
+    for _, metrics in runs:
+        for circuit in ("qk", "ov"):
+            if f"drift1_{circuit}" in metrics and f"drift2_{circuit}" in metrics:
+                first = pd.to_numeric(metrics[f"drift1_{circuit}"], errors="coerce")
+                second = pd.to_numeric(metrics[f"drift2_{circuit}"], errors="coerce")
+                ratio = (first / second)[second > 0].dropna()
+                if len(ratio):
+                    ratios.append(float(ratio.max()))
+    return max(ratios) if ratios else math.nan
+
+
+def _draw_orbit_panel(ax, column: str, series: list[tuple[str, dict, list]]) -> None:
+    """One circuit-pair quantity (ρ or drift1) of each run group, both circuits (QK solid, OV dashed), on
+    a log axis; a group at its precision's round-off is a labelled floor band, never data (design §12)."""
+    floors = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}  # dtype -> (labels, steps summed)
+    for label, style, runs in series:
+        dtype = runs_dtype(runs)
+        for circuit, linestyle in (("qk", "-"), ("ov", "--")):
+            band = seed_band(runs, f"{column}_{circuit}", positive=True)
+            if band.empty:
+                continue
+            # a drift sums one rounded term per step: its round-off grows like sqrt(steps) (Figure 3)
+            band_steps = int(band["step"].max()) if column.startswith("drift") else 1
+            if at_round_off(seed_band(runs, f"{column}_{circuit}")["max"], dtype, steps=band_steps):
+                labels, steps = floors[dtype]
+                floors[dtype] = (labels + [label], max(steps, band_steps))
+                continue
+            plot_band(ax, band, style["color"], label if circuit == "qk" else None, linestyle=linestyle)
+    for dtype, (labels, steps) in floors.items():
+        draw_floor_bands(ax, {dtype: labels}, steps)
+    ax.set_yscale("log")
+
+
+@styled
+def figure_interventions(arm_runs: dict, identity_runs: list, out_dir: str | Path,
+                         caption_template: str | Path | None = None) -> list[Path]:
+    """Figure 6 (does identification change training?): per arm, its val loss minus ``adamw``'s of the same
+    seed against the step, mean over seeds with a 95 % bootstrap CI band; ρ and the first-order drift of the
+    projected arm (float32, and the float64 identity run) on their round-off floors beside ``adamw``'s.
+
+    ``arm_runs`` is :func:`attnid.reports.interventions_table.load_runs_by_arm`'s {arm: runs} (with the
+    baseline). The caption is the package's ``captions/fig6.rst`` template filled with this build's numbers
+    (the interventions table's final-val-loss rows, the identities' residuals) and written as ``fig6.rst``
+    next to the figure: the appendix and the Snakemake report show that one.
+    """
+    from attnid.reports.interventions_table import BASELINE_CASE, interventions_table
+
+    if BASELINE_CASE not in arm_runs:
+        raise UserError(f"Figure 6 needs the {BASELINE_CASE} runs of the interventions")
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
+    baseline = arm_runs[BASELINE_CASE]
+    axes[0].axhline(0.0, color=PREDICTION_COLOR, linewidth=0.8)
+    for arm, runs in arm_runs.items():
+        if arm == BASELINE_CASE:
+            continue
+        style = arm_style(arm, str(runs[0][0].get("case")))
+        differences = paired_eval_differences(runs, baseline).dropna(subset=["mean"])
+        if differences.empty:
+            continue
+        axes[0].plot(differences["step"], differences["mean"], color=style["color"], label=style["label"],
+                     linestyle=style["linestyle"], marker=style["marker"], markersize=3)
+        axes[0].fill_between(differences["step"], differences["low"], differences["high"],
+                             color=style["color"], alpha=BAND_ALPHA, linewidth=0)
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel(f"val loss minus {BASELINE_CASE}'s (same seed)")
+    axes[0].set_title("val loss against adamw (95 % CI)")
+    projected = arm_runs.get("adamw_projected", [])
+    adamw_style = case_style(BASELINE_CASE)
+    projected_style = case_style("adamw_projected")
+    series = [(adamw_style["label"], adamw_style, baseline),
+              (f"{projected_style['label']} ({runs_dtype(projected)})", projected_style, projected),
+              (f"{projected_style['label']} ({runs_dtype(identity_runs)})",
+               projected_style | {"linestyle": "-."}, identity_runs)]
+    series = [entry for entry in series if entry[2]]
+    for ax, column, label in ((axes[1], "rho", r"$\rho$"), (axes[2], "drift1", r"$\|D_1\|/N_0$")):
+        _draw_orbit_panel(ax, column, series)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label + " (QK solid, OV dashed)")
+    axes[1].set_title(r"unidentified share $\rho$ of a step")
+    axes[2].set_title("first-order drift of the imbalance")
+    _figure_legend(fig, axes[0], ncol=4)
+    paths = save_figure(fig, out_dir, "fig6")
+    plt.close(fig)
+
+    table, _ = interventions_table(arm_runs)
+    final = [row | {"label": arm_style(row["arm"], str(arm_runs[row["arm"]][0][0].get("case")))["label"]}
+             for row in table[table["metric"] == "final_val_loss"].to_dict("records")]
+    numbers = {
+        "n_seeds": int(table["n_seeds"].max()) if len(table) else 0,
+        "final": final,
+        "identity_steps": max((int(m["step"].max()) for _, m in identity_runs), default=0),
+        "identity_rho_max": _max_of(identity_runs, ["rho_qk", "rho_ov"]),
+        "identity_drift_ratio_max": _drift_ratio_max(identity_runs),
+        "projected_rho_max": _max_of(projected, ["rho_qk", "rho_ov"]),
+        "projected_dtype": runs_dtype(projected) if projected else "float32",
+        "adamw_rho_mean": float(np.nanmean([pd.to_numeric(m["rho_qk"], errors="coerce").mean()
+                                            for _, m in baseline if "rho_qk" in m] or [math.nan])),
+    }
+    caption_path = Path(out_dir) / "fig6.rst"
+    write_text_atomic(caption_path, interventions_caption(numbers, caption_template))
+    return paths + [caption_path]
+
+
+def interventions_caption(numbers: dict, template_path: str | Path | None = None) -> str:
+    """Figure 6's caption: the package's ``captions/fig6.rst`` (a jinja2 template) filled with ``numbers``
+    (``n_seeds``; ``final``, the interventions table's final-val-loss rows with a ``label``; the identity
+    run's
+    ``identity_steps``, ``identity_rho_max``, ``identity_drift_ratio_max``; ``projected_rho_max``,
+    ``projected_dtype`` and ``adamw_rho_mean``)."""
+    from jinja2 import StrictUndefined, Template
+
+    from attnid.reports.latex import caption_file
+
+    template = Path(template_path or caption_file("fig6")).read_text(encoding="utf-8")
+    return Template(template, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                    keep_trailing_newline=True).render(**numbers, fmt=_caption_number)
+
+
+def _caption_number(value: float, digits: int = 2) -> str:
+    """A number for a caption: ``g`` format, NaN as "n/a" (e.g. no run of that kind)."""
+    if value is None or not math.isfinite(float(value)):
+        return "n/a"
+    return f"{float(value):.{digits}g}"

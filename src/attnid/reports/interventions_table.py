@@ -8,9 +8,13 @@ and ``metrics.csv`` (torch-free, testable on synthetic runs):
     attnid interventions-table --runs RUN_DIR... --out-dir results/tables [--baseline adamw]
 
 writes ``interventions.csv``, one row per arm and metric with the columns :data:`INTERVENTION_COLUMNS`, and
-``interventions.tex`` (templates/interventions.tex.j2). Every case among the runs other than the baseline
-is an arm, in the case registry's order (cases it does not know last): the arms' names are whatever case
-names their runs carry. The metrics (docs/design.md §11.5) are the final val loss, the best val loss and
+``interventions.tex`` (templates/interventions.tex.j2). Every arm among the runs other than the baseline
+is compared with it, in the case registry's order (cases it does not know last). An arm is a case, or a
+rebalancing case with its AdamW moments transported or reset (:func:`arm_name`:
+``adamw_rebalance_transport``); such an arm is also compared with its case's runs with the moments kept,
+when those are among the runs (a row with that case as the baseline).
+
+The metrics (docs/design.md §11.5) are the final val loss, the best val loss and
 the val loss at equal wall time; the statistics (§11.1, §11.2) are :mod:`attnid.reports.statistics`'. Lower loss
 is better, so a negative ``delta_mean`` (arm minus baseline) is a gain of the arm.
 
@@ -34,7 +38,7 @@ from attnid.reports.latex import records, render_table
 from attnid.reports.statistics import (BOOTSTRAP_RESAMPLES, EXACT_SIGN_FLIP_SEEDS, MIN_PAIRED_SEEDS, compare_paired,
                                        paired_differences, smallest_sign_flip_p_value)
 from attnid.reports.tables import summarize_run
-from attnid.training.rundir import load_runs_by_case
+from attnid.training.rundir import find_run_dirs, load_run
 
 # The paired baseline of every arm.
 BASELINE_CASE = "adamw"
@@ -42,11 +46,49 @@ METRICS = ("final_val_loss", "best_val_loss", "val_loss_at_equal_wall_time")
 INTERVENTION_COLUMNS = ("arm", "baseline", "n_seeds", "metric", "delta_mean", "ci_low", "ci_high", "p_value", "verdict")
 # The verdict of a row with too few usable pairs for a CI (not one of attnid.reports.statistics.VERDICTS).
 TOO_FEW_SEEDS = "too few seeds"
+# An arm whose rebalancing keeps AdamW's moments is named after its case alone (docs/design.md §14).
+DEFAULT_MOMENTS = "keep"
 METRIC_TEX = {"final_val_loss": "final val loss", "best_val_loss": "best val loss",
               "val_loss_at_equal_wall_time": "at equal wall time"}
 
 
 # ---------------------------------------------------------------------------- one run
+
+def arm_name(case: str, rebalance_moments: str | None = None) -> str:
+    """An arm's name in the tables and figures: its case, with ``_<option>`` for a rebalancing case whose
+    AdamW moments are not kept (``adamw_rebalance_transport``, docs/design.md §14)."""
+    if rebalance_moments in (None, DEFAULT_MOMENTS):
+        return case
+    return f"{case}_{rebalance_moments}"
+
+
+def run_arm_name(info: dict) -> str:
+    """The arm a finished run belongs to, from its run.json: its case and ``--rebalance-moments``."""
+    return arm_name(str(info.get("case")), (info.get("config") or {}).get("rebalance_moments"))
+
+
+def load_runs_by_arm(runs_dir, listed: list[str] | None = None) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
+    """{arm: [(run.json, metrics.csv)]} for the listed runs (or every run under ``runs_dir``), in the case
+    registry's order of the arms' cases (unknown cases last), an arm right after its case."""
+    from attnid.training.cases import CASES
+
+    by_arm: dict[str, list] = {}
+    for run_dir in find_run_dirs(runs_dir, listed):
+        info, metrics = load_run(run_dir)
+        by_arm.setdefault(run_arm_name(info), []).append((info, metrics))
+    order = {case: i for i, case in enumerate(CASES)}
+
+    def position(arm: str):
+        case = str(by_arm[arm][0][0].get("case"))
+        return order.get(case, len(order)), arm != case, arm
+    return {arm: by_arm[arm] for arm in sorted(by_arm, key=position)}
+
+
+def kept_moments_baseline(arm: str, runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
+    """The case an arm with transported or reset moments is also compared with (its moments kept), or None."""
+    case = str(runs[0][0].get("case"))
+    return case if arm != case else None
+
 
 def eval_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     """The logged evaluations of a run: ``step``, ``wall_s`` and ``val_loss`` of the rows with a finite val
@@ -128,18 +170,24 @@ def _paired_values(arm: str, arm_runs: dict[int, dict], baseline: str,
 
 def interventions_table(by_case: dict[str, list[tuple[dict, pd.DataFrame]]],
                         baseline: str = BASELINE_CASE) -> tuple[pd.DataFrame, list[str]]:
-    """The rows of interventions.csv (:data:`INTERVENTION_COLUMNS`) for every arm of ``by_case`` ({case: [(run.json,
-    metrics.csv)]}, as :func:`attnid.rundir.load_runs_by_case` gives them) against ``baseline``, and one note
-    per pair left out of a metric (a diverged run)."""
+    """The rows of interventions.csv (:data:`INTERVENTION_COLUMNS`) for every arm of ``by_case`` ({arm:
+    [(run.json, metrics.csv)]}, as :func:`load_runs_by_arm` gives them) against ``baseline`` (and an arm
+    with transported or reset moments against its case with them kept, when present), and one note per
+    pair left out of a metric (a diverged run)."""
     if baseline not in by_case:
         raise UserError(f"no {baseline} runs among the runs given (cases: {', '.join(by_case) or 'none'}): "
                         f"every arm is compared with the {baseline} runs of the same seeds")
     arms = [case for case in by_case if case != baseline]
     if not arms:
         raise UserError(f"only {baseline} runs given: nothing to compare with them; pass the arms' runs too")
-    baseline_runs = runs_by_seed(by_case[baseline], baseline)
-    rows, notes = [], []
+    comparisons = [(arm, baseline) for arm in arms]
     for arm in arms:
+        kept = kept_moments_baseline(arm, by_case[arm])
+        if kept is not None and kept in by_case and kept != baseline:
+            comparisons.insert(comparisons.index((arm, baseline)) + 1, (arm, kept))
+    rows, notes = [], []
+    for arm, baseline in comparisons:
+        baseline_runs = runs_by_seed(by_case[baseline], baseline)
         arm_runs = runs_by_seed(by_case[arm], arm)
         paired = _paired_values(arm, arm_runs, baseline, baseline_runs)
         for metric, (arm_values, baseline_values) in paired.items():
@@ -177,7 +225,7 @@ def render_interventions_table(table: pd.DataFrame) -> str:
 def write_interventions_table(runs_dir: str | Path | None, out_dir: str | Path, runs: list[str] | None = None,
                               baseline: str = BASELINE_CASE) -> tuple[pd.DataFrame, list[str]]:
     """Gather the listed runs (or every run under ``runs_dir``) and write interventions.csv and .tex."""
-    by_case = load_runs_by_case(runs_dir, runs)
+    by_case = load_runs_by_arm(runs_dir, runs)
     if not by_case:
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
     table, notes = interventions_table(by_case, baseline)

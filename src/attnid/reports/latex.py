@@ -251,9 +251,13 @@ EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune
 # One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.
 LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
 # The figures of `attnid figures`, in order; each has its caption in templates/captions/<name>.rst.
-FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5")
-# Drawn only for a build with the identification studies (attnid.reports.studies): included when present.
-OPTIONAL_FIGURES = ("fig5",)
+FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5", "fig6")
+# Drawn only for a build with the identification studies (attnid.reports.studies) or the interventions
+# (attnid.reports.interventions): included when present.
+OPTIONAL_FIGURES = ("fig5", "fig6")
+# A figure whose caption is filled with its build's numbers: attnid figures writes <name>.rst next to it,
+# and that is the caption shown (the package's captions/<name>.rst is its template).
+FILLED_CAPTIONS = ("fig6",)
 # The studies' tables (attnid studies), included when present, each after its own paragraph.
 STUDY_TABLES = (*(f"{study}.tex" for study in STUDIES), "identification_correlation.tex")
 # The interventions' paired comparison (attnid interventions-table), in the same section, when present.
@@ -261,7 +265,7 @@ INTERVENTION_TABLES = ("interventions.tex",)
 # The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
 # build with a stage turned off never includes that stage's leftovers from an earlier build.
 OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"},
-                  "interventions": {*INTERVENTION_TABLES}}
+                  "interventions": {*INTERVENTION_TABLES, "fig6"}}
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
@@ -331,9 +335,9 @@ def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[d
     missing = [f"{name}.pdf" for name in FIGURES if name not in present and name not in OPTIONAL_FIGURES]
     if missing:
         raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
-    return [figure_caption(name) | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf",
-                                                                 out_dir)).as_posix(),
-                                    "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT}
+    return [figure_caption(name, Path(figures) if name in FILLED_CAPTIONS else None)
+            | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf", out_dir)).as_posix(),
+               "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT}
             for name in present]
 
 

@@ -45,6 +45,11 @@ TAU_MAX = 1e-5                # E3: an orbit move does not change the function
 # E3: rebalancing to I_0 restores the conservation law: β right after a rebalance is ~0, i.e.
 # tiny next to the β the run had built up just before it (the sawtooth of Figure 3).
 BETA_REBALANCE_RATIO_MAX = 1e-2
+# The interventions on the orbit (docs/design.md §12-§14): the projected step is orthogonal to the orbit,
+# so in float64 its ρ and first-order drift are round-off (the thresholds of E1's SGD identities); the
+# gauge-fixed arm starts from adamw's function (its logits and step-0 val loss equal to float32 rounding).
+GAUGE_INITIAL_CHANGE_MAX = 1e-5
+PROJECTED_CASE, GAUGE_FIXED_CASE, TRANSPORT_MOMENTS = "adamw_projected", "adamw_gauge_fixed", "transport"
 
 # Unit round-off of each training precision (run.json "dtype", as :func:`run_dtype` reads it): the one
 # round-off table of the claims and of the figures' floors.
@@ -68,6 +73,11 @@ SUMMARY_COLUMNS = [
 def _last_finite(values: pd.Series) -> float:
     finite = pd.to_numeric(values, errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
     return float(finite.iloc[-1]) if len(finite) else math.nan
+
+
+def _first_finite(values: pd.Series) -> float:
+    finite = pd.to_numeric(values, errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
+    return float(finite.iloc[0]) if len(finite) else math.nan
 
 
 def _column(metrics: pd.DataFrame, name: str) -> pd.Series:
@@ -101,6 +111,11 @@ def summarize_run(info: dict, metrics: pd.DataFrame) -> dict:
         "diverged_step": info.get("diverged_step"),
         "wall_time_s": info.get("wall_time_s"),
         "dtype": run_dtype(info),
+        "rebalance_moments": (info.get("config") or {}).get("rebalance_moments", "keep"),
+        "trained_attention_params": info.get("trained_attention_params"),
+        "gauge_logit_change": (info.get("gauge") or {}).get("logit_change"),
+        "initial_val_loss": _first_finite(_column(metrics, "val_loss")),
+        "unidentified_qk_ov_params": unidentified_qk_ov_params(info.get("config") or {}),
     }
     for split in ("train", "val"):
         from_json = info.get(f"final_{split}_loss")
@@ -131,6 +146,21 @@ def summarize_run(info: dict, metrics: pd.DataFrame) -> dict:
     return row
 
 
+def unidentified_qk_ov_params(config: dict) -> float:
+    """``L (unidentified_qk_params + unidentified_ov_params)`` of counts.py for a run's attention shape (its
+    run.json ``config``): the query-key and output-value weights no output sees, ``2 L G D^2`` without
+    RoPE, which are the entries the gauge-fixed arm fixes (docs/design.md §5, §13). NaN for a config
+    without a shape."""
+    from attnid.theory.counts import layer_shape, unidentified_ov_params, unidentified_qk_params
+
+    try:
+        shape = layer_shape(config["n_embd"], config["n_head"], config.get("n_kv_head"),
+                            config.get("head_dim"), None, bool(config.get("rope")), bool(config.get("bias")))
+    except (KeyError, TypeError, ValueError):
+        return math.nan
+    return float(config["n_layer"] * (unidentified_qk_params(shape) + unidentified_ov_params(shape)))
+
+
 def run_dtype(info: dict) -> str:
     """The training precision of a run: run.json's ``dtype``; runs that predate it were float32 (CPU) or bf16."""
     dtype = info.get("dtype")
@@ -143,7 +173,8 @@ def summarize_drift(metrics: pd.DataFrame) -> dict:
     """The drift split (docs/design.md §7): drift1, drift2 and their ratio at the last logged row per circuit,
     the largest closure, and (SGD + coupled decay) the largest relative error of drift1 against its prediction.
 
-    ``drift_ratio_{qk,ov}_final`` = drift1 / drift2 at the last row (NaN where drift2 is 0).
+    ``drift_ratio_{qk,ov}_final`` = drift1 / drift2 at the last row (NaN where drift2 is 0), and
+    ``drift_ratio_{qk,ov}_max`` the largest over the rows where drift2 is not 0.
     """
     row = {}
     for circuit in CIRCUITS:
@@ -153,6 +184,8 @@ def summarize_drift(metrics: pd.DataFrame) -> dict:
         last_second = float(second[both].iloc[-1]) if both.any() else math.nan
         row[f"drift1_{circuit}_final"], row[f"drift2_{circuit}_final"] = last_first, last_second
         row[f"drift_ratio_{circuit}_final"] = last_first / last_second if last_second > 0 else math.nan
+        ratios = (first / second)[both & (second > 0)]
+        row[f"drift_ratio_{circuit}_max"] = float(ratios.max()) if len(ratios) else math.nan
     closure = pd.concat([_column(metrics, f"closure_{c}") for c in CIRCUITS]).dropna()
     row["closure_max"] = float(closure.max()) if len(closure) else math.nan
     relerr = pd.concat([_column(metrics, f"drift1_pred_relerr_{c}") for c in CIRCUITS]).dropna()
@@ -294,8 +327,14 @@ def _extreme(frame: pd.DataFrame, columns: list[str], largest: bool = True) -> f
     return float(values.max() if largest else values.min())
 
 
-def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFrame | None = None) -> pd.DataFrame:
+def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFrame | None = None,
+                 intervention_runs: pd.DataFrame | None = None,
+                 identity_runs: pd.DataFrame | None = None) -> pd.DataFrame:
     """Each experimental claim with the number measured in this pipeline's own runs.
+
+    With the interventions' runs (``intervention_runs``: the arms and their ``adamw`` baselines;
+    ``identity_runs``: the float64 run of the projected arm) the identities of the interventions follow
+    (:func:`intervention_claims`).
 
     ``result`` is pass, fail, missing (the runs the claim needs were not configured, or all
     diverged) or ``not applicable (dtype)``: the runs trained in a precision too coarse to
@@ -324,7 +363,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
     rebalanced = of_cases(rebalancing)
     every = pd.concat([frame for frame in (done, sweep_done) if not frame.empty]) if not done.empty else done
     ratio_columns = [f"drift_ratio_{c}_final" for c in CIRCUITS]
-    return pd.DataFrame([
+    claims = [
         _claim("E1 sgd drift1/drift2 < 1e-9", "E1, Lemma 5.1", _extreme(sgd, ratio_columns), "<",
                DRIFT_RATIO_SGD_MAX, f"largest first- over second-order drift at the last row, both circuits, "
                f"over {len(sgd)} sgd runs", _dtypes(sgd), FLOAT64_ONLY),
@@ -351,17 +390,88 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
                _extreme(rebalanced, ["beta_rebalance_ratio_max"]), "<", BETA_REBALANCE_RATIO_MAX,
                f"largest ratio of beta right after a rebalance to beta at the log step before it, "
                f"over {len(rebalanced)} {'/'.join(rebalancing)} runs", _dtypes(rebalanced)),
-    ])
+    ]
+    if intervention_runs is not None or identity_runs is not None:
+        claims += intervention_claims(pd.DataFrame() if intervention_runs is None else intervention_runs,
+                                      pd.DataFrame() if identity_runs is None else identity_runs)
+    return pd.DataFrame(claims)
+
+
+def _paired(runs: pd.DataFrame, other: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
+    """Each run of ``runs`` with the run of ``other`` that has its seed (runs without one left out)."""
+    by_seed = {row["seed"]: row for _, row in other.iterrows()}
+    return [(row, by_seed[row["seed"]]) for _, row in runs.iterrows() if row["seed"] in by_seed]
+
+
+def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict]:
+    """The identities of the interventions on the orbit (docs/design.md §12-§14), measured in their runs:
+
+    - the projected step in float64 (``identity``): ρ and drift1/drift2 at round-off, as E1's for SGD;
+    - the gauge-fixed arm: the trained attention entries drop (``adamw``'s run of the same seed minus
+      the arm's) by exactly the closed form ``2 L G D^2``; its initial function equals ``adamw``'s (logits
+      on the probe batch, and the step-0 val loss against ``adamw``'s run of the same seed);
+    - the rebalancing arm with transported moments: its orbit moves keep the function (τ).
+    """
+    def of_case(frame: pd.DataFrame, case: str) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        done = frame[(frame["status"] != "diverged") & (frame["case"] == case)]
+        return done[done["rebalance_moments"].fillna("keep") == "keep"] if case == CLAIM_ADAMW_CASE else done
+
+    projected = of_case(identity, PROJECTED_CASE)
+    gauge, adamw = of_case(arms, GAUGE_FIXED_CASE), of_case(arms, CLAIM_ADAMW_CASE)
+    rebalancing = arms[arms["case"].isin(rebalancing_cases()) & (arms["status"] != "diverged")] \
+        if not arms.empty else arms
+    transported = rebalancing[rebalancing["rebalance_moments"] == TRANSPORT_MOMENTS] \
+        if not rebalancing.empty else rebalancing
+    pairs = _paired(gauge, adamw) if not gauge.empty and not adamw.empty else []
+    count_errors = [abs(float(base["trained_attention_params"]) - float(run["trained_attention_params"])
+                        - float(run["unidentified_qk_ov_params"])) for run, base in pairs]
+    start_changes = [abs(run["initial_val_loss"] - base["initial_val_loss"]) / abs(base["initial_val_loss"])
+                     for run, base in pairs]
+    paired = pd.DataFrame([run for run, _ in pairs] + [base for _, base in pairs])
+    return [
+        _claim("interventions: projected rho max < 1e-20", "design §12 (ours)",
+               _extreme(projected, [f"rho_{c}_max" for c in CIRCUITS]), "<", RHO_SGD_MAX,
+               f"largest per-step rho of {PROJECTED_CASE}, both circuits, over {len(projected)} float64 "
+               f"run(s): a step with its orbit component removed is orthogonal to the orbit", _dtypes(projected),
+               FLOAT64_ONLY),
+        _claim("interventions: projected drift1/drift2 < 1e-9", "design §12 (ours)",
+               _extreme(projected, [f"drift_ratio_{c}_max" for c in CIRCUITS]), "<", DRIFT_RATIO_SGD_MAX,
+               f"largest first- over second-order drift on any row, both circuits, over {len(projected)} "
+               f"float64 {PROJECTED_CASE} run(s): orthogonal steps conserve the imbalance to first order",
+               _dtypes(projected), FLOAT64_ONLY),
+        _claim("interventions: gauge-fixed trains 2 L G D^2 fewer attention entries", "design §13 (ours)",
+               max(count_errors) if count_errors else math.nan, "in", (0, 0),
+               f"largest |(adamw - {GAUGE_FIXED_CASE}) trained attention entries - L (unidentified_qk + "
+               f"unidentified_ov)| over {len(pairs)} seed pairs", _dtypes(paired)),
+        _claim("interventions: gauge-fixed initial logits = adamw's (< 1e-5)", "design §13 (ours)",
+               _extreme(gauge, ["gauge_logit_change"]), "<", GAUGE_INITIAL_CHANGE_MAX,
+               f"largest max-abs change of the probe logits over max-abs logit, moving adamw's initial "
+               f"weights into the gauge, over {len(gauge)} {GAUGE_FIXED_CASE} runs", _dtypes(gauge)),
+        _claim("interventions: gauge-fixed step-0 val loss = adamw's (< 1e-5)", "design §13 (ours)",
+               max(start_changes) if start_changes else math.nan, "<", GAUGE_INITIAL_CHANGE_MAX,
+               f"largest relative difference of the step-0 val loss from adamw's of the same seed, over "
+               f"{len(pairs)} seed pairs", _dtypes(paired)),
+        _claim("interventions: transported rebalance tau max < 1e-5", "design §14 (ours)",
+               _extreme(transported, ["tau_max"]), "<", TAU_MAX,
+               f"largest relative loss change of an orbit move over {len(transported)} rebalancing runs with "
+               f"the moments transported", _dtypes(transported)),
+    ]
 
 
 # ---------------------------------------------------------------------------- command line
 
 def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_dir: str | Path,
-                 runs: list[str] | None = None, sweep_runs: list[str] | None = None) -> dict[str, pd.DataFrame]:
+                 runs: list[str] | None = None, sweep_runs: list[str] | None = None,
+                 intervention_runs: list[str] | None = None,
+                 identity_runs: list[str] | None = None) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
     ``runs`` / ``sweep_runs`` list the run directories explicitly (what the pipeline does);
-    otherwise every run under ``runs_dir`` / ``sweep_dir`` is gathered.
+    otherwise every run under ``runs_dir`` / ``sweep_dir`` is gathered. ``intervention_runs`` (the
+    interventions' arms and baselines) and ``identity_runs`` (its float64 projected run) add the
+    interventions' identities to claims.csv.
     """
     from attnid.reports.latex import render_table  # jinja2 only when writing
 
@@ -375,7 +485,11 @@ def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_
     sweep = sweep_table(sweep_runs)
     slopes = sweep_slopes_table(sweep) if not sweep.empty else sweep_slopes_table(
         pd.DataFrame(columns=["optimizer", "lr", "status"]))
-    claims = claims_table(runs, slopes, sweep_runs)
+    interventions = None
+    if intervention_runs or identity_runs:
+        interventions = (runs_table(find_run_dirs(None, intervention_runs)) if intervention_runs else None,
+                         runs_table(find_run_dirs(None, identity_runs)) if identity_runs else None)
+    claims = claims_table(runs, slopes, sweep_runs, *(interventions or (None, None)))
 
     out = Path(out_dir)
     write_csv_atomic(out / "runs.csv", runs)

@@ -1,0 +1,225 @@
+"""The interventions study around the arms (attnid.reports.interventions and the gathers): its plan and
+config checks, the DAG's reuse of the cases' runs, the arms told apart by their moments, the identities in
+claims.csv computed from the runs (passing and failing), and Figure 6 with its caption filled from the
+same numbers as interventions.csv."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+import yaml
+from pipeline_helpers import (REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines,
+                              trained_intervention_runs)
+
+from attnid.reports import figures, interventions, tables
+from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
+from attnid.training.rundir import load_run
+from synthetic_runs import write_run
+
+DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
+
+
+# ---------------------------------------------------------------------------- the plan
+
+def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
+    arms = interventions.intervention_arms(DEFAULT)
+    assert [arm.name for arm in arms] == ["adamw", "adamw_projected", "adamw_gauge_fixed", "adamw_rebalance",
+                                          "adamw_rebalance_transport"]
+    assert len(DEFAULT["interventions"]["seeds"]) >= 5
+    paper = yaml.safe_load((REPO / "config/paper.yaml").read_text())
+    assert len(paper["interventions"]["seeds"]) >= 10
+    keep, transport = arms[3], arms[4]
+    # a rebalancing arm rebalances as its case does; only the moments tell the two apart
+    rebalance = {k: DEFAULT["cases"]["adamw_rebalance"][k] for k in ("rebalance_every", "rebalance_target")}
+    assert interventions.arm_overrides(DEFAULT, keep) == rebalance
+    assert interventions.arm_overrides(DEFAULT, transport) == rebalance | {"rebalance_moments": "transport"}
+    assert interventions.arm_overrides(DEFAULT, arms[1]) == {}
+    identity = interventions.identity_overrides(DEFAULT)
+    assert identity["dtype"] == "float64" and identity["max_iters"] < DEFAULT["training"]["max_iters"]
+    assert "seeds" not in identity
+    assert interventions.check_interventions_config(DEFAULT) == []
+    assert interventions.intervention_arms({**DEFAULT, "interventions": None}) == []
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"arms": [{"case": "adamw"}]}, "'adamw' is the baseline of every arm"),
+    ({"arms": [{"case": "adamw_projected", "rebalance_moments": "transport"}]}, "needs a rebalancing case"),
+    ({"arms": [{"case": "adamw_projected"}, {"case": "adamw_projected"}]}, "adamw_projected listed twice"),
+    ({"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
+     "adamw_rebalance listed twice"),
+])
+def test_a_bad_interventions_section_is_one_problem(change, message):
+    config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], **change}}
+    problems = interventions.check_interventions_config(config)
+    assert len(problems) == 1 and message in problems[0], problems
+    no_baseline = {**DEFAULT, "cases": {k: v for k, v in DEFAULT["cases"].items() if k != "adamw"}}
+    assert "no case 'adamw' under cases" in interventions.check_interventions_config(no_baseline)[0]
+    rope = {**DEFAULT, "model": {**DEFAULT["model"], "rope": True}}
+    assert any("does not support a RoPE model" in p for p in interventions.check_interventions_config(rope))
+
+
+def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
+    """Dry run of the default config: the baseline and kept-moments arm train only the seeds the cases do
+    not; every arm job carries adamw's lr, weight decay and steps; the identity run is float64."""
+    copy_pipeline(tmp_path)
+    proc = run_snakemake(tmp_path, "-n", "-p", configfile=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = DEFAULT["results_dir"]
+    planned = set(re.findall(rf"--out ({out}/interventions/\S+)", proc.stdout))
+    expected = set(trained_intervention_runs(DEFAULT)) | {f"{out}/interventions/identity/seed0"}
+    assert planned == expected
+    extra_seeds = [s for s in DEFAULT["interventions"]["seeds"] if s not in DEFAULT["seeds"]]
+    assert {f"{out}/interventions/adamw/seed{s}" for s in extra_seeds} <= planned
+    assert f"{out}/interventions/adamw/seed{DEFAULT['seeds'][0]}" not in planned  # the case run is gathered
+    adamw = DEFAULT["cases"]["adamw"]
+    for job in re.findall(r"attnid train [^\n]*--out " + out + r"/interventions/[^\n]*", proc.stdout):
+        assert f"--lr {adamw['lr']} " in job and f"--weight-decay {adamw['weight_decay']} " in job, job
+        if "/identity/" in job:
+            assert "--case adamw_projected" in job and "--dtype float64" in job
+        else:
+            assert f"--max-iters {DEFAULT['training']['max_iters']} " in job
+    transport = re.search(r"attnid train [^\n]*--rebalance-moments transport[^\n]*", proc.stdout).group(0)
+    assert "--case adamw_rebalance" in transport and "/interventions/adamw_rebalance_transport/" in transport
+    gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
+    assert f"{out}/runs/adamw/seed0" in gather and f"{out}/runs/adamw_rebalance/seed0" in gather
+    assert len(gather) == len(DEFAULT["interventions"]["seeds"]) * 5
+    assert "--identity-runs" in re.search(r"attnid figures [^\n]*", proc.stdout).group(0)
+
+
+def test_interventions_null_turns_the_stage_off(tmp_path):
+    copy_pipeline(tmp_path)
+    proc = run_snakemake(tmp_path, "-n", "-p", config={"interventions": "null"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "interventions/" not in proc.stdout and "interventions-table" not in proc.stdout
+    assert "fig6" not in proc.stdout and "--omit" in proc.stdout and "interventions" in \
+        re.search(r"attnid appendix [^\n]*", proc.stdout).group(0)
+    smoke = smoke_config()
+    smoke["interventions"]["arms"].append({"case": "adamw_gauge_fixed"})
+    (tmp_path / "config/twice.yaml").write_text(yaml.safe_dump(smoke))
+    proc = run_snakemake(tmp_path, "-n", configfile="config/twice.yaml")
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0] == "config error: interventions/arms: adamw_gauge_fixed listed twice"
+
+
+# ---------------------------------------------------------------------------- gathering
+
+def _run(root, arm_dir: str, case: str, seed: int, final: float, *, moments: str | None = None, **kwargs):
+    run_dir = write_run(root / arm_dir / f"seed{seed}", case, seed, 1e-3, final_val_loss=final,
+                        dtype="float32", **kwargs)
+    info = json.loads((run_dir / "run.json").read_text())
+    if moments is not None:
+        info["config"]["rebalance_moments"] = moments
+    info["config"] |= {"n_layer": 2, "n_head": 4, "n_embd": 32}
+    (run_dir / "run.json").write_text(json.dumps(info))
+    return run_dir
+
+
+def study_runs(root, gauge_drop: int = 1024, rho_identity: float = 1e-29, transported_tau: float = 2e-7):
+    """Three seeds of adamw and of every arm (attention 8,192 entries; D = 8, G = 4, L = 2: 2LGD^2 = 1,024)
+    and a float64 identity run; numbers chosen so that each claim's measured value is known."""
+    dirs = []
+    for seed in range(3):
+        base = 2.0 + 0.01 * seed
+        dirs.append(_run(root, "adamw", "adamw", seed, base))
+        dirs.append(_run(root, "adamw_projected", "adamw_projected", seed, base - 0.002, rho_qk=1e-12,
+                         rho_ov=1e-12, drift1=1e-8, drift2=1e-3))
+        dirs.append(_run(root, "adamw_gauge_fixed", "adamw_gauge_fixed", seed, base - 0.05))
+        dirs.append(_run(root, "adamw_rebalance", "adamw_rebalance", seed, base + 0.001, rebalance_every=20))
+        dirs.append(_run(root, "adamw_rebalance_transport", "adamw_rebalance", seed, base + 0.03,
+                         moments="transport", rebalance_every=20, tau=transported_tau))
+    for run_dir in dirs:
+        info = json.loads((run_dir / "run.json").read_text())
+        info["trained_attention_params"] = 8192 - (gauge_drop if info["case"] == "adamw_gauge_fixed" else 0)
+        if info["case"] == "adamw_gauge_fixed":  # the same initial function: adamw's step-0 val loss
+            info["gauge"] = {"condition": 30.0, "logit_change": 3e-7}
+            metrics = pd.read_csv(run_dir / "metrics.csv")
+            metrics.loc[0, "val_loss"] = 3.0 + 0.01 * info["seed"]
+            metrics.to_csv(run_dir / "metrics.csv", index=False)
+        (run_dir / "run.json").write_text(json.dumps(info))
+    identity = write_run(root / "identity" / "seed0", "adamw_projected", 0, 1e-3, rho_qk=rho_identity,
+                         rho_ov=rho_identity, drift1=1e-17, drift2=1e-4, dtype="float64")
+    return [str(d) for d in dirs], [str(identity)]
+
+
+def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path):
+    arm_dirs, _ = study_runs(tmp_path)
+    by_arm = load_runs_by_arm(None, arm_dirs)
+    assert list(by_arm) == ["adamw", "adamw_rebalance", "adamw_rebalance_transport", "adamw_projected",
+                            "adamw_gauge_fixed"]
+    table, notes = interventions_table(by_arm)
+    final = table[table["metric"] == "final_val_loss"].set_index(["arm", "baseline"])
+    assert set(final.index) == {("adamw_rebalance", "adamw"), ("adamw_rebalance_transport", "adamw"),
+                                ("adamw_rebalance_transport", "adamw_rebalance"),
+                                ("adamw_projected", "adamw"), ("adamw_gauge_fixed", "adamw")}
+    assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "delta_mean"] == pytest.approx(0.029)
+    assert final.loc[("adamw_gauge_fixed", "adamw"), "verdict"] == "better" and not notes
+
+
+def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
+    arm_dirs, identity = study_runs(tmp_path / "good")
+    good = tables.intervention_claims(tables.runs_table([_path(d) for d in arm_dirs]),
+                                      tables.runs_table([_path(d) for d in identity]))
+    results = {row["claim"]: row for row in good}
+    assert [row["result"] for row in good] == ["pass"] * 6, good
+    assert results["interventions: projected rho max < 1e-20"]["measured"] == pytest.approx(1e-29)
+    assert results["interventions: projected drift1/drift2 < 1e-9"]["measured"] == pytest.approx(1e-13)
+    assert results["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 0
+    assert results["interventions: transported rebalance tau max < 1e-5"]["measured"] == pytest.approx(2e-7)
+    # a wrong count, a projected step that moved along the orbit, a move that changed the function: fail
+    arm_dirs, identity = study_runs(tmp_path / "bad", gauge_drop=1012, rho_identity=1e-12,
+                                    transported_tau=1e-3)
+    bad = {row["claim"]: row for row in tables.intervention_claims(
+        tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity]))}
+    assert bad["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 12
+    for claim in ("interventions: projected rho max < 1e-20",
+                  "interventions: transported rebalance tau max < 1e-5",
+                  "interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"):
+        assert bad[claim]["result"] == "fail", bad[claim]
+    # an identity run in float32 cannot resolve the float64 thresholds
+    float32 = write_run(tmp_path / "f32" / "seed0", "adamw_projected", 0, 1e-3, rho_qk=1e-12, dtype="float32")
+    rows = {row["claim"]: row for row in tables.intervention_claims(pd.DataFrame(),
+                                                                     tables.runs_table([float32]))}
+    assert rows["interventions: projected rho max < 1e-20"]["result"] == tables.NOT_APPLICABLE
+    assert rows["interventions: gauge-fixed initial logits = adamw's (< 1e-5)"]["result"] == "missing"
+
+
+def _path(run_dir):
+    from pathlib import Path
+
+    return Path(run_dir)
+
+
+def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
+    arm_dirs, identity = study_runs(tmp_path / "runs")
+    by_arm = load_runs_by_arm(None, arm_dirs)
+    paths = figures.figure_interventions(by_arm, [load_run(d) for d in identity], tmp_path)
+    assert [p.name for p in paths] == ["fig6.png", "fig6.pdf", "fig6.rst"]
+    assert paths[0].stat().st_size > 10_000
+    caption = (tmp_path / "fig6.rst").read_text()
+    assert caption.startswith("**Figure 6 — does identification change training?")
+    assert "{{" not in caption and "{%" not in caption
+    table, _ = interventions_table(by_arm)
+    for row in table[table["metric"] == "final_val_loss"].itertuples():
+        low, high = figures._caption_number(row.ci_low), figures._caption_number(row.ci_high)
+        shown = f"[{low}, {high}], {row.verdict}"
+        assert shown in " ".join(caption.split()), shown
+    assert "1e-29" in caption and "3 seeds" in caption
+    from attnid.reports import latex
+
+    assert latex.figure_caption("fig6", tmp_path)["caption"].startswith(r"\textbf{does identification change")
+
+
+def test_paired_differences_per_step_are_the_table_s_at_the_last_evaluation(tmp_path):
+    arm_dirs, _ = study_runs(tmp_path)
+    by_arm = load_runs_by_arm(None, arm_dirs)
+    differences = figures.paired_eval_differences(by_arm["adamw_gauge_fixed"], by_arm["adamw"])
+    assert differences["step"].tolist() == [0, 20, 40] and (differences["n_seeds"] == 3).all()
+    assert differences["mean"].tolist() == pytest.approx([0.0, -0.05, -0.05])
+    table, _ = interventions_table(by_arm)
+    row = table[(table["arm"] == "adamw_gauge_fixed") & (table["metric"] == "final_val_loss")].iloc[0]
+    last = differences.iloc[-1]
+    assert (last["low"], last["high"]) == pytest.approx((row["ci_low"], row["ci_high"]))
