@@ -10,7 +10,11 @@ FIGURE_NUMBERS = (
 )
 # The caption a figure's report entry shows: the package's, or the one its build filled in.
 FIGURE_CAPTIONS = {
-    i: (f"{FIGURES_DIR}/fig{i}.rst" if i == 6 else caption_file(f"fig{i}"))
+    i: (
+        os.path.abspath(f"{FIGURES_DIR}/fig{i}.rst")
+        if i == 6
+        else caption_file(f"fig{i}")
+    )
     for i in FIGURE_NUMBERS
 }
 # The optional stages this config leaves out: their files of an earlier build are never shown
