@@ -8,8 +8,9 @@ import argparse
 import json
 from pathlib import Path
 
+from attnid.common import outputs, progress
 from attnid.common.errors import UserError
-from attnid.edits.checkpoints import Checkpoint, check_output_path, load_checkpoint, save_checkpoint
+from attnid.edits.checkpoints import (HF_FOLDER, Checkpoint, load_checkpoint, save_checkpoint, weight_format)
 from attnid.measure.inspect import format_inspection, inspect_model
 from attnid.edits.operations import (BALANCE_TARGETS, stored_initial_imbalance, attention_variant, balance_layers,
                                      balance_on_own_orbit, check_plain_layout, pair_summary, prune_layer_biases,
@@ -24,6 +25,10 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 def run_inspect(args) -> int:
     from attnid.model.gpt import load_nanogpt_checkpoint
 
+    if args.checkpoint.is_dir():
+        raise UserError(f"{args.checkpoint} is a directory: attnid inspect reads a nanoGPT ckpt.pt file "
+                        f"(Hugging Face folders: attnid counts --hf-config)")
+    progress.stage(f"reading {args.checkpoint}")
     try:
         model = load_nanogpt_checkpoint(args.checkpoint)
     except (KeyError, AttributeError, TypeError, ValueError) as err:
@@ -60,20 +65,58 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
 
-    check_output_path(args.checkpoint, args.out)
+    declare_edit_files(args)
+    check_load_memory(args.checkpoint)
+    progress.stage(f"reading {args.checkpoint}")
     checkpoint = load_checkpoint(args.checkpoint)
     rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
     batch, token_source = heldout_batch(checkpoint, args)
+    progress.stage(f"evaluating {args.checkpoint} on the held-out batch")
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
     report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
               "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
               "bias": checkpoint.attention_layer(0).c_attn_bias is not None}
+    progress.stage(f"editing {args.checkpoint}")
     report.update(edit(checkpoint, rope))
+    progress.stage(f"writing {args.out}")
     save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
+    progress.stage(f"evaluating {args.out} on the held-out batch")
     loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
     report.update({"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)})
     report.update(compare(loss_before, logits_before, loss_after, logits_after))
     return report
+
+
+EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and balance
+
+
+def declare_edit_files(args) -> None:
+    """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
+    --out in the input's format (a file, or a folder of the same files), --json a report."""
+    rule = outputs.current()
+    source = args.checkpoint
+    # the input, the held-out data named or found next to a nanoGPT checkpoint, the text
+    rule.read(source, args.data, args.text, *([source.parent / "val.bin", source.parent / "meta.json"]
+                                              if source.is_file() else []))
+    if source.is_dir():
+        out = rule.write_dir(args.out, "--out", HF_FOLDER)
+        for item in sorted(source.iterdir()):
+            if item.is_file():
+                rule.write(out / item.name, weight_format(item.name))
+    else:
+        rule.write(args.out, outputs.TORCH_ARCHIVE, "--out")
+    rule.write(args.json, EDIT_REPORT, "--json")
+
+
+def check_load_memory(source: Path) -> None:
+    """An edit holds the checkpoint's tensors twice at least (as read, and in the model that proves the
+    edit): refuse before reading one that cannot fit (docs/design.md §6.2)."""
+    from attnid.common.memory import require_memory
+
+    files = [item for item in source.iterdir() if item.is_file()] if source.is_dir() else [source]
+    stored = sum(item.stat().st_size for item in files if item.is_file())
+    require_memory({"the checkpoint read": stored, "its evaluation model": stored}, "cpu",
+                   f"editing {source}", "edit it on a machine with more memory")
 
 
 def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
@@ -85,7 +128,7 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
               f"wrote {report['output']}"]
     print("\n".join(lines))
     if json_path is not None:
-        write_json_atomic(json_path, report)
+        write_json_atomic(json_path, report, EDIT_REPORT)
     return 0
 
 

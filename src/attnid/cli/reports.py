@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 
 # Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
@@ -22,11 +23,23 @@ def add_run_selection_arguments(parser, sweep: bool = True) -> None:
                             help="exactly these sweep run directories (instead of everything under --sweep-dir)")
 
 
-
 def check_run_selection(args) -> None:
     if args.runs_dir is None and not args.runs:
         raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
 
+
+def declare_report_files(args, *inputs) -> Path:
+    """The output rule's view of a gathering command: the listed run directories and ``inputs`` are read,
+    --out-dir is written (each table or figure in it is checked as it is written)."""
+    rule = outputs.current()
+    for listed in ("runs", "sweep_runs", "heads_runs", "variants_runs"):
+        rule.read(*(getattr(args, listed, None) or []))
+    rule.read(*inputs)
+    return rule.write_dir(args.out_dir, "--out-dir")
+
+
+def files_in(folder: str | Path | None, pattern: str) -> list[Path]:
+    return sorted(Path(folder).glob(pattern)) if folder is not None and Path(folder).is_dir() else []
 
 
 def add_tables_arguments(parser) -> None:
@@ -34,17 +47,16 @@ def add_tables_arguments(parser) -> None:
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
 
 
-
 def run_tables(args) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
+    declare_report_files(args)
     tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
     return 0
-
 
 
 def add_figures_arguments(parser) -> None:
@@ -56,15 +68,14 @@ def add_figures_arguments(parser) -> None:
                         help="no Figure 5, even where study tables of an earlier build exist")
 
 
-
 def run_figures(args) -> int:
     from attnid.reports.figures import make_figures
 
     check_run_selection(args)
+    declare_report_files(args, *files_in(args.tables, "*.csv"), *files_in(args.theory_dir, "*.csv"))
     paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs, studies=args.studies)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
-
 
 
 def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,19 +98,26 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
                              f"earlier build exist ({', '.join(sorted(OPTIONAL_PARTS))})")
 
 
-
 def run_appendix(args: argparse.Namespace) -> int:
     from attnid.reports.latex import compile_pdf, render_appendix
 
     from attnid.common.files import write_text_atomic
 
+    rule = outputs.current()
+    rule.read(args.counts, args.nullity, args.single_head, args.templates,
+              *files_in(args.experiment_tables, "*.tex"), *files_in(args.figures, "*.pdf"))
+    rule.write(args.out, outputs.TEX, "--out")
+    if args.pdf:
+        main_tex = Path(args.out).resolve().parent / "main.tex"
+        rule.read(main_tex)
+        rule.write(main_tex.with_suffix(".pdf"), outputs.PDF)
+        rule.write(main_tex.with_suffix(".log"), outputs.TEXT)
     text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
                            args.figures, args.templates, omit=args.omit)
-    write_text_atomic(args.out, text)
+    write_text_atomic(args.out, text, outputs.TEX)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")
     return 0
-
 
 
 def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,7 +131,6 @@ def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where heads.csv/.tex, variants.csv/.tex and identification_correlation.csv go")
 
 
-
 def run_studies(args: argparse.Namespace) -> int:
     from attnid.reports.studies import STUDIES, write_study_tables
     from attnid.training.rundir import find_run_dirs
@@ -125,6 +142,7 @@ def run_studies(args: argparse.Namespace) -> int:
         listed = getattr(args, f"{study}_runs")
         root = Path(args.studies_dir) / study if args.studies_dir is not None else None
         run_dirs[study] = find_run_dirs(root, listed)
+    declare_report_files(args)
     tables = write_study_tables(run_dirs, args.out_dir)
     for row in tables["correlation"].itertuples():
         if row.quantity == "final_val_loss":
@@ -135,7 +153,6 @@ def run_studies(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, nargs="+", required=True, metavar="REPORT",
                         help="JSON reports of attnid prune-biases and attnid balance (their --json)")
@@ -143,11 +160,11 @@ def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where prune.csv, prune_summary.csv and prune.tex go (default: %(default)s)")
 
 
-
 def run_edits_table(args) -> int:
     from attnid.reports.edits_table import write_edits_table
     from attnid.reports.latex import records
 
+    declare_report_files(args, *args.json)
     tables = write_edits_table(args.json, args.out_dir)
     summary = tables["summary"]
     for row in records(summary):
