@@ -109,7 +109,10 @@ def workspace(tmp_path_factory, shakespeare_path) -> Path:
     for run, name, content in (("foreign_run", "run.json", '{"mine": 1}\n'),
                                ("foreign_ckpt_run", "ckpt.pt", "a note, not a checkpoint\n"),
                                ("runs/bad", "run.json", "{oops"),
-                               ("runs/bad", "metrics.csv", "step,lr\n0,1\n")):
+                               ("runs/bad", "metrics.csv", "step,lr\n0,1\n"),
+                               ("runs/garbled", "run.json", '{"status": "completed", "case": "sgd"}'),
+                               ("runs/garbled", "metrics.csv", "step,lr\nx,y\n"),
+                               ("foreign_tables", "sweep.csv", "a,b\n1,2\n")):
         (w / run).mkdir(parents=True, exist_ok=True)
         (w / run / name).write_text(content)
     return w
@@ -238,6 +241,10 @@ CASES = [
     ("tables-run-missing", "tables --runs {w}/nope --out-dir {w}/t", "no run.json"),
     ("tables-run-json-corrupt", "tables --runs {w}/runs/bad --out-dir {w}/t", "cannot read"),
     ("tables-out-dir-is-a-file", "tables --runs {w}/runs/bad --out-dir {w}/notes.txt", "is a file"),
+    ("tables-metrics-not-numbers", "tables --runs {w}/runs/garbled --out-dir {w}/t", "not what attnid train"),
+    ("figures-tables-foreign",
+     "figures --tables {w}/foreign_tables --runs {w}/runs/garbled --theory-dir {w} --out-dir {w}/f",
+     "not what"),
     ("figures-tables-missing",
      "figures --tables {w}/nope --runs-dir {w}/runs --theory-dir {w}/nope --out-dir {w}/f",
      "not found"),
@@ -248,6 +255,7 @@ CASES = [
     ("edits-table-report-is-foreign-json", "edits-table --json {w}/report.json --out-dir {w}/t",
      "report.json"),
     ("appendix-counts-missing", "appendix --counts {w}/nope.csv --out {w}/a.tex", "nope.csv"),
+    ("appendix-counts-lack-columns", APPENDIX + " --out {w}/a.tex", "lacks"),
     ("appendix-out-is-an-input", APPENDIX + " --out {w}/nullity.csv", INPUT),
     ("appendix-out-is-a-foreign-tex", APPENDIX + " --out {w}/main.tex", "--force"),
     ("appendix-templates-not-a-folder", APPENDIX + " --templates {w}/notes.txt --out {w}/a.tex", "notes.txt"),

@@ -4,6 +4,7 @@ into tables, claims, figures and the LaTeX appendix (:mod:`attnid.reports`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
 from attnid.common import outputs
@@ -38,6 +39,23 @@ def declare_report_files(args, *inputs) -> Path:
     return rule.write_dir(args.out_dir, "--out-dir")
 
 
+@contextlib.contextmanager
+def written_by(writers: str):
+    """The gathering commands read files that other attnid commands wrote; one that is not (a column or
+    key missing, a value of the wrong kind, a template field without data) is the user's file, not our bug:
+    one line naming the problem and who writes such files (``ATTNID_DEBUG=1`` shows where it was hit)."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        raise UserError(f"an input is not what {writers} writes ({type(err).__name__}: {err}); rerun that "
+                        f"step with this attnid, or pass its outputs") from err
+    except Exception as err:
+        if type(err).__name__ != "UndefinedError":  # jinja2: a template asks for a column the table lacks
+            raise
+        raise UserError(f"an input table lacks what the templates need ({err}); rerun {writers} with this "
+                        f"attnid") from err
+
+
 def files_in(folder: str | Path | None, pattern: str) -> list[Path]:
     return sorted(Path(folder).glob(pattern)) if folder is not None and Path(folder).is_dir() else []
 
@@ -52,7 +70,8 @@ def run_tables(args) -> int:
 
     check_run_selection(args)
     declare_report_files(args)
-    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
+    with written_by("attnid train"):
+        tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
@@ -73,7 +92,9 @@ def run_figures(args) -> int:
 
     check_run_selection(args)
     declare_report_files(args, *files_in(args.tables, "*.csv"), *files_in(args.theory_dir, "*.csv"))
-    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs, studies=args.studies)
+    with written_by("attnid tables, counts, verify or train"):
+        paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs,
+                             studies=args.studies)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
 
@@ -112,8 +133,9 @@ def run_appendix(args: argparse.Namespace) -> int:
         rule.read(main_tex)
         rule.write(main_tex.with_suffix(".pdf"), outputs.PDF)
         rule.write(main_tex.with_suffix(".log"), outputs.TEXT)
-    text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
-                           args.figures, args.templates, omit=args.omit)
+    with written_by("attnid counts, verify, tables or figures"):
+        text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
+                               args.figures, args.templates, omit=args.omit)
     write_text_atomic(args.out, text, outputs.TEX)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")
@@ -143,7 +165,8 @@ def run_studies(args: argparse.Namespace) -> int:
         root = Path(args.studies_dir) / study if args.studies_dir is not None else None
         run_dirs[study] = find_run_dirs(root, listed)
     declare_report_files(args)
-    tables = write_study_tables(run_dirs, args.out_dir)
+    with written_by("attnid train"):
+        tables = write_study_tables(run_dirs, args.out_dir)
     for row in tables["correlation"].itertuples():
         if row.quantity == "final_val_loss":
             print(f"{row.study}: Spearman(identified fraction, val loss) over {row.n_points} points = "
@@ -165,7 +188,8 @@ def run_edits_table(args) -> int:
     from attnid.reports.latex import records
 
     declare_report_files(args, *args.json)
-    tables = write_edits_table(args.json, args.out_dir)
+    with written_by("attnid prune-biases or balance (--json)"):
+        tables = write_edits_table(args.json, args.out_dir)
     summary = tables["summary"]
     for row in records(summary):
         print(f"{row['edit']} ({row['n_runs']} checkpoint(s), L={row['n_layer']} H={row['n_head']} "
