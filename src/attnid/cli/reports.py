@@ -4,8 +4,10 @@ into tables, claims, figures and the LaTeX appendix (:mod:`attnid.reports`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 
 # Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
@@ -27,6 +29,37 @@ def check_run_selection(args) -> None:
         raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
 
 
+def declare_report_files(args, *inputs) -> Path:
+    """The output rule's view of a gathering command: the listed run directories and ``inputs`` are read,
+    --out-dir is written (each table or figure in it is checked as it is written)."""
+    rule = outputs.current()
+    for listed in ("runs", "sweep_runs", "heads_runs", "variants_runs"):
+        rule.read(*(getattr(args, listed, None) or []))
+    rule.read(*inputs)
+    return rule.write_dir(args.out_dir, "--out-dir")
+
+
+@contextlib.contextmanager
+def written_by(writers: str):
+    """The gathering commands read files that other attnid commands wrote; one that is not (a column or
+    key missing, a value of the wrong kind, a template field without data) is the user's file, not our bug:
+    one line naming the problem and who writes such files (``ATTNID_DEBUG=1`` shows where it was hit)."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        raise UserError(f"an input is not what {writers} writes ({type(err).__name__}: {err}); rerun that "
+                        f"step with this attnid, or pass its outputs") from err
+    except Exception as err:
+        if type(err).__name__ != "UndefinedError":  # jinja2: a template asks for a column the table lacks
+            raise
+        raise UserError(f"an input table lacks what the templates need ({err}); rerun {writers} with this "
+                        f"attnid") from err
+
+
+def files_in(folder: str | Path | None, pattern: str) -> list[Path]:
+    return sorted(Path(folder).glob(pattern)) if folder is not None and Path(folder).is_dir() else []
+
+
 def add_tables_arguments(parser) -> None:
     add_run_selection_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
@@ -36,7 +69,9 @@ def run_tables(args) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
-    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
+    declare_report_files(args)
+    with written_by("attnid train"):
+        tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
@@ -56,7 +91,10 @@ def run_figures(args) -> int:
     from attnid.reports.figures import make_figures
 
     check_run_selection(args)
-    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs, studies=args.studies)
+    declare_report_files(args, *files_in(args.tables, "*.csv"), *files_in(args.theory_dir, "*.csv"))
+    with written_by("attnid tables, counts, verify or train"):
+        paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs,
+                             studies=args.studies)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
 
@@ -86,9 +124,19 @@ def run_appendix(args: argparse.Namespace) -> int:
 
     from attnid.common.files import write_text_atomic
 
-    text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
-                           args.figures, args.templates, omit=args.omit)
-    write_text_atomic(args.out, text)
+    rule = outputs.current()
+    rule.read(args.counts, args.nullity, args.single_head, args.templates,
+              *files_in(args.experiment_tables, "*.tex"), *files_in(args.figures, "*.pdf"))
+    rule.write(args.out, outputs.TEX, "--out")
+    if args.pdf:
+        main_tex = Path(args.out).resolve().parent / "main.tex"
+        rule.read(main_tex)
+        rule.write(main_tex.with_suffix(".pdf"), outputs.PDF)
+        rule.write(main_tex.with_suffix(".log"), outputs.TEXT)
+    with written_by("attnid counts, verify, tables or figures"):
+        text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
+                               args.figures, args.templates, omit=args.omit)
+    write_text_atomic(args.out, text, outputs.TEX)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")
     return 0
@@ -105,7 +153,6 @@ def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where heads.csv/.tex, variants.csv/.tex and identification_correlation"
                              ".csv/.tex go")
 
-
 def run_studies(args: argparse.Namespace) -> int:
     from attnid.reports.studies import STUDIES, write_study_tables
     from attnid.training.rundir import find_run_dirs
@@ -117,7 +164,9 @@ def run_studies(args: argparse.Namespace) -> int:
         listed = getattr(args, f"{study}_runs")
         root = Path(args.studies_dir) / study if args.studies_dir is not None else None
         run_dirs[study] = find_run_dirs(root, listed)
-    tables = write_study_tables(run_dirs, args.out_dir)
+    declare_report_files(args)
+    with written_by("attnid train"):
+        tables = write_study_tables(run_dirs, args.out_dir)
     for row in tables["correlation"].itertuples():
         if row.quantity == "final_val_loss":
             print(f"{row.study} ({row.subset}): Spearman(identified fraction, val loss) over {row.n_points} "
@@ -140,7 +189,9 @@ def run_edits_table(args) -> int:
     from attnid.reports.edits_table import write_edits_table
     from attnid.reports.latex import records
 
-    tables = write_edits_table(args.json, args.out_dir)
+    declare_report_files(args, *args.json)
+    with written_by("attnid prune-biases or balance (--json)"):
+        tables = write_edits_table(args.json, args.out_dir)
     summary = tables["summary"]
     for row in records(summary):
         print(f"{row['edit']} ({row['n_runs']} checkpoint(s), L={row['n_layer']} H={row['n_head']} "
@@ -164,7 +215,9 @@ def run_interventions_table(args: argparse.Namespace) -> int:
     from attnid.reports.interventions_table import write_interventions_table
 
     check_run_selection(args)
-    table, notes = write_interventions_table(args.runs_dir, args.out_dir, args.runs, args.baseline)
+    declare_report_files(args)
+    with written_by("attnid train"):
+        table, notes = write_interventions_table(args.runs_dir, args.out_dir, args.runs, args.baseline)
     for note in notes:
         print(f"note: {note}")
     for row in table.itertuples():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.theory.counts import DEFAULT_COUNTS_OUT, counts_table, load_architectures, single_head_table
 
@@ -28,7 +29,6 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
     return 0
 
 
-
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--architectures", default="config/architectures.yaml",
                         help="YAML of architecture shapes (default: %(default)s)")
@@ -41,12 +41,17 @@ def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
                              "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon); prints its row")
 
 
-
 def run_counts(args: argparse.Namespace) -> int:
     from attnid.common.files import write_csv_atomic
 
+    rule = outputs.current()
     if args.hf_config is not None:
+        rule.read(args.hf_config)
+        rule.write(args.out, outputs.CSV, "--out")
         return run_hf_config_counts(args.hf_config, args.out)
+    rule.read(args.architectures)
+    rule.write(args.out or DEFAULT_COUNTS_OUT, outputs.CSV, "--out")
+    rule.write(args.single_head_out, outputs.CSV, "--single-head-out")
     architectures = load_architectures(args.architectures)
     write_csv_atomic(args.out or DEFAULT_COUNTS_OUT, counts_table(architectures))
     if args.single_head_out:
@@ -54,11 +59,9 @@ def run_counts(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results/theory/nullity.csv", help="CSV to write (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
-
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -68,6 +71,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     from attnid.theory.nullity import GAP_REQUIRED, verify
 
+    outputs.current().write(args.out, outputs.CSV, "--out")  # before the minutes of work
     torch.set_num_threads(max(1, args.threads))
     table = verify(progress=lambda line: print(line, file=sys.stderr, flush=True))
     write_csv_atomic(args.out, table)

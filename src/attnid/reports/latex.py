@@ -29,7 +29,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.common.files import atomic_path
 from attnid.reports.studies import STUDIES
 
 # "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
@@ -439,12 +441,14 @@ def compile_pdf(main_tex: Path) -> Path:
                                 cwd=main_tex.parent, capture_output=True, text=True)
         log = main_tex.with_suffix(".log")
         if (build / log.name).is_file():  # the log outlives the scratch folder (overfull boxes, errors)
-            shutil.copyfile(build / log.name, log)
+            with atomic_path(log, outputs.TEXT) as tmp:
+                shutil.copyfile(build / log.name, tmp)
         if result.returncode != 0:
             errors = [line for line in result.stdout.splitlines() if line.startswith("!")]
             raise UserError(f"latexmk failed on {main_tex}: {errors[0] if errors else 'see ' + str(log)}")
         pdf = main_tex.with_suffix(".pdf")
-        os.replace(build / pdf.name, pdf)
+        with atomic_path(pdf, outputs.PDF) as tmp:
+            os.replace(build / pdf.name, tmp)
         return pdf
     finally:
         shutil.rmtree(build, ignore_errors=True)

@@ -334,15 +334,12 @@ ARCHITECTURE_KEYS = {"n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "va
 def load_architectures(path: str | Path) -> dict[str, dict]:
     """Read ``architectures.yaml``: a mapping ``name -> {n_layer, n_embd, n_head, ...,
     source}``. Every problem is a UserError naming the entry and the field."""
-    import yaml
+    from attnid.common.files import read_yaml
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"architectures file {path} not found: pass --architectures PATH (default config/architectures.yaml)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise UserError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = read_yaml(path, "architectures file")
     entries = data.get("architectures") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise UserError(f"{path} must have a non-empty 'architectures:' mapping of name -> shape")

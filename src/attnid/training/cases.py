@@ -31,6 +31,8 @@ class Case:
     # plain SGD with coupled L2 decay (--weight-decay), no momentum: its first-order imbalance drift is
     # predicted exactly, L_t = -2 lr_t wd I_t (docs/design.md §7), and logged as drift1_pred_*
     coupled_weight_decay: bool = False
+    # tensors of optimizer state per parameter (AdamW's two moments: 2), for the memory estimate (design §6.2)
+    optimizer_states: int = 0
     color: str = "gray"
     linestyle: str = "-"
     marker: str = "o"
@@ -115,10 +117,10 @@ register(Case("sgd_wd", "SGD + weight decay",
               "SGD with coupled L2 weight decay (--weight-decay) on matrices and embeddings (E2)",
               0.1, sgd_weight_decay, coupled_weight_decay=True, color="#D55E00", linestyle="--", marker="s"))
 register(Case("sgd_momentum", "SGD + momentum", "SGD with heavy-ball momentum (--momentum, 0.9), no weight decay",
-              0.01, sgd_momentum, color="#CC79A7", linestyle="-.", marker="^"))
+              0.01, sgd_momentum, optimizer_states=1, color="#CC79A7", linestyle="-.", marker="^"))
 register(Case("adamw", "AdamW",
               "nanoGPT's AdamW: betas (0.9, 0.99), decoupled weight decay on matrices and embeddings (E2)",
-              1e-3, adamw, color="#009E73", linestyle="-", marker="D"))
+              1e-3, adamw, optimizer_states=2, color="#009E73", linestyle="-", marker="D"))
 register(Case("adamw_rebalance", "AdamW + rebalancing",
               "adamw, plus every --rebalance-every steps each attention pair moved along its orbit (E3)",
-              1e-3, adamw, rebalances=True, color="#000000", linestyle="--", marker="v"))
+              1e-3, adamw, rebalances=True, optimizer_states=2, color="#000000", linestyle="--", marker="v"))
