@@ -329,7 +329,10 @@ def single_head_row(n_embd: int, n_head: int) -> dict:
 # Architectures (config/architectures.yaml) and the `attnid counts` command
 
 ARCHITECTURE_KEYS = {"n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "value_dim", "rope", "bias",
-                     "out_bias", "source"}
+                     "out_bias", "source",
+                     # whole-model fields, read and validated by attnid.census_theory (WHOLE_MODEL_KEYS)
+                     "vocab_size", "block_size", "norm", "norm_bias", "mlp", "mlp_hidden", "mlp_bias", "tied",
+                     "block", "norm_eps"}
 
 
 def load_architectures(path: str | Path) -> dict[str, dict]:
@@ -425,12 +428,30 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
         table = counts_table({name: spec})
     except (TypeError, ValueError) as err:
         raise UserError(f"{spec['source']}: {err}") from None
+    table = table.assign(**hf_whole_model_columns(name, spec))
     row = table.iloc[0].to_dict()
     width = max(len(key) for key in row)
     print("\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items()))
     if out:
         write_csv_atomic(out, table)
     return 0
+
+
+def hf_whole_model_columns(name: str, spec: dict) -> dict:
+    """The whole-model columns of a Hugging Face model's row (attnid.census_theory): its parameters, its
+    unidentified count over every symmetry class, and the identified fraction; a model family the census
+    does not cover gets empty values and the reason."""
+    from attnid.census_theory import whole_model_row
+
+    if "whole_model_note" in spec:
+        return {"whole_params": None, "whole_unidentified": None, "whole_identified_fraction": None,
+                "whole_model_note": spec["whole_model_note"]}
+    try:
+        row = whole_model_row(name, spec)
+    except UserError as err:
+        return {"whole_params": None, "whole_unidentified": None, "whole_identified_fraction": None,
+                "whole_model_note": str(err)}
+    return {key: row[key] for key in ("whole_params", "whole_unidentified", "whole_identified_fraction")}
 
 
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
@@ -440,6 +461,9 @@ def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"CSV to write (default: {DEFAULT_COUNTS_OUT}; with --hf-config only when given)")
     parser.add_argument("--single-head-out", default=None,
                         help="also write the §4.10 single-head matching table here (e.g. results/theory/single_head.csv)")
+    parser.add_argument("--whole-model-out", default=None,
+                        help="also write the whole-model counts (every symmetry class, attnid census) here "
+                             "(e.g. results/theory/whole_model.csv)")
     parser.add_argument("--hf-config", default=None, metavar="PATH",
                         help="count one Hugging Face model instead: its config.json, or the folder holding it "
                              "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon); prints its row")
@@ -454,4 +478,8 @@ def run_counts(args: argparse.Namespace) -> int:
     write_csv_atomic(args.out or DEFAULT_COUNTS_OUT, counts_table(architectures))
     if args.single_head_out:
         write_csv_atomic(args.single_head_out, single_head_table(architectures))
+    if args.whole_model_out:
+        from attnid.census_theory import whole_model_table
+
+        write_csv_atomic(args.whole_model_out, whole_model_table(architectures))
     return 0
