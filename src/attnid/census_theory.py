@@ -147,7 +147,8 @@ def check_domain(shape: WholeModelShape) -> None:
       forms need ``V >= E + 2`` (measured at ``V = E + 1``: ``E`` more null directions with q/k/v biases,
       a few more with an output bias and ``D = 2``).
     * RoPE's commutant count (Prop. 4.8) assumes ``D <= E'`` (full-rank query and key maps).
-    * Attention needs ``T >= 2`` positions to see its scores at all.
+    * Attention needs ``T >= 2`` positions to see its scores at all, and ``E >= 4`` (at ``E = 3`` a tied
+      LayerNorm model keeps the one rotation of its 2-dimensional stream for every ``V``).
     * In a parallel block the first layer's MLP reads the norm of the embeddings alone, so it sees only
       ``N = V`` (``V T`` with learned positions) distinct inputs: a table, not a function. The closed forms
       need ``N >= R + F + E + 2`` (``R`` the MLP's reader rows, ``F`` or ``2F``); below it the measurement
@@ -171,6 +172,9 @@ def check_domain(shape: WholeModelShape) -> None:
                          f"first norm spans, is not covered")
     if t < 2:
         raise ValueError(f"block_size must be at least 2 (attention over one position has no scores), got {t}")
+    if e < 4:
+        raise ValueError(f"n_embd must be at least 4, got {e} (a 2-dimensional LayerNorm stream keeps one more "
+                         f"rotation when tied)")
     if shape.block == "parallel":
         inputs = v * (t if shape.positions == "learned" else 1)
         needed = mlp_reader_rows(shape) + shape.mlp_hidden + e + 2
@@ -442,6 +446,15 @@ CLASSES: tuple[SymmetryClass, ...] = (
     SymmetryClass("residual_scale", residual_scale_dim, "global scale of the stream (exact only with eps = 0)"),
 )
 CLASS_NAMES = tuple(c.name for c in CLASSES)
+# Coarser groups of the classes, for the columns of table A4 (every class in exactly one group).
+CLASS_GROUPS = {
+    "attention": ("attention_qk", "attention_ov", "key_offset", "value_offset"),
+    "norm_readers": ("norm_gain", "norm_bias", "reader_mean", "first_layer_span"),
+    "stream_writes": ("writer_mean", "embedding_mean", "position_shift", "parallel_output_bias", "residual_scale"),
+    "logits": ("logit_shift",),
+    "rotation": ("stream_rotation",),
+    "gated_mlp": ("gated_mlp_scale",),
+}
 
 
 def class_dims(shape: WholeModelShape) -> dict[str, int]:
@@ -529,6 +542,7 @@ def whole_model_row(name: str, spec: dict) -> dict:
             "whole_params": params, "whole_unidentified": unidentified,
             "whole_identified_fraction": 1 - unidentified / params,
             "extra_unidentified": unidentified - attention_unidentified,
+            **{f"group_{group}": sum(dims[name] for name in names) for group, names in CLASS_GROUPS.items()},
             **{f"class_{key}": value for key, value in dims.items()}}
 
 

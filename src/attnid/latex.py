@@ -12,7 +12,8 @@ Reusable helpers (the experiment tables in tables.py use them too):
 
 The templates are package data, ``attnid/templates/``: ``appendix.tex.j2`` is the
 skeleton, ``counts.tex.j2`` (A1), ``nullity.tex.j2`` (A2), ``single_head.tex.j2``
-(A3), ``experiment_*.tex.j2`` (the tables of ``attnid tables``). The figure
+(A3), ``whole_model.tex.j2`` (A4) and ``census.tex.j2`` (A5, the whole-model census),
+``experiment_*.tex.j2`` (the tables of ``attnid tables``). The figure
 captions, ``attnid/templates/captions/<figure>.rst``, are shared with the Snakemake
 report (``report(..., caption=...)`` in workflow/rules/report.smk): a new figure is
 its caption file plus its name in :data:`FIGURES`.
@@ -296,14 +297,18 @@ def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
 
 
 def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
-                    template_dir=None, omit=()) -> str:
-    """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, plus the
-    experiment tables and figures when given), without the tables and figures of the ``omit`` parts
-    (:data:`OPTIONAL_PARTS`)."""
+                    template_dir=None, omit=(), whole_model_csv=None, census_csv=None) -> str:
+    """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, A4 whole-model counts and
+    A5 census when given, plus the experiment tables and figures when given), without the tables and
+    figures of the ``omit`` parts (:data:`OPTIONAL_PARTS`)."""
     counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
     nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured",
                                                        "gap", "passed"})
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
+    whole_frame = None if whole_model_csv is None else _read_csv(
+        whole_model_csv, "whole-model", {"architecture", "whole_params", "whole_unidentified", "group_rotation"})
+    census_frame = None if census_csv is None else _read_csv(
+        census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
     templates = find_template_dir(template_dir)
     out_dir = Path(out_path).resolve().parent
     omitted = frozenset().union(*(OPTIONAL_PARTS[part] for part in omit))
@@ -324,6 +329,7 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
     figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
+    sources += [str(path) for path in (whole_model_csv, census_csv) if path is not None]
     sources += [str(Path(experiment_tables) / b["name"]) for b in experiment_blocks + study_blocks]
     shown_templates = "attnid/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
@@ -340,6 +346,11 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
         "n_cases": len(nullity_frame),
         "gap_notes": {gap_note(row) for row in _records(nullity_frame)} - {""},
+        "whole_model_rows": [] if whole_frame is None else _records(whole_frame),
+        "census_rows": [] if census_frame is None else _records(census_frame),
+        "n_census": 0 if census_frame is None else len(census_frame),
+        "n_census_closing": 0 if census_frame is None else int(
+            census_frame["closes"].astype(str).str.lower().eq("true").sum()),
     }
     return env.get_template("appendix.tex.j2").render(**context)
 
@@ -348,6 +359,9 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counts", default="results/theory/counts.csv", help="default: %(default)s")
     parser.add_argument("--nullity", default="results/theory/nullity.csv", help="default: %(default)s")
     parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
+    parser.add_argument("--whole-model", default=None,
+                        help="whole-model counts CSV (attnid counts --whole-model-out) for table A4")
+    parser.add_argument("--census", default=None, help="census CSV (attnid census --grid --out) for table A5")
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
                         help="folder with runs.tex, cases.tex, sweep.tex, prune.tex to include verbatim "
@@ -392,7 +406,8 @@ def run_appendix(args: argparse.Namespace) -> int:
     from attnid.files import write_text_atomic
 
     text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
-                           args.figures, args.templates, omit=args.omit)
+                           args.figures, args.templates, omit=args.omit, whole_model_csv=args.whole_model,
+                           census_csv=args.census)
     write_text_atomic(args.out, text)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")
