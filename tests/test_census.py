@@ -25,11 +25,29 @@ from attnid.model import GPT, ROPE_BASE, GPTConfig
 # The census's model is attnid train's model
 
 
-@pytest.mark.parametrize("variant", [{}, {"bias": True}, {"rope": True, "n_kv_head": 1}, {"head_dim": 3},
-                                     {"n_layer": 2, "bias": True, "n_kv_head": 2, "n_head": 4}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"bias": True},
+        {"rope": True, "n_kv_head": 1},
+        {"head_dim": 3},
+        {"n_layer": 2, "bias": True, "n_kv_head": 2, "n_head": 4},
+    ],
+)
 def test_census_model_gives_the_log_probs_of_the_trained_gpt(variant):
-    config = GPTConfig(**{"block_size": 6, "vocab_size": 11, "n_layer": 1, "n_head": 2, "n_embd": 8, "dropout": 0.0,
-                          "bias": False, **variant})
+    config = GPTConfig(
+        **{
+            "block_size": 6,
+            "vocab_size": 11,
+            "n_layer": 1,
+            "n_head": 2,
+            "n_embd": 8,
+            "dropout": 0.0,
+            "bias": False,
+            **variant,
+        }
+    )
     torch.manual_seed(0)
     model = GPT(config).double().eval()
     with torch.no_grad():  # a generic point: nanoGPT's init has zero biases and unit gains
@@ -58,7 +76,9 @@ def test_the_issue_shape_has_188_null_directions_of_which_attention_explains_64(
 
 
 def test_published_parameter_totals():
-    architectures = counts.load_architectures(counts.Path(__file__).parents[1] / "config" / "architectures.yaml")
+    architectures = counts.load_architectures(
+        counts.Path(__file__).parents[1] / "config" / "architectures.yaml"
+    )
     table = theory.whole_model_table(architectures).set_index("architecture")
     # Hugging Face's num_parameters() of the published checkpoints
     assert table.loc["GPT-2 124M", "whole_params"] == 124_439_808
@@ -79,14 +99,25 @@ def whole_shapes(draw, max_embd=40):
     positions = draw(st.sampled_from(theory.POSITIONS))
     norm = draw(st.sampled_from(theory.NORMS))
     head_dim = draw(st.integers(1, max(1, n_embd // 2))) * (2 if positions == "rope" else 1)
-    options = {"n_embd": n_embd, "n_head": n_kv_head * draw(st.integers(1, 3)), "n_kv_head": n_kv_head,
-               "head_dim": head_dim, "vocab_size": draw(st.integers(2, 3 * max_embd)),
-               "block_size": draw(st.integers(2, 2 * max_embd)), "norm": norm,
-               "norm_bias": norm == "layernorm" and draw(st.booleans()), "qkv_bias": draw(st.booleans()),
-               "out_bias": draw(st.booleans()), "mlp": draw(st.sampled_from(theory.MLPS)),
-               "mlp_hidden": draw(st.integers(1, 4 * max_embd)), "mlp_bias": draw(st.booleans()),
-               "tied": draw(st.booleans()), "positions": positions, "block": draw(st.sampled_from(theory.BLOCKS)),
-               "norm_eps": draw(st.sampled_from([0.0, 1e-5]))}
+    options = {
+        "n_embd": n_embd,
+        "n_head": n_kv_head * draw(st.integers(1, 3)),
+        "n_kv_head": n_kv_head,
+        "head_dim": head_dim,
+        "vocab_size": draw(st.integers(2, 3 * max_embd)),
+        "block_size": draw(st.integers(2, 2 * max_embd)),
+        "norm": norm,
+        "norm_bias": norm == "layernorm" and draw(st.booleans()),
+        "qkv_bias": draw(st.booleans()),
+        "out_bias": draw(st.booleans()),
+        "mlp": draw(st.sampled_from(theory.MLPS)),
+        "mlp_hidden": draw(st.integers(1, 4 * max_embd)),
+        "mlp_bias": draw(st.booleans()),
+        "tied": draw(st.booleans()),
+        "positions": positions,
+        "block": draw(st.sampled_from(theory.BLOCKS)),
+        "norm_eps": draw(st.sampled_from([0.0, 1e-5])),
+    }
     try:
         return theory.whole_model_shape(draw(st.integers(1, 3)), **options)
     except ValueError:
@@ -102,7 +133,9 @@ def test_closed_form_properties(shape):
     assert total == sum(dims.values()) < theory.whole_model_params(shape)
     assert total >= theory.attention_only_unidentified(shape)
     # the parameter count is the census model's
-    assert theory.whole_model_params(shape) == sum(math.prod(s) for s in census.parameter_shapes(shape).values())
+    assert theory.whole_model_params(shape) == sum(
+        math.prod(s) for s in census.parameter_shapes(shape).values()
+    )
     e_in = theory.stream_dim(shape)
     if not shape.tied:
         assert dims["stream_rotation"] == e_in * (e_in - 1) // 2
@@ -143,16 +176,20 @@ def tied_rotation_by_linear_algebra(n_embd: int, vocab: int, norm: str, seed: in
         columns.append((w @ (torch.diag(gamma) @ omega - omega @ torch.diag(gamma)) @ project).reshape(-1))
         lifts.append(torch.cat([omega.reshape(-1), torch.zeros(n_embd + vocab, dtype=torch.float64)]))
     for i in range(n_embd):  # unknown: the final gain's change
-        columns.append((w[:, i:i + 1] * project[i:i + 1, :]).reshape(-1))
-        lifts.append(torch.nn.functional.one_hot(torch.tensor(n_embd ** 2 + i), n_embd ** 2 + n_embd + vocab)
-                     .double())
+        columns.append((w[:, i : i + 1] * project[i : i + 1, :]).reshape(-1))
+        lifts.append(
+            torch.nn.functional.one_hot(torch.tensor(n_embd**2 + i), n_embd**2 + n_embd + vocab).double()
+        )
     for v in range(vocab if layer_norm else 0):  # unknown: wte rows along 1_E
         columns.append((torch.outer(torch.eye(vocab, dtype=torch.float64)[v], gamma) @ project).reshape(-1))
-        lifts.append(torch.nn.functional.one_hot(torch.tensor(n_embd ** 2 + n_embd + v),
-                                                 n_embd ** 2 + n_embd + vocab).double())
+        lifts.append(
+            torch.nn.functional.one_hot(
+                torch.tensor(n_embd**2 + n_embd + v), n_embd**2 + n_embd + vocab
+            ).double()
+        )
     for i in range(n_embd):  # allowed: a logit change 1_V b^T (log-softmax)
         columns.append(-(torch.outer(torch.ones(vocab, dtype=torch.float64), project[i])).reshape(-1))
-        lifts.append(torch.zeros(n_embd ** 2 + n_embd + vocab, dtype=torch.float64))
+        lifts.append(torch.zeros(n_embd**2 + n_embd + vocab, dtype=torch.float64))
     system = torch.stack(columns, 1)
     _, singular, vh = torch.linalg.svd(system)
     rank = int((singular > 1e-10 * singular[0]).sum())
@@ -164,7 +201,9 @@ def tied_rotation_by_linear_algebra(n_embd: int, vocab: int, norm: str, seed: in
 @given(n_embd=st.integers(4, 9), vocab=st.integers(2, 12), norm=st.sampled_from(theory.NORMS))
 @settings(max_examples=40, deadline=None, derandomize=True)
 def test_tied_rotation_closed_form_counts_the_solutions(n_embd, vocab, norm):
-    assert theory.tied_rotation_dim(n_embd, vocab, norm) == tied_rotation_by_linear_algebra(n_embd, vocab, norm)
+    assert theory.tied_rotation_dim(n_embd, vocab, norm) == tied_rotation_by_linear_algebra(
+        n_embd, vocab, norm
+    )
 
 
 @given(n_embd=st.integers(4, 300), norm=st.sampled_from(theory.NORMS))
@@ -196,11 +235,31 @@ FAST_SHAPES = [
     # the issue's shape (F = 4E), tied nanoGPT without biases
     theory.whole_model_shape(1, n_embd=8, n_head=2, vocab_size=12, block_size=4),
     # nanoGPT with bias=True, GPT-2's choices
-    theory.whole_model_shape(1, n_embd=8, n_head=2, vocab_size=12, block_size=4, mlp_hidden=8, norm_bias=True,
-                             qkv_bias=True, mlp_bias=True),
+    theory.whole_model_shape(
+        1,
+        n_embd=8,
+        n_head=2,
+        vocab_size=12,
+        block_size=4,
+        mlp_hidden=8,
+        norm_bias=True,
+        qkv_bias=True,
+        mlp_bias=True,
+    ),
     # Llama: RMSNorm, RoPE, GQA, SwiGLU, untied
-    theory.whole_model_shape(1, n_embd=8, n_head=4, n_kv_head=2, vocab_size=12, block_size=4, norm="rmsnorm",
-                             mlp="swiglu", mlp_hidden=8, tied=False, positions="rope"),
+    theory.whole_model_shape(
+        1,
+        n_embd=8,
+        n_head=4,
+        n_kv_head=2,
+        vocab_size=12,
+        block_size=4,
+        norm="rmsnorm",
+        mlp="swiglu",
+        mlp_hidden=8,
+        tied=False,
+        positions="rope",
+    ),
     # a vocabulary below the width, tied: part of the stream rotation survives
     theory.whole_model_shape(1, n_embd=8, n_head=2, vocab_size=6, block_size=4, mlp_hidden=8),
 ]
@@ -232,13 +291,32 @@ def test_without_epsilon_the_residual_scaling_is_exact():
     assert row["near_null_scale"] < 1e-13
 
 
-@pytest.mark.parametrize("outside", [
-    # first-layer queries see less than the stream and V < D
-    dict(n_layer=1, n_embd=12, n_head=2, n_kv_head=2, head_dim=6, vocab_size=5, block_size=6, mlp_hidden=8),
-    # no positions, V = E + 1 with q/k/v biases
-    dict(n_layer=1, n_embd=8, n_head=2, n_kv_head=2, head_dim=4, vocab_size=9, block_size=4, mlp_hidden=6,
-         norm="rmsnorm", mlp="swiglu", tied=False, positions="rope", qkv_bias=True, out_bias=True),
-])
+@pytest.mark.parametrize(
+    "outside",
+    [
+        # first-layer queries see less than the stream and V < D
+        dict(
+            n_layer=1, n_embd=12, n_head=2, n_kv_head=2, head_dim=6, vocab_size=5, block_size=6, mlp_hidden=8
+        ),
+        # no positions, V = E + 1 with q/k/v biases
+        dict(
+            n_layer=1,
+            n_embd=8,
+            n_head=2,
+            n_kv_head=2,
+            head_dim=4,
+            vocab_size=9,
+            block_size=4,
+            mlp_hidden=6,
+            norm="rmsnorm",
+            mlp="swiglu",
+            tied=False,
+            positions="rope",
+            qkv_bias=True,
+            out_bias=True,
+        ),
+    ],
+)
 def test_the_domain_guards_are_needed(outside):
     """Outside the closed forms' domain the measurement finds more null directions than the classes:
     the guards are not arbitrary."""
@@ -262,8 +340,24 @@ def test_too_small_an_input_domain_is_refused():
 
 def test_census_command_prints_every_class_and_writes_its_row(tmp_path, capsys):
     out = tmp_path / "census.csv"
-    assert main(["census", "--family", "llama", "--n-head", "4", "--n-kv-head", "2", "--mlp-hidden", "8",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "census",
+                "--family",
+                "llama",
+                "--n-head",
+                "4",
+                "--n-kv-head",
+                "2",
+                "--mlp-hidden",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     for name in theory.CLASS_NAMES:
         assert name in text
@@ -289,8 +383,9 @@ def test_census_command_fails_when_a_class_is_missing(monkeypatch, capsys):
 
 
 def _census_frame(closes):
-    return pd.DataFrame({"shape": [f"s{i}" for i in range(len(closes))], "closes": closes,
-                         "gap": [1e8] * len(closes)})
+    return pd.DataFrame(
+        {"shape": [f"s{i}" for i in range(len(closes))], "closes": closes, "gap": [1e8] * len(closes)}
+    )
 
 
 def test_census_claim_row():
@@ -301,15 +396,26 @@ def test_census_claim_row():
 
 
 def test_whole_model_counts_of_a_hugging_face_config(tmp_path, repo_root):
-    published = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
-                 "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32000, "rms_norm_eps": 1e-5,
-                 "tie_word_embeddings": False}
+    published = {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+        "vocab_size": 32000,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
     (tmp_path / "config.json").write_text(json.dumps(published))
     assert main(["counts", "--hf-config", str(tmp_path), "--out", str(tmp_path / "row.csv")]) == 0
     ours = pd.read_csv(tmp_path / "row.csv").iloc[0]
     spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 7B"]
     expected = theory.whole_model_row("Llama-2 7B", spec)
-    assert ours.whole_unidentified == expected["whole_unidentified"] and ours.whole_params == expected["whole_params"]
+    assert (
+        ours.whole_unidentified == expected["whole_unidentified"]
+        and ours.whole_params == expected["whole_params"]
+    )
     (tmp_path / "config.json").write_text(json.dumps({**published, "model_type": "gemma2"}))
     assert main(["counts", "--hf-config", str(tmp_path), "--out", str(tmp_path / "row.csv")]) == 0
     row = pd.read_csv(tmp_path / "row.csv").iloc[0]
@@ -317,25 +423,74 @@ def test_whole_model_counts_of_a_hugging_face_config(tmp_path, repo_root):
 
 
 def _table_rows(tex: str, label: str) -> list[list[str]]:
-    block = tex[tex.index(rf"\label{{{label}}}"):]
-    body = block[block.index(r"\midrule") + len(r"\midrule"): block.index(r"\bottomrule")]
-    return [[cell.strip() for cell in line.strip().removesuffix(r"\\").split("&")]
-            for line in body.strip().splitlines()]
+    """Body cells of the booktabs table after ``\\label{label}`` (or after the text ``label``)."""
+    marker = label if label.startswith("(") else rf"\label{{{label}}}"
+    block = tex[tex.index(marker) :]
+    body = block[block.index(r"\midrule") + len(r"\midrule") : block.index(r"\bottomrule")]
+    return [
+        [cell.strip() for cell in line.strip().removesuffix(r"\\").split("&")]
+        for line in body.strip().splitlines()
+    ]
 
 
 def test_appendix_tables_a4_a5_carry_the_csvs(tmp_path, repo_root):
     theory_dir = tmp_path / "theory"
-    assert main(["counts", "--architectures", str(repo_root / "config" / "architectures.yaml"),
-                 "--out", str(theory_dir / "counts.csv"), "--single-head-out", str(theory_dir / "single_head.csv"),
-                 "--whole-model-out", str(theory_dir / "whole_model.csv")]) == 0
-    census.run_grid(FAST_SHAPES[2:4]).to_csv(theory_dir / "census.csv", index=False)
-    pd.DataFrame([{"case": "c", "kind": "pair", "n_params": 2, "n_outputs": 4, "theory": 1, "measured": 1,
-                   "gap": 1e9, "passed": True}]).to_csv(theory_dir / "nullity.csv", index=False)
+    assert (
+        main(
+            [
+                "counts",
+                "--architectures",
+                str(repo_root / "config" / "architectures.yaml"),
+                "--out",
+                str(theory_dir / "counts.csv"),
+                "--single-head-out",
+                str(theory_dir / "single_head.csv"),
+                "--whole-model-out",
+                str(theory_dir / "whole_model.csv"),
+            ]
+        )
+        == 0
+    )
+    measured = census.run_grid(FAST_SHAPES[2:4])
+    # 30 rows (the measured two, repeated with other labels): the table breaks after 24 rows
+    grid = pd.concat([measured] * 15, ignore_index=True)
+    grid["shape"] = [f"{label} #{i}" for i, label in enumerate(grid["shape"])]
+    grid.to_csv(theory_dir / "census.csv", index=False)
+    pd.DataFrame(
+        [
+            {
+                "case": "c",
+                "kind": "pair",
+                "n_params": 2,
+                "n_outputs": 4,
+                "theory": 1,
+                "measured": 1,
+                "gap": 1e9,
+                "passed": True,
+            }
+        ]
+    ).to_csv(theory_dir / "nullity.csv", index=False)
     out = tmp_path / "appendix.tex"
-    assert main(["appendix", "--counts", str(theory_dir / "counts.csv"), "--nullity", str(theory_dir / "nullity.csv"),
-                 "--single-head", str(theory_dir / "single_head.csv"), "--whole-model",
-                 str(theory_dir / "whole_model.csv"), "--census", str(theory_dir / "census.csv"),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "appendix",
+                "--counts",
+                str(theory_dir / "counts.csv"),
+                "--nullity",
+                str(theory_dir / "nullity.csv"),
+                "--single-head",
+                str(theory_dir / "single_head.csv"),
+                "--whole-model",
+                str(theory_dir / "whole_model.csv"),
+                "--census",
+                str(theory_dir / "census.csv"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     tex = out.read_text()
     whole = pd.read_csv(theory_dir / "whole_model.csv")
     a4 = _table_rows(tex, "tab:a4-whole-model")
@@ -343,16 +498,29 @@ def test_appendix_tables_a4_a5_carry_the_csvs(tmp_path, repo_root):
     for cells, (_, row) in zip(a4, whole.iterrows()):
         assert latex.tex_escape(row.architecture) == cells[0]
         integers = [int(c.replace(",", "")) for c in cells[1:3] + [cells[4]] + cells[6:]]
-        assert integers == [row.whole_params, row.attention_unidentified, row.whole_unidentified,
-                            row.group_attention, row.group_norm_readers, row.group_stream_writes, row.group_logits,
-                            row.group_rotation, row.group_gated_mlp]
+        assert integers == [
+            row.whole_params,
+            row.attention_unidentified,
+            row.whole_unidentified,
+            row.group_attention,
+            row.group_norm_readers,
+            row.group_stream_writes,
+            row.group_logits,
+            row.group_rotation,
+            row.group_gated_mlp,
+        ]
         assert float(cells[3]) == pytest.approx(row.attention_identified_fraction, abs=5e-5)
         assert float(cells[5]) == pytest.approx(row.whole_identified_fraction, abs=5e-5)
     grid = pd.read_csv(theory_dir / "census.csv")
-    a5 = _table_rows(tex, "tab:a5-census")
-    assert len(a5) == len(grid)
+    a5 = _table_rows(tex, "tab:a5-census") + _table_rows(tex, "(Table~A5, continued.)")
+    assert len(a5) == len(grid) == 30
     for cells, (_, row) in zip(a5, grid.iterrows()):
-        assert [int(c.replace(",", "")) for c in cells[1:5]] == [row.n_params, row.attention_only, row.theory,
-                                                                row.measured]
+        assert cells[0] == latex.tex_escape(row["shape"])
+        assert [int(c.replace(",", "")) for c in cells[1:5]] == [
+            row.n_params,
+            row.attention_only,
+            row.theory,
+            row.measured,
+        ]
         assert cells[6] == "yes"
-    assert "2 of 2 close" in tex
+    assert "30 of 30 do" in tex

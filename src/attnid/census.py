@@ -85,7 +85,9 @@ def parameter_shapes(shape: theory.WholeModelShape) -> dict[str, tuple[int, ...]
     return shapes
 
 
-def _norm(x: torch.Tensor, p: dict[str, torch.Tensor], name: str, shape: theory.WholeModelShape) -> torch.Tensor:
+def _norm(
+    x: torch.Tensor, p: dict[str, torch.Tensor], name: str, shape: theory.WholeModelShape
+) -> torch.Tensor:
     if shape.norm == "layernorm":
         return F.layer_norm(x, (x.shape[-1],), p[f"{name}.weight"], p.get(f"{name}.bias"), shape.norm_eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + shape.norm_eps) * p[f"{name}.weight"]
@@ -96,14 +98,21 @@ def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], weight: str, bias: str)
     return y + p[bias] if bias in p else y
 
 
-def _attention(x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: theory.WholeModelShape,
-               rope_base: float) -> torch.Tensor:
+def _attention(
+    x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: theory.WholeModelShape, rope_base: float
+) -> torch.Tensor:
     """Causal self-attention of one layer on the norm's output x (B, T, E) -> (B, T, E)."""
     batch, seq_len, _ = x.shape
     h, g, d = shape.n_head, shape.n_kv_head, shape.head_dim
-    q = _linear(x, p, prefix + "w_q", prefix + "b_q").view(batch, seq_len, h, d).transpose(1, 2)  # (B, H, T, D)
-    k = _linear(x, p, prefix + "w_k", prefix + "b_k").view(batch, seq_len, g, d).transpose(1, 2)  # (B, G, T, D)
-    v = _linear(x, p, prefix + "w_v", prefix + "b_v").view(batch, seq_len, g, d).transpose(1, 2)  # (B, G, T, D)
+    q = (
+        _linear(x, p, prefix + "w_q", prefix + "b_q").view(batch, seq_len, h, d).transpose(1, 2)
+    )  # (B, H, T, D)
+    k = (
+        _linear(x, p, prefix + "w_k", prefix + "b_k").view(batch, seq_len, g, d).transpose(1, 2)
+    )  # (B, G, T, D)
+    v = (
+        _linear(x, p, prefix + "w_v", prefix + "b_v").view(batch, seq_len, g, d).transpose(1, 2)
+    )  # (B, G, T, D)
     if shape.positions == "rope":
         q, k = rope_rotate(q, "half", rope_base), rope_rotate(k, "half", rope_base)
     k = k.repeat_interleave(h // g, dim=1)  # (B, H, T, D): head h reads group h // (H/G)
@@ -115,19 +124,26 @@ def _attention(x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: 
     return _linear(y, p, prefix + "w_o", prefix + "b_o")
 
 
-def _mlp(x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: theory.WholeModelShape) -> torch.Tensor:
+def _mlp(
+    x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: theory.WholeModelShape
+) -> torch.Tensor:
     """(B, T, E) -> (B, T, F) -> (B, T, E); GELU is the exact (erf) one, as nn.GELU()."""
     if shape.mlp == "gelu":
         hidden = F.gelu(_linear(x, p, prefix + "w_fc", prefix + "b_fc"))
     else:
         activation = F.silu if shape.mlp == "swiglu" else F.gelu
-        hidden = activation(_linear(x, p, prefix + "w_gate", prefix + "b_gate")) \
-            * _linear(x, p, prefix + "w_up", prefix + "b_up")
+        hidden = activation(_linear(x, p, prefix + "w_gate", prefix + "b_gate")) * _linear(
+            x, p, prefix + "w_up", prefix + "b_up"
+        )
     return _linear(hidden, p, prefix + "w_down", prefix + "b_down")
 
 
-def log_probs(p: dict[str, torch.Tensor], idx: torch.Tensor, shape: theory.WholeModelShape,
-              rope_base: float = CENSUS_ROPE_BASE) -> torch.Tensor:
+def log_probs(
+    p: dict[str, torch.Tensor],
+    idx: torch.Tensor,
+    shape: theory.WholeModelShape,
+    rope_base: float = CENSUS_ROPE_BASE,
+) -> torch.Tensor:
     """Token ids idx (B, T) -> per-position log-probabilities (B, T, V)."""
     seq_len = idx.shape[1]
     x = p["wte"][idx]  # (B, T, E)
@@ -137,7 +153,11 @@ def log_probs(p: dict[str, torch.Tensor], idx: torch.Tensor, shape: theory.Whole
         prefix = f"h{layer}."
         if shape.block == "parallel":  # Falcon / GPT-J: both read one norm of the same x
             normed = _norm(x, p, prefix + "ln", shape)
-            x = x + _attention(normed, p, prefix + "attn.", shape, rope_base) + _mlp(normed, p, prefix + "mlp.", shape)
+            x = (
+                x
+                + _attention(normed, p, prefix + "attn.", shape, rope_base)
+                + _mlp(normed, p, prefix + "mlp.", shape)
+            )
         else:
             x = x + _attention(_norm(x, p, prefix + "ln_1", shape), p, prefix + "attn.", shape, rope_base)
             x = x + _mlp(_norm(x, p, prefix + "ln_2", shape), p, prefix + "mlp.", shape)
@@ -182,10 +202,24 @@ def params_from_gpt(model) -> dict[str, torch.Tensor]:
 def shape_of_gpt_config(config, norm_eps: float = theory.DEFAULT_NORM_EPS) -> theory.WholeModelShape:
     """The census shape of ``attnid train``'s model (``attnid.model.GPTConfig``)."""
     return theory.whole_model_shape(
-        n_layer=config.n_layer, n_embd=config.n_embd, n_head=config.n_head, vocab_size=config.vocab_size,
-        block_size=config.block_size, n_kv_head=config.kv_heads, head_dim=config.per_head_dim, norm="layernorm",
-        norm_bias=config.bias, qkv_bias=config.bias, out_bias=config.bias, mlp="gelu", mlp_hidden=4 * config.n_embd,
-        mlp_bias=config.bias, tied=True, positions="rope" if config.rope else "learned", norm_eps=norm_eps)
+        n_layer=config.n_layer,
+        n_embd=config.n_embd,
+        n_head=config.n_head,
+        vocab_size=config.vocab_size,
+        block_size=config.block_size,
+        n_kv_head=config.kv_heads,
+        head_dim=config.per_head_dim,
+        norm="layernorm",
+        norm_bias=config.bias,
+        qkv_bias=config.bias,
+        out_bias=config.bias,
+        mlp="gelu",
+        mlp_hidden=4 * config.n_embd,
+        mlp_bias=config.bias,
+        tied=True,
+        positions="rope" if config.rope else "learned",
+        norm_eps=norm_eps,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,11 +256,13 @@ ENUMERATE_BELOW = 200_000  # input domains up to this many sequences are drawn w
 def distinct_context_rows(shape: theory.WholeModelShape, tokens: torch.Tensor) -> int:
     """Informative rows of ``tokens`` (S, T): position ``i`` of a sequence is a context (its prefix); repeated
     contexts repeat rows, so count each distinct prefix once, ``min(V - 1, E')`` rows each."""
-    prefixes = sum(torch.unique(tokens[:, :i + 1], dim=0).shape[0] for i in range(tokens.shape[1]))
+    prefixes = sum(torch.unique(tokens[:, : i + 1], dim=0).shape[0] for i in range(tokens.shape[1]))
     return prefixes * informative_rows_per_position(shape)
 
 
-def sample_sequences(shape: theory.WholeModelShape, rows_needed: int, generator: torch.Generator) -> torch.Tensor:
+def sample_sequences(
+    shape: theory.WholeModelShape, rows_needed: int, generator: torch.Generator
+) -> torch.Tensor:
     """Random sequences (S, T) whose distinct contexts give at least ``rows_needed`` informative rows.
 
     A model's whole input domain is finite: ``sum_i V^i`` contexts of length 1..T. When even all of
@@ -235,10 +271,12 @@ def sample_sequences(shape: theory.WholeModelShape, rows_needed: int, generator:
     """
     vocab, length = shape.vocab_size, shape.block_size
     per_context = informative_rows_per_position(shape)
-    if per_context * sum(vocab ** i for i in range(1, length + 1)) < rows_needed:
-        raise ValueError(f"the model's whole input domain ({vocab} tokens, {length} positions) gives fewer than "
-                         f"{rows_needed} informative Jacobian rows: too small to measure")
-    total = vocab ** length
+    if per_context * sum(vocab**i for i in range(1, length + 1)) < rows_needed:
+        raise ValueError(
+            f"the model's whole input domain ({vocab} tokens, {length} positions) gives fewer than "
+            f"{rows_needed} informative Jacobian rows: too small to measure"
+        )
+    total = vocab**length
     pool = None
     if total <= ENUMERATE_BELOW:  # every sequence once, in random order
         order = torch.randperm(total, generator=generator)
@@ -253,11 +291,15 @@ def sample_sequences(shape: theory.WholeModelShape, rows_needed: int, generator:
         if distinct_context_rows(shape, tokens) >= rows_needed:
             return tokens
         if pool is not None and n_sequences >= total:
-            raise ValueError(f"the model's whole input domain gives fewer than {rows_needed} informative rows")
+            raise ValueError(
+                f"the model's whole input domain gives fewer than {rows_needed} informative rows"
+            )
         n_sequences = math.ceil(n_sequences * 1.25) + 1
 
 
-def residual_scale_direction(shape: theory.WholeModelShape, point: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def residual_scale_direction(
+    shape: theory.WholeModelShape, point: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """The tangent of the global stream scaling (class ``residual_scale``): every write times ``lambda``, and,
     tied, the final norm's gain and bias over ``lambda``."""
     writes = ("wte", "wpe", "attn.w_o", "attn.b_o", "mlp.w_down", "mlp.b_down")
@@ -272,8 +314,12 @@ def residual_scale_direction(shape: theory.WholeModelShape, point: dict[str, tor
     return direction
 
 
-def measure(shape: theory.WholeModelShape, seed: int = 0, row_factor: float = ROW_FACTOR,
-            rope_base: float = CENSUS_ROPE_BASE) -> dict:
+def measure(
+    shape: theory.WholeModelShape,
+    seed: int = 0,
+    row_factor: float = ROW_FACTOR,
+    rope_base: float = CENSUS_ROPE_BASE,
+) -> dict:
     """The measured nullity of the whole model's log-probabilities at a random point, with its gap."""
     generator = torch.Generator().manual_seed(seed)
     point = random_point(shape, generator)
@@ -286,18 +332,28 @@ def measure(shape: theory.WholeModelShape, seed: int = 0, row_factor: float = RO
     def outputs(theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         return log_probs(unflatten(theta, shapes), idx, shape, rope_base).reshape(-1)
 
-    jacobian = torch.cat([torch.func.jacfwd(outputs)(flat, tokens[start:start + SEQUENCES_PER_CHUNK])
-                          for start in range(0, n_sequences, SEQUENCES_PER_CHUNK)])  # (rows, n_params)
+    jacobian = torch.cat(
+        [
+            torch.func.jacfwd(outputs)(flat, tokens[start : start + SEQUENCES_PER_CHUNK])
+            for start in range(0, n_sequences, SEQUENCES_PER_CHUNK)
+        ]
+    )  # (rows, n_params)
     singular = torch.linalg.svdvals(jacobian)  # descending
     rank = int((singular > RANK_RTOL * singular[0]).sum())
     kept = singular[rank - 1].item() if rank > 0 else float("nan")
     dropped = singular[rank].item() if rank < singular.numel() else 0.0
     scale = torch.cat([v.reshape(-1) for v in residual_scale_direction(shape, point).values()])
     near_null = (jacobian @ scale).norm().item() / (scale.norm().item() * singular[0].item())
-    return {"n_params": n_params, "n_rows": jacobian.shape[0], "n_sequences": n_sequences,
-            "measured": n_params - rank, "gap": kept / dropped if dropped > 0 else float("inf"),
-            "smallest_kept": kept / singular[0].item(), "largest_dropped": dropped / singular[0].item(),
-            "near_null_scale": near_null}
+    return {
+        "n_params": n_params,
+        "n_rows": jacobian.shape[0],
+        "n_sequences": n_sequences,
+        "measured": n_params - rank,
+        "gap": kept / dropped if dropped > 0 else float("inf"),
+        "smallest_kept": kept / singular[0].item(),
+        "largest_dropped": dropped / singular[0].item(),
+        "near_null_scale": near_null,
+    }
 
 
 def census(shape: theory.WholeModelShape, seed: int = 0, rope_base: float = CENSUS_ROPE_BASE) -> dict:
@@ -313,12 +369,30 @@ def census(shape: theory.WholeModelShape, seed: int = 0, rope_base: float = CENS
 
 def describe(shape: theory.WholeModelShape) -> str:
     """A short label: ``L1 E8 H2 G2 D4 V65 T4 ln tied learned gelu``, with the biases and options set."""
-    parts = [f"L{shape.n_layer}", f"E{shape.n_embd}", f"H{shape.n_head}", f"G{shape.n_kv_head}", f"D{shape.head_dim}",
-             f"V{shape.vocab_size}", f"T{shape.block_size}", f"F{shape.mlp_hidden}",
-             "ln" if shape.norm == "layernorm" else "rms", "tied" if shape.tied else "untied", shape.positions,
-             shape.mlp]
-    biases = [name for name, on in (("norm", shape.norm_bias), ("qkv", shape.qkv_bias), ("out", shape.out_bias),
-                                    ("mlp", shape.mlp_bias)) if on]
+    parts = [
+        f"L{shape.n_layer}",
+        f"E{shape.n_embd}",
+        f"H{shape.n_head}",
+        f"G{shape.n_kv_head}",
+        f"D{shape.head_dim}",
+        f"V{shape.vocab_size}",
+        f"T{shape.block_size}",
+        f"F{shape.mlp_hidden}",
+        "ln" if shape.norm == "layernorm" else "rms",
+        "tied" if shape.tied else "untied",
+        shape.positions,
+        shape.mlp,
+    ]
+    biases = [
+        name
+        for name, on in (
+            ("norm", shape.norm_bias),
+            ("qkv", shape.qkv_bias),
+            ("out", shape.out_bias),
+            ("mlp", shape.mlp_bias),
+        )
+        if on
+    ]
     if biases:
         parts.append("bias:" + "+".join(biases))
     if shape.block == "parallel":
@@ -336,23 +410,27 @@ def hand_picked_shapes() -> list[theory.WholeModelShape]:
     """Tiny shapes over every axis: layers, heads, width, biases, tying, norm, GQA, RoPE, MLP, block
     size, vocabularies below and above the width, a first layer that sees less than the stream, epsilon."""
     s = theory.whole_model_shape
-    nanogpt = dict(n_embd=8, n_head=2, block_size=4, mlp_hidden=8)
-    biases = dict(norm_bias=True, qkv_bias=True, mlp_bias=True)  # nanoGPT's bias=True
-    llama = dict(norm="rmsnorm", mlp="swiglu", tied=False, positions="rope", mlp_hidden=12)
+    nanogpt = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
+    biases = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
+    llama = {"norm": "rmsnorm", "mlp": "swiglu", "tied": False, "positions": "rope", "mlp_hidden": 12}
+    small = {"n_embd": 8, "n_head": 2, "block_size": 4}
+    llama_learned = llama | {"positions": "learned", "mlp_hidden": 6}
+    llama_narrow = llama | {"mlp_hidden": 6}
     return [
-        # nanoGPT (attnid train's model): LayerNorm, GELU, tied, learned positions
+        # nanoGPT (attnid train's model): LayerNorm, GELU, tied, learned positions; then the issue's F = 4E
         s(1, vocab_size=12, **nanogpt),
-        s(1, vocab_size=12, **{**nanogpt, "mlp_hidden": 32}),  # the issue's shape (F = 4E)
+        s(1, vocab_size=12, **{**nanogpt, "mlp_hidden": 32}),
         s(2, vocab_size=10, **nanogpt),
         s(1, vocab_size=12, **biases, **nanogpt),
         s(2, n_embd=6, n_head=2, vocab_size=8, block_size=4, mlp_hidden=6, **biases),
         s(1, vocab_size=12, tied=False, **nanogpt),
         s(1, vocab_size=12, tied=False, **biases, **nanogpt),
         s(1, n_embd=9, n_head=3, vocab_size=14, block_size=3, mlp_hidden=12),
-        s(1, n_embd=8, n_head=1, vocab_size=12, block_size=4, mlp_hidden=8),  # one head as wide as the stream
-        s(1, n_embd=8, n_head=4, n_kv_head=2, vocab_size=12, block_size=4, mlp_hidden=8),  # GQA
-        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=5, mlp_hidden=8, positions="rope"),  # model.py's rope
-        s(1, vocab_size=12, norm_eps=0.0, **nanogpt),  # the residual scaling becomes exact
+        # one head as wide as the stream; GQA; model.py's rope variant; the residual scaling made exact
+        s(1, n_embd=8, n_head=1, vocab_size=12, block_size=4, mlp_hidden=8),
+        s(1, n_embd=8, n_head=4, n_kv_head=2, vocab_size=12, block_size=4, mlp_hidden=8),
+        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=5, mlp_hidden=8, positions="rope"),
+        s(1, vocab_size=12, norm_eps=0.0, **nanogpt),
         # vocabularies below the width: tied, part of the stream rotation survives; biases reach log-softmax
         s(1, vocab_size=6, **nanogpt),
         s(1, vocab_size=5, block_size=5, n_embd=8, n_head=2, mlp_hidden=8),
@@ -360,22 +438,29 @@ def hand_picked_shapes() -> list[theory.WholeModelShape]:
         s(1, vocab_size=6, tied=False, **nanogpt),
         # embeddings spanning less than the stream (V + T - 1 < E, as nanoGPT shakespeare-char)
         s(1, n_embd=12, n_head=2, vocab_size=7, block_size=4, mlp_hidden=8),
-        s(1, n_embd=10, n_head=2, vocab_size=6, block_size=4, mlp_hidden=6, tied=False, norm="rmsnorm", mlp="swiglu"),
+        s(1, n_embd=10, n_head=2, vocab_size=6, block_size=4, **llama_learned),
         # a LayerNorm bias without linear biases; q/k/v biases without an output bias
         s(1, vocab_size=12, norm_bias=True, **nanogpt),
         s(1, vocab_size=12, qkv_bias=True, out_bias=False, **nanogpt),
-        # Llama family: RMSNorm, RoPE, SwiGLU, untied, GQA
-        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=4, **llama),
-        s(2, n_embd=6, n_head=4, n_kv_head=2, head_dim=2, vocab_size=9, block_size=4, **{**llama, "mlp_hidden": 6}),
-        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=4, qkv_bias=True, out_bias=False, **llama),  # Qwen2
-        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=4, **{**llama, "tied": True, "mlp": "geglu"}),  # Gemma
-        s(1, n_embd=8, n_head=2, vocab_size=6, block_size=4, **{**llama, "positions": "learned", "tied": True}),
-        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=4, norm_eps=0.0, **llama),
-        # parallel block (Falcon: multi-query, RoPE, LayerNorm with a bias, no linear biases)
-        s(1, n_embd=8, n_head=2, n_kv_head=1, vocab_size=24, block_size=4, mlp_hidden=6, norm_bias=True,
-          positions="rope", block="parallel"),
-        s(1, n_embd=8, n_head=2, vocab_size=8, block_size=4, mlp_hidden=6, norm_bias=True, qkv_bias=True,
-          mlp_bias=True, block="parallel"),
+        # Llama family: RMSNorm, RoPE, SwiGLU, untied, GQA; Qwen2 (q/k/v biases); Gemma (tied, GeGLU)
+        s(1, vocab_size=12, **small, **llama),
+        s(2, n_embd=6, n_head=4, n_kv_head=2, head_dim=2, vocab_size=9, block_size=4, **llama_narrow),
+        s(1, vocab_size=12, qkv_bias=True, out_bias=False, **small, **llama),
+        s(1, vocab_size=12, **small, **{**llama, "tied": True, "mlp": "geglu"}),
+        s(1, vocab_size=6, **small, **{**llama, "positions": "learned", "tied": True}),
+        s(1, vocab_size=12, norm_eps=0.0, **small, **llama),
+        # parallel blocks: Falcon (multi-query, RoPE, LayerNorm with a bias, no linear biases), all biases
+        s(
+            1,
+            **small,
+            n_kv_head=1,
+            vocab_size=24,
+            mlp_hidden=6,
+            norm_bias=True,
+            positions="rope",
+            block="parallel",
+        ),
+        s(1, **small, vocab_size=8, mlp_hidden=6, **biases, block="parallel"),
     ]
 
 
@@ -393,14 +478,24 @@ def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theo
         positions = rng.choice(["learned", "learned", "rope", "none"])
         norm = rng.choice(theory.NORMS)
         options = dict(
-            n_embd=n_embd, n_head=n_kv_head * rng.choice([1, 2, 3]), n_kv_head=n_kv_head,
+            n_embd=n_embd,
+            n_head=n_kv_head * rng.choice([1, 2, 3]),
+            n_kv_head=n_kv_head,
             head_dim=rng.choice([2, 4]) if positions == "rope" else rng.choice([2, 3, 4]),
             vocab_size=rng.choice([n_embd - 2, n_embd - 1, n_embd, n_embd + 1, n_embd + 3, 2 * n_embd]),
-            block_size=rng.choice([3, 4, 5]), norm=norm, norm_bias=norm == "layernorm" and rng.random() < 0.5,
-            qkv_bias=rng.random() < 0.4, out_bias=rng.random() < 0.5, mlp=rng.choice(theory.MLPS),
-            mlp_hidden=rng.choice([4, 6, 8, 12]), mlp_bias=rng.random() < 0.4, tied=rng.random() < 0.5,
-            positions=positions, block="parallel" if rng.random() < 0.15 else "sequential",
-            norm_eps=0.0 if rng.random() < 0.15 else theory.DEFAULT_NORM_EPS)
+            block_size=rng.choice([3, 4, 5]),
+            norm=norm,
+            norm_bias=norm == "layernorm" and rng.random() < 0.5,
+            qkv_bias=rng.random() < 0.4,
+            out_bias=rng.random() < 0.5,
+            mlp=rng.choice(theory.MLPS),
+            mlp_hidden=rng.choice([4, 6, 8, 12]),
+            mlp_bias=rng.random() < 0.4,
+            tied=rng.random() < 0.5,
+            positions=positions,
+            block="parallel" if rng.random() < 0.15 else "sequential",
+            norm_eps=0.0 if rng.random() < 0.15 else theory.DEFAULT_NORM_EPS,
+        )
         try:
             shape = theory.whole_model_shape(rng.choice([1, 1, 2]), **options)
             measurable(shape, max_params)
@@ -411,15 +506,20 @@ def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theo
 
 
 def measurable(shape: theory.WholeModelShape, max_params: int | None = None) -> None:
-    """Raise ValueError if the census cannot measure ``shape``: too many parameters (``max_params``), or an
-    input domain too small to give ``ROW_FACTOR`` informative rows per parameter (:func:`sample_sequences`)."""
+    """Raise ValueError if the census cannot measure ``shape``: too many parameters (``max_params``), or
+    an input domain too small to give ``ROW_FACTOR`` informative rows per parameter (see
+    :func:`sample_sequences`)."""
     n_params = theory.whole_model_params(shape)
     if max_params is not None and n_params > max_params:
         raise ValueError(f"{n_params} parameters > {max_params}")
-    rows = informative_rows_per_position(shape) * sum(shape.vocab_size ** i for i in range(1, shape.block_size + 1))
+    rows = informative_rows_per_position(shape) * sum(
+        shape.vocab_size**i for i in range(1, shape.block_size + 1)
+    )
     if rows < ROW_FACTOR * n_params:
-        raise ValueError(f"the model's whole input domain ({shape.vocab_size} tokens, {shape.block_size} positions) "
-                         f"gives fewer than {ROW_FACTOR * n_params} informative Jacobian rows: too small to measure")
+        raise ValueError(
+            f"the model's whole input domain ({shape.vocab_size} tokens, {shape.block_size} positions) "
+            f"gives fewer than {ROW_FACTOR * n_params} informative Jacobian rows: too small to measure"
+        )
 
 
 RANDOM_SHAPES, RANDOM_SEED = 8, 0
@@ -440,8 +540,10 @@ def run_grid(shapes: list[theory.WholeModelShape], progress=None, rope_base: flo
         rows.append(row)
         if progress is not None:
             status = "ok" if row["closes"] else "FAIL"
-            progress(f"{status:4s} {row['shape']}: theory {row['theory']}, measured {row['measured']} of "
-                     f"{row['n_params']}, gap {row['gap']:.1e} ({time.perf_counter() - start:.1f} s)")
+            progress(
+                f"{status:4s} {row['shape']}: theory {row['theory']}, measured {row['measured']} of "
+                f"{row['n_params']}, gap {row['gap']:.1e} ({time.perf_counter() - start:.1f} s)"
+            )
     return pd.DataFrame(rows)
 
 
@@ -458,48 +560,102 @@ FAMILIES = {  # presets; every flag given explicitly overrides them
 
 def add_census_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model (the options of attnid train, plus the whole-model choices)")
-    model.add_argument("--family", choices=sorted(FAMILIES), default="nanogpt",
-                       help="presets: nanogpt = LayerNorm, GELU, tied, learned positions; llama = RMSNorm, SwiGLU, "
-                            "untied, RoPE (default: %(default)s)")
+    model.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="nanogpt",
+        help="presets: nanogpt = LayerNorm, GELU, tied, learned positions; llama = RMSNorm, SwiGLU, "
+        "untied, RoPE (default: %(default)s)",
+    )
     model.add_argument("--n-layer", type=int, default=1, help="blocks L (default %(default)s)")
     model.add_argument("--n-head", type=int, default=2, help="query heads H (default %(default)s)")
     model.add_argument("--n-embd", type=int, default=8, help="width E (default %(default)s)")
     model.add_argument("--n-kv-head", type=int, default=None, help="key/value heads G (default H)")
     model.add_argument("--head-dim", type=int, default=None, metavar="D", help="head width D (default E / H)")
-    model.add_argument("--block-size", type=int, default=4, help="positions T, the sequence length (default %(default)s)")
+    model.add_argument(
+        "--block-size", type=int, default=4, help="positions T, the sequence length (default %(default)s)"
+    )
     model.add_argument("--vocab-size", type=int, default=12, help="vocabulary V (default %(default)s)")
-    model.add_argument("--rope", action=argparse.BooleanOptionalAction, default=None,
-                       help="rotary positions, no wpe (default: off for nanogpt, on for llama)")
-    model.add_argument("--positions", choices=theory.POSITIONS, default=None,
-                       help="learned (wpe), rope or none (default: rope with --rope, else learned)")
-    model.add_argument("--bias", action=argparse.BooleanOptionalAction, default=False,
-                       help="nanoGPT's bias: every Linear and LayerNorm (default off); the flags below refine it")
-    for name, what in (("norm-bias", "LayerNorm biases"), ("qkv-bias", "query/key/value biases"),
-                       ("out-bias", "attention output bias"), ("mlp-bias", "MLP biases")):
-        model.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=None,
-                           help=f"{what} (default: --bias)")
+    model.add_argument(
+        "--rope",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="rotary positions, no wpe (default: off for nanogpt, on for llama)",
+    )
+    model.add_argument(
+        "--positions",
+        choices=theory.POSITIONS,
+        default=None,
+        help="learned (wpe), rope or none (default: rope with --rope, else learned)",
+    )
+    model.add_argument(
+        "--bias",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="nanoGPT's bias: every Linear and LayerNorm (default off); the flags below refine it",
+    )
+    for name, what in (
+        ("norm-bias", "LayerNorm biases"),
+        ("qkv-bias", "query/key/value biases"),
+        ("out-bias", "attention output bias"),
+        ("mlp-bias", "MLP biases"),
+    ):
+        model.add_argument(
+            f"--{name}", action=argparse.BooleanOptionalAction, default=None, help=f"{what} (default: --bias)"
+        )
     model.add_argument("--norm", choices=theory.NORMS, default=None, help="default: the family's")
     model.add_argument("--mlp", choices=theory.MLPS, default=None, help="default: the family's")
     model.add_argument("--mlp-hidden", type=int, default=None, metavar="F", help="MLP width F (default 4E)")
-    model.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
-                       help="lm_head = wte (default: the family's)")
-    model.add_argument("--block", choices=theory.BLOCKS, default="sequential",
-                       help="parallel: attention and MLP read one shared norm (Falcon) (default %(default)s)")
-    model.add_argument("--norm-eps", type=float, default=theory.DEFAULT_NORM_EPS,
-                       help="the norms' epsilon (default %(default)g, model.py's); 0 makes the residual scaling exact")
+    model.add_argument(
+        "--tied",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="lm_head = wte (default: the family's)",
+    )
+    model.add_argument(
+        "--block",
+        choices=theory.BLOCKS,
+        default="sequential",
+        help="parallel: attention and MLP read one shared norm (Falcon) (default %(default)s)",
+    )
+    model.add_argument(
+        "--norm-eps",
+        type=float,
+        default=theory.DEFAULT_NORM_EPS,
+        help="the norms' epsilon (default %(default)g, model.py's); 0 makes the residual scaling exact",
+    )
     run = parser.add_argument_group("measurement")
-    run.add_argument("--grid", action="store_true",
-                     help="run the theory stage's grid of tiny shapes instead of one shape (the model options are "
-                          "then ignored)")
-    run.add_argument("--random-shapes", type=int, default=RANDOM_SHAPES,
-                     help="with --grid: random shapes added to the hand-picked ones (default %(default)s)")
-    run.add_argument("--seed", type=int, default=0, help="random point (and random shapes) seed (default %(default)s)")
-    run.add_argument("--rope-base", type=float, default=CENSUS_ROPE_BASE,
-                     help="RoPE base of the measurement (default %(default)g; see docs/theory.md)")
-    run.add_argument("--max-params", type=int, default=MAX_PARAMS,
-                     help="refuse larger models: the Jacobian grows with the square (default %(default)s)")
+    run.add_argument(
+        "--grid",
+        action="store_true",
+        help="run the theory stage's grid of tiny shapes instead of one shape (the model options are "
+        "then ignored)",
+    )
+    run.add_argument(
+        "--random-shapes",
+        type=int,
+        default=RANDOM_SHAPES,
+        help="with --grid: random shapes added to the hand-picked ones (default %(default)s)",
+    )
+    run.add_argument(
+        "--seed", type=int, default=0, help="random point (and random shapes) seed (default %(default)s)"
+    )
+    run.add_argument(
+        "--rope-base",
+        type=float,
+        default=CENSUS_ROPE_BASE,
+        help="RoPE base of the measurement (default %(default)g; see docs/theory.md)",
+    )
+    run.add_argument(
+        "--max-params",
+        type=int,
+        default=MAX_PARAMS,
+        help="refuse larger models: the Jacobian grows with the square (default %(default)s)",
+    )
     run.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
-    run.add_argument("--out", default=None, help=f"CSV to write, one row per shape (e.g. {DEFAULT_CENSUS_OUT})")
+    run.add_argument(
+        "--out", default=None, help=f"CSV to write, one row per shape (e.g. {DEFAULT_CENSUS_OUT})"
+    )
 
 
 def shape_from_args(args: argparse.Namespace) -> theory.WholeModelShape:
@@ -517,12 +673,25 @@ def shape_from_args(args: argparse.Namespace) -> theory.WholeModelShape:
     norm_bias = bias(args.norm_bias) and norm == "layernorm" if args.norm_bias is None else args.norm_bias
     try:
         return theory.whole_model_shape(
-            n_layer=args.n_layer, n_embd=args.n_embd, n_head=args.n_head, vocab_size=args.vocab_size,
-            block_size=args.block_size, n_kv_head=args.n_kv_head, head_dim=args.head_dim, norm=norm,
-            norm_bias=norm_bias, qkv_bias=bias(args.qkv_bias), out_bias=bias(args.out_bias), mlp=args.mlp or preset["mlp"],
-            mlp_hidden=args.mlp_hidden, mlp_bias=bias(args.mlp_bias),
-            tied=preset["tied"] if args.tied is None else args.tied, positions=positions, block=args.block,
-            norm_eps=args.norm_eps)
+            n_layer=args.n_layer,
+            n_embd=args.n_embd,
+            n_head=args.n_head,
+            vocab_size=args.vocab_size,
+            block_size=args.block_size,
+            n_kv_head=args.n_kv_head,
+            head_dim=args.head_dim,
+            norm=norm,
+            norm_bias=norm_bias,
+            qkv_bias=bias(args.qkv_bias),
+            out_bias=bias(args.out_bias),
+            mlp=args.mlp or preset["mlp"],
+            mlp_hidden=args.mlp_hidden,
+            mlp_bias=bias(args.mlp_bias),
+            tied=preset["tied"] if args.tied is None else args.tied,
+            positions=positions,
+            block=args.block,
+            norm_eps=args.norm_eps,
+        )
     except ValueError as err:
         raise UserError(str(err)) from None
 
@@ -534,16 +703,23 @@ def class_report(row: dict) -> str:
         dimension = row[f"class_{symmetry.name}"]
         note = f" [log-probabilities only: {symmetry.logprobs_only}]" if symmetry.logprobs_only else ""
         lines.append(f"  {symmetry.name:<22} {dimension:>10}  {symmetry.summary}{note}")
-    lines.append(f"  {'sum (closed forms)':<22} {row['theory']:>10}  attention alone (the paper): {row['attention_only']}")
-    lines.append(f"  {'measured nullity':<22} {row['measured']:>10}  of {row['n_params']} parameters, "
-                 f"{row['n_rows']} Jacobian rows ({row['n_sequences']} sequences)")
-    lines.append(f"  gap {row['gap']:.2e} (smallest kept {row['smallest_kept']:.1e}, largest dropped "
-                 f"{row['largest_dropped']:.1e} of the largest singular value); residual scaling "
-                 f"{'exact' if row['class_residual_scale'] else 'broken by eps'}: |J v| / |v| s_max = "
-                 f"{row['near_null_scale']:.1e}")
+    total = f"  {'sum (closed forms)':<22} {row['theory']:>10}"
+    lines.append(f"{total}  attention alone (the paper): {row['attention_only']}")
+    lines.append(
+        f"  {'measured nullity':<22} {row['measured']:>10}  of {row['n_params']} parameters, "
+        f"{row['n_rows']} Jacobian rows ({row['n_sequences']} sequences)"
+    )
+    lines.append(
+        f"  gap {row['gap']:.2e} (smallest kept {row['smallest_kept']:.1e}, largest dropped "
+        f"{row['largest_dropped']:.1e} of the largest singular value); residual scaling "
+        f"{'exact' if row['class_residual_scale'] else 'broken by eps'}: |J v| / |v| s_max = "
+        f"{row['near_null_scale']:.1e}"
+    )
     verdict = "closes" if row["closes"] else "DOES NOT CLOSE"
-    lines.append(f"  {verdict}: sum {row['theory']} {'=' if row['theory'] == row['measured'] else '!='} measured "
-                 f"{row['measured']}, gap {'>=' if row['gap'] >= GAP_REQUIRED else '<'} {GAP_REQUIRED:.0e}")
+    lines.append(
+        f"  {verdict}: sum {row['theory']} {'=' if row['theory'] == row['measured'] else '!='} measured "
+        f"{row['measured']}, gap {'>=' if row['gap'] >= GAP_REQUIRED else '<'} {GAP_REQUIRED:.0e}"
+    )
     return "\n".join(lines)
 
 
@@ -559,8 +735,11 @@ def run_census(args: argparse.Namespace) -> int:
         try:
             measurable(shape, args.max_params)
         except ValueError as err:
-            raise UserError(f"{describe(shape)}: {err} (see --max-params)" if "parameters >" in str(err)
-                            else f"{describe(shape)}: {err}") from None
+            raise UserError(
+                f"{describe(shape)}: {err} (see --max-params)"
+                if "parameters >" in str(err)
+                else f"{describe(shape)}: {err}"
+            ) from None
     progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.grid else None
     table = run_grid(shapes, progress=progress, rope_base=args.rope_base)
     if not args.grid:
@@ -569,10 +748,16 @@ def run_census(args: argparse.Namespace) -> int:
         write_csv_atomic(args.out, table)
     failed = table[~table["closes"]]
     if len(failed):
-        print(f"attnid census: {len(failed)} of {len(table)} shapes do not close (sum of the closed forms != "
-              f"measured nullity, or gap < {GAP_REQUIRED:.0e}): {'; '.join(failed['shape'])}", file=sys.stderr)
+        print(
+            f"attnid census: {len(failed)} of {len(table)} shapes do not close (sum of the closed forms != "
+            f"measured nullity, or gap < {GAP_REQUIRED:.0e}): {'; '.join(failed['shape'])}",
+            file=sys.stderr,
+        )
         return 1
     if args.grid:
-        print(f"attnid census: all {len(table)} shapes close (worst gap {table['gap'].min():.1e})"
-              + (f"; wrote {args.out}" if args.out else ""), file=sys.stderr)
+        print(
+            f"attnid census: all {len(table)} shapes close (worst gap {table['gap'].min():.1e})"
+            + (f"; wrote {args.out}" if args.out else ""),
+            file=sys.stderr,
+        )
     return 0

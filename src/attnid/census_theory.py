@@ -41,8 +41,18 @@ BLOCKS = ("sequential", "parallel")  # parallel: x + attn(n(x)) + mlp(n(x)), one
 DEFAULT_NORM_EPS = 1e-5  # model.py's LayerNorm
 
 # Fields of config/architectures.yaml that the whole-model counts need on top of the attention ones.
-WHOLE_MODEL_KEYS = ("vocab_size", "block_size", "norm", "norm_bias", "mlp", "mlp_hidden", "mlp_bias", "tied",
-                    "block", "norm_eps")
+WHOLE_MODEL_KEYS = (
+    "vocab_size",
+    "block_size",
+    "norm",
+    "norm_bias",
+    "mlp",
+    "mlp_hidden",
+    "mlp_bias",
+    "tied",
+    "block",
+    "norm_eps",
+)
 
 
 @dataclass(frozen=True)
@@ -70,38 +80,86 @@ class WholeModelShape:
 
     @property
     def attention(self) -> counts.LayerShape:
-        return counts.layer_shape(self.n_embd, self.n_head, self.n_kv_head, self.head_dim, self.head_dim,
-                                  self.positions == "rope", self.qkv_bias, self.out_bias)
+        return counts.layer_shape(
+            self.n_embd,
+            self.n_head,
+            self.n_kv_head,
+            self.head_dim,
+            self.head_dim,
+            self.positions == "rope",
+            self.qkv_bias,
+            self.out_bias,
+        )
 
 
-def whole_model_shape(n_layer: int, n_embd: int, n_head: int, vocab_size: int, block_size: int,
-                      n_kv_head: int | None = None, head_dim: int | None = None, norm: str = "layernorm",
-                      norm_bias: bool = False, qkv_bias: bool = False, out_bias: bool | None = None,
-                      mlp: str = "gelu", mlp_hidden: int | None = None, mlp_bias: bool = False, tied: bool = True,
-                      positions: str = "learned", block: str = "sequential",
-                      norm_eps: float = DEFAULT_NORM_EPS) -> WholeModelShape:
+def whole_model_shape(
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    vocab_size: int,
+    block_size: int,
+    n_kv_head: int | None = None,
+    head_dim: int | None = None,
+    norm: str = "layernorm",
+    norm_bias: bool = False,
+    qkv_bias: bool = False,
+    out_bias: bool | None = None,
+    mlp: str = "gelu",
+    mlp_hidden: int | None = None,
+    mlp_bias: bool = False,
+    tied: bool = True,
+    positions: str = "learned",
+    block: str = "sequential",
+    norm_eps: float = DEFAULT_NORM_EPS,
+) -> WholeModelShape:
     """Validate and fill defaults (``G = H``, ``D = E/H``, ``F = 4E``, output bias = ``qkv_bias``).
 
     Raises ValueError for a shape outside the closed forms' domain (see :func:`check_domain`).
     """
-    attention = counts.layer_shape(n_embd, n_head, n_kv_head, head_dim, None, positions == "rope", qkv_bias, out_bias)
+    attention = counts.layer_shape(
+        n_embd, n_head, n_kv_head, head_dim, None, positions == "rope", qkv_bias, out_bias
+    )
     mlp_hidden = 4 * n_embd if mlp_hidden is None else mlp_hidden
-    for name, value in (("n_layer", n_layer), ("vocab_size", vocab_size), ("block_size", block_size),
-                        ("mlp_hidden", mlp_hidden)):
+    for name, value in (
+        ("n_layer", n_layer),
+        ("vocab_size", vocab_size),
+        ("block_size", block_size),
+        ("mlp_hidden", mlp_hidden),
+    ):
         if isinstance(value, bool) or int(value) != value or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    for name, value, allowed in (("norm", norm, NORMS), ("mlp", mlp, MLPS), ("positions", positions, POSITIONS),
-                                 ("block", block, BLOCKS)):
+    for name, value, allowed in (
+        ("norm", norm, NORMS),
+        ("mlp", mlp, MLPS),
+        ("positions", positions, POSITIONS),
+        ("block", block, BLOCKS),
+    ):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     if norm == "rmsnorm" and norm_bias:
         raise ValueError("RMSNorm has no bias: norm_bias needs norm=layernorm")
     if not norm_eps >= 0:
         raise ValueError(f"norm_eps must be >= 0, got {norm_eps!r}")
-    shape = WholeModelShape(int(n_layer), attention.n_embd, attention.n_head, attention.n_kv_head,
-                            attention.head_dim, int(vocab_size), int(block_size), norm, bool(norm_bias),
-                            attention.bias, attention.out_bias, mlp, int(mlp_hidden), bool(mlp_bias), bool(tied),
-                            positions, block, float(norm_eps))
+    shape = WholeModelShape(
+        int(n_layer),
+        attention.n_embd,
+        attention.n_head,
+        attention.n_kv_head,
+        attention.head_dim,
+        int(vocab_size),
+        int(block_size),
+        norm,
+        bool(norm_bias),
+        attention.bias,
+        attention.out_bias,
+        mlp,
+        int(mlp_hidden),
+        bool(mlp_bias),
+        bool(tied),
+        positions,
+        block,
+        float(norm_eps),
+    )
     check_domain(shape)
     return shape
 
@@ -156,31 +214,45 @@ def check_domain(shape: WholeModelShape) -> None:
     """
     e, v, t = shape.n_embd, shape.vocab_size, shape.block_size
     if embedding_span(shape) + min(e, shape.n_head * shape.head_dim) < e:
-        raise ValueError(f"the embeddings span {embedding_span(shape)} dimensions and the attention output "
-                         f"{min(e, shape.n_head * shape.head_dim)}: the second norm does not see the whole "
-                         f"residual stream, outside the closed forms' domain")
+        raise ValueError(
+            f"the embeddings span {embedding_span(shape)} dimensions and the attention output "
+            f"{min(e, shape.n_head * shape.head_dim)}: the second norm does not see the whole "
+            f"residual stream, outside the closed forms' domain"
+        )
     if first_query_dim(shape) < stream_dim(shape) and (v < shape.head_dim or offsets_exist(shape)):
-        raise ValueError(f"the first layer's queries span {first_query_dim(shape)} < {stream_dim(shape)} dimensions, "
-                         f"with vocab_size = {v} < head_dim = {shape.head_dim} or with offsets (biases): outside the "
-                         f"closed forms' domain")
+        raise ValueError(
+            f"the first layer's queries span {first_query_dim(shape)} < {stream_dim(shape)} dimensions, "
+            f"with vocab_size = {v} < head_dim = {shape.head_dim} or with offsets (biases): outside the "
+            f"closed forms' domain"
+        )
     needed_vocab = e + 2
     if shape.positions != "learned" and v < needed_vocab:
-        raise ValueError(f"vocab_size = {v} < {needed_vocab} without learned positions: the first layer's readers "
-                         f"see too few distinct inputs, outside the closed forms' domain")
+        raise ValueError(
+            f"vocab_size = {v} < {needed_vocab} without learned positions: the first layer's readers "
+            f"see too few distinct inputs, outside the closed forms' domain"
+        )
     if shape.positions == "rope" and shape.head_dim > first_norm_dim(shape):
-        raise ValueError(f"RoPE with head_dim = {shape.head_dim} > {first_norm_dim(shape)}, the dimensions its "
-                         f"first norm spans, is not covered")
+        raise ValueError(
+            f"RoPE with head_dim = {shape.head_dim} > {first_norm_dim(shape)}, the dimensions its "
+            f"first norm spans, is not covered"
+        )
     if t < 2:
-        raise ValueError(f"block_size must be at least 2 (attention over one position has no scores), got {t}")
+        raise ValueError(
+            f"block_size must be at least 2 (attention over one position has no scores), got {t}"
+        )
     if e < 4:
-        raise ValueError(f"n_embd must be at least 4, got {e} (a 2-dimensional LayerNorm stream keeps one more "
-                         f"rotation when tied)")
+        raise ValueError(
+            f"n_embd must be at least 4, got {e} (a 2-dimensional LayerNorm stream keeps one more "
+            f"rotation when tied)"
+        )
     if shape.block == "parallel":
         inputs = v * (t if shape.positions == "learned" else 1)
         needed = mlp_reader_rows(shape) + shape.mlp_hidden + e + 2
         if inputs < needed:
-            raise ValueError(f"parallel block: the first MLP sees only {inputs} distinct inputs, fewer than the "
-                             f"{needed} the closed forms need")
+            raise ValueError(
+                f"parallel block: the first MLP sees only {inputs} distinct inputs, fewer than the "
+                f"{needed} the closed forms need"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,13 +286,21 @@ def junctions(shape: WholeModelShape) -> list[Junction]:
     attn, mlp = attention_reader_rows(shape), mlp_reader_rows(shape)
     per_layer = []
     if shape.block == "parallel":
-        per_layer.append(Junction("ln", attn * shape.qkv_bias + mlp * shape.mlp_bias,
-                                  attn * (not shape.qkv_bias) + mlp * (not shape.mlp_bias)))
+        per_layer.append(
+            Junction(
+                "ln",
+                attn * shape.qkv_bias + mlp * shape.mlp_bias,
+                attn * (not shape.qkv_bias) + mlp * (not shape.mlp_bias),
+            )
+        )
     else:
         per_layer.append(Junction("ln_1", attn * shape.qkv_bias, attn * (not shape.qkv_bias)))
         per_layer.append(Junction("ln_2", mlp * shape.mlp_bias, mlp * (not shape.mlp_bias)))
-    layers = [Junction(f"h{layer}.{j.name}", j.rows_biased, j.rows_plain)
-              for layer in range(shape.n_layer) for j in per_layer]
+    layers = [
+        Junction(f"h{layer}.{j.name}", j.rows_biased, j.rows_plain)
+        for layer in range(shape.n_layer)
+        for j in per_layer
+    ]
     return layers + [Junction("ln_f", 0, shape.vocab_size, free=not shape.tied)]
 
 
@@ -247,7 +327,9 @@ def attention_qk_dim(shape: WholeModelShape) -> int:
 
     # the first layer's queries read s_q, its keys s_0 dimensions (first_query_dim, first_norm_dim)
     full = stream_dim(shape)
-    return per_layer(first_query_dim(shape), first_norm_dim(shape)) + (shape.n_layer - 1) * per_layer(full, full)
+    return per_layer(first_query_dim(shape), first_norm_dim(shape)) + (shape.n_layer - 1) * per_layer(
+        full, full
+    )
 
 
 def attention_ov_dim(shape: WholeModelShape) -> int:
@@ -431,26 +513,46 @@ CLASSES: tuple[SymmetryClass, ...] = (
     SymmetryClass("key_offset", key_offset_dim, "constant key offsets cancelled by softmax"),
     SymmetryClass("value_offset", value_offset_dim, "value offsets pooled through W_O"),
     SymmetryClass("parallel_output_bias", parallel_output_bias_dim, "parallel block: b_O + d, b_down - d"),
-    SymmetryClass("first_layer_span", first_layer_span_dim, "first readers' columns outside the embeddings' span"),
+    SymmetryClass(
+        "first_layer_span", first_layer_span_dim, "first readers' columns outside the embeddings' span"
+    ),
     SymmetryClass("norm_gain", norm_gain_dim, "norm gain against its readers' columns"),
-    SymmetryClass("norm_bias", norm_bias_dim, "LayerNorm bias absorbed by its readers (tied ln_f: by log-softmax)",
-                  "its tied ln_f part"),
-    SymmetryClass("reader_mean", reader_mean_dim, "reader rows along 1/gamma (LayerNorm output is orthogonal to 1)"),
+    SymmetryClass(
+        "norm_bias",
+        norm_bias_dim,
+        "LayerNorm bias absorbed by its readers (tied ln_f: by log-softmax)",
+        "its tied ln_f part",
+    ),
+    SymmetryClass(
+        "reader_mean", reader_mean_dim, "reader rows along 1/gamma (LayerNorm output is orthogonal to 1)"
+    ),
     SymmetryClass("writer_mean", writer_mean_dim, "writes along 1_E (LayerNorm subtracts the mean)"),
     SymmetryClass("embedding_mean", embedding_mean_dim, "embedding rows along 1_E", "its tied wte part"),
     SymmetryClass("position_shift", position_shift_dim, "wte + 1 w^T, wpe - 1 w^T", "when tied"),
     SymmetryClass("logit_shift", logit_shift_dim, "lm_head + 1_V w^T", "always"),
     SymmetryClass("gated_mlp_scale", gated_mlp_scale_dim, "gated MLP: up row s, down column 1/s"),
-    SymmetryClass("stream_rotation", stream_rotation_dim, "orthogonal rotation of the residual stream",
-                  "when tied (V <= E)"),
-    SymmetryClass("residual_scale", residual_scale_dim, "global scale of the stream (exact only with eps = 0)"),
+    SymmetryClass(
+        "stream_rotation",
+        stream_rotation_dim,
+        "orthogonal rotation of the residual stream",
+        "when tied (V <= E)",
+    ),
+    SymmetryClass(
+        "residual_scale", residual_scale_dim, "global scale of the stream (exact only with eps = 0)"
+    ),
 )
 CLASS_NAMES = tuple(c.name for c in CLASSES)
 # Coarser groups of the classes, for the columns of table A4 (every class in exactly one group).
 CLASS_GROUPS = {
     "attention": ("attention_qk", "attention_ov", "key_offset", "value_offset"),
     "norm_readers": ("norm_gain", "norm_bias", "reader_mean", "first_layer_span"),
-    "stream_writes": ("writer_mean", "embedding_mean", "position_shift", "parallel_output_bias", "residual_scale"),
+    "stream_writes": (
+        "writer_mean",
+        "embedding_mean",
+        "position_shift",
+        "parallel_output_bias",
+        "residual_scale",
+    ),
     "logits": ("logit_shift",),
     "rotation": ("stream_rotation",),
     "gated_mlp": ("gated_mlp_scale",),
@@ -488,8 +590,11 @@ def whole_model_params(shape: WholeModelShape) -> int:
     e = shape.n_embd
     embeddings = shape.vocab_size * e + (shape.block_size * e if shape.positions == "learned" else 0)
     norms_per_layer = 1 if shape.block == "parallel" else 2
-    per_layer = norms_per_layer * norm_params(shape) + counts.attention_params_per_layer(shape.attention) \
+    per_layer = (
+        norms_per_layer * norm_params(shape)
+        + counts.attention_params_per_layer(shape.attention)
         + mlp_params(shape)
+    )
     head = 0 if shape.tied else shape.vocab_size * e
     return embeddings + shape.n_layer * per_layer + norm_params(shape) + head
 
@@ -498,10 +603,24 @@ def whole_model_params(shape: WholeModelShape) -> int:
 # Real architectures (config/architectures.yaml, Hugging Face configs)
 
 WHOLE_MODEL_REQUIRED = ("vocab_size", "norm", "mlp", "mlp_hidden", "tied")
-WHOLE_MODEL_TYPES = {"vocab_size": int, "block_size": int, "mlp_hidden": int, "norm": str, "mlp": str, "block": str,
-                     "norm_bias": bool, "mlp_bias": bool, "tied": bool, "norm_eps": (int, float)}
-WHOLE_MODEL_TYPE_NAMES = {int: "a positive integer", str: "a name", bool: "true or false",
-                          (int, float): "a number"}
+WHOLE_MODEL_TYPES = {
+    "vocab_size": int,
+    "block_size": int,
+    "mlp_hidden": int,
+    "norm": str,
+    "mlp": str,
+    "block": str,
+    "norm_bias": bool,
+    "mlp_bias": bool,
+    "tied": bool,
+    "norm_eps": (int, float),
+}
+WHOLE_MODEL_TYPE_NAMES = {
+    int: "a positive integer",
+    str: "a name",
+    bool: "true or false",
+    (int, float): "a number",
+}
 
 
 def shape_from_architecture(name: str, spec: dict) -> WholeModelShape:
@@ -511,19 +630,38 @@ def shape_from_architecture(name: str, spec: dict) -> WholeModelShape:
     if positions == "learned" and "block_size" not in spec:
         missing.append("block_size")
     if missing:
-        raise UserError(f"architecture {name!r} lacks {', '.join(missing)} (needed for the whole-model count)")
+        raise UserError(
+            f"architecture {name!r} lacks {', '.join(missing)} (needed for the whole-model count)"
+        )
     for key, kind in WHOLE_MODEL_TYPES.items():
         value = spec.get(key)
-        if value is not None and not (isinstance(value, kind) and not (kind is int and isinstance(value, bool))):
-            raise UserError(f"architecture {name!r}: {key} must be {WHOLE_MODEL_TYPE_NAMES[kind]}, got {value!r}")
+        if value is not None and not (
+            isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        ):
+            raise UserError(
+                f"architecture {name!r}: {key} must be {WHOLE_MODEL_TYPE_NAMES[kind]}, got {value!r}"
+            )
     try:
         return whole_model_shape(
-            n_layer=spec["n_layer"], n_embd=spec["n_embd"], n_head=spec["n_head"], vocab_size=spec["vocab_size"],
-            block_size=spec.get("block_size", 2), n_kv_head=spec.get("n_kv_head"), head_dim=spec.get("head_dim"),
-            norm=spec["norm"], norm_bias=spec.get("norm_bias", False), qkv_bias=spec.get("bias", False),
-            out_bias=spec.get("out_bias"), mlp=spec["mlp"], mlp_hidden=spec["mlp_hidden"],
-            mlp_bias=spec.get("mlp_bias", False), tied=spec["tied"], positions=positions,
-            block=spec.get("block", "sequential"), norm_eps=spec.get("norm_eps", DEFAULT_NORM_EPS))
+            n_layer=spec["n_layer"],
+            n_embd=spec["n_embd"],
+            n_head=spec["n_head"],
+            vocab_size=spec["vocab_size"],
+            block_size=spec.get("block_size", 2),
+            n_kv_head=spec.get("n_kv_head"),
+            head_dim=spec.get("head_dim"),
+            norm=spec["norm"],
+            norm_bias=spec.get("norm_bias", False),
+            qkv_bias=spec.get("bias", False),
+            out_bias=spec.get("out_bias"),
+            mlp=spec["mlp"],
+            mlp_hidden=spec["mlp_hidden"],
+            mlp_bias=spec.get("mlp_bias", False),
+            tied=spec["tied"],
+            positions=positions,
+            block=spec.get("block", "sequential"),
+            norm_eps=spec.get("norm_eps", DEFAULT_NORM_EPS),
+        )
     except (TypeError, ValueError) as err:
         raise UserError(f"architecture {name!r}: {err}") from None
 
@@ -536,14 +674,19 @@ def whole_model_row(name: str, spec: dict) -> dict:
     attention_unidentified = attention_only_unidentified(shape)
     params = whole_model_params(shape)
     unidentified = sum(dims.values())
-    return {"architecture": name, **asdict(shape),
-            "attention_params": attention_params, "attention_unidentified": attention_unidentified,
-            "attention_identified_fraction": 1 - attention_unidentified / attention_params,
-            "whole_params": params, "whole_unidentified": unidentified,
-            "whole_identified_fraction": 1 - unidentified / params,
-            "extra_unidentified": unidentified - attention_unidentified,
-            **{f"group_{group}": sum(dims[name] for name in names) for group, names in CLASS_GROUPS.items()},
-            **{f"class_{key}": value for key, value in dims.items()}}
+    return {
+        "architecture": name,
+        **asdict(shape),
+        "attention_params": attention_params,
+        "attention_unidentified": attention_unidentified,
+        "attention_identified_fraction": 1 - attention_unidentified / attention_params,
+        "whole_params": params,
+        "whole_unidentified": unidentified,
+        "whole_identified_fraction": 1 - unidentified / params,
+        "extra_unidentified": unidentified - attention_unidentified,
+        **{f"group_{group}": sum(dims[name] for name in names) for group, names in CLASS_GROUPS.items()},
+        **{f"class_{key}": value for key, value in dims.items()},
+    }
 
 
 def whole_model_table(architectures: dict[str, dict]):

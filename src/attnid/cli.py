@@ -28,8 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "balance": ("attnid.edits", "move every attention factor pair to balance (mu = 0) without changing the function"),
     "edits-table": ("attnid.edits_table", "gather prune-biases and balance reports into prune.csv and prune.tex"),
     "verify": ("attnid.nullity", "check every closed form against the numerical nullity of a Jacobian"),
-    "census": ("attnid.census", "every continuous symmetry of a whole model, class by class, checked against the "
-                                "nullity of its Jacobian"),
+    "census": ("attnid.census", "every continuous symmetry of a whole model, class by class, checked "
+                                "against the nullity of its Jacobian"),
     "appendix": ("attnid.latex", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.tables", "gather run logs into per-run, per-case and LR-sweep tables"),
     "figures": ("attnid.figures", "draw figures 1-5 from the tables and logs"),

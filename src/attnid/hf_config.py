@@ -40,6 +40,7 @@ WHOLE_MODEL_TYPES: dict[str, tuple[str, bool, str, bool, bool]] = {
     "gemma": ("rmsnorm", False, "geglu", False, True),  # gain 1 + w is still a free gain
     "falcon": ("layernorm", True, "gelu", False, True),
 }
+EPS_NAMES = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps")  # the norms' epsilon, first found wins
 # Why a model type's whole model is not counted (its attention still is).
 WHOLE_MODEL_NOT_COVERED = {
     "gemma2": "Gemma-2 normalises each block's output too (sandwich norms) and soft-caps its logits",
@@ -142,8 +143,7 @@ def _whole_model_fields(config: dict, model_type: str, spec: dict) -> dict:
     fields = {"vocab_size": config["vocab_size"], "norm": norm, "norm_bias": norm_bias, "mlp": mlp,
               "tied": bool(config.get("tie_word_embeddings", tied)),
               "mlp_hidden": config.get("n_inner") or config.get("intermediate_size") or 4 * n_embd,
-              "norm_eps": config.get("layer_norm_epsilon", config.get("layer_norm_eps", config.get("rms_norm_eps",
-                                                                                               1e-5)))}
+              "norm_eps": next((config[key] for key in EPS_NAMES if config.get(key) is not None), 1e-5)}
     if model_type == "gpt2":
         fields["block_size"] = config.get("n_positions", config.get("n_ctx", 1024))
     if model_type == "falcon":

@@ -306,7 +306,8 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
                                                        "gap", "passed"})
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
     whole_frame = None if whole_model_csv is None else _read_csv(
-        whole_model_csv, "whole-model", {"architecture", "whole_params", "whole_unidentified", "group_rotation"})
+        whole_model_csv, "whole-model", {"architecture", "whole_params", "whole_unidentified",
+                                         "group_rotation"})
     census_frame = None if census_csv is None else _read_csv(
         census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
     templates = find_template_dir(template_dir)

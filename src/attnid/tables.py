@@ -432,7 +432,8 @@ def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_
     census = None
     if census_csv is not None:
         if not Path(census_csv).is_file():
-            raise UserError(f"census CSV {census_csv} not found: run 'attnid census --grid --out {census_csv}' first")
+            raise UserError(f"census CSV {census_csv} not found: run 'attnid census --grid --out "
+                            f"{census_csv}' first")
         census = pd.read_csv(census_csv)
         if not {"closes", "gap"} <= set(census.columns):
             raise UserError(f"census CSV {census_csv} lacks the columns closes and gap: regenerate it")
@@ -476,7 +477,8 @@ def add_tables_arguments(parser) -> None:
 
 def run_tables(args) -> int:
     check_run_selection(args)
-    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs, args.census)
+    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs,
+                          args.census)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
