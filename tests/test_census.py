@@ -265,7 +265,7 @@ FAST_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("shape", FAST_SHAPES, ids=census.describe)
+@pytest.mark.parametrize("shape", FAST_SHAPES[1:], ids=census.describe)  # the first: the next test
 def test_census_closes(shape):
     row = census.census(shape)
     assert row["measured"] == row["theory"], row
@@ -275,8 +275,11 @@ def test_census_closes(shape):
 
 
 def test_the_issue_measurement_and_the_attention_shortfall():
+    """The issue's shape (1 layer, E = 8, H = 2, T = 4, no biases, F = 4E; V = 12 here, as 7, 8, 9, 16 and
+    65 measure too): 188 null directions, of which the paper's attention count explains 64."""
     row = census.census(FAST_SHAPES[0])
-    assert row["measured"] == 188 and row["attention_only"] == 64
+    assert row["measured"] == row["theory"] == 188 and row["attention_only"] == 64
+    assert row["gap"] >= census.GAP_REQUIRED and row["n_rows"] >= census.ROW_FACTOR * row["n_params"]
 
 
 def test_untied_models_need_the_stream_rotation():
