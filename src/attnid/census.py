@@ -20,7 +20,7 @@ slow planes of base 10,000, blurring the rank.
 
 The norms keep their epsilon (``--norm-eps``, model.py's 1e-5 by default). Epsilon breaks
 one symmetry, the global scaling of the residual stream; the census does not count it then
-but reports how close to null that direction is (``near_null``: its ``||J v|| / ||v||``
+but reports how close to null that direction is (``near_null_scale``: ``||J v|| / ||v||``
 over the largest singular value). With ``--norm-eps 0`` it is exact and counted.
 """
 
