@@ -149,6 +149,7 @@ def expected_outputs(config: dict) -> list[str]:
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
     files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if plan else 5) for ext in ("png", "pdf")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
+              f"{out}/theory/whole_model.csv", f"{out}/theory/census.csv",
               f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
     return files + ["data/tinyshakespeare/train.bin"]
 

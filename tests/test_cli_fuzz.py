@@ -236,6 +236,10 @@ CASES = [
     ("counts-hf-config-folder-without-config", "counts --hf-config {w}/folder", "not found"),
     ("verify-out-is-a-directory", "verify --out {w}/folder", "is a directory"),
     ("verify-out-is-a-foreign-file", "verify --out {w}/notes.txt", "--force"),
+    ("census-out-is-a-directory", "census --out {w}/folder", "is a directory"),
+    ("census-out-is-a-foreign-file", "census --out {w}/notes.txt", "--force"),
+    ("census-heads-do-not-divide", "census --n-embd 9 --n-head 2", "n_embd"),
+    ("census-too-large", "census --n-embd 64 --n-head 4 --vocab-size 65 --max-params 100", "--max-params"),
     # the report commands
     ("tables-no-runs", "tables --out-dir {w}/t", "say which runs"),
     ("tables-run-missing", "tables --runs {w}/nope --out-dir {w}/t", "no run.json"),

@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "balance": ("attnid.cli.checkpoints", "move every attention factor pair to balance (mu = 0) without changing the function"),
     "edits-table": ("attnid.cli.reports", "gather prune-biases and balance reports into prune.csv and prune.tex"),
     "verify": ("attnid.cli.theory", "check every closed form against the numerical nullity of a Jacobian"),
+    "census": ("attnid.cli.theory", "every continuous symmetry of a whole model, class by class, checked "
+                                    "against the nullity of its Jacobian"),
     "appendix": ("attnid.cli.reports", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.cli.reports", "gather run logs into per-run, per-case and LR-sweep tables"),
     "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),

@@ -63,15 +63,18 @@ def files_in(folder: str | Path | None, pattern: str) -> list[Path]:
 def add_tables_arguments(parser) -> None:
     add_run_selection_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
+    parser.add_argument("--census", default=None, metavar="CSV",
+                        help="census.csv of attnid census --grid: adds its claim row to claims.csv")
 
 
 def run_tables(args) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
-    declare_report_files(args)
+    declare_report_files(args, args.census)
     with written_by("attnid train"):
-        tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs)
+        tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs,
+                              args.census)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
@@ -105,6 +108,9 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counts", default="results/theory/counts.csv", help="default: %(default)s")
     parser.add_argument("--nullity", default="results/theory/nullity.csv", help="default: %(default)s")
     parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
+    parser.add_argument("--whole-model", default=None,
+                        help="whole-model counts CSV (attnid counts --whole-model-out) for table A4")
+    parser.add_argument("--census", default=None, help="census CSV (attnid census --grid --out) for table A5")
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
                         help="folder with runs.tex, cases.tex, sweep.tex, prune.tex, the studies' and "
@@ -125,7 +131,7 @@ def run_appendix(args: argparse.Namespace) -> int:
     from attnid.common.files import write_text_atomic
 
     rule = outputs.current()
-    rule.read(args.counts, args.nullity, args.single_head, args.templates,
+    rule.read(args.counts, args.nullity, args.single_head, args.whole_model, args.census, args.templates,
               *files_in(args.experiment_tables, "*.tex"), *files_in(args.figures, "*.pdf"))
     rule.write(args.out, outputs.TEX, "--out")
     if args.pdf:
@@ -135,7 +141,8 @@ def run_appendix(args: argparse.Namespace) -> int:
         rule.write(main_tex.with_suffix(".log"), outputs.TEXT)
     with written_by("attnid counts, verify, tables or figures"):
         text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
-                               args.figures, args.templates, omit=args.omit)
+                               args.figures, args.templates, omit=args.omit, whole_model_csv=args.whole_model,
+                               census_csv=args.census)
     write_text_atomic(args.out, text, outputs.TEX)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")

@@ -277,6 +277,8 @@ def _claim(claim: str, paper: str, measured: float, relation: str, threshold, de
         result = "pass" if measured < threshold else "fail"
     elif relation == ">":
         result = "pass" if measured > threshold else "fail"
+    elif relation == "=":
+        result = "pass" if measured == threshold else "fail"
     else:  # "in": threshold is (low, high)
         result = "pass" if threshold[0] <= measured <= threshold[1] else "fail"
     shown = f"[{threshold[0]:g}, {threshold[1]:g}]" if relation == "in" else f"{threshold:g}"
@@ -294,8 +296,20 @@ def _extreme(frame: pd.DataFrame, columns: list[str], largest: bool = True) -> f
     return float(values.max() if largest else values.min())
 
 
-def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each experimental claim with the number measured in this pipeline's own runs.
+def census_claim(census: pd.DataFrame) -> dict:
+    """The whole-model census's row of claims.csv: how many shapes of ``census.csv`` close (sum of the
+    closed forms = measured Jacobian nullity, gap >= 1e6; attnid.census), against how many there are."""
+    closing = int(census["closes"].astype(str).str.lower().eq("true").sum())
+    worst = float(pd.to_numeric(census["gap"], errors="coerce").min()) if len(census) else math.nan
+    return _claim(f"whole-model census closes on {len(census)} shapes", "census (ours)", float(closing), "=",
+                  len(census), f"shapes whose closed-form symmetry count equals the measured nullity of the "
+                  f"whole-model Jacobian, worst gap {worst:.1e}", "float64")
+
+
+def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFrame | None = None,
+                 census: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Each experimental claim with the number measured in this pipeline's own runs (and, given
+    ``census.csv``, the whole-model census's row).
 
     ``result`` is pass, fail, missing (the runs the claim needs were not configured, or all
     diverged) or ``not applicable (dtype)``: the runs trained in a precision too coarse to
@@ -324,6 +338,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
     rebalanced = of_cases(rebalancing)
     every = pd.concat([frame for frame in (done, sweep_done) if not frame.empty]) if not done.empty else done
     ratio_columns = [f"drift_ratio_{c}_final" for c in CIRCUITS]
+    census_rows = [] if census is None else [census_claim(census)]
     return pd.DataFrame([
         _claim("E1 sgd drift1/drift2 < 1e-9", "E1, Lemma 5.1", _extreme(sgd, ratio_columns), "<",
                DRIFT_RATIO_SGD_MAX, f"largest first- over second-order drift at the last row, both circuits, "
@@ -351,13 +366,15 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
                _extreme(rebalanced, ["beta_rebalance_ratio_max"]), "<", BETA_REBALANCE_RATIO_MAX,
                f"largest ratio of beta right after a rebalance to beta at the log step before it, "
                f"over {len(rebalanced)} {'/'.join(rebalancing)} runs", _dtypes(rebalanced)),
+        *census_rows,
     ])
 
 
 # ---------------------------------------------------------------------------- command line
 
 def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_dir: str | Path,
-                 runs: list[str] | None = None, sweep_runs: list[str] | None = None) -> dict[str, pd.DataFrame]:
+                 runs: list[str] | None = None, sweep_runs: list[str] | None = None,
+                 census_csv: str | Path | None = None) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
     ``runs`` / ``sweep_runs`` list the run directories explicitly (what the pipeline does);
@@ -375,7 +392,15 @@ def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_
     sweep = sweep_table(sweep_runs)
     slopes = sweep_slopes_table(sweep) if not sweep.empty else sweep_slopes_table(
         pd.DataFrame(columns=["optimizer", "lr", "status"]))
-    claims = claims_table(runs, slopes, sweep_runs)
+    census = None
+    if census_csv is not None:
+        if not Path(census_csv).is_file():
+            raise UserError(f"census CSV {census_csv} not found: run 'attnid census --grid --out "
+                            f"{census_csv}' first")
+        census = pd.read_csv(census_csv)
+        if not {"closes", "gap"} <= set(census.columns):
+            raise UserError(f"census CSV {census_csv} lacks the columns closes and gap: regenerate it")
+    claims = claims_table(runs, slopes, sweep_runs, census)
 
     out = Path(out_dir)
     write_csv_atomic(out / "runs.csv", runs)
