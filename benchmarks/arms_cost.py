@@ -7,12 +7,12 @@ only). The arms take turns: one *round* is ``--steps`` training steps of each ar
 turn, timed as process CPU time (other jobs on a shared machine inflate wall time
 unevenly). Per round the arm's time is divided by ``adamw``'s of the same round, and the
 script prints the median over rounds of that ratio with its spread (interquartile range)
-and the median ms/step. Targets: ``adamw_projected`` <= 1.15 (docs/design.md §12).
+and the median ms/step. Targets: ``adamw_projected`` <= 1.15 (docs/design.md §13).
 
 The rebalancing arms rebalance every ``--steps`` steps here (the pipeline: every 200), so that
 every round holds one rebalance; they skip the τ probe of the other log steps, so they can cost
 less than ``adamw``. The last line is ``rebalance_transport`` over ``rebalance_keep`` per round:
-what transporting AdamW's moments adds to a rebalance (docs/design.md §14).
+what transporting AdamW's moments adds to a rebalance (docs/design.md §15).
 
     python benchmarks/arms_cost.py [--rounds 7] [--steps 40] [--threads 1] [--no-metrics] [--data DIR]
 

@@ -172,6 +172,7 @@ def expected_outputs(config: dict) -> list[str]:
         files += [f"{out}/tables/interventions.{ext}" for ext in ("csv", "tex")]
         files += [f"{out}/figures/fig6.{ext}" for ext in ("png", "pdf", "rst")]
     files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
+              f"{out}/theory/whole_model.csv", f"{out}/theory/census.csv",
               f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
     return files + ["data/tinyshakespeare/train.bin"]
 

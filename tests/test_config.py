@@ -87,7 +87,7 @@ def test_cases_are_one_record_each():
     assert {c.name: c.default_lr for c in cases.CASES.values()} == {
         "sgd": 0.1, "sgd_wd": 0.1, "sgd_momentum": 0.01, "adamw": 1e-3, "adamw_rebalance": 1e-3,
         "adamw_projected": 1e-3, "adamw_gauge_fixed": 1e-3}
-    # the interventions train adamw's optimizer (docs/design.md §12, §13)
+    # the interventions train adamw's optimizer (docs/design.md §13, §14)
     assert {cases.CASES[name].make_optimizer for name in ("adamw_rebalance", "adamw_projected",
                                                           "adamw_gauge_fixed")} == {cases.adamw}
     styles = [(c.color, c.linestyle, c.marker) for c in cases.CASES.values()]

@@ -375,7 +375,7 @@ def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     config = json.loads((folder / "config.json").read_text())
     assert "--target initial" in _one_line_error(capsys, "balance", folder, "--out", tmp_path / "o",
                                                  "--target", "initial")
-    assert "is the input" in _one_line_error(capsys, "balance", folder, "--out", folder)
+    assert "is also an input" in _one_line_error(capsys, "balance", folder, "--out", folder)
     (folder / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 4}))
     assert "k_proj" in _one_line_error(capsys, "inspect", folder)
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen3"}))

@@ -1,4 +1,4 @@
-"""The three interventions on the orbit (docs/design.md §12-§14): the projected step, the gauge-fixed
+"""The three interventions on the orbit (docs/design.md §13-§15): the projected step, the gauge-fixed
 parametrisation and AdamW's moments transported across a rebalance. Each identity is checked against
 its residual; the training runs are tiny (2 layers, E = 32, tens of steps)."""
 
@@ -60,7 +60,7 @@ VARIANTS = {"mha": {}, "gqa G=2": {"n_kv_head": 2}, "rope": {"rope": True}, "rop
 
 
 # --------------------------------------------------------------------------------------
-# §12: the projected step
+# §13: the projected step
 # --------------------------------------------------------------------------------------
 
 @st.composite
@@ -80,7 +80,7 @@ def pairs_and_steps(draw):
 @PROPERTY
 @given(pairs_and_steps(), st.sampled_from(["gl", "rope"]))
 def test_a_step_orthogonal_to_the_orbit_has_no_first_order_imbalance_drift(sample, kind):
-    """docs/design.md §12: the step minus its tangent projection satisfies dA Aᵀ = B dBᵀ (GL_D), so the
+    """docs/design.md §13: the step minus its tangent projection satisfies dA Aᵀ = B dBᵀ (GL_D), so the
     first-order part L = R + Rᵀ of §7 vanishes; on the RoPE orbit P(L) = 0. The raw step's L does not."""
     pair_a, pair_b, (step_a, step_b) = sample
     orbit = GENERAL_LINEAR if kind == "gl" else ROPE_COMMUTANT
@@ -134,7 +134,7 @@ def test_projected_adamw_step_is_off_the_orbit_in_every_variant(variant):
         assert removed_sq / step_sq == pytest.approx(raw[f"rho_{circuit}"], rel=1e-9)
         assert raw[f"rho_{circuit}"] > 1e-4
         assert kept[f"rho_{circuit}"] < 1e-20, (circuit, kept[f"rho_{circuit}"])
-        # the projected step's first-order drift on this orbit: zero to round-off (docs/design.md §12)
+        # the projected step's first-order drift on this orbit: zero to round-off (docs/design.md §13)
         orbit = orbit_of(model, circuit)
         pre_a, pre_b = stacked_pairs(pre, layout_of(model), circuit)
         now_a, now_b = stacked_pairs(attention_tensors(model), layout_of(model), circuit)
@@ -144,7 +144,7 @@ def test_projected_adamw_step_is_off_the_orbit_in_every_variant(variant):
 
 
 def test_projected_adamw_conserves_the_imbalance_in_float64(prepared_data_dir, tmp_path):
-    """The identity in a training run (docs/design.md §12): float64 adamw_projected has rho < 1e-20 and
+    """The identity in a training run (docs/design.md §13): float64 adamw_projected has rho < 1e-20 and
     drift1/drift2 < 1e-9 on every log row, both circuits; float64 adamw on the same seed does not."""
     flags = ["--max-iters", "30", "--log-every", "10", "--eval-every", "30", "--dtype", "float64"]
     for case in ("adamw_projected", "adamw"):
@@ -178,14 +178,14 @@ def test_projected_rope_gqa_run_and_no_metrics_run(prepared_data_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# §13: the gauge-fixed parametrisation
+# §14: the gauge-fixed parametrisation
 # --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant, bias", [({}, False), ({"n_kv_head": 2}, False), ({"n_kv_head": 1}, True),
                                            ({"head_dim": 12, "n_kv_head": 2}, True)])
 def test_gauge_fixing_drops_exactly_the_closed_form_and_keeps_the_function(variant, bias):
     """Trained attention entries drop by 2 L G D^2 = L (unidentified_qk + unidentified_ov) of counts.py
-    (docs/design.md §5, §13); the fixed blocks are no optimizer parameter; the logits are unchanged."""
+    (docs/design.md §5, §14); the fixed blocks are no optimizer parameter; the logits are unchanged."""
     stock = tiny_model(variant, bias, dtype=torch.float32)
     fixed = tiny_model(variant, bias, dtype=torch.float32)
     idx, _ = batch()
@@ -313,7 +313,7 @@ def test_gauge_fixed_refuses_what_it_cannot_fix(tmp_path):
 
 
 # --------------------------------------------------------------------------------------
-# §14: AdamW's moments across a rebalance
+# §15: AdamW's moments across a rebalance
 # --------------------------------------------------------------------------------------
 
 def _gradients(model) -> dict[torch.Tensor, torch.Tensor]:
@@ -325,7 +325,7 @@ def _gradients(model) -> dict[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("variant", ["mha", "gqa G=2", "rope"])
 def test_transported_first_moment_is_the_gradient_at_the_moved_weights(variant):
-    """docs/design.md §14: with m = the gradient at θ, transport across a rebalance gives the gradient at the
+    """docs/design.md §15: with m = the gradient at θ, transport across a rebalance gives the gradient at the
     moved weights θ' (G_A -> S^{-T} G_A, G_B -> S G_B) to float64 round-off; with v = g², the moved v equals
     g'² exactly where the move is diagonal (the RoPE query-key pairs) and stays non-negative elsewhere."""
     model = tiny_model(VARIANTS[variant], bias=True)

@@ -146,5 +146,21 @@ def test_bad_checkpoints_are_user_errors(tmp_path):
     model = _tiny(bias=False)
     wrong = dict(model.config.model_args(), n_embd=64, n_head=4)
     torch.save({"model": model.state_dict(), "model_args": wrong}, tmp_path / "wrong.pt")
-    with pytest.raises(UserError, match="do not fit"):
+    # the first tensor that disagrees, its shape and the shape model_args imply (before any model is built)
+    with pytest.raises(UserError, match=r"tensor transformer\.wte\.weight has shape \(23, 32\), "
+                                        r"expected \(23, 64\) from its model_args; 15 more"):
         load_nanogpt_checkpoint(tmp_path / "wrong.pt")
+    with pytest.raises(UserError, match="is a directory"):
+        load_nanogpt_checkpoint(tmp_path)
+
+
+@pytest.mark.parametrize("variant", [{}, {"bias": False}, {"rope": True}, {"n_kv_head": 2}, {"head_dim": 6},
+                                     {"rope": True, "n_kv_head": 1, "bias": False, "head_dim": 4}])
+def test_expected_state_shapes_are_the_built_models(variant):
+    """The shapes the checkpoint readers check against (without building a model) are a built model's."""
+    from attnid.model.gpt import expected_state_shapes, parameter_count
+
+    config = GPTConfig(**{**dict(block_size=8, vocab_size=11, n_layer=2, n_head=4, n_embd=16), **variant})
+    model = GPT(config)
+    assert expected_state_shapes(config) == {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    assert parameter_count(config) == sum(p.numel() for p in model.parameters())

@@ -161,6 +161,8 @@ def test_sigterm_checkpoints_and_exits_nonzero(prepared_data_dir, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     started = process.stderr.readline()  # printed once the model is built and training begins
+    while started.startswith("attnid train: still working"):  # a slow start-up reports progress first
+        started = process.stderr.readline()
     assert "case sgd" in started, started
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)

@@ -11,7 +11,7 @@ checks this in the tests, docs/design.md §6 maps every module):
 - ``measure``   ρ, β, τ, μ and the exact drift split, measured on a model
 - ``model``     the nanoGPT-compatible GPT, its factor pairs and orbit moves
 - ``theory``    factor-pair geometry, orbit types, closed-form counts, the nullity check
-- ``common``    errors and file handling (bottom)
+- ``common``    errors, file handling and the output rule, shapes, memory, progress (bottom)
 """
 
 __version__ = "0.1.0"

@@ -32,8 +32,9 @@ OMITTED_PARTS = [
 
 rule tables:
     input:
-        RUN_OUTPUTS,
-        INTERVENTION_OUTPUTS,
+        runs=RUN_OUTPUTS,
+        census=rules.census.output[0],
+        interventions=INTERVENTION_OUTPUTS,
     output:
         TABLE_FILES,
     log:
@@ -45,7 +46,7 @@ rule tables:
         interventions=INTERVENTION_SELECTION,
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "attnid tables --runs {params.runs} {params.sweep_runs} {params.interventions}"
+        "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q} {params.interventions}"
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
@@ -103,6 +104,8 @@ rule appendix:
     input:
         counts=rules.counts.output.counts,
         single_head=rules.counts.output.single_head,
+        whole_model=rules.counts.output.whole_model,
+        census=rules.census.output[0],
         nullity=rules.verify.output[0],
         tables=TABLE_FILES,
         studies=STUDY_TABLE_FILES,
@@ -124,5 +127,6 @@ rule appendix:
         omit=f"--omit {' '.join(OMITTED_PARTS)}" if OMITTED_PARTS else "",
     shell:
         "attnid appendix --counts {input.counts:q} --nullity {input.nullity:q} --single-head {input.single_head:q}"
+        " --whole-model {input.whole_model:q} --census {input.census:q}"
         " --out {output.appendix:q} --experiment-tables {params.tables:q} --figures {params.figures:q}"
         " {params.omit} {params.pdf} > {log:q} 2>&1"

@@ -4,17 +4,26 @@ The command line is the top layer: each subcommand's parser and its output live 
 of this package (``attnid.cli.data``, ``.theory``, ``.train``, ``.checkpoints``, ``.reports``), which
 provides two functions: ``add_<name>_arguments(parser)`` and ``run_<name>(args) -> int | None``
 (a ``-`` in the name becomes ``_``) and calls the library for the science. Only the module of the
-chosen subcommand is imported, so ``attnid fetch`` does not pay for importing torch. A :class:`~attnid.common.errors.UserError` (or a bad flag) becomes one
-line on stderr and exit status 2, never a traceback.
+chosen subcommand is imported, so ``attnid fetch`` does not pay for importing torch.
+
+:func:`main` is where every failure a user can cause becomes one line on stderr, never a traceback:
+a :class:`~attnid.common.errors.UserError` or a bad flag (exit 2), an ``OSError`` about a path
+(the path and the reason, exit 2), running out of memory (exit 2), Ctrl-C (exit 130). Anything else
+is a bug of ours and keeps its traceback; ``ATTNID_DEBUG=1`` prints the traceback of the one-line
+errors too. Each command runs under its output rule (:mod:`attnid.common.outputs`: ``--force``) and
+a heartbeat that reports progress when it is silent (:mod:`attnid.common.progress`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 from attnid import __version__
+from attnid.common import outputs, progress
 from attnid.common.errors import UserError
 
 # name -> (module, one-line help). The module defines add_<name>_arguments and run_<name>.
@@ -32,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "balance": ("attnid.cli.checkpoints", "move every attention factor pair to balance (mu = 0) without changing the function"),
     "edits-table": ("attnid.cli.reports", "gather prune-biases and balance reports into prune.csv and prune.tex"),
     "verify": ("attnid.cli.theory", "check every closed form against the numerical nullity of a Jacobian"),
+    "census": ("attnid.cli.theory", "every continuous symmetry of a whole model, class by class, checked "
+                                    "against the nullity of its Jacobian"),
     "appendix": ("attnid.cli.reports", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.cli.reports", "gather run logs into per-run, per-case and LR-sweep tables"),
     "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),
@@ -40,6 +51,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "interventions-table": ("attnid.cli.reports", "compare every arm with the adamw baseline, seed by "
                                                           "seed: mean difference, bootstrap CI, p, verdict"),
 }
+
+
+# Commands that write nothing (no --force).
+READ_ONLY_COMMANDS = ("inspect",)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -59,24 +74,62 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
             function_name = name.replace("-", "_")  # prune-biases -> add_prune_biases_arguments
             getattr(module, f"add_{function_name}_arguments")(command_parser)
+            if name not in READ_ONLY_COMMANDS:
+                command_parser.add_argument(
+                    "--force", action="store_true",
+                    help="replace existing files that are not what this command writes there (never an "
+                         "input, never a directory)")
             command_parser.set_defaults(_run=getattr(module, f"run_{function_name}"))
     return parser
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an OSError: the path(s) it names and the reason."""
+    reason = err.strerror or str(err) or type(err).__name__
+    paths = [str(name) for name in (err.filename, err.filename2) if name is not None]
+    return f"{' -> '.join(paths)}: {reason}" if paths else reason
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    # torch.OutOfMemoryError (CUDA) and the CPU allocator's "DefaultCPUAllocator: can't allocate memory"
+    return type(err).__name__ == "OutOfMemoryError" or (isinstance(err, RuntimeError)
+                                                         and "can't allocate memory" in str(err))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in COMMANDS else None)
-    args = parser.parse_args(argv)
-    try:
-        status = args._run(args)
-    except UserError as err:
-        print(f"attnid {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"attnid {args.command}: interrupted", file=sys.stderr)
-        return 130
+    command = chosen if chosen in COMMANDS else None
+    with progress.Heartbeat(command or "attnid"):  # from the start: importing torch takes seconds
+        args = build_parser(command).parse_args(argv)
+        rule = outputs.OutputRule(args.command, force=getattr(args, "force", False))
+        try:
+            with outputs.active(rule):
+                status = args._run(args)
+        except KeyboardInterrupt:
+            print(f"attnid {args.command}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as err:  # noqa: BLE001 - sorted into a user's problem (one line) or our bug
+            message = _one_line(err)
+            if message is None:
+                raise
+            if os.environ.get("ATTNID_DEBUG") == "1":
+                traceback.print_exc()
+            print(f"attnid {args.command}: error: {message}", file=sys.stderr)
+            return 2
     return int(status or 0)
+
+
+def _one_line(err: Exception) -> str | None:
+    """The one-line message for a failure a user can cause or fix; None for a bug of ours."""
+    if isinstance(err, UserError):
+        return str(err)
+    if isinstance(err, OSError):
+        return describe_os_error(err)
+    if isinstance(err, MemoryError) or _is_out_of_memory(err):
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+        return f"out of memory ({first}); use a smaller model, batch or --length"
+    return None
 
 
 if __name__ == "__main__":

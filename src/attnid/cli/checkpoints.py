@@ -8,10 +8,11 @@ import argparse
 import json
 from pathlib import Path
 
+from attnid.common import outputs, progress
 from attnid.common.errors import UserError
-from attnid.edits.checkpoints import HF_LLAMA, Checkpoint, check_output_path, load_checkpoint, save_checkpoint
-from attnid.measure.inspect import format_inspection, inspect_layers, inspect_model, inspection_csv
+from attnid.edits.checkpoints import HF_FOLDER, HF_LLAMA, Checkpoint, load_checkpoint, save_checkpoint, weight_format
 from attnid.edits.hf_llama import STORED_DTYPES, set_stored_dtype
+from attnid.measure.inspect import format_inspection, inspect_layers, inspect_model, inspection_csv
 from attnid.edits.operations import (BALANCE_TARGETS, stored_initial_imbalance, attention_variant, balance_layers,
                                      balance_on_own_orbit, check_plain_layout, checkpoint_layout,
                                      checkpoint_shape, layer_tensors_of, pair_summary, prune_layer_biases,
@@ -34,6 +35,7 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 def _inspect_file(path: Path) -> dict:
     from attnid.model.gpt import load_nanogpt_checkpoint
 
+    progress.stage(f"reading {path}")
     try:
         model = load_nanogpt_checkpoint(path)
     except (KeyError, AttributeError, TypeError, ValueError) as err:
@@ -48,6 +50,7 @@ def _inspect_file(path: Path) -> dict:
 
 def _inspect_folder(path: Path) -> dict:
     """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
+    progress.stage(f"reading {path}")
     checkpoint = load_checkpoint(path)
     report = inspect_layers(checkpoint_layout(checkpoint), checkpoint_shape(checkpoint),
                             layer_tensors_of(checkpoint.attention_layers()))
@@ -56,6 +59,9 @@ def _inspect_folder(path: Path) -> dict:
 
 
 def run_inspect(args) -> int:
+    rule = outputs.current()
+    rule.read(args.checkpoint)
+    rule.write(args.plot, outputs.PNG, "--plot")
     report = _inspect_folder(args.checkpoint) if args.checkpoint.is_dir() else _inspect_file(args.checkpoint)
     if args.json:
         print(json.dumps(report, indent=2))
@@ -103,13 +109,16 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
 
-    check_output_path(args.checkpoint, args.out)
+    declare_edit_files(args)
+    check_load_memory(args.checkpoint)
+    progress.stage(f"reading {args.checkpoint}")
     checkpoint = load_checkpoint(args.checkpoint)
     rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
     if args.dtype is not None and checkpoint.kind != HF_LLAMA:
         raise UserError(f"--dtype rewrites Llama-family folders only; {args.checkpoint} is written in its "
                         f"own dtype")
     batch, token_source = heldout_batch(checkpoint, args)
+    progress.stage(f"evaluating {args.checkpoint} on the held-out batch")
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
     report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
               "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
@@ -121,8 +130,11 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
         if args.dtype is not None:
             set_stored_dtype(checkpoint, args.dtype)
     report["stored_dtype"] = _stored_dtype(checkpoint)
+    progress.stage(f"editing {args.checkpoint}")
     report.update(edit(checkpoint, rope))
+    progress.stage(f"writing {args.out}")
     save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
+    progress.stage(f"evaluating {args.out} on the held-out batch")
     loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
     report.update({"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)})
     report.update(compare(loss_before, logits_before, loss_after, logits_after))
@@ -135,6 +147,38 @@ def _model_line(report: dict) -> str:
         grouped = f", G={report['n_kv_head']} key/value heads, D={report['head_dim']}"
     return (f"{report.get('model_type', report['format'])} model, {report['n_layer']} layers x "
             f"{report['n_head']} heads{grouped}, E={report['n_embd']}, stored as {report['stored_dtype']}")
+
+
+EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and balance
+
+
+def declare_edit_files(args) -> None:
+    """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
+    --out in the input's format (a file, or a folder of the same files), --json a report."""
+    rule = outputs.current()
+    source = args.checkpoint
+    # the input, the held-out data named or found next to a nanoGPT checkpoint, the text
+    rule.read(source, args.data, args.text, *([source.parent / "val.bin", source.parent / "meta.json"]
+                                              if source.is_file() else []))
+    if source.is_dir():
+        out = rule.write_dir(args.out, "--out", HF_FOLDER)
+        for item in sorted(source.iterdir()):
+            if item.is_file():
+                rule.write(out / item.name, weight_format(item.name))
+    else:
+        rule.write(args.out, outputs.TORCH_ARCHIVE, "--out")
+    rule.write(args.json, EDIT_REPORT, "--json")
+
+
+def check_load_memory(source: Path) -> None:
+    """An edit holds the checkpoint's tensors twice at least (as read, and in the model that proves the
+    edit): refuse before reading one that cannot fit (docs/design.md §6.2)."""
+    from attnid.common.memory import require_memory
+
+    files = [item for item in source.iterdir() if item.is_file()] if source.is_dir() else [source]
+    stored = sum(item.stat().st_size for item in files if item.is_file())
+    require_memory({"the checkpoint read": stored, "its evaluation model": stored}, "cpu",
+                   f"editing {source}", "edit it on a machine with more memory")
 
 
 def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
@@ -150,7 +194,7 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
     lines.append(f"wrote {report['output']}")
     print("\n".join(lines))
     if json_path is not None:
-        write_json_atomic(json_path, report)
+        write_json_atomic(json_path, report, EDIT_REPORT)
     return 0
 
 

@@ -4,8 +4,10 @@ into tables, claims, figures and the LaTeX appendix (:mod:`attnid.reports`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 
 # Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
@@ -27,6 +29,38 @@ def check_run_selection(args) -> None:
         raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
 
 
+def declare_report_files(args, *inputs) -> Path:
+    """The output rule's view of a gathering command: the listed run directories and ``inputs`` are read,
+    --out-dir is written (each table or figure in it is checked as it is written)."""
+    rule = outputs.current()
+    for listed in ("runs", "sweep_runs", "heads_runs", "variants_runs", "intervention_runs",
+                   "identity_runs"):
+        rule.read(*(getattr(args, listed, None) or []))
+    rule.read(*inputs)
+    return rule.write_dir(args.out_dir, "--out-dir")
+
+
+@contextlib.contextmanager
+def written_by(writers: str):
+    """The gathering commands read files that other attnid commands wrote; one that is not (a column or
+    key missing, a value of the wrong kind, a template field without data) is the user's file, not our bug:
+    one line naming the problem and who writes such files (``ATTNID_DEBUG=1`` shows where it was hit)."""
+    try:
+        yield
+    except (KeyError, ValueError, TypeError, IndexError) as err:
+        raise UserError(f"an input is not what {writers} writes ({type(err).__name__}: {err}); rerun that "
+                        f"step with this attnid, or pass its outputs") from err
+    except Exception as err:
+        if type(err).__name__ != "UndefinedError":  # jinja2: a template asks for a column the table lacks
+            raise
+        raise UserError(f"an input table lacks what the templates need ({err}); rerun {writers} with this "
+                        f"attnid") from err
+
+
+def files_in(folder: str | Path | None, pattern: str) -> list[Path]:
+    return sorted(Path(folder).glob(pattern)) if folder is not None and Path(folder).is_dir() else []
+
+
 def add_intervention_run_arguments(parser) -> None:
     """The interventions study's runs (optional): its arms and baselines, and its float64 identity run."""
     parser.add_argument("--intervention-runs", nargs="+", default=None, metavar="RUN_DIR",
@@ -39,14 +73,18 @@ def add_tables_arguments(parser) -> None:
     add_run_selection_arguments(parser)
     add_intervention_run_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
+    parser.add_argument("--census", default=None, metavar="CSV",
+                        help="census.csv of attnid census --grid: adds its claim row to claims.csv")
 
 
 def run_tables(args) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
-    tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs,
-                          args.intervention_runs, args.identity_runs)
+    declare_report_files(args, args.census)
+    with written_by("attnid train"):
+        tables = write_tables(args.runs_dir, args.sweep_dir, args.out_dir, args.runs, args.sweep_runs,
+                              args.census, args.intervention_runs, args.identity_runs)
     for row in tables["claims"].itertuples():
         print(f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})")
     print(f"wrote {len(tables)} tables to {args.out_dir}")
@@ -67,9 +105,11 @@ def run_figures(args) -> int:
     from attnid.reports.figures import make_figures
 
     check_run_selection(args)
-    paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs,
-                         studies=args.studies, intervention_runs=args.intervention_runs,
-                         identity_runs=args.identity_runs)
+    declare_report_files(args, *files_in(args.tables, "*.csv"), *files_in(args.theory_dir, "*.csv"))
+    with written_by("attnid tables, counts, verify or train"):
+        paths = make_figures(args.tables, args.runs_dir, args.theory_dir, args.out_dir, args.runs,
+                             studies=args.studies, intervention_runs=args.intervention_runs,
+                             identity_runs=args.identity_runs)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
 
@@ -80,6 +120,9 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--counts", default="results/theory/counts.csv", help="default: %(default)s")
     parser.add_argument("--nullity", default="results/theory/nullity.csv", help="default: %(default)s")
     parser.add_argument("--single-head", default="results/theory/single_head.csv", help="default: %(default)s")
+    parser.add_argument("--whole-model", default=None,
+                        help="whole-model counts CSV (attnid counts --whole-model-out) for table A4")
+    parser.add_argument("--census", default=None, help="census CSV (attnid census --grid --out) for table A5")
     parser.add_argument("--out", default="paper/appendix.tex", help="default: %(default)s")
     parser.add_argument("--experiment-tables", default=None,
                         help="folder with runs.tex, cases.tex, sweep.tex, prune.tex, the studies' and "
@@ -99,9 +142,20 @@ def run_appendix(args: argparse.Namespace) -> int:
 
     from attnid.common.files import write_text_atomic
 
-    text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
-                           args.figures, args.templates, omit=args.omit)
-    write_text_atomic(args.out, text)
+    rule = outputs.current()
+    rule.read(args.counts, args.nullity, args.single_head, args.whole_model, args.census, args.templates,
+              *files_in(args.experiment_tables, "*.tex"), *files_in(args.figures, "*.pdf"))
+    rule.write(args.out, outputs.TEX, "--out")
+    if args.pdf:
+        main_tex = Path(args.out).resolve().parent / "main.tex"
+        rule.read(main_tex)
+        rule.write(main_tex.with_suffix(".pdf"), outputs.PDF)
+        rule.write(main_tex.with_suffix(".log"), outputs.TEXT)
+    with written_by("attnid counts, verify, tables or figures"):
+        text = render_appendix(args.counts, args.nullity, args.single_head, args.out, args.experiment_tables,
+                               args.figures, args.templates, omit=args.omit, whole_model_csv=args.whole_model,
+                               census_csv=args.census)
+    write_text_atomic(args.out, text, outputs.TEX)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")
     return 0
@@ -118,7 +172,6 @@ def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where heads.csv/.tex, variants.csv/.tex and identification_correlation"
                              ".csv/.tex go")
 
-
 def run_studies(args: argparse.Namespace) -> int:
     from attnid.reports.studies import STUDIES, write_study_tables
     from attnid.training.rundir import find_run_dirs
@@ -130,7 +183,9 @@ def run_studies(args: argparse.Namespace) -> int:
         listed = getattr(args, f"{study}_runs")
         root = Path(args.studies_dir) / study if args.studies_dir is not None else None
         run_dirs[study] = find_run_dirs(root, listed)
-    tables = write_study_tables(run_dirs, args.out_dir)
+    declare_report_files(args)
+    with written_by("attnid train"):
+        tables = write_study_tables(run_dirs, args.out_dir)
     for row in tables["correlation"].itertuples():
         if row.quantity == "final_val_loss":
             print(f"{row.study} ({row.subset}): Spearman(identified fraction, val loss) over {row.n_points} "
@@ -153,7 +208,9 @@ def run_edits_table(args) -> int:
     from attnid.reports.edits_table import write_edits_table
     from attnid.reports.latex import records
 
-    tables = write_edits_table(args.json, args.out_dir)
+    declare_report_files(args, *args.json)
+    with written_by("attnid prune-biases or balance (--json)"):
+        tables = write_edits_table(args.json, args.out_dir)
     summary = tables["summary"]
     for row in records(summary):
         print(f"{row['edit']} ({row['n_runs']} checkpoint(s), L={row['n_layer']} H={row['n_head']} "
@@ -177,7 +234,9 @@ def run_interventions_table(args: argparse.Namespace) -> int:
     from attnid.reports.interventions_table import write_interventions_table
 
     check_run_selection(args)
-    table, notes = write_interventions_table(args.runs_dir, args.out_dir, args.runs, args.baseline)
+    declare_report_files(args)
+    with written_by("attnid train"):
+        table, notes = write_interventions_table(args.runs_dir, args.out_dir, args.runs, args.baseline)
     for note in notes:
         print(f"note: {note}")
     for row in table.itertuples():

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.training import rundir
 from attnid.training.config import (REPLACED_OPTIONS, TrainConfig, help_text, option_names, option_type,
                                     read_config_file, resolve_config)
 
@@ -43,4 +45,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run_train(args: argparse.Namespace) -> int:
     from attnid.training.train import train
 
-    return train(config_from_args(args))
+    cfg = config_from_args(args)
+    rule = outputs.current()
+    rule.read(args.config, cfg.data)
+    out = rule.write_dir(cfg.out, "--out")
+    rule.write(out / rundir.METRICS_FILE, outputs.CSV)
+    rule.write(out / rundir.RUN_FILE, rundir.RUN_JSON)
+    # without --fresh, a ckpt.pt that is not a checkpoint of this run is moved aside, never overwritten
+    rule.write(out / rundir.CHECKPOINT_FILE, outputs.TORCH_ARCHIVE if cfg.fresh else outputs.ANY)
+    return train(cfg)

@@ -31,8 +31,10 @@ from pathlib import Path
 
 import torch
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path, load_weights_only, require, torch_save_atomic
+from attnid.common.shapes import check_tensor_shapes
 
 NANOGPT = "nanogpt"
 HF_GPT2 = "hf-gpt2"
@@ -126,13 +128,22 @@ def _count_layers(keys, prefix: str) -> int:
 
 
 def load_nanogpt(path: Path) -> Checkpoint:
+    from attnid.model.gpt import COMPILED_PREFIX, config_from_model_args, expected_state_shapes
+
     checkpoint = load_weights_only(path)
     if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
         raise UserError(f"{path} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
     args, tensors = checkpoint["model_args"], checkpoint["model"]
+    if not isinstance(args, dict) or not isinstance(tensors, dict):
+        raise UserError(f"{path} is not a nanoGPT checkpoint: 'model_args' and 'model' must be dicts")
     missing = sorted({"n_layer", "n_head", "n_embd", "block_size", "vocab_size"} - set(args))
     if missing:
         raise UserError(f"{path}: 'model_args' lacks {missing}: not a nanoGPT checkpoint")
+    if not all(isinstance(tensor, torch.Tensor) for tensor in tensors.values()):
+        raise UserError(f"{path} is not a nanoGPT checkpoint: 'model' holds something other than tensors")
+    stored = {key.removeprefix(COMPILED_PREFIX): tensor.shape for key, tensor in tensors.items()}
+    expected = expected_state_shapes(config_from_model_args(args))
+    check_tensor_shapes(expected, stored, str(path), source="its model_args", required=False)
     prefix = _layer_prefix(tensors, path)
     n_layer = _count_layers(tensors, prefix)
     if n_layer != int(args["n_layer"]):
@@ -158,26 +169,72 @@ def _hf_weight_files(folder: Path) -> list[str]:
 def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
     if path.suffix == ".safetensors":
         safetensors = require("safetensors", f"reading {path}")
+        if path.stat().st_size == 0:
+            raise UserError(f"cannot read {path}: it is empty (0 bytes)")
+        if not outputs.SAFETENSORS.recognises(path):
+            raise UserError(f"cannot read {path}: not a safetensors file (no valid header)")
         try:
             with safetensors.safe_open(str(path), framework="pt") as handle:
                 return {k: handle.get_tensor(k) for k in handle.keys()}, handle.metadata()
         except (safetensors.SafetensorError, OSError) as err:
-            raise UserError(f"cannot read {path}: {err}") from None
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise UserError(f"cannot read {path}: a truncated or corrupt safetensors file "
+                            f"({first})") from None
     state = load_weights_only(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path} is not a state dict of tensors")
     return state, None
 
 
+GPT2_SIZES = ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")
+
+
+def _gpt2_sizes(config: dict, where: Path) -> dict[str, int]:
+    """The sizes of a GPT-2 ``config.json`` that the weights' shapes follow, each a positive integer."""
+    sizes = {}
+    for name in GPT2_SIZES:
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{where}: {name} is {value!r}; a GPT-2 config.json needs a positive integer")
+        sizes[name] = value
+    if sizes["n_embd"] % sizes["n_head"]:
+        raise UserError(f"{where}: n_embd {sizes['n_embd']} is not a multiple of n_head {sizes['n_head']}")
+    inner = config.get("n_inner")
+    usable = isinstance(inner, int) and not isinstance(inner, bool) and inner > 0
+    sizes["n_inner"] = inner if usable else 4 * sizes["n_embd"]  # GPT-2's default: None means 4E
+    return sizes
+
+
+def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict]:
+    """``(attention, other)`` ``{stored name: shape}`` of a GPT-2 folder, from its config's sizes. GPT-2's
+    Conv1D stores ``(in, out)``; ``prefix`` is the stored prefix of ``h.{i}.`` (:func:`_layer_prefix`)."""
+    E, inner, base = sizes["n_embd"], sizes["n_inner"], prefix[: -len("h.")]
+    attention = {}
+    other = {f"{base}wte.weight": (sizes["vocab_size"], E), f"{base}wpe.weight": (sizes["n_positions"], E),
+             f"{base}ln_f.weight": (E,), f"{base}ln_f.bias": (E,)}
+    for layer in range(sizes["n_layer"]):
+        block = f"{prefix}{layer}."
+        attention |= {block + "attn.c_attn.weight": (E, 3 * E), block + "attn.c_attn.bias": (3 * E,),
+                      block + "attn.c_proj.weight": (E, E), block + "attn.c_proj.bias": (E,)}
+        other |= {block + f"{norm}.{part}": (E,) for norm in ("ln_1", "ln_2") for part in ("weight", "bias")}
+        other |= {block + "mlp.c_fc.weight": (E, inner), block + "mlp.c_fc.bias": (inner,),
+                  block + "mlp.c_proj.weight": (inner, E), block + "mlp.c_proj.bias": (E,)}
+    return attention, other
+
+
 def load_hf_gpt2(folder: Path) -> Checkpoint:
     from attnid.theory.hf_config import read_hf_config
 
+    if not (folder / "config.json").exists():
+        raise UserError(f"{folder} is a folder but not a Hugging Face model folder (no config.json); "
+                        f"expected a nanoGPT ckpt.pt file or a GPT-2 folder with config.json and its weights")
     config = read_hf_config(folder)
     if config.get("model_type") != "gpt2":
         from attnid.edits.hf_llama import LLAMA_FAMILY
 
         raise UserError(f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
                         f"and Llama-family folders ({', '.join(LLAMA_FAMILY)}) can be edited")
+    sizes = _gpt2_sizes(config, folder / "config.json")
     tensors, weight_files, metadata = {}, {}, {}
     for name in _hf_weight_files(folder):
         state, metadata[name] = _read_weight_file(folder / name)
@@ -185,8 +242,13 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
         tensors.update(state)
     prefix = _layer_prefix(tensors, folder)
     n_layer = _count_layers(tensors, prefix)
-    if n_layer != int(config.get("n_layer", -1)):
+    if n_layer != sizes["n_layer"]:
         raise UserError(f"{folder}: config.json says n_layer={config.get('n_layer')} but the weights have {n_layer} layers")
+    # before from_pretrained: every attention tensor with config.json's shape, the others where stored
+    attention, other = gpt2_expected_shapes(sizes, prefix)
+    stored = {key: tensor.shape for key, tensor in tensors.items()}
+    check_tensor_shapes(attention, stored, str(folder), source="config.json")
+    check_tensor_shapes(other, stored, str(folder), source="config.json", required=False)
     return Checkpoint(HF_GPT2, folder, n_layer, int(config["n_head"]), int(config["n_embd"]), tensors, prefix,
                       payload=config, weight_files=weight_files, file_metadata=metadata)
 
@@ -199,22 +261,35 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         from attnid.edits.hf_llama import LLAMA_FAMILY, load_hf_llama  # it builds on this module
         from attnid.theory.hf_config import read_hf_config
 
+        if not (path / "config.json").exists():
+            raise UserError(f"{path} is a folder but not a Hugging Face model folder (no config.json); expected a "
+                            f"nanoGPT ckpt.pt file or a GPT-2 or Llama-family folder with config.json and its weights")
         if read_hf_config(path).get("model_type") in LLAMA_FAMILY:
             return load_hf_llama(path)
         return load_hf_gpt2(path)
     if path.is_file():
         return load_nanogpt(path)
-    raise UserError(f"checkpoint {path} does not exist (expected a nanoGPT ckpt.pt or a Hugging Face GPT-2 folder)")
+    raise UserError(f"checkpoint {path} does not exist (expected a nanoGPT ckpt.pt or a Hugging Face folder)")
+
+
+def is_hf_folder(path: Path) -> bool:
+    """A folder with a ``config.json``: what an edit of a Hugging Face model may write over."""
+    return (Path(path) / "config.json").is_file()
+
+
+HF_FOLDER = outputs.Format("a Hugging Face model folder (with config.json)", is_hf_folder)
+
+
+def weight_format(name: str) -> outputs.Format:
+    """What an edit writes at a file of a Hugging Face folder: weights in their format, other files copied."""
+    if name.endswith(".safetensors"):
+        return outputs.SAFETENSORS
+    return outputs.TORCH_ARCHIVE if name.endswith(".bin") else outputs.ANY
 
 
 # --------------------------------------------------------------------------------------
 # saving
 # --------------------------------------------------------------------------------------
-
-def check_output_path(source: Path, out: Path) -> None:
-    if Path(out).resolve() == Path(source).resolve():
-        raise UserError(f"--out {out} is the input checkpoint: write the edited copy somewhere else")
-
 
 def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict | None = None) -> Path:
     """Write ``checkpoint`` in its own format to ``out`` (a file for nanoGPT, a folder for HF).
@@ -223,7 +298,6 @@ def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict
     a list that grows with each edit; HF folders get no extra file.
     """
     out = Path(out)
-    check_output_path(checkpoint.path, out)
     if checkpoint.kind == NANOGPT:
         payload = dict(checkpoint.payload, model=checkpoint.tensors)
         if record is not None:
@@ -243,7 +317,7 @@ def _save_hf(checkpoint: Checkpoint, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for name, keys in checkpoint.weight_files.items():
         state = {k: checkpoint.tensors[k].contiguous() for k in keys}
-        with atomic_path(out / name) as tmp:
+        with atomic_path(out / name, weight_format(name)) as tmp:
             if name.endswith(".safetensors"):
                 save_file = require("safetensors.torch", f"writing {out / name}").save_file
                 save_file(state, str(tmp), metadata=checkpoint.file_metadata.get(name) or {"format": "pt"})
@@ -252,6 +326,6 @@ def _save_hf(checkpoint: Checkpoint, out: Path) -> Path:
     # config.json, generation_config.json, tokenizer files, the shard index: unchanged
     for item in sorted(checkpoint.path.iterdir()):
         if item.is_file() and item.name not in checkpoint.weight_files:
-            with atomic_path(out / item.name) as tmp:
+            with atomic_path(out / item.name, weight_format(item.name)) as tmp:
                 shutil.copyfile(item, tmp)
     return out

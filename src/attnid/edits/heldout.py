@@ -86,15 +86,37 @@ def _tokens(checkpoint: Checkpoint, args) -> tuple[np.ndarray | None, str]:
                                     f"vocabulary of {checkpoint.vocab_size}: pass --data of the model's dataset")
                 return tokens, f"{folder / 'val.bin'}"
     if args.text is not None and not args.text.is_file():
-        raise UserError(f"--text {args.text} not found")
+        raise UserError(f"--text {args.text} {'is a directory' if args.text.is_dir() else 'not found'}")
     text_path = args.text if args.text is not None else next((p for p in DEFAULT_TEXTS if p.is_file()), None)
     if text_path is None:
         return None, f"random token ids (seed {RANDOM_TOKENS_SEED}): no held-out text found"
-    text = text_path.read_text(encoding="utf-8")
+    try:
+        text = text_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{text_path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     if args.text is None:
         text = text[int(len(text) * (1 - VAL_FRACTION)):]
     tokens, how = _encode_text(text, checkpoint, dirs)
     return tokens, f"{text_path}{'' if args.text is not None else ' (validation part)'}, {how}"
+
+
+def check_eval_memory(checkpoint: Checkpoint, sequences: int, length: int) -> None:
+    """Refuse a held-out batch whose two evaluations cannot fit in the host's memory (docs/design.md §6.2):
+    the stored weights, an evaluation model, one forward pass, and the logits before and after."""
+    from attnid.common.memory import require_memory
+    from attnid.model.footprint import forward_footprint
+    from attnid.model.gpt import GPTConfig, config_from_model_args
+
+    if checkpoint.kind == NANOGPT:
+        config = config_from_model_args(checkpoint.payload["model_args"])
+    else:
+        config = GPTConfig(n_layer=checkpoint.n_layer, n_head=checkpoint.n_head, n_embd=checkpoint.n_embd,
+                           vocab_size=checkpoint.vocab_size, block_size=checkpoint.block_size)
+    parts = forward_footprint(config, sequences, length)
+    parts["logits"] *= 2  # before and after are compared
+    parts["stored weights"] = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
+    require_memory(parts, "cpu", f"--sequences {sequences} x --length {length} on {checkpoint.path}",
+                   "lower --sequences or --length")
 
 
 def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
@@ -102,6 +124,7 @@ def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
     if args.sequences < 1 or args.length < 1:
         raise UserError("--sequences and --length must be positive")
     length = min(args.length, checkpoint.block_size)
+    check_eval_memory(checkpoint, args.sequences, length)
     tokens, source = _tokens(checkpoint, args)
     if tokens is None:
         generator = torch.Generator().manual_seed(RANDOM_TOKENS_SEED)
@@ -136,9 +159,13 @@ def _hf_model(folder: Path, model_class: str):
     # from_pretrained's dtype keyword is torch_dtype before transformers 4.56
     dtype_keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
     # the folder's weights passed the weights-only loader already; nothing is downloaded
-    model = getattr(transformers, model_class).from_pretrained(str(folder), local_files_only=True,
-                                                               attn_implementation="eager",
-                                                               **{dtype_keyword: torch.float32}).eval()
+    try:
+        model = getattr(transformers, model_class).from_pretrained(str(folder), local_files_only=True,
+                                                                   attn_implementation="eager",
+                                                                   **{dtype_keyword: torch.float32}).eval()
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # a folder it cannot load
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"transformers cannot load {folder}: {first}") from None
     return lambda ids: model(input_ids=ids).logits
 
 

@@ -1,4 +1,4 @@
-"""The identified parametrisation: the ``adamw_gauge_fixed`` intervention (docs/design.md §13).
+"""The identified parametrisation: the ``adamw_gauge_fixed`` intervention (docs/design.md §14).
 
 Every query-key pair ``(A, B) = (W_Q^{group}, W_K^g)`` and every output-value pair
 ``(A, B) = (W_V^g, W_O^{group T})`` is determined by its product only up to
@@ -12,7 +12,7 @@ per group ``g``, a window of ``D`` consecutive weight columns starting at ``s_g`
 
 Everything else in attention is trained. The windows and scales are chosen once, at
 the standard initialisation, so that the move into the gauge is well conditioned and
-the gauge point is not lopsided (docs/design.md §13 says why both matter for AdamW):
+the gauge point is not lopsided (docs/design.md §14 says why both matter for AdamW):
 ``s_g`` is the window whose block has the smallest condition number, and ``c_g`` makes
 the two factors equally large (``||A'||_F = ||B'||_F``).
 
@@ -56,7 +56,7 @@ def check_gauge_layout(layout: AttentionLayout) -> None:
     if layout.rope:
         raise UserError("adamw_gauge_fixed does not support --rope: the RoPE query-key orbit is the "
                         "rotations' commutant, which cannot move a D x D block of W_K to c I "
-                        "(docs/design.md §13)")
+                        "(docs/design.md §14)")
     if layout.head_dim > layout.n_embd:
         raise UserError(f"adamw_gauge_fixed needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
                         f"D = {layout.head_dim} > E = {layout.n_embd}")
@@ -85,7 +85,7 @@ def best_windows(factor: torch.Tensor, n_embd: int) -> torch.Tensor:
 def gauge_move(pair_a: torch.Tensor, pair_b: torch.Tensor, circuit: str,
                starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The orbit move of one layer's pairs into the gauge: ``(A', B', condition)`` with ``(G,)`` the
-    condition numbers of the blocks inverted (docs/design.md §13).
+    condition numbers of the blocks inverted (docs/design.md §14).
 
     With ``F`` the gauged factor (:data:`GAUGED_FACTOR`), ``F_c`` its block at ``starts`` and ``O`` the other
     factor, the move is ``F -> N F``, ``O -> N^{-T} O`` with ``N = c F_c^{-1}``, so that ``F'_c = c I``, and
@@ -223,7 +223,7 @@ def gauge_holds(qkv: GaugeFixedQKV) -> bool:
 @torch.no_grad()
 def fix_gauge(model) -> float:
     """Move a stock GPT into the gauge along its ``GL_D`` orbits and swap every layer's ``c_attn`` for a
-    :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §13).
+    :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §14).
 
     The maths runs in float64 and the moved weights are cast to the model's dtype, so the function is the
     same up to that rounding. Returns the largest condition number of the blocks inverted.

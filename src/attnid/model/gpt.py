@@ -275,23 +275,70 @@ def config_from_model_args(model_args: dict) -> GPTConfig:
     missing = sorted({"n_layer", "n_head", "n_embd", "block_size", "vocab_size"} - set(model_args))
     if missing:
         raise UserError(f"checkpoint 'model_args' lacks {missing}: not a nanoGPT checkpoint")
+    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        value = model_args[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"checkpoint 'model_args' has {name}={value!r}; expected a positive integer")
     return GPTConfig(**{k: v for k, v in model_args.items() if k in known})
 
 
-def model_from_checkpoint(checkpoint: dict) -> GPT:
-    """Build a GPT from a nanoGPT-format checkpoint dict (``model_args`` + ``model``)."""
+def expected_state_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The state dict's ``{name: shape}`` of a GPT with ``config``, without building it (no memory, no
+    time): the layout of the module docstring. ``tests/test_model.py`` holds it equal to a built model's."""
+    try:
+        check_config(config)
+    except ValueError as err:
+        raise UserError(f"no GPT has this shape: {err}") from None
+    E, V, H, G, D = config.n_embd, config.vocab_size, config.n_head, config.kv_heads, config.per_head_dim
+
+    def linear(name: str, n_out: int, n_in: int) -> dict:
+        return {f"{name}.weight": (n_out, n_in), **({f"{name}.bias": (n_out,)} if config.bias else {})}
+
+    def layer_norm(name: str) -> dict:
+        return {f"{name}.weight": (E,), **({f"{name}.bias": (E,)} if config.bias else {})}
+
+    shapes = {"transformer.wte.weight": (V, E)}
+    if not config.rope:
+        shapes["transformer.wpe.weight"] = (config.block_size, E)
+    for layer in range(config.n_layer):
+        block = f"transformer.h.{layer}"
+        shapes |= layer_norm(f"{block}.ln_1") | linear(f"{block}.attn.c_attn", H * D + 2 * G * D, E)
+        shapes |= linear(f"{block}.attn.c_proj", E, H * D) | layer_norm(f"{block}.ln_2")
+        shapes |= linear(f"{block}.mlp.c_fc", 4 * E, E) | linear(f"{block}.mlp.c_proj", E, 4 * E)
+    return shapes | layer_norm("transformer.ln_f") | {"lm_head.weight": (V, E)}
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """Parameters of a GPT with ``config``, counted from :func:`expected_state_shapes` (``lm_head`` is
+    ``wte``: counted once)."""
+    shapes = expected_state_shapes(config)
+    return sum(math.prod(shape) for name, shape in shapes.items() if name != "lm_head.weight")
+
+
+def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
+    """Build a GPT from a nanoGPT-format checkpoint dict (``model_args`` + ``model``), after checking
+    every stored tensor's shape against ``model_args`` (one line naming the first that disagrees)."""
+    from attnid.common.shapes import check_tensor_shapes
+
     if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
-        raise UserError("not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
-    model = GPT(config_from_model_args(checkpoint["model_args"]))
+        raise UserError(f"{where} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
+    if not isinstance(checkpoint["model_args"], dict) or not isinstance(checkpoint["model"], dict):
+        raise UserError(f"{where} is not a nanoGPT checkpoint: 'model_args' and 'model' must be dicts")
+    config = config_from_model_args(checkpoint["model_args"])
     state_dict = strip_compiled_prefix(checkpoint["model"])
     # very old nanoGPTs saved the causal-mask buffer as 'attn.bias'; it carries no weights
     state_dict = {k: v for k, v in state_dict.items()
-                  if not (k.endswith(".attn.bias") and v.dim() == 4)}
+                  if not (k.endswith(".attn.bias") and getattr(v, "dim", lambda: 0)() == 4)}
+    if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise UserError(f"{where} is not a nanoGPT checkpoint: 'model' holds something other than tensors")
+    check_tensor_shapes(expected_state_shapes(config), {k: v.shape for k, v in state_dict.items()}, where,
+                        source="its model_args")
+    model = GPT(config)
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as err:
-        first_line = str(err).strip().splitlines()[0]
-        raise UserError(f"checkpoint weights do not fit its model_args: {first_line}") from None
+        first_line = str(err).strip().splitlines()[-1].strip()
+        raise UserError(f"{where}: checkpoint weights do not fit its model_args: {first_line}") from None
     return model
 
 
@@ -299,11 +346,9 @@ def load_nanogpt_checkpoint(path: str | os.PathLike, map_location="cpu") -> GPT:
     """Load a nanoGPT ``ckpt.pt`` (ours or nanoGPT's, compiled or not) as a GPT in eval mode."""
     from attnid.common.files import load_weights_only
 
-    if not os.path.isfile(path):
-        raise UserError(f"checkpoint {path} does not exist")
     # weights only: a checkpoint that carries code is refused before the code runs
     checkpoint = load_weights_only(path)
-    model = model_from_checkpoint(checkpoint)
+    model = model_from_checkpoint(checkpoint, where=str(path))
     model.to(map_location)
     model.eval()
     return model

@@ -1,4 +1,4 @@
-"""A step kept off the orbit: the ``adamw_projected`` intervention (docs/design.md §12).
+"""A step kept off the orbit: the ``adamw_projected`` intervention (docs/design.md §13).
 
 After the optimizer has stepped, the realised change of every factor pair,
 ``(dA, dB) = (A_{t+1} - A_t, B_{t+1} - B_t)`` (weight decay and momentum included),

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path, write_text_atomic
 from attnid.training.cases import CASES
@@ -670,8 +671,10 @@ def _draw_point(ax, row, column: str, color: str, marker: str, label: str | None
 
 # ---------------------------------------------------------------------------- figure 6
 
+# A caption attnid figures filled in (Figure 6's): an earlier build's may be replaced, nothing else.
+FILLED_CAPTION = outputs.Format("a figure caption written by attnid figures", outputs.starts_with(b"**Figure 6 "))
 # The arms' style in Figure 6: the case's; an arm with transported or reset moments its case's colour,
-# dotted (docs/design.md §14).
+# dotted (docs/design.md §15).
 MOVED_MOMENTS_LINESTYLE = ":"
 
 
@@ -719,7 +722,7 @@ def _max_of(runs: list, columns: list[str]) -> float:
 
 
 def _drift_ratio_max(runs: list) -> float:
-    """The largest drift1 / drift2 on any logged row, both circuits (docs/design.md §7, §12)."""
+    """The largest drift1 / drift2 on any logged row, both circuits (docs/design.md §7, §13)."""
     ratios = []
     for _, metrics in runs:
         for circuit in ("qk", "ov"):
@@ -734,7 +737,7 @@ def _drift_ratio_max(runs: list) -> float:
 
 def _draw_orbit_panel(ax, column: str, series: list[tuple[str, dict, list]]) -> None:
     """One circuit-pair quantity (ρ or drift1) of each run group, both circuits (QK solid, OV dashed), on
-    a log axis; a group at its precision's round-off is a labelled floor band, never data (design §12)."""
+    a log axis; a group at its precision's round-off is a labelled floor band, never data (design §13)."""
     floors = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}  # dtype -> (labels, steps summed)
     for label, style, runs in series:
         dtype = runs_dtype(runs)
@@ -821,7 +824,7 @@ def figure_interventions(arm_runs: dict, identity_runs: list, out_dir: str | Pat
                                             for _, m in baseline if "rho_qk" in m] or [math.nan])),
     }
     caption_path = Path(out_dir) / "fig6.rst"
-    write_text_atomic(caption_path, interventions_caption(numbers, caption_template))
+    write_text_atomic(caption_path, interventions_caption(numbers, caption_template), FILLED_CAPTION)
     return paths + [caption_path]
 
 

@@ -6,14 +6,14 @@ the same model, the same initial function, the same batches and the ``adamw`` ca
 and each arm's run with seed ``s`` is compared with ``adamw``'s run with seed ``s``
 (:mod:`attnid.reports.interventions_table`):
 
-* ``adamw_projected``: every step's orbit component removed (docs/design.md §12);
-* ``adamw_gauge_fixed``: the identified parametrisation (§13);
+* ``adamw_projected``: every step's orbit component removed (docs/design.md §13);
+* ``adamw_gauge_fixed``: the identified parametrisation (§14);
 * ``adamw_rebalance``: the paper's rebalancing with AdamW's moments kept, and
-  ``adamw_rebalance_transport`` with them transported across each move (§14).
+  ``adamw_rebalance_transport`` with them transported across each move (§15).
 
 A pipeline config's ``interventions`` section lists the arms (a case and its options), the seeds and
 the identity run: ``adamw_projected`` in float64, short, where ρ and the first-order drift sit at float64
-round-off (§12). This module is pure Python: workflow/rules/common.smk lays out the jobs from it, and
+round-off (§13). This module is pure Python: workflow/rules/common.smk lays out the jobs from it, and
 reuses a case run (``runs/<case>/seed<N>``) wherever an arm's run is exactly that run.
 """
 
@@ -26,7 +26,7 @@ from attnid.training.cases import CASES
 
 # The settings a rebalancing arm takes from its case's section of the config (the rest are adamw's).
 REBALANCE_SETTINGS = ("rebalance_every", "rebalance_target")
-# The identity run (docs/design.md §12): the projected arm trained in float64.
+# The identity run (docs/design.md §13): the projected arm trained in float64.
 IDENTITY_CASE, IDENTITY_DTYPE = "adamw_projected", "float64"
 # Keys of the identity section that are not settings of its run.
 IDENTITY_GRID_KEYS = ("seeds",)

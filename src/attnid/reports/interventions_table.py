@@ -46,7 +46,7 @@ METRICS = ("final_val_loss", "best_val_loss", "val_loss_at_equal_wall_time")
 INTERVENTION_COLUMNS = ("arm", "baseline", "n_seeds", "metric", "delta_mean", "ci_low", "ci_high", "p_value", "verdict")
 # The verdict of a row with too few usable pairs for a CI (not one of attnid.reports.statistics.VERDICTS).
 TOO_FEW_SEEDS = "too few seeds"
-# An arm whose rebalancing keeps AdamW's moments is named after its case alone (docs/design.md §14).
+# An arm whose rebalancing keeps AdamW's moments is named after its case alone (docs/design.md §15).
 DEFAULT_MOMENTS = "keep"
 METRIC_TEX = {"final_val_loss": "final val loss", "best_val_loss": "best val loss",
               "val_loss_at_equal_wall_time": "at equal wall time"}
@@ -56,7 +56,7 @@ METRIC_TEX = {"final_val_loss": "final val loss", "best_val_loss": "best val los
 
 def arm_name(case: str, rebalance_moments: str | None = None) -> str:
     """An arm's name in the tables and figures: its case, with ``_<option>`` for a rebalancing case whose
-    AdamW moments are not kept (``adamw_rebalance_transport``, docs/design.md §14)."""
+    AdamW moments are not kept (``adamw_rebalance_transport``, docs/design.md §15)."""
     if rebalance_moments in (None, DEFAULT_MOMENTS):
         return case
     return f"{case}_{rebalance_moments}"

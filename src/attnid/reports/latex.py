@@ -12,7 +12,8 @@ Reusable helpers (the experiment tables in tables.py use them too):
 
 The templates are package data, ``attnid/reports/templates/``: ``appendix.tex.j2`` is the
 skeleton, ``counts.tex.j2`` (A1), ``nullity.tex.j2`` (A2), ``single_head.tex.j2``
-(A3), ``experiment_*.tex.j2`` (the tables of ``attnid tables``). The figure
+(A3), ``whole_model.tex.j2`` (A4) and ``census.tex.j2`` (A5, the whole-model census),
+``experiment_*.tex.j2`` (the tables of ``attnid tables``). The figure
 captions, ``attnid/reports/templates/captions/<figure>.rst``, are shared with the Snakemake
 report (``report(..., caption=...)`` in workflow/rules/report.smk): a new figure is
 its caption file plus its name in :data:`FIGURES`.
@@ -29,7 +30,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.common.files import atomic_path
 from attnid.reports.studies import STUDIES
 
 # "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
@@ -381,14 +384,19 @@ def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
 
 
 def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
-                    template_dir=None, omit=()) -> str:
-    """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, plus the
-    experiment tables and figures when given), without the tables and figures of the ``omit`` parts
-    (:data:`OPTIONAL_PARTS`)."""
+                    template_dir=None, omit=(), whole_model_csv=None, census_csv=None) -> str:
+    """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, A4 whole-model counts and
+    A5 census when given, plus the experiment tables and figures when given), without the tables and
+    figures of the ``omit`` parts (:data:`OPTIONAL_PARTS`)."""
     counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
     nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured",
                                                        "gap", "passed"})
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
+    whole_frame = None if whole_model_csv is None else _read_csv(
+        whole_model_csv, "whole-model", {"architecture", "whole_params", "whole_unidentified",
+                                         "group_rotation"})
+    census_frame = None if census_csv is None else _read_csv(
+        census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
     templates = find_template_dir(template_dir)
     out_dir = Path(out_path).resolve().parent
     omitted = frozenset().union(*(OPTIONAL_PARTS[part] for part in omit))
@@ -405,6 +413,7 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
     figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
+    sources += [str(path) for path in (whole_model_csv, census_csv) if path is not None]
     sources += [str(Path(experiment_tables) / b["name"])
                 for b in experiment_blocks + study_blocks + intervention_blocks]
     shown_templates = "attnid/reports/templates (package data)" if template_dir is None else str(template_dir)
@@ -424,6 +433,11 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
         "n_cases": len(nullity_frame),
         "gap_notes": {gap_note(row) for row in records(nullity_frame)} - {""},
+        "whole_model_rows": [] if whole_frame is None else records(whole_frame),
+        "census_rows": [] if census_frame is None else records(census_frame),
+        "n_census": 0 if census_frame is None else len(census_frame),
+        "n_census_closing": 0 if census_frame is None else int(
+            census_frame["closes"].astype(str).str.lower().eq("true").sum()),
     }
     return env.get_template("appendix.tex.j2").render(**context)
 
@@ -443,12 +457,14 @@ def compile_pdf(main_tex: Path) -> Path:
                                 cwd=main_tex.parent, capture_output=True, text=True)
         log = main_tex.with_suffix(".log")
         if (build / log.name).is_file():  # the log outlives the scratch folder (overfull boxes, errors)
-            shutil.copyfile(build / log.name, log)
+            with atomic_path(log, outputs.TEXT) as tmp:
+                shutil.copyfile(build / log.name, tmp)
         if result.returncode != 0:
             errors = [line for line in result.stdout.splitlines() if line.startswith("!")]
             raise UserError(f"latexmk failed on {main_tex}: {errors[0] if errors else 'see ' + str(log)}")
         pdf = main_tex.with_suffix(".pdf")
-        os.replace(build / pdf.name, pdf)
+        with atomic_path(pdf, outputs.PDF) as tmp:
+            os.replace(build / pdf.name, tmp)
         return pdf
     finally:
         shutil.rmtree(build, ignore_errors=True)

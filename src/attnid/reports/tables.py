@@ -45,7 +45,7 @@ TAU_MAX = 1e-5                # E3: an orbit move does not change the function
 # E3: rebalancing to I_0 restores the conservation law: β right after a rebalance is ~0, i.e.
 # tiny next to the β the run had built up just before it (the sawtooth of Figure 3).
 BETA_REBALANCE_RATIO_MAX = 1e-2
-# The interventions on the orbit (docs/design.md §12-§14): the projected step is orthogonal to the orbit,
+# The interventions on the orbit (docs/design.md §13-§15): the projected step is orthogonal to the orbit,
 # so in float64 its ρ and first-order drift are round-off (the thresholds of E1's SGD identities); the
 # gauge-fixed arm starts from adamw's function (its logits and step-0 val loss equal to float32 rounding).
 GAUGE_INITIAL_CHANGE_MAX = 1e-5
@@ -149,7 +149,7 @@ def summarize_run(info: dict, metrics: pd.DataFrame) -> dict:
 def unidentified_qk_ov_params(config: dict) -> float:
     """``L (unidentified_qk_params + unidentified_ov_params)`` of counts.py for a run's attention shape (its
     run.json ``config``): the query-key and output-value weights no output sees, ``2 L G D^2`` without
-    RoPE, which are the entries the gauge-fixed arm fixes (docs/design.md §5, §13). NaN for a config
+    RoPE, which are the entries the gauge-fixed arm fixes (docs/design.md §5, §14). NaN for a config
     without a shape."""
     from attnid.theory.counts import layer_shape, unidentified_ov_params, unidentified_qk_params
 
@@ -310,6 +310,8 @@ def _claim(claim: str, paper: str, measured: float, relation: str, threshold, de
         result = "pass" if measured < threshold else "fail"
     elif relation == ">":
         result = "pass" if measured > threshold else "fail"
+    elif relation == "=":
+        result = "pass" if measured == threshold else "fail"
     else:  # "in": threshold is (low, high)
         result = "pass" if threshold[0] <= measured <= threshold[1] else "fail"
     shown = f"[{threshold[0]:g}, {threshold[1]:g}]" if relation == "in" else f"{threshold:g}"
@@ -327,10 +329,21 @@ def _extreme(frame: pd.DataFrame, columns: list[str], largest: bool = True) -> f
     return float(values.max() if largest else values.min())
 
 
+def census_claim(census: pd.DataFrame) -> dict:
+    """The whole-model census's row of claims.csv: how many shapes of ``census.csv`` close (sum of the
+    closed forms = measured Jacobian nullity, gap >= 1e6; attnid.census), against how many there are."""
+    closing = int(census["closes"].astype(str).str.lower().eq("true").sum())
+    worst = float(pd.to_numeric(census["gap"], errors="coerce").min()) if len(census) else math.nan
+    return _claim(f"whole-model census closes on {len(census)} shapes", "census (ours)", float(closing), "=",
+                  len(census), f"shapes whose closed-form symmetry count equals the measured nullity of the "
+                  f"whole-model Jacobian, worst gap {worst:.1e}", "float64")
+
+
 def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFrame | None = None,
-                 intervention_runs: pd.DataFrame | None = None,
+                 census: pd.DataFrame | None = None, intervention_runs: pd.DataFrame | None = None,
                  identity_runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Each experimental claim with the number measured in this pipeline's own runs.
+    """Each experimental claim with the number measured in this pipeline's own runs (and, given
+    ``census.csv``, the whole-model census's row).
 
     With the interventions' runs (``intervention_runs``: the arms and their ``adamw`` baselines;
     ``identity_runs``: the float64 run of the projected arm) the identities of the interventions follow
@@ -363,6 +376,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
     rebalanced = of_cases(rebalancing)
     every = pd.concat([frame for frame in (done, sweep_done) if not frame.empty]) if not done.empty else done
     ratio_columns = [f"drift_ratio_{c}_final" for c in CIRCUITS]
+    census_rows = [] if census is None else [census_claim(census)]
     claims = [
         _claim("E1 sgd drift1/drift2 < 1e-9", "E1, Lemma 5.1", _extreme(sgd, ratio_columns), "<",
                DRIFT_RATIO_SGD_MAX, f"largest first- over second-order drift at the last row, both circuits, "
@@ -390,7 +404,7 @@ def claims_table(runs: pd.DataFrame, slopes: pd.DataFrame, sweep_runs: pd.DataFr
                _extreme(rebalanced, ["beta_rebalance_ratio_max"]), "<", BETA_REBALANCE_RATIO_MAX,
                f"largest ratio of beta right after a rebalance to beta at the log step before it, "
                f"over {len(rebalanced)} {'/'.join(rebalancing)} runs", _dtypes(rebalanced)),
-    ]
+    ] + census_rows
     if intervention_runs is not None or identity_runs is not None:
         claims += intervention_claims(pd.DataFrame() if intervention_runs is None else intervention_runs,
                                       pd.DataFrame() if identity_runs is None else identity_runs)
@@ -404,7 +418,7 @@ def _paired(runs: pd.DataFrame, other: pd.DataFrame) -> list[tuple[pd.Series, pd
 
 
 def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict]:
-    """The identities of the interventions on the orbit (docs/design.md §12-§14), measured in their runs:
+    """The identities of the interventions on the orbit (docs/design.md §13-§15), measured in their runs:
 
     - the projected step in float64 (``identity``): ρ and drift1/drift2 at round-off, as E1's for SGD;
     - the gauge-fixed arm: the trained attention entries drop (``adamw``'s run of the same seed minus
@@ -431,29 +445,29 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
                      for run, base in pairs]
     paired = pd.DataFrame([run for run, _ in pairs] + [base for _, base in pairs])
     return [
-        _claim("interventions: projected rho max < 1e-20", "design §12 (ours)",
+        _claim("interventions: projected rho max < 1e-20", "design §13 (ours)",
                _extreme(projected, [f"rho_{c}_max" for c in CIRCUITS]), "<", RHO_SGD_MAX,
                f"largest per-step rho of {PROJECTED_CASE}, both circuits, over {len(projected)} float64 "
                f"run(s): a step with its orbit component removed is orthogonal to the orbit", _dtypes(projected),
                FLOAT64_ONLY),
-        _claim("interventions: projected drift1/drift2 < 1e-9", "design §12 (ours)",
+        _claim("interventions: projected drift1/drift2 < 1e-9", "design §13 (ours)",
                _extreme(projected, [f"drift_ratio_{c}_max" for c in CIRCUITS]), "<", DRIFT_RATIO_SGD_MAX,
                f"largest first- over second-order drift on any row, both circuits, over {len(projected)} "
                f"float64 {PROJECTED_CASE} run(s): orthogonal steps conserve the imbalance to first order",
                _dtypes(projected), FLOAT64_ONLY),
-        _claim("interventions: gauge-fixed trains 2 L G D^2 fewer attention entries", "design §13 (ours)",
+        _claim("interventions: gauge-fixed trains 2 L G D^2 fewer attention entries", "design §14 (ours)",
                max(count_errors) if count_errors else math.nan, "in", (0, 0),
                f"largest |(adamw - {GAUGE_FIXED_CASE}) trained attention entries - L (unidentified_qk + "
                f"unidentified_ov)| over {len(pairs)} seed pairs", _dtypes(paired)),
-        _claim("interventions: gauge-fixed initial logits = adamw's (< 1e-5)", "design §13 (ours)",
+        _claim("interventions: gauge-fixed initial logits = adamw's (< 1e-5)", "design §14 (ours)",
                _extreme(gauge, ["gauge_logit_change"]), "<", GAUGE_INITIAL_CHANGE_MAX,
                f"largest max-abs change of the probe logits over max-abs logit, moving adamw's initial "
                f"weights into the gauge, over {len(gauge)} {GAUGE_FIXED_CASE} runs", _dtypes(gauge)),
-        _claim("interventions: gauge-fixed step-0 val loss = adamw's (< 1e-5)", "design §13 (ours)",
+        _claim("interventions: gauge-fixed step-0 val loss = adamw's (< 1e-5)", "design §14 (ours)",
                max(start_changes) if start_changes else math.nan, "<", GAUGE_INITIAL_CHANGE_MAX,
                f"largest relative difference of the step-0 val loss from adamw's of the same seed, over "
                f"{len(pairs)} seed pairs", _dtypes(paired)),
-        _claim("interventions: transported rebalance tau max < 1e-5", "design §14 (ours)",
+        _claim("interventions: transported rebalance tau max < 1e-5", "design §15 (ours)",
                _extreme(transported, ["tau_max"]), "<", TAU_MAX,
                f"largest relative loss change of an orbit move over {len(transported)} rebalancing runs with "
                f"the moments transported", _dtypes(transported)),
@@ -464,7 +478,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
 
 def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_dir: str | Path,
                  runs: list[str] | None = None, sweep_runs: list[str] | None = None,
-                 intervention_runs: list[str] | None = None,
+                 census_csv: str | Path | None = None, intervention_runs: list[str] | None = None,
                  identity_runs: list[str] | None = None) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
@@ -485,11 +499,19 @@ def write_tables(runs_dir: str | Path | None, sweep_dir: str | Path | None, out_
     sweep = sweep_table(sweep_runs)
     slopes = sweep_slopes_table(sweep) if not sweep.empty else sweep_slopes_table(
         pd.DataFrame(columns=["optimizer", "lr", "status"]))
+    census = None
+    if census_csv is not None:
+        if not Path(census_csv).is_file():
+            raise UserError(f"census CSV {census_csv} not found: run 'attnid census --grid --out "
+                            f"{census_csv}' first")
+        census = pd.read_csv(census_csv)
+        if not {"closes", "gap"} <= set(census.columns):
+            raise UserError(f"census CSV {census_csv} lacks the columns closes and gap: regenerate it")
     interventions = None
     if intervention_runs or identity_runs:
         interventions = (runs_table(find_run_dirs(None, intervention_runs)) if intervention_runs else None,
                          runs_table(find_run_dirs(None, identity_runs)) if identity_runs else None)
-    claims = claims_table(runs, slopes, sweep_runs, *(interventions or (None, None)))
+    claims = claims_table(runs, slopes, sweep_runs, census, *(interventions or (None, None)))
 
     out = Path(out_dir)
     write_csv_atomic(out / "runs.csv", runs)

@@ -328,21 +328,21 @@ def single_head_row(n_embd: int, n_head: int) -> dict:
 # Architectures (config/architectures.yaml) and the `attnid counts` command
 
 ARCHITECTURE_KEYS = {"n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "value_dim", "rope", "bias",
-                     "out_bias", "source"}
+                     "out_bias", "source",
+                     # whole-model fields, read and validated by attnid.theory.whole_model (WHOLE_MODEL_KEYS)
+                     "vocab_size", "block_size", "norm", "norm_bias", "mlp", "mlp_hidden", "mlp_bias", "tied",
+                     "block", "norm_eps"}
 
 
 def load_architectures(path: str | Path) -> dict[str, dict]:
     """Read ``architectures.yaml``: a mapping ``name -> {n_layer, n_embd, n_head, ...,
     source}``. Every problem is a UserError naming the entry and the field."""
-    import yaml
+    from attnid.common.files import read_yaml
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"architectures file {path} not found: pass --architectures PATH (default config/architectures.yaml)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise UserError(f"{path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    data = read_yaml(path, "architectures file")
     entries = data.get("architectures") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise UserError(f"{path} must have a non-empty 'architectures:' mapping of name -> shape")
@@ -414,3 +414,18 @@ def single_head_table(architectures: dict[str, dict], extra_heads=(1, 2, 4, 8, 1
 DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
 
 
+def hf_whole_model_columns(name: str, spec: dict) -> dict:
+    """The whole-model columns of a Hugging Face model's row (:mod:`attnid.theory.whole_model`): its parameters, its
+    unidentified count over every symmetry class, and the identified fraction; a model family the census
+    does not cover gets empty values and the reason."""
+    from attnid.theory.whole_model import whole_model_row
+
+    if "whole_model_note" in spec:
+        return {"whole_params": None, "whole_unidentified": None, "whole_identified_fraction": None,
+                "whole_model_note": spec["whole_model_note"]}
+    try:
+        row = whole_model_row(name, spec)
+    except UserError as err:
+        return {"whole_params": None, "whole_unidentified": None, "whole_identified_fraction": None,
+                "whole_model_note": str(err)}
+    return {key: row[key] for key in ("whole_params", "whole_unidentified", "whole_identified_fraction")}

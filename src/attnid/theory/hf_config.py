@@ -30,6 +30,22 @@ MODEL_TYPES: dict[str, tuple[bool, bool, bool]] = {
     "falcon": (True, False, False),  # 'bias' switches every linear; 'alibi' replaces RoPE
 }
 
+# model_type -> (norm, norm has a bias, MLP, MLP bias by default, lm_head tied by default) for the
+# whole-model count (attnid.theory.whole_model); the config's tie_word_embeddings / mlp_bias / bias override.
+WHOLE_MODEL_TYPES: dict[str, tuple[str, bool, str, bool, bool]] = {
+    "gpt2": ("layernorm", True, "gelu", True, True),
+    "llama": ("rmsnorm", False, "swiglu", False, False),
+    "mistral": ("rmsnorm", False, "swiglu", False, False),
+    "qwen2": ("rmsnorm", False, "swiglu", False, False),
+    "gemma": ("rmsnorm", False, "geglu", False, True),  # gain 1 + w is still a free gain
+    "falcon": ("layernorm", True, "gelu", False, True),
+}
+EPS_NAMES = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps")  # the norms' epsilon, first found wins
+# Why a model type's whole model is not counted (its attention still is).
+WHOLE_MODEL_NOT_COVERED = {
+    "gemma2": "Gemma-2 normalises each block's output too (sandwich norms) and soft-caps its logits",
+}
+
 # (our field, the config's names for it, first found wins)
 FIELD_NAMES = {
     "n_embd": ("n_embd", "hidden_size", "d_model"),
@@ -108,8 +124,34 @@ def architecture_from_hf_config(config: dict, source: str = "config.json") -> di
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"{source}: the field giving {name} must be a positive integer, got {value!r}")
     spec["rope"], spec["bias"], spec["out_bias"] = _rope_and_biases(config, model_type)
+    spec.update(_whole_model_fields(config, model_type, spec))
     spec["source"] = source
     return spec
+
+
+def _whole_model_fields(config: dict, model_type: str, spec: dict) -> dict:
+    """vocab_size, block_size, norm, mlp, mlp_hidden, tied, ... for attnid.theory.whole_model, or
+    ``{"whole_model_note": why}`` for a model the whole-model census does not cover."""
+    if model_type in WHOLE_MODEL_NOT_COVERED:
+        return {"whole_model_note": WHOLE_MODEL_NOT_COVERED[model_type]}
+    if model_type == "falcon" and (config.get("alibi") or config.get("new_decoder_architecture")):
+        return {"whole_model_note": "Falcon with ALiBi or with two norms per parallel block is not covered"}
+    if config.get("vocab_size") is None:
+        return {"whole_model_note": "the config lacks vocab_size"}
+    norm, norm_bias, mlp, mlp_bias, tied = WHOLE_MODEL_TYPES[model_type]
+    n_embd = spec["n_embd"]
+    fields = {"vocab_size": config["vocab_size"], "norm": norm, "norm_bias": norm_bias, "mlp": mlp,
+              "tied": bool(config.get("tie_word_embeddings", tied)),
+              "mlp_hidden": config.get("n_inner") or config.get("intermediate_size") or 4 * n_embd,
+              "norm_eps": next((config[key] for key in EPS_NAMES if config.get(key) is not None), 1e-5)}
+    if model_type == "gpt2":
+        fields["block_size"] = config.get("n_positions", config.get("n_ctx", 1024))
+    if model_type == "falcon":
+        fields["mlp_bias"] = bool(config.get("bias", False))
+        fields["block"] = "parallel" if config.get("parallel_attn", True) else "sequential"
+    else:
+        fields["mlp_bias"] = bool(config.get("mlp_bias", mlp_bias))
+    return fields
 
 
 def hf_architecture(path: str | os.PathLike) -> tuple[str, dict]:

@@ -31,11 +31,13 @@ class Case:
     # plain SGD with coupled L2 decay (--weight-decay), no momentum: its first-order imbalance drift is
     # predicted exactly, L_t = -2 lr_t wd I_t (docs/design.md §7), and logged as drift1_pred_*
     coupled_weight_decay: bool = False
+    # tensors of optimizer state per parameter (AdamW's two moments: 2), for the memory estimate (design §6.2)
+    optimizer_states: int = 0
     # after every optimizer step the realised update loses its component along the orbit, so training never
-    # moves along it (docs/design.md §12; attnid.model.step_projection)
+    # moves along it (docs/design.md §13; attnid.model.step_projection)
     projects_steps: bool = False
     # trains the identified parametrisation: per key/value group one D x D block of W_K and of W_V fixed
-    # (docs/design.md §13; attnid.model.gauge)
+    # (docs/design.md §14; attnid.model.gauge)
     gauge_fixed: bool = False
     color: str = "gray"
     linestyle: str = "-"
@@ -121,19 +123,19 @@ register(Case("sgd_wd", "SGD + weight decay",
               "SGD with coupled L2 weight decay (--weight-decay) on matrices and embeddings (E2)",
               0.1, sgd_weight_decay, coupled_weight_decay=True, color="#D55E00", linestyle="--", marker="s"))
 register(Case("sgd_momentum", "SGD + momentum", "SGD with heavy-ball momentum (--momentum, 0.9), no weight decay",
-              0.01, sgd_momentum, color="#CC79A7", linestyle="-.", marker="^"))
+              0.01, sgd_momentum, optimizer_states=1, color="#CC79A7", linestyle="-.", marker="^"))
 register(Case("adamw", "AdamW",
               "nanoGPT's AdamW: betas (0.9, 0.99), decoupled weight decay on matrices and embeddings (E2)",
-              1e-3, adamw, color="#009E73", linestyle="-", marker="D"))
+              1e-3, adamw, optimizer_states=2, color="#009E73", linestyle="-", marker="D"))
 register(Case("adamw_rebalance", "AdamW + rebalancing",
               "adamw, plus every --rebalance-every steps each attention pair moved along its orbit (E3)",
-              1e-3, adamw, rebalances=True, color="#000000", linestyle="--", marker="v"))
-# The interventions on the orbit (docs/design.md §12, §13): adamw's optimizer, model and settings
+              1e-3, adamw, rebalances=True, optimizer_states=2, color="#000000", linestyle="--", marker="v"))
+# The interventions on the orbit (docs/design.md §13, §14): adamw's optimizer, model and settings
 register(Case("adamw_projected", "AdamW, projected",
               "adamw with each realised update's component along the orbit removed after the step: no orbit "
               "motion, the imbalance conserved to first order",
-              1e-3, adamw, projects_steps=True, color="#E69F00", linestyle=":", marker="P"))
+              1e-3, adamw, projects_steps=True, optimizer_states=2, color="#E69F00", linestyle=":", marker="P"))
 register(Case("adamw_gauge_fixed", "AdamW, gauge fixed",
               "adamw on the identified parametrisation: per key/value group one D x D block of W_K and "
               "one of W_V fixed (c I), the rest trained",
-              1e-3, adamw, gauge_fixed=True, color="#56B4E9", linestyle="-.", marker="X"))
+              1e-3, adamw, gauge_fixed=True, optimizer_states=2, color="#56B4E9", linestyle="-.", marker="X"))

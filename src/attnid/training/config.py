@@ -15,7 +15,6 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 from attnid.common.errors import UserError
 from attnid.measure.metrics import METRICS_DEVICES
@@ -152,15 +151,9 @@ def _coerce(name: str, value, source: str):
 
 def read_config_file(path: str | os.PathLike) -> dict:
     """Options from a YAML file (keys as the flags, underscored). Unknown keys are an error."""
-    import yaml
+    from attnid.common.files import read_yaml
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"config file {path} does not exist")
-    try:
-        content = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise UserError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    content = read_yaml(path, "config file") or {}
     if not isinstance(content, dict):
         raise UserError(f"config file {path} must be a mapping of option: value")
     for name, message in REPLACED_OPTIONS.items():

@@ -29,11 +29,13 @@ import re
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path, write_bytes_atomic, write_json_atomic
 
@@ -48,6 +50,19 @@ CHUNK_BYTES = 1 << 20
 PROGRESS_MIN_BYTES = 8 << 20  # only large downloads print progress
 META_NAME = "meta.json"
 URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+# What meta.json holds while 'attnid prepare' writes the .bin files: load_meta refuses it, and it marks the
+# folder as one that prepare writes (docs/design.md §6.1)
+INCOMPLETE_META = {"attnid_prepare": "incomplete: rerun attnid prepare"}
+
+
+def _is_prepare_meta(path) -> bool:
+    meta = outputs.json_object(path)
+    return meta is not None and ("source_sha256" in meta and "vocab_size" in meta or "attnid_prepare" in meta)
+
+
+PREPARED_META = outputs.Format("the meta.json of attnid prepare", _is_prepare_meta)
+PREPARED_FILE = outputs.Format("a file of attnid prepare (in a folder whose meta.json attnid prepare wrote)",
+                               lambda path: _is_prepare_meta(path.parent / META_NAME))
 
 
 # ---------------------------------------------------------------------------------------
@@ -62,7 +77,13 @@ def sha256_of_file(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def _check_sha256_argument(sha256: str) -> str:
+def fetched_format(sha256: str) -> outputs.Format:
+    """What ``attnid fetch`` writes: the file with this sha256 (anything else at ``--out`` is foreign)."""
+    return outputs.Format(f"the file with sha256 {sha256}",
+                          lambda path: path.is_file() and sha256_of_file(path) == sha256)
+
+
+def check_sha256_argument(sha256: str) -> str:
     sha256 = sha256.strip().lower()
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise UserError(f"--sha256 must be 64 hex digits, got {sha256!r}")
@@ -88,6 +109,16 @@ def source_url(source: str) -> str:
     return path.resolve().as_uri()
 
 
+def local_source(source: str) -> Path | None:
+    """The local file that ``source`` (a path or a file:// URL) names; None for http(s) or a bad URL."""
+    match = URL_SCHEME.match(source)
+    if match and len(match.group(1)) > 1:
+        if match.group(1).lower() != "file":
+            return None
+        return Path(urllib.request.url2pathname(urllib.parse.urlparse(source).path))
+    return Path(source).expanduser()
+
+
 def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, progress: bool = True) -> Path:
     """Download ``url`` (or copy a local path) to ``out`` if and only if its content has the given sha256.
 
@@ -95,7 +126,7 @@ def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, 
     file in memory); the rename onto ``out`` happens only after the checksum matched.
     An ``out`` that already has the right checksum is kept and not downloaded again.
     """
-    sha256 = _check_sha256_argument(sha256)
+    sha256 = check_sha256_argument(sha256)
     out = Path(out)
     if out.is_file() and sha256_of_file(out) == sha256:
         return out
@@ -103,7 +134,7 @@ def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, 
     digest = hashlib.sha256()
     received = 0
     started = time.monotonic()
-    with atomic_path(out) as tmp:
+    with atomic_path(out, fetched_format(sha256)) as tmp:
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response, open(tmp, "wb") as sink:
                 total = int(response.headers.get("Content-Length") or 0)
@@ -156,6 +187,8 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
     Returns the metadata dictionary.
     """
     text_path, out_dir = Path(text_path), Path(out_dir)
+    if text_path.is_dir():
+        raise UserError(f"--text {text_path} is a directory; pass the text file to encode")
     if not text_path.is_file():
         raise UserError(f"text file {text_path} not found: run 'attnid fetch' first or pass the right --text")
     raw = text_path.read_bytes()
@@ -181,14 +214,14 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
         "source_sha256": hashlib.sha256(raw).hexdigest(),
         "source_bytes": len(raw),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # A stale meta.json next to fresh .bin files would pass validation with wrong counts.
-    (out_dir / META_NAME).unlink(missing_ok=True)
+    # A stale meta.json next to fresh .bin files would pass validation with wrong counts: until the .bin
+    # files are complete, meta.json says that they are not.
+    write_json_atomic(out_dir / META_NAME, INCOMPLETE_META, PREPARED_META)
     for split, tokens in splits.items():
-        write_bytes_atomic(out_dir / f"{split}.bin", tokens.tobytes())
+        write_bytes_atomic(out_dir / f"{split}.bin", tokens.tobytes(), PREPARED_FILE)
     nanogpt_meta = {"vocab_size": len(itos), "itos": dict(enumerate(itos)), "stoi": stoi}
-    write_bytes_atomic(out_dir / "meta.pkl", pickle.dumps(nanogpt_meta))
-    write_json_atomic(out_dir / META_NAME, meta)
+    write_bytes_atomic(out_dir / "meta.pkl", pickle.dumps(nanogpt_meta), PREPARED_FILE)
+    write_json_atomic(out_dir / META_NAME, meta, PREPARED_META)
     return meta
 
 
@@ -208,10 +241,13 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
         raise UserError(f"{path} not found: {_rerun_hint(data_dir)}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(meta, dict) and "attnid_prepare" in meta:
+            raise UserError(f"{path} says the data is incomplete (attnid prepare was interrupted): "
+                            f"{_rerun_hint(data_dir)}")
         itos = [meta["itos"][str(i)] for i in range(int(meta["vocab_size"]))]
         for key in ("stoi", "train_tokens", "val_tokens", "source_sha256"):
             meta[key]  # noqa: B018 - presence check
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
         raise UserError(f"{path} is damaged or from another tool ({type(err).__name__}: {err}): "
                         f"{_rerun_hint(data_dir)}") from None
     meta["itos"] = itos

@@ -1,4 +1,4 @@
-"""AdamW's moments across a rebalance: ``--rebalance-moments {keep,transport,reset}`` (docs/design.md §14).
+"""AdamW's moments across a rebalance: ``--rebalance-moments {keep,transport,reset}`` (docs/design.md §15).
 
 A rebalance moves every attention pair along its orbit, ``A -> S A``, ``B -> S^{-T} B``
 (docs/design.md §4, §8), and keeps the function. The gradient of any loss moves
@@ -61,7 +61,7 @@ def _moment_tensors(optimizer, layer_params: LayerTensors, key: str) -> LayerTen
 def transport_moments(optimizer, model, before: list[LayerTensors]) -> None:
     """Map AdamW's moments of the attention tensors with the orbit move from ``before`` (a float64 snapshot,
     :func:`attnid.measure.drift.attention_snapshot`, taken right before the move) to the model's weights now,
-    in place (docs/design.md §14). Tensors without state (no step yet) are left alone."""
+    in place (docs/design.md §15). Tensors without state (no step yet) are left alone."""
     layout, params = layout_of(model), attention_tensors(model)
     if not all(tensor in optimizer.state and "exp_avg" in optimizer.state[tensor]
                for layer in params for tensor in layer if tensor is not None):

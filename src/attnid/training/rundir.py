@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from attnid import __version__
+from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import torch_save_atomic, write_csv_atomic, write_json_atomic
 
@@ -43,6 +44,7 @@ TIMING_COLUMNS = ("tokens_per_s", "wall_s")
 
 METRICS_FILE, RUN_FILE, CHECKPOINT_FILE = "metrics.csv", "run.json", "ckpt.pt"
 CHECKPOINT_FORMAT = 2  # 2: loadable with weights_only=True
+RUN_JSON = outputs.json_report("status", "case")  # what a run.json of attnid train holds, at least
 
 
 # --------------------------------------------------------------------------------------
@@ -61,7 +63,7 @@ def write_outputs(out: Path, rows: list[dict], summary: dict) -> None:
     extra = [c for c in frame.columns if c not in BASE_COLUMNS]
     frame = frame.reindex(columns=list(BASE_COLUMNS) + extra)
     write_csv_atomic(Path(out) / METRICS_FILE, frame)
-    write_json_atomic(Path(out) / RUN_FILE, {k: _finite_or_none(v) for k, v in summary.items()})
+    write_json_atomic(Path(out) / RUN_FILE, {k: _finite_or_none(v) for k, v in summary.items()}, RUN_JSON)
 
 
 def versions() -> dict:

@@ -9,7 +9,7 @@ precision of ``--dtype`` (:mod:`attnid.training.precision`):
     scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
     pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
     scaler.step(optimizer); scaler.update()
-    remove_orbit_component(model, pre)             # adamw_projected: the step's orbit part removed (§12)
+    remove_orbit_component(model, pre)             # adamw_projected: the step's orbit part removed (§13)
     drift.after_step(model, lr)                    # the exact drift split D1, D2 (docs/design.md §7)
     on log steps, with TF32 off:
       rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from attnid.common import progress
 from attnid.training import gpu_slots
 from attnid.training import loop
 from attnid.training import moments
@@ -93,6 +94,11 @@ class Run:
         for name, data in self.splits.items():
             if len(data) <= cfg.block_size + 1:
                 raise UserError(f"{name}.bin has {len(data)} tokens, fewer than --block-size {cfg.block_size} + 2")
+        self.model_config = GPTConfig(block_size=cfg.block_size, vocab_size=int(self.meta["vocab_size"]),
+                                      n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                      dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head,
+                                      rope=cfg.rope, head_dim=cfg.head_dim)
+        self.check_memory()
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / rundir.CHECKPOINT_FILE
         # the resolved dtype: '--dtype auto' and the dtype it stands for resume each other
@@ -104,6 +110,19 @@ class Run:
         self.tokens_per_step = cfg.batch_size * cfg.block_size
         self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
         self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
+
+    def check_memory(self) -> None:
+        """Refuse, before allocating, a model or batch that needs more memory than the device has free
+        (the lower-bound estimate of docs/design.md §6.2)."""
+        from attnid.common.memory import format_size, require_memory
+        from attnid.model.footprint import training_footprint
+        from attnid.model.gpt import parameter_count
+
+        cfg = self.cfg
+        parts = training_footprint(self.model_config, cfg.batch_size, self.dtype, self.case.optimizer_states)
+        what = (f"--batch-size {cfg.batch_size} x --block-size {cfg.block_size} with this model "
+                f"({format_size(parameter_count(self.model_config), ' parameters')}, {self.dtype})")
+        require_memory(parts, self.device, what, "lower --batch-size, --block-size or the model's size")
 
     def autocast(self):
         return precision.autocast_context(self.dtype, self.device)
@@ -117,10 +136,6 @@ class Run:
         """Model, optimizer and every source of randomness, seeded from --seed."""
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
-        self.model_config = GPTConfig(block_size=cfg.block_size, vocab_size=int(self.meta["vocab_size"]),
-                                      n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                                      dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head, rope=cfg.rope,
-                                      head_dim=cfg.head_dim)
         self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
         self.removed = None  # adamw_projected: the last step's removed and whole squared norms per circuit
@@ -151,7 +166,7 @@ class Run:
 
     @torch.no_grad()
     def fix_gauge(self, probe_batch) -> dict:
-        """adamw_gauge_fixed: move the initial weights into the gauge (docs/design.md §13), before the
+        """adamw_gauge_fixed: move the initial weights into the gauge (docs/design.md §14), before the
         optimizer, the tracker's I_0 and torch.compile see the model. Returns what run.json records of it:
         the largest condition number inverted, and the change of the probe batch's logits (eval mode),
         max-abs over max-abs."""
@@ -306,7 +321,7 @@ class Run:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         with precision.no_tf32():
-            if self.case.projects_steps:  # before the drift split and rho see the step (docs/design.md §12)
+            if self.case.projects_steps:  # before the drift split and rho see the step (docs/design.md §13)
                 self.removed = remove_orbit_component(self.model, pre)
             if cfg.metrics:
                 self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
@@ -349,7 +364,7 @@ class Run:
         if self.drift is not None:
             self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
-        if before is not None:  # the moments map with the move (docs/design.md §14)
+        if before is not None:  # the moments map with the move (docs/design.md §15)
             moments.transport_moments(self.optimizer, self.model, before)
         elif self.cfg.rebalance_moments == "reset":  # the moved tensors' moments point the old way
             moments.reset_moments(self.optimizer, self.model)
@@ -411,7 +426,9 @@ def train(cfg: TrainConfig) -> int:
     """Run (or resume) one training run; returns the exit status (0 also for a diverged run)."""
     if cfg.device != "cpu" and not torch.cuda.is_initialized():
         gpu_slots.acquire_gpu_slot()  # before CUDA starts: this job's own GPU on a multi-GPU machine
+    progress.stage(f"reading the data in {cfg.data}")
     run = Run(cfg)
+    progress.stage(f"reading {run.ckpt_path}")
     checkpoint = run.load_checkpoint()
     if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
         say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
@@ -419,12 +436,16 @@ def train(cfg: TrainConfig) -> int:
         rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
         return 0
     rundir.remove_outputs(run.out)
+    progress.stage("building the model")
     run.build()
     if checkpoint is not None:
         run.resume(checkpoint)
     run.start_clocks()
     if run.step == 0:
+        progress.stage("evaluating the initial model")
         run.log_initial_state()
+    # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's own lines
+    progress.stage(lambda: f"step {run.step}/{cfg.max_iters}")
     with StopSignals() as stop:
         # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
         while run.status != "diverged" and run.step < cfg.max_iters and run.train_step():

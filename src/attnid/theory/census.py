@@ -1,0 +1,543 @@
+"""``attnid census``: every continuous symmetry of a whole model, checked by its Jacobian.
+
+For one whole model at a generic random point (float64), the census lists each symmetry
+class of :mod:`attnid.theory.whole_model` with its closed-form dimension and compares their sum
+with the **measured** nullity of the Jacobian of the per-position log-probabilities with
+respect to every parameter, on enough random token sequences that the informative rows
+outnumber the parameters ``ROW_FACTOR`` times. The rank is read as in :mod:`attnid.theory.nullity`
+(relative threshold ``RANK_RTOL``, gap ``GAP_REQUIRED``); a shape *closes* when the sum equals
+the measurement and the gap is at least ``GAP_REQUIRED`` (docs/theory.md, "The whole model").
+
+The model is written out here, independently of model.py (as nullity.py does for one
+layer), so that one function covers both families: nanoGPT / GPT-2 (LayerNorm with or
+without a bias, GELU MLP, learned positions, ``lm_head`` tied to ``wte``) and Llama-family
+blocks (RMSNorm, RoPE with half-split pairing, grouped-query attention, gated MLP, untied
+``lm_head``), plus the parallel block. For the nanoGPT configuration it gives the log-
+probabilities of ``attnid.model.gpt.GPT`` with the same weights (tests/test_census.py), so the
+census is about the model we train. RoPE uses base 10 by default, as nullity.py does: the
+count holds for any distinct nonzero frequencies, and short sequences would barely turn the
+slow planes of base 10,000, blurring the rank.
+
+The norms keep their epsilon (``--norm-eps``, model.py's 1e-5 by default). Epsilon breaks
+one symmetry, the global scaling of the residual stream; the census does not count it then
+but reports how close to null that direction is (``near_null_scale``: ``||J v|| / ||v||``
+over the largest singular value). With ``--norm-eps 0`` it is exact and counted.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from attnid.theory import whole_model as theory
+from attnid.theory.nullity import GAP_REQUIRED, RANK_RTOL, ROW_FACTOR, unflatten
+from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
+
+CENSUS_ROPE_BASE = 10.0
+SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time (memory)
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole model, written out
+
+
+def whole_model_parameter_shapes(shape: theory.WholeModelShape) -> dict[str, tuple[int, ...]]:
+    """Every parameter tensor by name (nanoGPT's names where they exist), in a fixed order."""
+    e, h, g, d, f = shape.n_embd, shape.n_head, shape.n_kv_head, shape.head_dim, shape.mlp_hidden
+    shapes: dict[str, tuple[int, ...]] = {"wte": (shape.vocab_size, e)}
+    if shape.positions == "learned":
+        shapes["wpe"] = (shape.block_size, e)
+
+    def norm(name: str) -> None:
+        shapes[f"{name}.weight"] = (e,)
+        if shape.norm_bias:
+            shapes[f"{name}.bias"] = (e,)
+
+    for layer in range(shape.n_layer):
+        p = f"h{layer}."
+        norm(p + ("ln" if shape.block == "parallel" else "ln_1"))
+        shapes.update({p + "attn.w_q": (h * d, e), p + "attn.w_k": (g * d, e), p + "attn.w_v": (g * d, e)})
+        if shape.qkv_bias:
+            shapes.update({p + "attn.b_q": (h * d,), p + "attn.b_k": (g * d,), p + "attn.b_v": (g * d,)})
+        shapes[p + "attn.w_o"] = (e, h * d)
+        if shape.out_bias:
+            shapes[p + "attn.b_o"] = (e,)
+        if shape.block != "parallel":
+            norm(p + "ln_2")
+        inputs = ("gate", "up") if shape.mlp in theory.GATED_MLPS else ("fc",)
+        for name in inputs:
+            shapes[p + f"mlp.w_{name}"] = (f, e)
+            if shape.mlp_bias:
+                shapes[p + f"mlp.b_{name}"] = (f,)
+        shapes[p + "mlp.w_down"] = (e, f)
+        if shape.mlp_bias:
+            shapes[p + "mlp.b_down"] = (e,)
+    norm("ln_f")
+    if not shape.tied:
+        shapes["lm_head"] = (shape.vocab_size, e)
+    return shapes
+
+
+def _norm(
+    x: torch.Tensor, p: dict[str, torch.Tensor], name: str, shape: theory.WholeModelShape
+) -> torch.Tensor:
+    if shape.norm == "layernorm":
+        return F.layer_norm(x, (x.shape[-1],), p[f"{name}.weight"], p.get(f"{name}.bias"), shape.norm_eps)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + shape.norm_eps) * p[f"{name}.weight"]
+
+
+def _linear(x: torch.Tensor, p: dict[str, torch.Tensor], weight: str, bias: str) -> torch.Tensor:
+    y = x @ p[weight].T
+    return y + p[bias] if bias in p else y
+
+
+def _attention(
+    x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: theory.WholeModelShape, rope_base: float
+) -> torch.Tensor:
+    """Causal self-attention of one layer on the norm's output x (B, T, E) -> (B, T, E)."""
+    batch, seq_len, _ = x.shape
+    h, g, d = shape.n_head, shape.n_kv_head, shape.head_dim
+    q = (
+        _linear(x, p, prefix + "w_q", prefix + "b_q").view(batch, seq_len, h, d).transpose(1, 2)
+    )  # (B, H, T, D)
+    k = (
+        _linear(x, p, prefix + "w_k", prefix + "b_k").view(batch, seq_len, g, d).transpose(1, 2)
+    )  # (B, G, T, D)
+    v = (
+        _linear(x, p, prefix + "w_v", prefix + "b_v").view(batch, seq_len, g, d).transpose(1, 2)
+    )  # (B, G, T, D)
+    if shape.positions == "rope":
+        q, k = rope_rotate(q, "half", rope_base), rope_rotate(k, "half", rope_base)
+    k = k.repeat_interleave(h // g, dim=1)  # (B, H, T, D): head h reads group h // (H/G)
+    v = v.repeat_interleave(h // g, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d)  # (B, H, T, T)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=x.device).tril()
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+    y = (weights @ v).transpose(1, 2).reshape(batch, seq_len, h * d)  # (B, T, H*D)
+    return _linear(y, p, prefix + "w_o", prefix + "b_o")
+
+
+def _mlp(
+    x: torch.Tensor, p: dict[str, torch.Tensor], prefix: str, shape: theory.WholeModelShape
+) -> torch.Tensor:
+    """(B, T, E) -> (B, T, F) -> (B, T, E); GELU is the exact (erf) one, as nn.GELU()."""
+    if shape.mlp == "gelu":
+        hidden = F.gelu(_linear(x, p, prefix + "w_fc", prefix + "b_fc"))
+    else:
+        activation = F.silu if shape.mlp == "swiglu" else F.gelu
+        hidden = activation(_linear(x, p, prefix + "w_gate", prefix + "b_gate")) * _linear(
+            x, p, prefix + "w_up", prefix + "b_up"
+        )
+    return _linear(hidden, p, prefix + "w_down", prefix + "b_down")
+
+
+def log_probs(
+    p: dict[str, torch.Tensor],
+    idx: torch.Tensor,
+    shape: theory.WholeModelShape,
+    rope_base: float = CENSUS_ROPE_BASE,
+) -> torch.Tensor:
+    """Token ids idx (B, T) -> per-position log-probabilities (B, T, V)."""
+    seq_len = idx.shape[1]
+    x = p["wte"][idx]  # (B, T, E)
+    if shape.positions == "learned":
+        x = x + p["wpe"][:seq_len]
+    for layer in range(shape.n_layer):
+        prefix = f"h{layer}."
+        if shape.block == "parallel":  # Falcon / GPT-J: both read one norm of the same x
+            normed = _norm(x, p, prefix + "ln", shape)
+            x = (
+                x
+                + _attention(normed, p, prefix + "attn.", shape, rope_base)
+                + _mlp(normed, p, prefix + "mlp.", shape)
+            )
+        else:
+            x = x + _attention(_norm(x, p, prefix + "ln_1", shape), p, prefix + "attn.", shape, rope_base)
+            x = x + _mlp(_norm(x, p, prefix + "ln_2", shape), p, prefix + "mlp.", shape)
+    x = _norm(x, p, "ln_f", shape)
+    logits = x @ (p["wte"] if shape.tied else p["lm_head"]).T  # (B, T, V)
+    return logits.log_softmax(dim=-1)
+
+
+def params_from_gpt(model) -> dict[str, torch.Tensor]:
+    """This module's parameters from an ``attnid.model.gpt.GPT`` (nanoGPT layout, docs/design.md §2.1)."""
+    config = model.config
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    e, h, g, d = config.n_embd, config.n_head, config.kv_heads, config.per_head_dim
+    p = {"wte": state["transformer.wte.weight"]}
+    if "transformer.wpe.weight" in state:
+        p["wpe"] = state["transformer.wpe.weight"]
+    split = (h * d, g * d, g * d)
+    for layer in range(config.n_layer):
+        src, dst = f"transformer.h.{layer}.", f"h{layer}."
+        for name in ("ln_1", "ln_2"):
+            p[f"{dst}{name}.weight"] = state[f"{src}{name}.weight"]
+            if config.bias:
+                p[f"{dst}{name}.bias"] = state[f"{src}{name}.bias"]
+        for part, tensor in zip("qkv", state[src + "attn.c_attn.weight"].split(split)):
+            p[f"{dst}attn.w_{part}"] = tensor
+        p[dst + "attn.w_o"] = state[src + "attn.c_proj.weight"]
+        p[dst + "mlp.w_fc"] = state[src + "mlp.c_fc.weight"]
+        p[dst + "mlp.w_down"] = state[src + "mlp.c_proj.weight"]
+        if config.bias:
+            for part, tensor in zip("qkv", state[src + "attn.c_attn.bias"].split(split)):
+                p[f"{dst}attn.b_{part}"] = tensor
+            p[dst + "attn.b_o"] = state[src + "attn.c_proj.bias"]
+            p[dst + "mlp.b_fc"] = state[src + "mlp.c_fc.bias"]
+            p[dst + "mlp.b_down"] = state[src + "mlp.c_proj.bias"]
+    p["ln_f.weight"] = state["transformer.ln_f.weight"]
+    if config.bias:
+        p["ln_f.bias"] = state["transformer.ln_f.bias"]
+    assert e == p["wte"].shape[1]
+    return p
+
+
+def shape_of_gpt_config(config, norm_eps: float = theory.DEFAULT_NORM_EPS) -> theory.WholeModelShape:
+    """The census shape of ``attnid train``'s model (``attnid.model.gpt.GPTConfig``)."""
+    return theory.whole_model_shape(
+        n_layer=config.n_layer,
+        n_embd=config.n_embd,
+        n_head=config.n_head,
+        vocab_size=config.vocab_size,
+        block_size=config.block_size,
+        n_kv_head=config.kv_heads,
+        head_dim=config.per_head_dim,
+        norm="layernorm",
+        norm_bias=config.bias,
+        qkv_bias=config.bias,
+        out_bias=config.bias,
+        mlp="gelu",
+        mlp_hidden=4 * config.n_embd,
+        mlp_bias=config.bias,
+        tied=True,
+        positions="rope" if config.rope else "learned",
+        norm_eps=norm_eps,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The generic point and the measurement
+
+
+def random_point(shape: theory.WholeModelShape, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """A generic point: matrices ``N(0, 1/fan_in)`` (scores and MLP inputs O(1), softmax neither flat nor
+    saturated), embeddings ``N(0, 1)`` (a stream of unit scale, so epsilon is a small perturbation),
+    gains uniform in [0.5, 1.5] (distinct and nonzero), biases ``N(0, 1/4)``."""
+    point = {}
+    for name, size in whole_model_parameter_shapes(shape).items():
+        if name in ("wte", "wpe"):
+            value = torch.randn(size, generator=generator, dtype=torch.float64)
+        elif name.endswith(".weight"):  # norm gains
+            value = 0.5 + torch.rand(size, generator=generator, dtype=torch.float64)
+        elif len(size) == 1:
+            value = 0.5 * torch.randn(size, generator=generator, dtype=torch.float64)
+        else:
+            value = torch.randn(size, generator=generator, dtype=torch.float64) / math.sqrt(size[1])
+        point[name] = value
+    return point
+
+
+def informative_rows_per_position(shape: theory.WholeModelShape) -> int:
+    """Everything before the final norm reaches a position's log-probabilities through at most
+    ``min(V - 1, E')`` directions (log-softmax drops one), so only these rows count towards saturation."""
+    return min(shape.vocab_size - 1, theory.stream_dim(shape))
+
+
+ENUMERATE_BELOW = 200_000  # input domains up to this many sequences are drawn without replacement
+
+
+def distinct_context_rows(shape: theory.WholeModelShape, tokens: torch.Tensor) -> int:
+    """Informative rows of ``tokens`` (S, T): position ``i`` of a sequence is a context (its prefix); repeated
+    contexts repeat rows, so count each distinct prefix once, ``min(V - 1, E')`` rows each."""
+    prefixes = sum(torch.unique(tokens[:, : i + 1], dim=0).shape[0] for i in range(tokens.shape[1]))
+    return prefixes * informative_rows_per_position(shape)
+
+
+def sample_sequences(
+    shape: theory.WholeModelShape, rows_needed: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Random sequences (S, T) whose distinct contexts give at least ``rows_needed`` informative rows.
+
+    A model's whole input domain is finite: ``sum_i V^i`` contexts of length 1..T. When even all of
+    them give fewer rows than needed, the function on that domain has null directions that are not
+    symmetries (too few inputs to pin the parameters), and the shape cannot be checked: ValueError.
+    """
+    vocab, length = shape.vocab_size, shape.block_size
+    per_context = informative_rows_per_position(shape)
+    if per_context * sum(vocab**i for i in range(1, length + 1)) < rows_needed:
+        raise ValueError(
+            f"the model's whole input domain ({vocab} tokens, {length} positions) gives fewer than "
+            f"{rows_needed} informative Jacobian rows: too small to measure"
+        )
+    total = vocab**length
+    pool = None
+    if total <= ENUMERATE_BELOW:  # every sequence once, in random order
+        order = torch.randperm(total, generator=generator)
+        digits = vocab ** torch.arange(length - 1, -1, -1)
+        pool = (order[:, None] // digits) % vocab  # (total, T)
+    n_sequences = math.ceil(rows_needed / (per_context * length))
+    while True:
+        if pool is not None:
+            tokens = pool[:n_sequences]
+        else:
+            tokens = torch.randint(0, vocab, (n_sequences, length), generator=generator)
+        if distinct_context_rows(shape, tokens) >= rows_needed:
+            return tokens
+        if pool is not None and n_sequences >= total:
+            raise ValueError(
+                f"the model's whole input domain gives fewer than {rows_needed} informative rows"
+            )
+        n_sequences = math.ceil(n_sequences * 1.25) + 1
+
+
+def residual_scale_direction(
+    shape: theory.WholeModelShape, point: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The tangent of the global stream scaling (class ``residual_scale``): every write times ``lambda``, and,
+    tied, the final norm's gain and bias over ``lambda``."""
+    writes = ("wte", "wpe", "attn.w_o", "attn.b_o", "mlp.w_down", "mlp.b_down")
+    direction = {}
+    for name, value in point.items():
+        if name in ("wte", "wpe") or any(name.endswith("." + w) for w in writes[2:]):
+            direction[name] = value.clone()
+        elif shape.tied and name in ("ln_f.weight", "ln_f.bias"):
+            direction[name] = -value
+        else:
+            direction[name] = torch.zeros_like(value)
+    return direction
+
+
+def measure(
+    shape: theory.WholeModelShape,
+    seed: int = 0,
+    row_factor: float = ROW_FACTOR,
+    rope_base: float = CENSUS_ROPE_BASE,
+) -> dict:
+    """The measured nullity of the whole model's log-probabilities at a random point, with its gap."""
+    generator = torch.Generator().manual_seed(seed)
+    point = random_point(shape, generator)
+    shapes = {name: tuple(value.shape) for name, value in point.items()}
+    flat = torch.cat([value.reshape(-1) for value in point.values()])
+    n_params = flat.numel()
+    tokens = sample_sequences(shape, math.ceil(row_factor * n_params), generator)
+    n_sequences = tokens.shape[0]
+
+    def outputs(theta: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return log_probs(unflatten(theta, shapes), idx, shape, rope_base).reshape(-1)
+
+    jacobian = torch.cat(
+        [
+            torch.func.jacfwd(outputs)(flat, tokens[start : start + SEQUENCES_PER_CHUNK])
+            for start in range(0, n_sequences, SEQUENCES_PER_CHUNK)
+        ]
+    )  # (rows, n_params)
+    singular = torch.linalg.svdvals(jacobian)  # descending
+    rank = int((singular > RANK_RTOL * singular[0]).sum())
+    kept = singular[rank - 1].item() if rank > 0 else float("nan")
+    dropped = singular[rank].item() if rank < singular.numel() else 0.0
+    scale = torch.cat([v.reshape(-1) for v in residual_scale_direction(shape, point).values()])
+    near_null = (jacobian @ scale).norm().item() / (scale.norm().item() * singular[0].item())
+    return {
+        "n_params": n_params,
+        "n_rows": jacobian.shape[0],
+        "n_sequences": n_sequences,
+        "measured": n_params - rank,
+        "gap": kept / dropped if dropped > 0 else float("inf"),
+        "smallest_kept": kept / singular[0].item(),
+        "largest_dropped": dropped / singular[0].item(),
+        "near_null_scale": near_null,
+    }
+
+
+def census(shape: theory.WholeModelShape, seed: int = 0, rope_base: float = CENSUS_ROPE_BASE) -> dict:
+    """Closed forms and measurement of one shape: one row of census.csv."""
+    dims = theory.class_dims(shape)
+    row = {"shape": describe_shape(shape), **{f"class_{name}": value for name, value in dims.items()}}
+    row["theory"] = sum(dims.values())
+    row.update(measure(shape, seed, rope_base=rope_base))
+    row["attention_only"] = theory.attention_only_unidentified(shape)
+    row["closes"] = bool(row["theory"] == row["measured"] and row["gap"] >= GAP_REQUIRED)
+    return {**{k: v for k, v in vars(shape).items()}, **row}
+
+
+def describe_shape(shape: theory.WholeModelShape) -> str:
+    """A short label: ``L1 E8 H2 G2 D4 V65 T4 ln tied learned gelu``, with the biases and options set."""
+    parts = [
+        f"L{shape.n_layer}",
+        f"E{shape.n_embd}",
+        f"H{shape.n_head}",
+        f"G{shape.n_kv_head}",
+        f"D{shape.head_dim}",
+        f"V{shape.vocab_size}",
+        f"T{shape.block_size}",
+        f"F{shape.mlp_hidden}",
+        "ln" if shape.norm == "layernorm" else "rms",
+        "tied" if shape.tied else "untied",
+        shape.positions,
+        shape.mlp,
+    ]
+    biases = [
+        name
+        for name, on in (
+            ("norm", shape.norm_bias),
+            ("qkv", shape.qkv_bias),
+            ("out", shape.out_bias),
+            ("mlp", shape.mlp_bias),
+        )
+        if on
+    ]
+    if biases:
+        parts.append("bias:" + "+".join(biases))
+    if shape.block == "parallel":
+        parts.append("parallel")
+    if shape.norm_eps != theory.DEFAULT_NORM_EPS:
+        parts.append(f"eps{shape.norm_eps:g}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# The grid of the theory stage
+
+
+def hand_picked_shapes() -> list[theory.WholeModelShape]:
+    """Tiny shapes over every axis: layers, heads, width, biases, tying, norm, GQA, RoPE, MLP, block
+    size, vocabularies below and above the width, a first layer that sees less than the stream, epsilon."""
+    s = theory.whole_model_shape
+    nanogpt = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
+    biases = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
+    llama = {"norm": "rmsnorm", "mlp": "swiglu", "tied": False, "positions": "rope", "mlp_hidden": 12}
+    small = {"n_embd": 8, "n_head": 2, "block_size": 4}
+    llama_learned = llama | {"positions": "learned", "mlp_hidden": 6}
+    llama_narrow = llama | {"mlp_hidden": 6}
+    return [
+        # nanoGPT (attnid train's model): LayerNorm, GELU, tied, learned positions; then the issue's F = 4E
+        s(1, vocab_size=12, **nanogpt),
+        s(1, vocab_size=12, **{**nanogpt, "mlp_hidden": 32}),
+        s(2, vocab_size=10, **nanogpt),
+        s(1, vocab_size=12, **biases, **nanogpt),
+        s(2, n_embd=6, n_head=2, vocab_size=8, block_size=4, mlp_hidden=6, **biases),
+        s(1, vocab_size=12, tied=False, **nanogpt),
+        s(1, vocab_size=12, tied=False, **biases, **nanogpt),
+        s(1, n_embd=9, n_head=3, vocab_size=14, block_size=3, mlp_hidden=12),
+        # one head as wide as the stream; GQA; model.py's rope variant; the residual scaling made exact
+        s(1, n_embd=8, n_head=1, vocab_size=12, block_size=4, mlp_hidden=8),
+        s(1, n_embd=8, n_head=4, n_kv_head=2, vocab_size=12, block_size=4, mlp_hidden=8),
+        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=5, mlp_hidden=8, positions="rope"),
+        s(1, vocab_size=12, norm_eps=0.0, **nanogpt),
+        # vocabularies below the width: tied, part of the stream rotation survives; biases reach log-softmax
+        s(1, vocab_size=6, **nanogpt),
+        s(1, vocab_size=5, block_size=5, n_embd=8, n_head=2, mlp_hidden=8),
+        s(1, vocab_size=6, **biases, **nanogpt),
+        s(1, vocab_size=6, tied=False, **nanogpt),
+        # embeddings spanning less than the stream (V + T - 1 < E, as nanoGPT shakespeare-char)
+        s(1, n_embd=12, n_head=2, vocab_size=7, block_size=4, mlp_hidden=8),
+        s(1, n_embd=10, n_head=2, vocab_size=6, block_size=4, **llama_learned),
+        # a LayerNorm bias without linear biases; q/k/v biases without an output bias
+        s(1, vocab_size=12, norm_bias=True, **nanogpt),
+        s(1, vocab_size=12, qkv_bias=True, out_bias=False, **nanogpt),
+        # Llama family: RMSNorm, RoPE, SwiGLU, untied, GQA; Qwen2 (q/k/v biases); Gemma (tied, GeGLU)
+        s(1, vocab_size=12, **small, **llama),
+        s(2, n_embd=6, n_head=4, n_kv_head=2, head_dim=2, vocab_size=9, block_size=4, **llama_narrow),
+        s(1, vocab_size=12, qkv_bias=True, out_bias=False, **small, **llama),
+        s(1, vocab_size=12, **small, **{**llama, "tied": True, "mlp": "geglu"}),
+        s(1, vocab_size=6, **small, **{**llama, "positions": "learned", "tied": True}),
+        s(1, vocab_size=12, norm_eps=0.0, **small, **llama),
+        # parallel blocks: Falcon (multi-query, RoPE, LayerNorm with a bias, no linear biases), all biases
+        s(
+            1,
+            **small,
+            n_kv_head=1,
+            vocab_size=24,
+            mlp_hidden=6,
+            norm_bias=True,
+            positions="rope",
+            block="parallel",
+        ),
+        s(1, **small, vocab_size=8, mlp_hidden=6, **biases, block="parallel"),
+    ]
+
+
+def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theory.WholeModelShape]:
+    """``count`` shapes drawn at random from the closed forms' domain (every option, tiny sizes), so the
+    grid holds shapes that nobody picked: a rejected draw (outside the domain, too large or with too small
+    an input domain to measure) is drawn again."""
+    import random
+
+    rng = random.Random(seed)
+    shapes: list[theory.WholeModelShape] = []
+    while len(shapes) < count:
+        n_embd = rng.choice([6, 7, 8, 9, 10])
+        n_kv_head = rng.choice([1, 2])
+        positions = rng.choice(["learned", "learned", "rope", "none"])
+        norm = rng.choice(theory.NORMS)
+        options = dict(
+            n_embd=n_embd,
+            n_head=n_kv_head * rng.choice([1, 2, 3]),
+            n_kv_head=n_kv_head,
+            head_dim=rng.choice([2, 4]) if positions == "rope" else rng.choice([2, 3, 4]),
+            vocab_size=rng.choice([n_embd - 2, n_embd - 1, n_embd, n_embd + 1, n_embd + 3, 2 * n_embd]),
+            block_size=rng.choice([3, 4, 5]),
+            norm=norm,
+            norm_bias=norm == "layernorm" and rng.random() < 0.5,
+            qkv_bias=rng.random() < 0.4,
+            out_bias=rng.random() < 0.5,
+            mlp=rng.choice(theory.MLPS),
+            mlp_hidden=rng.choice([4, 6, 8, 12]),
+            mlp_bias=rng.random() < 0.4,
+            tied=rng.random() < 0.5,
+            positions=positions,
+            block="parallel" if rng.random() < 0.15 else "sequential",
+            norm_eps=0.0 if rng.random() < 0.15 else theory.DEFAULT_NORM_EPS,
+        )
+        try:
+            shape = theory.whole_model_shape(rng.choice([1, 1, 2]), **options)
+            measurable(shape, max_params)
+        except ValueError:
+            continue
+        shapes.append(shape)
+    return shapes
+
+
+def measurable(shape: theory.WholeModelShape, max_params: int | None = None) -> None:
+    """Raise ValueError if the census cannot measure ``shape``: too many parameters (``max_params``), or
+    an input domain too small to give ``ROW_FACTOR`` informative rows per parameter (see
+    :func:`sample_sequences`)."""
+    n_params = theory.whole_model_params(shape)
+    if max_params is not None and n_params > max_params:
+        raise ValueError(f"{n_params} parameters > {max_params}")
+    rows = informative_rows_per_position(shape) * sum(
+        shape.vocab_size**i for i in range(1, shape.block_size + 1)
+    )
+    if rows < ROW_FACTOR * n_params:
+        raise ValueError(
+            f"the model's whole input domain ({shape.vocab_size} tokens, {shape.block_size} positions) "
+            f"gives fewer than {ROW_FACTOR * n_params} informative Jacobian rows: too small to measure"
+        )
+
+
+RANDOM_SHAPES, RANDOM_SEED = 8, 0
+
+
+def default_grid(random_count: int = RANDOM_SHAPES, seed: int = RANDOM_SEED) -> list[theory.WholeModelShape]:
+    """The theory stage's grid: the hand-picked shapes, then ``random_count`` random ones."""
+    return hand_picked_shapes() + random_shapes(random_count, seed)
+
+
+def run_grid(shapes: list[theory.WholeModelShape], progress=None, rope_base: float = CENSUS_ROPE_BASE):
+    import pandas as pd
+
+    rows = []
+    for shape in shapes:
+        start = time.perf_counter()
+        row = census(shape, rope_base=rope_base)
+        rows.append(row)
+        if progress is not None:
+            status = "ok" if row["closes"] else "FAIL"
+            progress(
+                f"{status:4s} {row['shape']}: theory {row['theory']}, measured {row['measured']} of "
+                f"{row['n_params']}, gap {row['gap']:.1e} ({time.perf_counter() - start:.1f} s)"
+            )
+    return pd.DataFrame(rows)
