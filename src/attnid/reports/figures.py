@@ -672,7 +672,8 @@ def _draw_point(ax, row, column: str, color: str, marker: str, label: str | None
 # ---------------------------------------------------------------------------- figure 6
 
 # A caption attnid figures filled in (Figure 6's): an earlier build's may be replaced, nothing else.
-FILLED_CAPTION = outputs.Format("a figure caption written by attnid figures", outputs.starts_with(b"**Figure 6 "))
+FILLED_CAPTION = outputs.Format("a figure caption written by attnid figures",
+                                outputs.starts_with(b"**Figure 6 "))
 # The arms' style in Figure 6: the case's; an arm with transported or reset moments its case's colour,
 # dotted (docs/design.md §15).
 MOVED_MOMENTS_LINESTYLE = ":"

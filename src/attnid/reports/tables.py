@@ -448,8 +448,8 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
         _claim("interventions: projected rho max < 1e-20", "design §13 (ours)",
                _extreme(projected, [f"rho_{c}_max" for c in CIRCUITS]), "<", RHO_SGD_MAX,
                f"largest per-step rho of {PROJECTED_CASE}, both circuits, over {len(projected)} float64 "
-               f"run(s): a step with its orbit component removed is orthogonal to the orbit", _dtypes(projected),
-               FLOAT64_ONLY),
+               f"run(s): a step with its orbit component removed is orthogonal to the orbit",
+               _dtypes(projected), FLOAT64_ONLY),
         _claim("interventions: projected drift1/drift2 < 1e-9", "design §13 (ours)",
                _extreme(projected, [f"drift_ratio_{c}_max" for c in CIRCUITS]), "<", DRIFT_RATIO_SGD_MAX,
                f"largest first- over second-order drift on any row, both circuits, over {len(projected)} "

@@ -134,8 +134,10 @@ register(Case("adamw_rebalance", "AdamW + rebalancing",
 register(Case("adamw_projected", "AdamW, projected",
               "adamw with each realised update's component along the orbit removed after the step: no orbit "
               "motion, the imbalance conserved to first order",
-              1e-3, adamw, projects_steps=True, optimizer_states=2, color="#E69F00", linestyle=":", marker="P"))
+              1e-3, adamw, projects_steps=True, optimizer_states=2, color="#E69F00", linestyle=":",
+              marker="P"))
 register(Case("adamw_gauge_fixed", "AdamW, gauge fixed",
               "adamw on the identified parametrisation: per key/value group one D x D block of W_K and "
               "one of W_V fixed (c I), the rest trained",
-              1e-3, adamw, gauge_fixed=True, optimizer_states=2, color="#56B4E9", linestyle="-.", marker="X"))
+              1e-3, adamw, gauge_fixed=True, optimizer_states=2, color="#56B4E9", linestyle="-.",
+              marker="X"))
