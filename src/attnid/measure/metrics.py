@@ -193,8 +193,9 @@ class MetricTracker:
         singular_pairs = 0
         for circuit, orbit in self.orbits.items():
             step = steps[circuit]
-            proj_sq, singular = orbit.unidentified_sq_norm_from_products(step.pre.gram_a, step.pre.gram_b,
-                                                                         step.cross_a, step.cross_b)
+            # the pre-step Grams from the post-step ones (which beta and mu need): no D x n products here
+            proj_sq, singular = orbit.unidentified_sq_norm_from_products(*step.pre_grams, step.cross_a,
+                                                                         step.cross_b)
             proj_sq = _per_layer(proj_sq, self.n_layer)
             step_sq = _per_layer(step.step_sq_norm(), self.n_layer)
             proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
@@ -239,7 +240,7 @@ class MetricTracker:
             for layer in range(self.n_layer):
                 row[f"beta_{circuit}_l{layer}"] = _share(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
             if circuit in minima:
-                frobenius_sq = point.pair_a.square().sum((-1, -2)) + point.pair_b.square().sum((-1, -2))
+                frobenius_sq = factor_pairs.trace(point.gram_a) + factor_pairs.trace(point.gram_b)
                 minimum = minima[circuit].to(frobenius_sq.device)
             else:
                 frobenius_sq, minimum = orbit.excess_norm_terms(point.pair_a, point.pair_b, point.grams)

@@ -51,6 +51,11 @@ def gram(matrix: torch.Tensor) -> torch.Tensor:
     return matrix @ matrix.transpose(-1, -2)
 
 
+def trace(matrix: torch.Tensor) -> torch.Tensor:
+    """The trace of each ``(..., D, D)`` matrix: ``(...)``."""
+    return matrix.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
 def imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
     """``I = A A^T - B B^T`` ``(..., D, D)``: conserved by gradient flow (Lemma 5.1)."""
     return gram(pair_a) - gram(pair_b)
@@ -162,8 +167,8 @@ def excess_norm_terms(pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] |
     where the Gram matrix has lost the small singular values to round-off) takes the thin QRs
     of ``A^T`` and ``B^T`` instead (:func:`_nuclear_norm_by_qr`).
     """
-    frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
     gram_a, gram_b = (gram(pair_a), gram(pair_b)) if grams is None else grams
+    frobenius_sq = trace(gram_a) + trace(gram_b)  # ||A||² = tr(A Aᵀ)
     chol_a, info_a = torch.linalg.cholesky_ex(gram_a)  # (..., D, D) lower; info > 0: not positive definite
     chol_b, info_b = torch.linalg.cholesky_ex(gram_b)
     well_conditioned = (info_a == 0) & (info_b == 0)
