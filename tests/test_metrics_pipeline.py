@@ -18,6 +18,7 @@ from attnid.measure import rebalancing
 from attnid.measure.drift import DriftTracker
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.training import precision
 from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
 from attnid.training.rundir import TIMING_COLUMNS
 
@@ -233,3 +234,21 @@ def test_bad_pipeline_flags_are_one_line(prepared_data_dir, tmp_path, capsys, fl
     assert train(prepared_data_dir, tmp_path / "run", "--max-iters", "2", *flags) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and expected in err, err
+
+
+def test_probes_leave_the_training_thread_only_when_training_has_tf32_off():
+    """TF32 is process-wide: with bf16/fp16 on CUDA the training thread makes tau's probe itself."""
+    assert precision.trains_with_tf32("bf16", "cuda") and precision.trains_with_tf32("fp16", "cuda")
+    assert not precision.trains_with_tf32("float32", "cuda")
+    assert not precision.trains_with_tf32("float64", "cpu")
+    model = tiny_model()
+    batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    for threads, tf32, on_worker in ((0, False, False), (1, False, True), (1, True, False)):
+        pipeline = MetricsPipeline(model, MetricTracker(model, batch), DriftTracker(model), threads=threads,
+                                   queue_steps=2, tf32_training=tf32, probes=True)
+        assert pipeline.probe_on_worker is on_worker
+        pipeline.restart(model, 0)
+        nudge(model, 1)
+        columns = pipeline.after_step(model, 1, 1e-3, RowRequest(tau=True)).result(timeout=60)
+        assert columns["tau"] < 1e-5  # the probe ran, wherever it ran
+        pipeline.close()
