@@ -76,7 +76,7 @@ def old_excess_norm_terms(pair_a, pair_b):
     return frobenius_sq, 2 * torch.linalg.svdvals(r_a @ r_b.transpose(-1, -2)).sum(-1)
 
 
-def _per_layer(values, n_layer):
+def per_layer_sums(values, n_layer):
     return values.reshape(n_layer, -1).sum(-1)
 
 
@@ -89,9 +89,9 @@ def old_step_metrics(tracker, model, pre) -> dict:
         now_a, now_b = stacked_pairs(now, tracker.layout, circuit)
         step_a, step_b = now_a - pre_a, now_b - pre_b
         proj_sq, singular = old_unidentified_sq_norm(pre_a, pre_b, step_a, step_b)
-        proj_sq = _per_layer(proj_sq, tracker.n_layer).tolist()
+        proj_sq = per_layer_sums(proj_sq, tracker.n_layer).tolist()
         step_sq = step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2))
-        step_sq = _per_layer(step_sq, tracker.n_layer).tolist()
+        step_sq = per_layer_sums(step_sq, tracker.n_layer).tolist()
         row[f"rho_{circuit}"] = sum(proj_sq) / sum(step_sq)
         for layer in range(tracker.n_layer):
             row[f"rho_{circuit}_l{layer}"] = proj_sq[layer] / step_sq[layer]
@@ -107,7 +107,7 @@ def old_state_metrics(tracker, model, last_moves) -> dict:
     for circuit, orbit in tracker.orbits.items():
         pair_a, pair_b = stacked_pairs(now, tracker.layout, circuit)
         drift = orbit.conserved_imbalance(pair_a, pair_b) - tracker.initial_imbalance[circuit]
-        drift_sq = _per_layer(drift.square().sum((-1, -2)), tracker.n_layer).tolist()
+        drift_sq = per_layer_sums(drift.square().sum((-1, -2)), tracker.n_layer).tolist()
         norm_sq = tracker.beta_norm_sq[circuit].tolist()
         row[f"beta_{circuit}"] = math.sqrt(sum(drift_sq)) / math.sqrt(sum(norm_sq))
         for layer in range(tracker.n_layer):

@@ -102,15 +102,15 @@ def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
     ``<dA_p, J A_p> = (dA A^T)_p[1, 0] - (dA A^T)_p[0, 1]``. Returns ``(r_1, r_2, norm, solvable)``,
     each ``(..., D/2)``.
     """
-    def trace(blocks):
+    def block_trace(blocks):
         return blocks[..., 0, 0] + blocks[..., 1, 1]
 
-    def rotation(blocks):
+    def block_rotation(blocks):  # <X, J Y> of a block X Yᵀ
         return blocks[..., 1, 0] - blocks[..., 0, 1]
 
-    norm = trace(gram_a) + trace(gram_b)
-    r_1 = trace(cross_a) - trace(cross_b)
-    r_2 = rotation(cross_a) + rotation(cross_b)
+    norm = block_trace(gram_a) + block_trace(gram_b)
+    r_1 = block_trace(cross_a) - block_trace(cross_b)
+    r_2 = block_rotation(cross_a) + block_rotation(cross_b)
     solvable = norm > SINGULAR_RTOL * norm.amax(-1, keepdim=True)
     return r_1, r_2, norm, solvable
 
