@@ -11,7 +11,8 @@
 #   (b) for each training precision (bf16, float32, float64) $STEPS-step runs of case $CASE with the
 #       model of config/$SIZE.yaml, with metrics (their linear algebra on the host: --metrics-device host)
 #       and without, and for the first precision also with the metrics on the device
-#       (--metrics-device device), and reports ms/step, the claims that depend on precision (E1: max rho
+#       (--metrics-device device) and on the host but on the training thread (host-sync:
+#       --metrics-threads 0, against the config's metrics threads), and reports ms/step, the claims that depend on precision (E1: max rho
 #       of plain SGD; E3: max tau) and the peak memory. The host/device pair is the measurement that
 #       --metrics-device auto's choice for CUDA (host) awaits.
 #       Where this attnid has no --dtype flag, one run set at the default precision, labelled "default".
@@ -121,8 +122,12 @@ read -r -a flags <<<"$flag_line"
 run_dirs=()
 for dtype in "${dtypes[@]}"; do
   variants=("${with_metrics[@]}" off)
-  # the metrics' linear algebra on the device too, once: the host-or-device comparison
-  [[ $dtype == "${dtypes[0]}" && ${with_metrics[0]} == host ]] && variants=(host device off)
+  # the metrics' linear algebra on the device too, once: the host-or-device comparison; and on the
+  # training thread, once: what the metrics threads save
+  if [[ $dtype == "${dtypes[0]}" && ${with_metrics[0]} == host ]]; then
+    variants=(host device off)
+    [[ $train_help == *--metrics-threads* ]] && variants=(host host-sync device off)
+  fi
   for metrics in "${variants[@]}"; do
     run="$OUT/runs/$dtype-metrics-$metrics"
     run_dirs+=("$run")
@@ -130,6 +135,7 @@ for dtype in "${dtypes[@]}"; do
     [[ $dtype != default ]] && extra+=(--dtype "$dtype")
     [[ $metrics == off ]] && extra+=(--no-metrics)
     [[ $metrics == host || $metrics == device ]] && extra+=(--metrics-device "$metrics")
+    [[ $metrics == host-sync ]] && extra+=(--metrics-device host --metrics-threads 0)
     extra+=("${compile_flag[@]}")
     [[ -n $THREADS ]] && extra+=(--threads "$THREADS")
     say "(b) $dtype, metrics $metrics: $STEPS steps (log: $run/train.log)"

@@ -18,8 +18,10 @@ tab-separated header row and one row per run, with these columns:
     dtype        the requested training precision (bf16, float32, float64, or "default"
                  where this attnid has no --dtype flag)
     metrics      host or device (rho, beta, tau, mu every log step, their linear algebra on the host's CPU
-                 threads or on the device: --metrics-device), on (where this attnid has no
-                 --metrics-device) or off (--no-metrics)
+                 threads or on the device: --metrics-device; with the config's metrics_threads, e.g. a
+                 host thread beside the GPU), host-sync (on the host, --metrics-threads 0: the training
+                 thread waits for them), on (where this attnid has no --metrics-device) or off
+                 (--no-metrics)
     case         optimizer case
     steps        optimizer steps run
     status       completed | diverged | failed (rc N) | timeout
@@ -83,6 +85,8 @@ def train_flags(config: dict, case: str, steps: int) -> list[str]:
     if steps < 10 * log_every:  # a short dry run still gets a few timed rows
         log_every = max(1, steps // 5)
     warmup = int(training.get("warmup_iters", 0))
+    # the config's metrics schedule (a tau cadence, metrics threads), where it sets one
+    settings.update({key: training[key] for key in ("tau_every", "metrics_threads") if key in training})
     settings.update(case=case, threads=int(config.get("threads", 1)), max_iters=steps, log_every=log_every,
                     warmup_iters=warmup if warmup < steps else steps // 10,
                     eval_every=steps, ckpt_every=steps)  # evaluations and checkpoints at the start and end only
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("measure", help="run attnid ARGS in this process and record its peak memory")
     run.add_argument("--result", required=True, type=Path)
     run.add_argument("--dtype", required=True)
-    run.add_argument("--metrics", required=True, choices=("host", "device", "on", "off"))
+    run.add_argument("--metrics", required=True, choices=("host", "host-sync", "device", "on", "off"))
     run.add_argument("--case", required=True)
     run.add_argument("attnid_args", nargs=argparse.REMAINDER)
     summary = sub.add_parser("summarize", help="the TSV summary of measured runs")

@@ -1,24 +1,27 @@
-"""Cost of ρ β τ μ per log step, side by side with training, on nanoGPT's CPU config.
+"""Cost of the metrics by part, side by side with training, on nanoGPT's CPU config or any size.
 
 Model: by default 4 layers, 4 heads, E=128, block 64, batch 12, AdamW; ``--paper`` is
 config/paper.yaml's model (6 layers, 6 heads, E=384, block 256, batch 64), and
 ``--n-layer`` ... ``--batch-size`` set any size. The probe batch has ``--probe-rows``
 sequences (``attnid train`` uses 2).
 
-One *round* is ``--log-every`` training steps (forward, backward, AdamW step) and
-then what a log step adds: snapshot + step_metrics + state_metrics + tau_probe.
-Rounds alternate, so the two are measured under the same machine load; times are
-process CPU time (other jobs on a shared machine inflate wall time unevenly). It
-prints the median over rounds of
+One *round* is ``--log-every`` training steps (forward, backward, AdamW step), each followed by
+what the metrics pipeline does after a step (docs/design.md §3.6), timed by part: the copy of the
+attention weights, the float64 pairs, the drift split's products and sums; after the last step of
+the round also what a row adds: the drift columns (with the post-step Gram matrices), ρ, β and μ
+(μ's nuclear norm from the Grams), and the τ probe (its orbit move on a copy of the model, and its
+two probe-batch forward passes). Rounds alternate with training, so both are measured under the
+same machine load; times are process CPU time (other jobs on a shared machine inflate wall time
+unevenly). It prints the median cost of each part and
 
-    overhead = metrics per log step / (log_every * training step)     target <= 0.05
+    overhead = metrics of a round / (log_every training steps)      target <= 0.05
 
-and the median cost of each part, with tau_probe split into its two probe-batch
-forwards and its maths.
+with a τ probe on every ``--tau-every``-th row (the pipeline's cost, whichever thread runs it).
 
-    python benchmarks/metrics_overhead.py [--rounds 15] [--threads 1] [--log-every 10] [--probe-rows 2]
-                                          [--n-kv-head G] [--rope] [--paper] [--n-layer L] [--n-head H]
-                                          [--n-embd E] [--block-size T] [--batch-size B]
+    python benchmarks/metrics_overhead.py [--rounds 15] [--threads 1] [--log-every 10] [--tau-every 1]
+                                          [--probe-rows 2] [--n-kv-head G] [--rope] [--paper]
+                                          [--n-layer L] [--n-head H] [--n-embd E] [--block-size T]
+                                          [--batch-size B]
 
 The metric costs do not depend on the batch size (only the probe's two forwards depend on
 the block size), so at the paper's size ``--batch-size 4 --log-every 1`` keeps the CPU
@@ -35,9 +38,14 @@ import time
 
 import torch
 
+import copy
+
 from attnid.measure import rebalancing
+from attnid.measure.drift import DriftTracker
 from attnid.measure.metrics import MetricTracker
+from attnid.measure.products import Point, steps_between
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.layout import attention_tensors, layout_of
 
 CLOCK = time.process_time
 
@@ -59,19 +67,24 @@ def build_model(args) -> tuple[GPT, dict]:
                          **shape)), size
 
 
+PARTS = ("copy", "pairs", "step products", "drift sums", "drift columns", "rho", "beta, mu", "tau move",
+         "tau forwards")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--tau-every", type=int, default=1, help="a tau probe on every N-th row (default 1)")
     parser.add_argument("--probe-rows", type=int, default=2)
-    parser.add_argument("--paper", action="store_true", help="config/paper.yaml's model: 6 layers, 6 heads, E=384, "
-                                                             "block 256, batch 64")
+    parser.add_argument("--paper", action="store_true",
+                        help="config/paper.yaml's model: 6 layers, 6 heads, E=384, block 256, batch 64")
     for flag, default in (("--n-layer", 4), ("--n-head", 4), ("--n-embd", 128), ("--block-size", 64),
                           ("--batch-size", 12)):
         parser.add_argument(flag, type=int, default=None, help=f"(default {default}; --paper sets it)")
     parser.add_argument("--n-kv-head", type=int, default=None, help="key/value heads (GQA); default: 4, MHA")
-    parser.add_argument("--rope", action="store_true", help="rotary embeddings (RoPE-restricted query-key orbit)")
+    parser.add_argument("--rope", action="store_true", help="rotary embeddings (RoPE-restricted orbit)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, size = build_model(args)
@@ -81,6 +94,10 @@ def main() -> None:
     batch = (torch.randint(0, 65, (batch_size, block_size), generator=gen),
              torch.randint(0, 65, (batch_size, block_size), generator=gen))
     tracker = MetricTracker(model, probe_batch=(batch[0][:args.probe_rows], batch[1][:args.probe_rows]))
+    drift, layout = DriftTracker(model), layout_of(model)
+    probe_model = copy.deepcopy(model).requires_grad_(False)
+    tracker.rebalance_targets("initial")  # prepared once per run
+    true_probe = tracker.probe
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
@@ -88,42 +105,66 @@ def main() -> None:
         loss.backward()
         optimizer.step()
 
-    parts: dict[str, list[float]] = {k: [] for k in ("snapshot", "step_metrics", "state_metrics", "tau_probe",
-                                                     "probe forward x2", "train step", "overhead")}
-    for round_index in range(args.rounds + 1):  # round 0 warms up
-        train_ms = [timed(train_step) for _ in range(args.log_every - 1)]
-        snap = {}
-        snapshot_ms = timed(lambda: snap.setdefault("pre", tracker.snapshot(model)))
-        train_ms.append(timed(train_step))
-        step_ms = timed(lambda: tracker.step_metrics(model, snap["pre"]))
-        tau_ms = timed(lambda: rebalancing.tau_probe(model, tracker))
-        state_ms = timed(lambda: tracker.state_metrics(model))
-        forwards_ms = timed(lambda: (tracker.probe(model), tracker.probe(model)))
-        if round_index == 0:
-            continue
-        metrics_ms = snapshot_ms + step_ms + tau_ms + state_ms
-        for key, value in [("snapshot", snapshot_ms), ("step_metrics", step_ms), ("state_metrics", state_ms),
-                           ("tau_probe", tau_ms), ("probe forward x2", forwards_ms),
-                           ("train step", statistics.median(train_ms)),
-                           ("overhead", metrics_ms / sum(train_ms))]:
-            parts[key].append(value)
+    def copy_weights():
+        tensors = attention_tensors(model)
+        return [tuple(None if t is None else t.detach().clone() for t in layer) for layer in tensors]
 
+    parts: dict[str, list[float]] = {k: [] for k in (*PARTS, "train step", "overhead")}
+    last = Point(copy_weights(), layout)
+    row_index = 0
+    with torch.no_grad():
+        for round_index in range(args.rounds + 1):  # round 0 warms up
+            spent = dict.fromkeys(PARTS, 0.0)
+            train_ms = []
+            for step in range(args.log_every):
+                with torch.enable_grad():
+                    train_ms.append(timed(train_step))
+                kept = {}
+                spent["copy"] += timed(lambda: kept.update(post=Point(copy_weights(), layout)))
+                post = kept["post"]
+                spent["pairs"] += timed(post.pairs)
+                steps = steps_between(last.pairs(), post.pairs())
+                spent["step products"] += timed(lambda: [(s.cross_a, s.cross_b, s.step_gram_a, s.step_gram_b)
+                                                        for s in steps.values()])
+                spent["drift sums"] += timed(lambda: drift.add_step(steps, 1e-3))
+                last = post
+            spent["drift columns"] = timed(lambda: drift.row_at(post.pairs()))
+            spent["rho"] = timed(lambda: tracker.step_row(steps))
+            minima, probed = None, row_index % args.tau_every == 0
+            if probed:
+                weights = rebalancing.model_weights(model, copy=False)
+                fixed = true_probe(model)
+                tracker.probe = lambda probed: fixed  # the move alone; the forwards are timed below
+                kept = {}
+                spent["tau move"] = timed(lambda: kept.update(result=rebalancing.tau_probe_on_copy(
+                    probe_model, weights, tracker, pairs=post.pairs())))
+                minima = kept["result"][1]
+                tracker.probe = true_probe
+                spent["tau forwards"] = timed(lambda: [tracker.probe(probe_model) for _ in range(2)])
+            spent["beta, mu"] = timed(lambda: tracker.state_row(post.pairs(), minima))
+            row_index += 1
+            if round_index == 0:
+                continue
+            for key in PARTS:
+                if key.startswith("tau") and not probed:
+                    continue  # the probe's parts: medians over the rounds that probed
+                parts[key].append(spent[key])
+            parts["train step"].append(statistics.median(train_ms))
+            parts["overhead"].append(sum(spent.values()) / sum(train_ms))
     median = {k: statistics.median(v) for k, v in parts.items()}
     print(f"n_layer={size['n_layer']} n_head={size['n_head']} n_embd={size['n_embd']} block={block_size} "
           f"batch={batch_size} n_kv_head={model.config.kv_heads} rope={args.rope} threads={args.threads} "
-          f"log_every={args.log_every} "
-          f"probe_rows={args.probe_rows} rounds={args.rounds} (medians, process CPU ms)")
+          f"log_every={args.log_every} tau_every={args.tau_every} probe_rows={args.probe_rows} "
+          f"rounds={args.rounds} (medians over rounds, process CPU ms per round)")
     print(f"  {'train step':>24}: {median['train step']:8.2f}")
-    for key in ("snapshot", "step_metrics", "state_metrics", "tau_probe", "probe forward x2"):
-        print(f"  {key:>24}: {median[key]:8.2f}")
-    maths = median["snapshot"] + median["step_metrics"] + median["state_metrics"] + median["tau_probe"] \
-        - median["probe forward x2"]
-    print(f"  {'maths (all but forwards)':>24}: {maths:8.2f}   = {maths / median['train step']:.2f} train steps")
-    metrics_ms = sum(median[k] for k in ("snapshot", "step_metrics", "state_metrics", "tau_probe"))
-    print(f"  {'metrics per log step':>24}: {metrics_ms:8.2f}")
-    print(f"  {'ms/step, all metrics':>24}: {median['train step'] + metrics_ms:8.2f}   (a step that logs)")
-    print(f"  {'ms/step, averaged':>24}: {median['train step'] + metrics_ms / args.log_every:8.2f}   "
-          f"(one log step in {args.log_every})")
+    for key in PARTS:
+        note = " (rows with a probe)" if key.startswith("tau") else ""
+        print(f"  {key:>24}: {median[key]:8.2f}{note}")
+    per_step = sum(median[k] for k in PARTS[:4])
+    print(f"  {'every step, per step':>24}: {per_step / args.log_every:8.2f}")
+    row = sum(median[k] for k in PARTS[4:7])
+    print(f"  {'a row, beyond its step':>24}: {row:8.2f}   (+ the probe's parts on probed rows, where "
+          f"mu reuses the probe's minimum)")
     print(f"overhead = metrics / ({args.log_every} train steps): {median['overhead']:.4f}   (target <= 0.05)")
 
 

@@ -64,7 +64,8 @@ def test_every_option_has_a_type_and_help():
     assert hints["lr"] is float and hints["warmup_iters"] is int and hints["bias"] is bool and hints["case"] is str
     hidden = [f.name for f in fields(config.TrainConfig) if config.help_text(f.name) is None]
     assert hidden == ["stop_after"]
-    assert set(config.resume_free_keys()) == {"data", "out", "threads", "fresh", "stop_after", "progress_every"}
+    assert set(config.resume_free_keys()) == {"data", "out", "threads", "metrics_threads", "fresh", "stop_after",
+                                              "progress_every"}
 
 
 def test_help_lists_cases_and_their_default_lrs():

@@ -74,9 +74,13 @@ def _comparable(path: Path) -> pd.DataFrame:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("metrics_threads", [0, 1], ids=["metrics-on-training-thread", "metrics-thread"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, tmp_path, shakespeare_url, smoke_dir):
-    workdir = _drill_workdir(tmp_path, shakespeare_url, smoke_dir)
+def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, metrics_threads, tmp_path, shakespeare_url,
+                                                                 smoke_dir):
+    """Killed between a checkpoint and the end, rerun by Snakemake: the rows of the uninterrupted run (trained
+    with the metrics on the training thread), also when a metrics thread was behind at the kill."""
+    workdir = _drill_workdir(tmp_path, shakespeare_url, smoke_dir, metrics_threads=metrics_threads)
     ckpt = workdir / RUN / "ckpt.pt"
     command = [sys.executable, "-m", "snakemake", "--cores", "1", *_snakemake_args(f"{RUN}/run.json")]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")

@@ -4,6 +4,7 @@ its residual; the training runs are tiny (2 layers, E = 32, tens of steps)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pandas as pd
@@ -236,6 +237,22 @@ def test_gauge_fixed_blocks_stay_bit_exact_and_the_rest_trains():
     with torch.no_grad():
         layer.weight[0, 0] += 1.0
     assert layer.query_weight[0, 0] == layer.weight[0, 0]
+
+
+def test_a_deep_copy_of_a_gauge_fixed_model_keeps_its_parameters_views_of_its_weight():
+    """The tau probe moves a deep copy's weights: the copy's free parameters must still be entries of the
+    copy's weight (not of the original's, not clones), so the move reaches its forward."""
+    model = tiny_model({}, bias=False)
+    gauge.fix_gauge(model)
+    clone = copy.deepcopy(model)
+    layer, copied = gauge.gauge_fixed_layers(model)[0], gauge.gauge_fixed_layers(clone)[0]
+    assert copied.weight.data_ptr() != layer.weight.data_ptr()
+    assert copied.query_weight.data_ptr() == copied.weight.data_ptr()
+    with torch.no_grad():
+        copied.weight.mul_(2.0)
+    assert torch.equal(copied.query_weight, 2.0 * layer.query_weight)
+    x = torch.randn(2, 5, TINY["n_embd"], dtype=F64)
+    assert torch.allclose(copied(x), 2.0 * layer(x))  # no bias: the forward is linear in the weight
 
 
 def test_gauge_move_is_the_balanced_scaled_gauge():

@@ -43,7 +43,9 @@ import math
 import torch
 
 from attnid.common.errors import UserError
-from attnid.model.layout import LayerTensors, attention_blocks, attention_tensors, layout_of, orbit_of, stacked_pairs
+from attnid.measure.products import CircuitPairs, CircuitStep, read_pairs, steps_between
+from attnid.model.layout import (LayerTensors, attention_blocks, attention_tensors, layout_of, orbit_of,
+                                 stacked_pairs)
 from attnid.model.layout import weight_columns as pair_weight_columns
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
@@ -66,10 +68,16 @@ def imbalance_step_terms(pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: tor
     ``L = dA Aᵀ + A dAᵀ - dB Bᵀ - B dBᵀ`` (zero for a gradient step, Lemma 5.1) and the
     second-order part ``Q = dA dAᵀ - dB dBᵀ`` (docs/design.md §7).
     """
-    half_first = step_a @ pair_a.transpose(-1, -2) - step_b @ pair_b.transpose(-1, -2)  # dA Aᵀ - dB Bᵀ
-    first = half_first + half_first.transpose(-1, -2)
-    second = factor_pairs.gram(step_a) - factor_pairs.gram(step_b)
-    return first, second
+    cross_a, cross_b = step_a @ pair_a.transpose(-1, -2), step_b @ pair_b.transpose(-1, -2)
+    step_grams = factor_pairs.gram(step_a), factor_pairs.gram(step_b)
+    return imbalance_step_terms_from_products(cross_a, cross_b, *step_grams)
+
+
+def imbalance_step_terms_from_products(cross_a: torch.Tensor, cross_b: torch.Tensor, step_gram_a: torch.Tensor,
+                                       step_gram_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`imbalance_step_terms` from ``dA Aᵀ``, ``dB Bᵀ``, ``dA dAᵀ`` and ``dB dBᵀ``."""
+    half_first = cross_a - cross_b  # dA Aᵀ - dB Bᵀ
+    return half_first + half_first.transpose(-1, -2), step_gram_a - step_gram_b
 
 
 def decaying_imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor,
@@ -200,30 +208,40 @@ class DriftTracker:
         """Add this step's ``L`` and ``Q`` (and, with coupled decay, its predicted ``L`` at rate ``lr``)."""
         if self._pre is None:
             raise RuntimeError("DriftTracker.after_step called without before_step")
+        pre, self._pre = self._pre, None
+        now = read_pairs(attention_tensors(model), self.layout)
+        self.add_step(steps_between(read_pairs(pre, self.layout), now), lr)
+
+    @torch.no_grad()
+    def add_step(self, steps: dict[str, CircuitStep], lr: float | None = None) -> None:
+        """:meth:`after_step` from the step's :class:`attnid.measure.products.CircuitStep` per circuit."""
         if self.predicted_first is not None and lr is None:
             raise ValueError("DriftTracker with coupled_weight_decay needs the step's lr in after_step")
-        pre, self._pre = self._pre, None
-        now = attention_tensors(model)
         for circuit, orbit in self.orbits.items():
-            pre_a, pre_b = stacked_pairs(pre, self.layout, circuit)
-            now_a, now_b = stacked_pairs(now, self.layout, circuit)
-            first, second = imbalance_step_terms(pre_a, pre_b, now_a - pre_a, now_b - pre_b)
+            step = steps[circuit]
+            first, second = imbalance_step_terms_from_products(step.cross_a, step.cross_b, step.step_gram_a,
+                                                               step.step_gram_b)
             # on a RoPE query-key orbit only the projection is conserved (docs/design.md §8); P is linear,
             # so the projected terms still add up to the projected change
             self.first[circuit] += orbit.project_to_algebra(first)
             self.second[circuit] += orbit.project_to_algebra(second)
             if self.predicted_first is not None:
-                predicted = coupled_decay_first_order(pre_a, pre_b, lr, self.coupled_weight_decay,
-                                                      weight_columns=pair_weight_columns(self.layout, circuit))
+                columns = pair_weight_columns(self.layout, circuit)
+                predicted = coupled_decay_first_order(step.pre.pair_a, step.pre.pair_b, lr,
+                                                      self.coupled_weight_decay, weight_columns=columns)
                 self.predicted_first[circuit] += orbit.project_to_algebra(predicted)
 
     @torch.no_grad()
     def row(self, model) -> dict[str, float]:
         """The drift columns at the model's current weights (one sync; call on log steps)."""
-        now = attention_tensors(model)
+        return self.row_at(read_pairs(attention_tensors(model), self.layout))
+
+    @torch.no_grad()
+    def row_at(self, points: dict[str, CircuitPairs]) -> dict[str, float]:
+        """:meth:`row` at the weights whose :class:`attnid.measure.products.CircuitPairs` are ``points``."""
         row: dict[str, float] = {}
         for circuit, orbit in self.orbits.items():
-            current = orbit.conserved_imbalance(*stacked_pairs(now, self.layout, circuit))
+            current = orbit.conserved_imbalance_from_grams(*points[circuit].grams)
             norm_sq = self.norm_sq[circuit].tolist()
             total_norm = math.sqrt(sum(norm_sq))
             for name, accumulated in (("drift1", self.first[circuit]), ("drift2", self.second[circuit])):

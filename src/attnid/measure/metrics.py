@@ -34,6 +34,7 @@ import math
 import torch
 
 from attnid.common.errors import UserError
+from attnid.measure.products import CircuitPairs, CircuitStep, read_pairs, steps_between
 from attnid.model import moves
 from attnid.model.layout import attention_blocks, attention_tensors, layout_of, orbit_of, stacked_pairs
 from attnid.theory import factor_pairs
@@ -180,17 +181,23 @@ class MetricTracker:
         :func:`attnid.theory.factor_pairs.tangent_solve`). ``pre`` may live on any device (the drift
         tracker's snapshot is on the model's); it is moved to where the maths runs.
         """
-        now = self.read(model)
-        pre = self._to_compute(pre, copy=False)
+        now = read_pairs(self.read(model), self.layout)
+        pre = read_pairs(self._to_compute(pre, copy=False), self.layout)
+        return self.step_row(steps_between(pre, now))
+
+    @torch.no_grad()
+    def step_row(self, steps: dict[str, CircuitStep]) -> dict[str, float]:
+        """:meth:`step_metrics` from each circuit's :class:`attnid.measure.products.CircuitStep`
+        (pre-step Grams and the step's cross products, shared with the drift split)."""
         row: dict[str, float] = {}
         singular_pairs = 0
         for circuit, orbit in self.orbits.items():
-            pre_a, pre_b = stacked_pairs(pre, self.layout, circuit)
-            now_a, now_b = stacked_pairs(now, self.layout, circuit)
-            step_a, step_b = now_a - pre_a, now_b - pre_b  # pairs are linear in the weights
-            proj_sq, singular = orbit.unidentified_sq_norm(pre_a, pre_b, step_a, step_b)
+            step = steps[circuit]
+            # the pre-step Grams from the post-step ones (which beta and mu need): no D x n products here
+            proj_sq, singular = orbit.unidentified_sq_norm_from_products(*step.pre_grams, step.cross_a,
+                                                                         step.cross_b)
             proj_sq = _per_layer(proj_sq, self.n_layer)
-            step_sq = _per_layer(step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2)), self.n_layer)
+            step_sq = _per_layer(step.step_sq_norm(), self.n_layer)
             proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
             row[f"rho_{circuit}"] = _share(sum(proj_sq), sum(step_sq))
             for layer in range(self.n_layer):
@@ -201,28 +208,42 @@ class MetricTracker:
 
     # ----- β and μ --------------------------------------------------------------------
 
-    def _excess_terms(self, circuit: str, pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
-        """μ's two per-pair sums, reusing the last orbit move's minimum at bit-identical weights."""
-        move = self._last_move.pop(circuit, None)
-        if move is not None and torch.equal(move.pair_a, pair_a) and torch.equal(move.pair_b, pair_b):
-            return pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2)), move.minimum
-        return self.orbits[circuit].excess_norm_terms(pair_a, pair_b)
-
     @torch.no_grad()
     def state_metrics(self, model) -> dict[str, float]:
-        """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit."""
-        now = self.read(model)
+        """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit.
+
+        μ's orbit minimum is the last orbit move's (:meth:`remember_move`) when the weights are
+        bit-identical to those it moved from (a τ probe restores them)."""
+        points = read_pairs(self.read(model), self.layout)
+        minima = {}
+        for circuit, point in points.items():
+            move = self._last_move.pop(circuit, None)
+            if move is not None and torch.equal(move.pair_a, point.pair_a) \
+                    and torch.equal(move.pair_b, point.pair_b):
+                minima[circuit] = move.minimum
+        return self.state_row(points, minima)
+
+    @torch.no_grad()
+    def state_row(self, points: dict[str, CircuitPairs], minima: dict[str, torch.Tensor] | None = None
+                  ) -> dict[str, float]:
+        """:meth:`state_metrics` from each circuit's :class:`attnid.measure.products.CircuitPairs`;
+        ``minima``: per circuit μ's per-pair orbit minimum when an orbit move at these weights computed it."""
+        minima = minima or {}
         row: dict[str, float] = {}
         for circuit, orbit in self.orbits.items():
-            pair_a, pair_b = stacked_pairs(now, self.layout, circuit)
-            conserved = orbit.conserved_imbalance(pair_a, pair_b)
+            point = points[circuit]
+            conserved = orbit.conserved_imbalance_from_grams(*point.grams)
             drift = conserved - self.initial_imbalance[circuit].to(conserved.device)
             drift_sq = _per_layer(drift.square().sum((-1, -2)), self.n_layer).tolist()
             norm_sq = self.beta_norm_sq[circuit].tolist()
             row[f"beta_{circuit}"] = _share(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))
             for layer in range(self.n_layer):
                 row[f"beta_{circuit}_l{layer}"] = _share(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
-            frobenius_sq, minimum = self._excess_terms(circuit, pair_a, pair_b)
+            if circuit in minima:
+                frobenius_sq = factor_pairs.trace(point.gram_a) + factor_pairs.trace(point.gram_b)
+                minimum = minima[circuit].to(frobenius_sq.device)
+            else:
+                frobenius_sq, minimum = orbit.excess_norm_terms(point.pair_a, point.pair_b, point.grams)
             row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
             for layer, (frob, low) in enumerate(zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))):
                 row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, low)

@@ -17,20 +17,36 @@ from attnid.theory.circuits import CIRCUITS
 
 
 @torch.no_grad()
-def rebalance(model, tracker, target: str = "initial") -> dict[str, float]:
-    """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place.
+def move_and_measure(model, tracker, target: str = "initial", pairs: dict | None = None
+                     ) -> tuple[dict[str, float], dict[str, moves.Move]]:
+    """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place, and
+    measure τ across the move on the tracker's probe batch.
 
-    Returns ``{'tau', 'tau_logits', 'skipped_pairs'}``: τ measured on the tracker's probe
-    batch across the move. The optimizer state is not touched.
+    Returns ``({'tau', 'tau_logits', 'skipped_pairs'}, {circuit: the Move})``. ``pairs``: per circuit the
+    :class:`attnid.measure.products.CircuitPairs` of the model's weights where the maths runs, when the
+    caller has them. The optimizer state is not touched.
     """
     targets = tracker.rebalance_targets(target)
     before = tracker.probe(model)
-    skipped = 0
+    skipped, done = 0, {}
     for circuit in CIRCUITS:
-        move = moves.rebalance_model(model, circuit, targets[circuit], compute_device=tracker.compute_device)
+        given = None if pairs is None else (pairs[circuit].pair_a, pairs[circuit].pair_b)
+        done[circuit] = moves.rebalance_model(model, circuit, targets[circuit],
+                                              compute_device=tracker.compute_device, pairs=given)
+        skipped += done[circuit].skipped
+    return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}, done
+
+
+@torch.no_grad()
+def rebalance(model, tracker, target: str = "initial") -> dict[str, float]:
+    """:func:`move_and_measure`, and the tracker remembers each move (μ at the weights it moved from reuses
+    the move's orbit minimum, :meth:`attnid.measure.metrics.MetricTracker.state_metrics`).
+
+    Returns ``{'tau', 'tau_logits', 'skipped_pairs'}``."""
+    row, done = move_and_measure(model, tracker, target)
+    for circuit, move in done.items():
         tracker.remember_move(circuit, move)  # a τ probe restores these weights: μ reuses the move's SVD
-        skipped += move.skipped
-    return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}
+    return row
 
 
 @torch.no_grad()
@@ -38,3 +54,24 @@ def tau_probe(model, tracker, target: str = "initial") -> dict[str, float]:
     """:func:`rebalance` without side effects: the model's weights are bit-identical afterwards."""
     with moves.kept_attention_weights(model):
         return rebalance(model, tracker, target)
+
+
+@torch.no_grad()
+def tau_probe_on_copy(probe_model, weights: list[torch.Tensor], tracker, target: str = "initial",
+                      pairs: dict | None = None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """τ of a probe rebalance of a model whose parameters and buffers (in ``named_parameters``,
+    ``named_buffers`` order) are ``weights``, made on ``probe_model``, a copy of that model: the model
+    itself is never touched (so the probe can run while it trains on). The same numbers as
+    :func:`tau_probe` on the model.
+
+    Returns the τ columns and, per circuit, μ's per-pair orbit minimum at ``weights`` (the move's)."""
+    for live, kept in zip([*probe_model.parameters(), *probe_model.buffers()], weights, strict=True):
+        live.copy_(kept)
+    row, done = move_and_measure(probe_model, tracker, target, pairs)
+    return row, {circuit: move.minimum for circuit, move in done.items()}
+
+
+def model_weights(model, copy: bool) -> list[torch.Tensor]:
+    """The model's parameters and buffers in :func:`tau_probe_on_copy`'s order (copies with ``copy``)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return [t.detach().clone() if copy else t.detach() for t in tensors]

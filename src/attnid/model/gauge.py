@@ -38,6 +38,8 @@ cannot move a block of ``W_K`` to ``c I``; this parametrisation is refused there
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
@@ -171,13 +173,26 @@ class GaugeFixedQKV(nn.Module):
                                    if piece.shape[1] > 0], dim=1))  # (D, E)
         return F.linear(x, torch.cat(rows, dim=0), self.bias)  # the weight equals self.weight
 
-    def _apply(self, fn, recurse=True):
-        # Module.to / .double() give `weight` a new tensor and each parameter a copy of its view: point the
-        # parameters (the same objects, so an optimizer keeps them) at views of the new `weight` again
-        super()._apply(fn, recurse)
+    def _point_parameters_at_weight(self) -> None:
+        """Make each parameter (the same object, so an optimizer keeps it) a view of ``weight`` again."""
         for name, view in self._free_views().items():
             getattr(self, name).data = view
+
+    def _apply(self, fn, recurse=True):
+        # Module.to / .double() give `weight` a new tensor and each parameter a copy of its view
+        super()._apply(fn, recurse)
+        self._point_parameters_at_weight()
         return self
+
+    def __deepcopy__(self, memo):
+        # copy.deepcopy clones each parameter on its own, so a copy's parameters would no longer be its
+        # weight's entries and a move of the copy's weight (the tau probe's) would not reach its forward
+        clone = self.__class__.__new__(self.__class__)
+        memo[id(self)] = clone
+        for key, value in self.__dict__.items():
+            clone.__dict__[key] = copy.deepcopy(value, memo)
+        clone._point_parameters_at_weight()
+        return clone
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         # the views are entries of `weight`: nanoGPT's two keys hold everything

@@ -98,18 +98,23 @@ class Move:
 
 
 @torch.no_grad()
-def rebalance_model(model, circuit: str, target=None, compute_device: torch.device | None = None) -> Move:
+def rebalance_model(model, circuit: str, target=None, compute_device: torch.device | None = None,
+                    pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> Move:
     """Move every pair of one circuit along the architecture's own orbit, in place (docs/design.md §4, §8).
 
     ``target`` is a prepared target (:func:`prepared_target`, or the orbit's ``rebalance_target``
     of an ``(L*G, D, D)`` imbalance); None = balanced. The function of the model is unchanged up
     to round-off. ``Move.skipped`` counts pairs left alone because they are too close to
     degenerate. ``compute_device`` (e.g. the CPU for a CUDA model) is where the pairs are copied
-    to and the maths runs; the moved pairs are written back to the model.
+    to and the maths runs; the moved pairs are written back to the model. ``pairs``: the circuit's stacked
+    float64 pairs ``(L*G, D, n)`` at the model's weights, where the maths runs, when the caller has them.
     """
-    pair_a, pair_b = stacked_pairs(attention_tensors(model), layout_of(model), circuit)
-    if compute_device is not None:
-        pair_a, pair_b = pair_a.to(compute_device, copy=True), pair_b.to(compute_device, copy=True)
+    if pairs is not None:
+        pair_a, pair_b = pairs
+    else:
+        pair_a, pair_b = stacked_pairs(attention_tensors(model), layout_of(model), circuit)
+        if compute_device is not None:
+            pair_a, pair_b = pair_a.to(compute_device, copy=True), pair_b.to(compute_device, copy=True)
     moved = orbit_of(model, circuit).rebalance(pair_a, pair_b, target)
     n_layer = len(attention_blocks(model))
     write_pairs_back(model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer),

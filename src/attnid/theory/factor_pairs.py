@@ -36,6 +36,10 @@ SINGULAR_RTOL = 1e-12
 # Rebalancing divides by the product's singular values: a pair whose product is this
 # close to rank-deficient (s_min / s_max) is left alone and counted (docs/design.md §4).
 REBALANCE_MIN_SV_RATIO = 1e-6
+# The nuclear norm from Cholesky factors of the Gram matrices (excess_norm_terms) loses accuracy like
+# eps * cond(A). A pivot ratio of the factor is at least 1 / cond(A); below this one the pair is far
+# from full row rank and its nuclear norm is computed from QRs of A^T and B^T instead.
+CHOLESKY_MIN_PIVOT_RATIO = 1e-3
 
 
 # --------------------------------------------------------------------------------------
@@ -47,28 +51,38 @@ def gram(matrix: torch.Tensor) -> torch.Tensor:
     return matrix @ matrix.transpose(-1, -2)
 
 
+def trace(matrix: torch.Tensor) -> torch.Tensor:
+    """The trace of each ``(..., D, D)`` matrix: ``(...)``."""
+    return matrix.diagonal(dim1=-2, dim2=-1).sum(-1)
+
+
 def imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
     """``I = A A^T - B B^T`` ``(..., D, D)``: conserved by gradient flow (Lemma 5.1)."""
     return gram(pair_a) - gram(pair_b)
 
 
-def _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b):
-    """The normal equations of the tangent projection, diagonalised (docs/design.md §2).
+def _sylvester_in_eigenbases(gram_a, gram_b, rhs):
+    """The normal equations of the tangent projection, diagonalised (docs/design.md §2.2).
 
-    Returns ``(rhs_eig, inv_denom, vec_a, vec_b, singular)``: ``C' = U_b^T C U_a`` with
-    ``C = dA A^T - B dB^T``, ``1 / (b_i + a_j)`` (0 where the sum is round-off), the two
-    eigenbases, and a bool ``(...)`` marking pairs with such round-off sums.
+    From the Gram matrices ``A A^T``, ``B B^T`` and the right-hand side ``C = dA A^T - B dB^T``
+    returns ``(rhs_eig, inv_denom, vec_a, vec_b, singular)``: ``C' = U_b^T C U_a``,
+    ``1 / (b_i + a_j)`` (0 where the sum is round-off), the two eigenbases, and a bool
+    ``(...)`` marking pairs with such round-off sums.
     """
-    eig_a, vec_a = torch.linalg.eigh(gram(pair_a))  # (..., D), (..., D, D)
-    eig_b, vec_b = torch.linalg.eigh(gram(pair_b))
+    eig_a, vec_a = torch.linalg.eigh(gram_a)  # (..., D), (..., D, D)
+    eig_b, vec_b = torch.linalg.eigh(gram_b)
     eig_a, eig_b = eig_a.clamp_min(0), eig_b.clamp_min(0)
-    rhs = step_a @ pair_a.transpose(-1, -2) - pair_b @ step_b.transpose(-1, -2)  # (..., D, D)
     rhs_eig = vec_b.transpose(-1, -2) @ rhs @ vec_a
     denom = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)  # (..., D, D): b_i + a_j
     scale = torch.maximum(eig_a.amax(-1), eig_b.amax(-1)).unsqueeze(-1).unsqueeze(-1)
     solvable = denom > SINGULAR_RTOL * scale
     inv_denom = torch.where(solvable, 1 / torch.where(solvable, denom, torch.ones_like(denom)), torch.zeros_like(denom))
     return rhs_eig, inv_denom, vec_a, vec_b, ~solvable.flatten(-2).all(-1)
+
+
+def _sylvester_rhs(pair_a, pair_b, step_a, step_b) -> torch.Tensor:
+    """``C = dA A^T - B dB^T`` ``(..., D, D)``, the right-hand side of the normal equations."""
+    return step_a @ pair_a.transpose(-1, -2) - pair_b @ step_b.transpose(-1, -2)
 
 
 def tangent_solve(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,21 +99,32 @@ def tangent_solve(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.T
     pseudo-inverse and still gives the exact orthogonal projection. Returns
     ``(S, singular)`` with ``singular`` a bool ``(...)`` marking such pairs.
     """
-    rhs_eig, inv_denom, vec_a, vec_b, singular = _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b)
+    rhs_eig, inv_denom, vec_a, vec_b, singular = _sylvester_in_eigenbases(
+        gram(pair_a), gram(pair_b), _sylvester_rhs(pair_a, pair_b, step_a, step_b))
     generator = vec_b @ (rhs_eig * inv_denom) @ vec_a.transpose(-1, -2)
     return generator, singular
 
 
-def unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
-    """``||proj(dA, dB)||²`` per pair ``(...)``, without forming the projection, and the singular flags.
+def unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``||proj(dA, dB)||²`` per pair ``(...)`` and the singular flags, from ``D x D`` products only.
 
-    With ``T(S) = (S A, -S^T B)`` and ``S`` solving the normal equations
-    ``T*T(S) = C`` (:func:`tangent_solve`), ``||T S||² = <S, T*T S> = <S, C>``, which in
-    the eigenbases is ``sum_ij C'_ij² / (b_i + a_j)``: no D x n products (this runs on
-    every log step).
+    ``gram_a = A A^T``, ``gram_b = B B^T`` at the pre-step point and ``cross_a = dA A^T``,
+    ``cross_b = dB B^T``: the right-hand side is ``C = cross_a - cross_b^T``. With
+    ``T(S) = (S A, -S^T B)`` and ``S`` solving the normal equations ``T*T(S) = C``
+    (:func:`tangent_solve`), ``||T S||² = <S, C>``, which in the eigenbases is
+    ``sum_ij C'_ij² / (b_i + a_j)``: no D x n products beyond those the drift split of
+    docs/design.md §7 computes at every step anyway (``cross_a``, ``cross_b``).
     """
-    rhs_eig, inv_denom, _, _, singular = _sylvester_in_eigenbases(pair_a, pair_b, step_a, step_b)
+    rhs = cross_a - cross_b.transpose(-1, -2)
+    rhs_eig, inv_denom, _, _, singular = _sylvester_in_eigenbases(gram_a, gram_b, rhs)
     return (rhs_eig.square() * inv_denom).sum((-1, -2)), singular
+
+
+def unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``||proj(dA, dB)||²`` per pair ``(...)``, without forming the projection, and the singular flags
+    (:func:`unidentified_sq_norm_from_products` of the pairs' products)."""
+    return unidentified_sq_norm_from_products(gram(pair_a), gram(pair_b), step_a @ pair_a.transpose(-1, -2),
+                                              step_b @ pair_b.transpose(-1, -2))
 
 
 def tangent_step(pair_a, pair_b, generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,18 +142,49 @@ def tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, to
     return tangent_step(pair_a, pair_b, generator)
 
 
-def excess_norm_terms(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
+def _nuclear_norm_by_qr(pair_a, pair_b) -> torch.Tensor:
+    """``||A^T B||_*`` per pair from thin QRs ``A^T = Q_1 R_1``, ``B^T = Q_2 R_2``: ``||R_1 R_2^T||_*``
+    (any shapes, rank-deficient pairs included)."""
+    r_a = torch.linalg.qr(pair_a.transpose(-1, -2), mode="r")[1]  # (..., min(n_a, D), D)
+    r_b = torch.linalg.qr(pair_b.transpose(-1, -2), mode="r")[1]
+    return torch.linalg.svdvals(r_a @ r_b.transpose(-1, -2)).sum(-1)
+
+
+def excess_norm_terms(pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(||A||_F^2 + ||B||_F^2, 2 ||A^T B||_*)`` per pair, each of shape ``(...)``.
 
     The first is at least the second on every orbit (AM-GM on the singular values),
     with equality exactly at balanced points ``A A^T = B B^T``: their gap is the
-    weight norm spent in unidentified directions. The nuclear norm uses thin QRs
-    ``A^T = Q_1 R_1``, ``B^T = Q_2 R_2``: ``||A^T B||_* = ||R_1 R_2^T||_*``, a D x D SVD.
+    weight norm spent in unidentified directions (docs/design.md §3.4).
+
+    The nuclear norm comes from the Gram matrices (``grams``: ``(A A^T, B B^T)``, computed
+    here when not given): with Cholesky factors ``A A^T = L_a L_a^T``, ``B B^T = L_b L_b^T``,
+    ``A^T = Q_1 L_a^T`` and ``B^T = Q_2 L_b^T`` for matrices ``Q_1``, ``Q_2`` with orthonormal
+    columns, so ``||A^T B||_* = ||L_a^T L_b||_*``, a ``D x D`` singular-value problem with no
+    ``D x n`` factorisation. A pair whose Cholesky factor has a pivot below
+    :data:`CHOLESKY_MIN_PIVOT_RATIO` of its largest (``A`` or ``B`` far from full row rank,
+    where the Gram matrix has lost the small singular values to round-off) takes the thin QRs
+    of ``A^T`` and ``B^T`` instead (:func:`_nuclear_norm_by_qr`).
     """
-    frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
-    r_a = torch.linalg.qr(pair_a.transpose(-1, -2), mode="r")[1]  # (..., D, D) when n >= D
-    r_b = torch.linalg.qr(pair_b.transpose(-1, -2), mode="r")[1]
-    nuclear = torch.linalg.svdvals(r_a @ r_b.transpose(-1, -2)).sum(-1)
+    gram_a, gram_b = (gram(pair_a), gram(pair_b)) if grams is None else grams
+    frobenius_sq = trace(gram_a) + trace(gram_b)  # ||A||² = tr(A Aᵀ)
+    chol_a, info_a = torch.linalg.cholesky_ex(gram_a)  # (..., D, D) lower; info > 0: not positive definite
+    chol_b, info_b = torch.linalg.cholesky_ex(gram_b)
+    well_conditioned = (info_a == 0) & (info_b == 0)
+    for chol in (chol_a, chol_b):
+        pivots = chol.diagonal(dim1=-2, dim2=-1)
+        well_conditioned &= pivots.amin(-1) >= CHOLESKY_MIN_PIVOT_RATIO * pivots.amax(-1)
+    product = chol_a.transpose(-1, -2) @ chol_b
+    keep = well_conditioned.unsqueeze(-1).unsqueeze(-1)
+    # a failed factorisation may hold NaN: give svdvals a harmless matrix there, the QRs replace its value
+    nuclear = torch.linalg.svdvals(torch.where(keep, product, torch.zeros_like(product))).sum(-1)
+    if not bool(well_conditioned.all()):
+        redo = ~well_conditioned.reshape(-1)
+        flat_a, flat_b = pair_a.reshape(-1, *pair_a.shape[-2:]), pair_b.reshape(-1, *pair_b.shape[-2:])
+        nuclear = nuclear.reshape(-1).clone()
+        nuclear[redo] = _nuclear_norm_by_qr(flat_a[redo], flat_b[redo])
+        nuclear = nuclear.reshape(well_conditioned.shape)
     return frobenius_sq, 2 * nuclear
 
 

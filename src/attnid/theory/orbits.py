@@ -57,6 +57,12 @@ class Orbit(ABC):
         marking pairs whose normal equations were singular (solved by pseudo-inverse)."""
 
     @abstractmethod
+    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b
+                                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`unidentified_sq_norm` from ``D x D`` products: ``A A^T``, ``B B^T`` at the pre-step point,
+        ``dA A^T`` and ``dB B^T`` (the drift split's, docs/design.md §7), each ``(..., D, D)``."""
+
+    @abstractmethod
     def project_to_algebra(self, symmetric: torch.Tensor) -> torch.Tensor:
         """Orthogonal projection of symmetric ``(..., D, D)`` matrices onto the orbit's Lie algebra
         (``P`` of docs/design.md §8): the identity for ``GL_D``."""
@@ -64,11 +70,16 @@ class Orbit(ABC):
     def conserved_imbalance(self, pair_a, pair_b) -> torch.Tensor:
         """What gradient flow conserves on this orbit, ``(..., D, D)``: ``P(A A^T - B B^T)`` (Lemma 5.1).
         β compares it with its value at step 0; it is also the form of a rebalancing target."""
-        return self.project_to_algebra(factor_pairs.imbalance(pair_a, pair_b))
+        return self.conserved_imbalance_from_grams(factor_pairs.gram(pair_a), factor_pairs.gram(pair_b))
+
+    def conserved_imbalance_from_grams(self, gram_a, gram_b) -> torch.Tensor:
+        """:meth:`conserved_imbalance` from the Gram matrices ``A A^T``, ``B B^T``."""
+        return self.project_to_algebra(gram_a - gram_b)
 
     @abstractmethod
-    def excess_norm_terms(self, pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(||A||_F^2 + ||B||_F^2, its minimum over the orbit)`` per pair: μ's two sums (§3.4)."""
+    def excess_norm_terms(self, pair_a, pair_b, grams=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(||A||_F^2 + ||B||_F^2, its minimum over the orbit)`` per pair: μ's two sums (§3.4).
+        ``grams``: ``(A A^T, B B^T)`` when the caller has them already."""
 
     @abstractmethod
     def rebalance_target(self, imbalance: torch.Tensor | None):
@@ -112,11 +123,14 @@ class GeneralLinearOrbit(Orbit):
     def unidentified_sq_norm(self, pair_a, pair_b, step_a, step_b):
         return factor_pairs.unidentified_sq_norm(pair_a, pair_b, step_a, step_b)
 
+    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b):
+        return factor_pairs.unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b)
+
     def project_to_algebra(self, symmetric):
         return symmetric
 
-    def excess_norm_terms(self, pair_a, pair_b):
-        return factor_pairs.excess_norm_terms(pair_a, pair_b)
+    def excess_norm_terms(self, pair_a, pair_b, grams=None):
+        return factor_pairs.excess_norm_terms(pair_a, pair_b, grams)
 
     def rebalance_target(self, imbalance):
         """The target's eigendecomposition, done once. Balanced: eigenvalues 0 and the identity as basis
@@ -167,13 +181,16 @@ class RopeCommutantOrbit(Orbit):
     def unidentified_sq_norm(self, pair_a, pair_b, step_a, step_b):
         return rope.rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b)
 
+    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b):
+        return rope.rope_unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b)
+
     def project_to_algebra(self, symmetric):
         """The plane blocks ``(t_p / 2) I_2``: the ``J`` part of a symmetric block is zero, off-plane
         entries project to zero."""
         return rope.rope_from_plane_traces(rope.rope_plane_traces(symmetric))
 
-    def excess_norm_terms(self, pair_a, pair_b):
-        return rope.rope_excess_norm_terms(pair_a, pair_b)
+    def excess_norm_terms(self, pair_a, pair_b, grams=None):
+        return rope.rope_excess_norm_terms(pair_a, pair_b, grams)
 
     def rebalance_target(self, imbalance):
         """Only the plane traces of the target matter (:func:`attnid.theory.rope.rope_rebalance_pairs`)."""

@@ -76,21 +76,49 @@ def plane_sq_norms(pair: torch.Tensor) -> torch.Tensor:
     return planes(pair).square().sum((-1, -2))
 
 
-def _rope_coefficients(pair_a, pair_b, step_a, step_b):
+def plane_blocks(matrix: torch.Tensor) -> torch.Tensor:
+    """The 2x2 diagonal blocks of a ``(..., D, D)`` matrix, one per plane: ``(..., D/2, 2, 2)``;
+    block ``p`` holds rows and columns ``(p, p + D/2)`` (half-split pairing)."""
+    *batch, head_dim, _ = matrix.shape
+    half = head_dim // 2
+    blocks = matrix.reshape(*batch, 2, half, 2, half).diagonal(dim1=-3, dim2=-1)  # (..., 2, 2, D/2)
+    return blocks.movedim(-1, -3)
+
+
+def _plane_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``(left right^T)``'s plane blocks ``(..., D/2, 2, 2)`` from ``(..., D, n)`` factors, without the
+    ``D x D`` product."""
+    return planes(left) @ planes(right).transpose(-1, -2)
+
+
+def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
     """Per plane, the step's inner products with the two tangent directions and their squared norm.
 
     ``u_1 = (A_p, -B_p)``, ``u_2 = (J A_p, J B_p)``. Their 2x2 Gram matrix is
     ``(|A_p|^2 + |B_p|^2) I_2``: ``<u_1, u_2> = <A_p, J A_p> - <B_p, J B_p> = 0``
-    because ``J`` is antisymmetric (exactly, in floating point too), and
-    ``|J X| = |X|``. Returns ``(r_1, r_2, norm, solvable)``, each ``(..., D/2)``.
+    because ``J`` is antisymmetric, and ``|J X| = |X|``. Everything is read off the plane
+    blocks ``(..., D/2, 2, 2)`` of ``A A^T``, ``B B^T``, ``dA A^T`` and ``dB B^T``:
+    ``|A_p|^2`` is a block's trace, ``<dA_p, A_p>`` likewise, and with ``J = [[0, -1], [1, 0]]``
+    ``<dA_p, J A_p> = (dA A^T)_p[1, 0] - (dA A^T)_p[0, 1]``. Returns ``(r_1, r_2, norm, solvable)``,
+    each ``(..., D/2)``.
     """
-    a_planes, b_planes = planes(pair_a), planes(pair_b)
-    da_planes, db_planes = planes(step_a), planes(step_b)
-    norm = a_planes.square().sum((-1, -2)) + b_planes.square().sum((-1, -2))
-    r_1 = (da_planes * a_planes).sum((-1, -2)) - (db_planes * b_planes).sum((-1, -2))
-    r_2 = (da_planes * rotate_j(a_planes)).sum((-1, -2)) + (db_planes * rotate_j(b_planes)).sum((-1, -2))
+    def block_trace(blocks):
+        return blocks[..., 0, 0] + blocks[..., 1, 1]
+
+    def block_rotation(blocks):  # <X, J Y> of a block X Yᵀ
+        return blocks[..., 1, 0] - blocks[..., 0, 1]
+
+    norm = block_trace(gram_a) + block_trace(gram_b)
+    r_1 = block_trace(cross_a) - block_trace(cross_b)
+    r_2 = block_rotation(cross_a) + block_rotation(cross_b)
     solvable = norm > SINGULAR_RTOL * norm.amax(-1, keepdim=True)
     return r_1, r_2, norm, solvable
+
+
+def _pair_coefficients(pair_a, pair_b, step_a, step_b):
+    """:func:`_rope_coefficients` from the pairs and the step (plane blocks only: no ``D x D`` products)."""
+    return _rope_coefficients(_plane_products(pair_a, pair_a), _plane_products(pair_b, pair_b),
+                              _plane_products(step_a, pair_a), _plane_products(step_b, pair_b))
 
 
 def rope_tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +128,7 @@ def rope_tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tenso
     ``c_1 u_1 + c_2 u_2`` (see :func:`_rope_coefficients`); planes are orthogonal
     to each other (disjoint rows). A plane with ``A_p = B_p = 0`` contributes nothing.
     """
-    r_1, r_2, norm, solvable = _rope_coefficients(pair_a, pair_b, step_a, step_b)
+    r_1, r_2, norm, solvable = _pair_coefficients(pair_a, pair_b, step_a, step_b)
     inv = torch.where(solvable, 1 / torch.where(solvable, norm, torch.ones_like(norm)), torch.zeros_like(norm))
     c_1, c_2 = (r_1 * inv)[..., None, None], (r_2 * inv)[..., None, None]
     a_planes, b_planes = planes(pair_a), planes(pair_b)
@@ -109,12 +137,23 @@ def rope_tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tenso
     return unplanes(proj_a), unplanes(proj_b)
 
 
-def rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
-    """``||proj(dA, dB)||^2 = sum_p (r_1^2 + r_2^2) / (|A_p|^2 + |B_p|^2)`` per pair, and singular flags."""
-    r_1, r_2, norm, solvable = _rope_coefficients(pair_a, pair_b, step_a, step_b)
+def _sq_norm_from_coefficients(r_1, r_2, norm, solvable) -> tuple[torch.Tensor, torch.Tensor]:
     safe = torch.where(solvable, norm, torch.ones_like(norm))
     sq = torch.where(solvable, (r_1.square() + r_2.square()) / safe, torch.zeros_like(norm)).sum(-1)
     return sq, ~solvable.all(-1)
+
+
+def rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``||proj(dA, dB)||^2 = sum_p (r_1^2 + r_2^2) / (|A_p|^2 + |B_p|^2)`` per pair, and singular flags."""
+    return _sq_norm_from_coefficients(*_pair_coefficients(pair_a, pair_b, step_a, step_b))
+
+
+def rope_unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b
+                                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rope_unidentified_sq_norm` from the ``D x D`` products ``A A^T``, ``B B^T`` (pre-step),
+    ``dA A^T`` and ``dB B^T``, which the drift split computes at every step (docs/design.md §7)."""
+    return _sq_norm_from_coefficients(*_rope_coefficients(plane_blocks(gram_a), plane_blocks(gram_b),
+                                                          plane_blocks(cross_a), plane_blocks(cross_b)))
 
 
 def rope_plane_traces(matrix: torch.Tensor) -> torch.Tensor:
@@ -157,12 +196,17 @@ def rope_rebalance_pairs(pair_a, pair_b, target_imbalance=None
     return new_a, new_b, done
 
 
-def rope_excess_norm_terms(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_excess_norm_terms(pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(||A||^2 + ||B||^2, min over the restricted orbit)`` per pair.
 
     On the RoPE orbit only the plane scales change norms: ``min_s sum_p (s_p^2 a_p
     + b_p / s_p^2) = sum_p 2 sqrt(a_p b_p)``, reached when every plane trace of ``I``
-    is zero. Same role as :func:`attnid.theory.factor_pairs.excess_norm_terms`' ``2 ||A^T B||_*`` for ``GL_D``.
+    is zero. Same role as :func:`attnid.theory.factor_pairs.excess_norm_terms`' ``2 ||A^T B||_*`` for
+    ``GL_D``. With ``grams`` (``(A A^T, B B^T)``) the plane norms are their plane traces.
     """
-    a, b = plane_sq_norms(pair_a), plane_sq_norms(pair_b)
+    if grams is None:
+        a, b = plane_sq_norms(pair_a), plane_sq_norms(pair_b)
+    else:
+        a, b = rope_plane_traces(grams[0]), rope_plane_traces(grams[1])
     return (a + b).sum(-1), 2 * (a * b).sqrt().sum(-1)

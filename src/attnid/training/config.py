@@ -89,6 +89,12 @@ class TrainConfig:
     diverge_threshold: float | None = option(None, "stop as 'diverged' when the loss is NaN/inf or above this "
                                                    "(default 3 x first loss)")
     metrics: bool = option(True, "measure rho, beta, tau, mu (--no-metrics: only losses; for benchmarks)")
+    tau_every: int = option(1, "runs without rebalancing: measure tau by a probe rebalance on every N-th row "
+                               "with metrics, row 0 included (default 1: every row)", metavar="N",
+                            bound="positive")
+    metrics_threads: int = option(0, "worker threads that compute the metrics while training goes on (the "
+                                     "rows are the same); 0 = on the training thread (default 0)",
+                                  metavar="N", bound="non_negative", resume=False)
     metrics_device: str = option("auto", "where the metrics' float64 linear algebra runs at a log step: host (copy "
                                          "the attention weights to the CPU threads), device (where the model "
                                          "trains) or auto (host when training on CUDA, else device) (default "

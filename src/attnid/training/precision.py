@@ -116,6 +116,12 @@ def configure_tf32(dtype: str) -> None:
     set_tf32(dtype in _AUTOCAST_DTYPES)
 
 
+def trains_with_tf32(dtype: str, device) -> bool:
+    """Whether training in ``dtype`` on ``device`` runs with TF32 on (:func:`configure_tf32`)."""
+    _check(dtype)
+    return dtype in _AUTOCAST_DTYPES and _device_type(device) == "cuda"
+
+
 @contextlib.contextmanager
 def no_tf32() -> Iterator[None]:
     """TF32 off inside, the previous setting restored after (metric maths and the τ probe run in it)."""

@@ -2,24 +2,24 @@
 
 The loop is nanoGPT's ``train.py`` (cosine schedule with linear warmup, gradient
 clipping, periodic train/val evaluation) with the measurements of the paper's §5
-around the optimizer step (:meth:`Run.train_step`, :meth:`Run.measure`), in the
-precision of ``--dtype`` (:mod:`attnid.training.precision`):
+after the optimizer step (:meth:`Run.train_step`), in the precision of ``--dtype``
+(:mod:`attnid.training.precision`):
 
     loss = model(batch); prefetch the next batch   # the loss stays on the device until a log step
     scaler.scale(loss).backward(); scaler.unscale_(optimizer); clip
-    pre = drift.before_step(model)                 # every step: float64 copy of the attention weights
     scaler.step(optimizer); scaler.update()
     remove_orbit_component(model, pre)             # adamw_projected: the step's orbit part removed (§13)
-    drift.after_step(model, lr)                    # the exact drift split D1, D2 (docs/design.md §7)
-    on log steps, with TF32 off:
-      rho  <- tracker.step_metrics(model, pre)     # unidentified share of the step just taken (E1, E2)
-      drift1, drift2, closure <- drift.row(model)
-      tau  <- rebalancing.rebalance(model, tracker, ...)  # rebalance steps: orbit move in place (E3);
-                                                          #   then drift.reset_reference(model)
-           or rebalancing.tau_probe(model, tracker, ...)  # other log steps: a probe move, weights restored
-                                                          #   (rebalance: AdamW's moments kept, transported
-                                                          #   or reset, attnid.training.moments)
-      beta, mu <- tracker.state_metrics(model)
+    future = metrics.after_step(model, step, lr, row)   # every step: a copy of the attention weights for
+        # the exact drift split D1, D2 (docs/design.md §7); on log rows also, from the same copies:
+        #   rho of the step just taken (E1, E2), drift1, drift2, closure,
+        #   tau by a probe rebalance on a copy of the model (every --tau-every rows), beta, mu
+    rebalance steps: rebalancing.rebalance(model, tracker, ...)  # orbit move in place (E3), after the
+        # step's rho and drift columns; then drift.reset_reference(model), beta, mu; AdamW's moments
+        # kept, transported or reset (attnid.training.moments)
+    row = head | future.result() | eval losses  # appended in step order
+
+:class:`attnid.training.metrics_pipeline.MetricsPipeline` runs the metrics: on the training
+thread (``--metrics-threads 0``) or on worker threads while training goes on, with the same rows.
 
 The options are :class:`attnid.training.config.TrainConfig`, the optimizer cases
 :data:`attnid.training.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
@@ -43,6 +43,7 @@ from attnid.training import gpu_slots
 from attnid.training import loop
 from attnid.training import moments
 from attnid.training import precision
+from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
 from attnid.measure import rebalancing
 from attnid.measure.drift import attention_snapshot
 from attnid.training import rundir
@@ -105,6 +106,9 @@ class Run:
         self.key = rundir.resume_key(asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type,
                                      self.meta)
         self.rows: list[dict] = []
+        # rows whose metric columns are still being computed: (head, future of the metrics, tail)
+        self.pending_rows: list[tuple[dict, object, dict]] = []
+        self.metrics_waited = {"queue": 0.0, "drain": 0.0}  # before this process (resumed runs)
         self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
         self.status, self.diverged_step, self.diverged_loss = "completed", None, None
         self.tokens_per_step = cfg.batch_size * cfg.block_size
@@ -152,7 +156,7 @@ class Run:
         self.scaler = precision.grad_scaler(self.dtype, self.device)
         self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
         self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
-        self.tracker, self.drift = None, None
+        self.tracker, self.drift, self.metrics = None, None, None
         if cfg.metrics or self.case.rebalances:
             from attnid.measure.metrics import MetricTracker
 
@@ -163,6 +167,10 @@ class Run:
 
             decay = cfg.weight_decay if self.case.coupled_weight_decay else None
             self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
+            self.metrics = MetricsPipeline(self.model, self.tracker, self.drift, threads=cfg.metrics_threads,
+                                           queue_steps=queue_steps_for(cfg.log_every),
+                                           tf32_training=precision.trains_with_tf32(self.dtype, self.device),
+                                           probes=not self.case.rebalances, tau_target=cfg.rebalance_target)
 
     @torch.no_grad()
     def fix_gauge(self, probe_batch) -> dict:
@@ -197,6 +205,7 @@ class Run:
         self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
         self.best_val_loss, self.losses.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
         self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
+        self.metrics_waited = dict(ours.get("metrics_waited") or self.metrics_waited)
         say(f"resuming from {self.ckpt_path} at step {self.step}/{self.cfg.max_iters}")
         warning = loop.other_gpu_warning(ours.get("device_name"), self.device_name)
         if warning is not None:
@@ -204,16 +213,28 @@ class Run:
 
     def start_clocks(self) -> None:
         cfg, device = self.cfg, self.device
+        if self.metrics is not None:
+            self.metrics.restart(self.model, self.step)  # this step's weights: the first pre-step point
         self.started = self.last_row_time = self.last_progress = time.time()
         self.last_row_step = self.step
+        overlap = self.metrics is not None and cfg.metrics_threads
+        metrics = f" + {cfg.metrics_threads} metrics" if overlap else ""
         say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
-             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads} thread(s), "
+             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads}{metrics} thread(s), "
              f"{cfg.max_iters} steps -> {self.out}")
 
     def wall_s(self) -> float:
         return self.wall_before + time.time() - self.started
 
+    def metrics_wait(self) -> dict[str, float]:
+        """Seconds training waited for the metrics, over every process of the run: for a place in the
+        pipeline's queue, and for the queue to empty (checkpoints, rebalances, the end)."""
+        queue_s, drain_s = (self.metrics.queue_wait_s, self.metrics.drain_s) if self.metrics else (0.0, 0.0)
+        before = self.metrics_waited
+        return {"queue": before["queue"] + queue_s, "drain": before["drain"] + drain_s}
+
     def save_checkpoint(self, summary: dict | None = None) -> None:
+        self.collect_rows()  # the trackers' state and every row up to this step
         device = self.device
         rundir.save_run_checkpoint(
             self.ckpt_path, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
@@ -226,17 +247,36 @@ class Run:
                   "drift": self.drift.state_dict() if self.drift is not None else None,
                   "scaler": self.scaler.state_dict(),
                   "first_loss": self.losses.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
-                  "device_name": self.device_name})
+                  "device_name": self.device_name, "metrics_waited": self.metrics_wait()})
 
     # ----- logging and evaluation -----------------------------------------------------
 
-    def finish_row(self, row: dict) -> None:
+    def finish_row(self, row: dict, metrics=None, tail: dict | None = None) -> None:
+        """Append ``row | metrics | tail | timing`` to the rows, in step order; ``metrics`` (a future of the
+        row's metric columns) may still be being computed."""
         now = time.time()
-        row["tokens_per_s"] = (self.step - self.last_row_step) * self.tokens_per_step / max(now - self.last_row_time,
-                                                                                           1e-9)
-        row["wall_s"] = self.wall_s()
+        tail = dict(tail or {})
+        elapsed = max(now - self.last_row_time, 1e-9)
+        tail["tokens_per_s"] = (self.step - self.last_row_step) * self.tokens_per_step / elapsed
+        tail["wall_s"] = self.wall_s()
         self.last_row_time, self.last_row_step = now, self.step
-        self.rows.append(row)
+        self.pending_rows.append((row, metrics, tail))
+        self.collect_rows(wait=False)
+
+    def collect_rows(self, wait: bool = True) -> None:
+        """Move finished rows, in order, from :attr:`pending_rows` to :attr:`rows`; with ``wait``, all of them
+        (after the metrics pipeline is drained)."""
+        if wait and self.metrics is not None:
+            self.metrics.drain()
+        while self.pending_rows:
+            head, metrics, tail = self.pending_rows[0]
+            if metrics is not None and not wait and not metrics.done():
+                return
+            self.rows.append(head | (metrics.result() if metrics is not None else {}) | tail)
+            self.pending_rows.pop(0)
+
+    def rows_logged(self) -> int:
+        return len(self.rows) + len(self.pending_rows)
 
     def evaluate(self, row: dict) -> None:
         losses = self.evaluator.losses(self.forward_model, self.autocast)
@@ -246,12 +286,8 @@ class Run:
     def log_initial_state(self) -> None:
         """Row 0: eval losses, beta = 0, mu and tau of the initialisation."""
         row = {"step": 0, "rebalanced": 0}
-        if self.cfg.metrics:
-            with precision.no_tf32():
-                if not self.case.rebalances:
-                    row.update(rebalancing.tau_probe(self.model, self.tracker))
-                row.update(self.tracker.state_metrics(self.model))
-                row.update(self.drift.row(self.model))
+        if self.metrics is not None:
+            row.update(self.metrics.initial_row(self.model, tau=not self.case.rebalances))
         self.evaluate(row)
         self.finish_row(row)
 
@@ -313,18 +349,17 @@ class Run:
             return False
         loss, grad_norm = result
         self.step = step
-        # the drift split needs the pre-step weights at every step; rho and the projection reuse them
-        pre = self.drift.before_step(self.model) if cfg.metrics else None
-        if pre is None and self.case.projects_steps:
-            pre = attention_snapshot(self.model)
+        # adamw_projected removes the orbit part of the realised step, which needs the pre-step weights
+        pre = attention_snapshot(self.model) if self.case.projects_steps else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        with precision.no_tf32():
-            if self.case.projects_steps:  # before the drift split and rho see the step (docs/design.md §13)
+        if pre is not None:  # before the drift split and rho see the step (docs/design.md §13)
+            with precision.no_tf32():
                 self.removed = remove_orbit_component(self.model, pre)
-            if cfg.metrics:
-                self.drift.after_step(self.model, lr=lr)  # the optimizer's step only, before any rebalance
+        metrics = None  # the optimizer's step only, before any rebalance: every step for the drift split
+        if self.metrics is not None:
+            metrics = self.metrics.after_step(self.model, step, lr, self.row_request(is_row, is_rebalance))
         if not is_row:
             return True
         loss_value = loss.item()
@@ -333,32 +368,33 @@ class Run:
             for circuit, (removed_sq, step_sq) in self.removed.items():
                 step_sq = float(step_sq)
                 row[f"projected_out_{circuit}"] = float(removed_sq) / step_sq if step_sq > 0 else 0.0
-        with precision.no_tf32():
-            if is_rebalance:
-                self.rebalance(row, pre)
-            elif cfg.metrics:
-                self.measure(row, pre)
+        if is_rebalance:
+            with precision.no_tf32():
+                self.rebalance(row, metrics)
+            metrics = None
+        tail = {}
         if is_eval:
-            self.evaluate(row)
-        self.finish_row(row)
+            self.evaluate(tail)
+        self.finish_row(row, metrics, tail)
         self.report_progress(loss_value, lr)
         return True
 
-    def measure(self, row: dict, pre) -> None:
-        """The metrics of a log step: rho of the step from ``pre`` (a snapshot), the drift split, tau by a
-        probe (runs without rebalancing), beta and mu at the new weights."""
-        row.update(self.tracker.step_metrics(self.model, pre))
-        row.update(self.drift.row(self.model))
-        if not self.case.rebalances:
-            row.update(rebalancing.tau_probe(self.model, self.tracker))
-        row.update(self.tracker.state_metrics(self.model))
+    def row_request(self, is_row: bool, is_rebalance: bool) -> RowRequest | None:
+        """What this step's row measures: tau by a probe on every --tau-every-th row of a run that does not
+        rebalance; a rebalance row takes beta and mu after its move (:meth:`rebalance`)."""
+        if not is_row:
+            return None
+        if is_rebalance:
+            return RowRequest(tau=False, state=False)
+        probe = not self.case.rebalances and self.rows_logged() % self.cfg.tau_every == 0
+        return RowRequest(tau=probe)
 
-    def rebalance(self, row: dict, pre) -> None:
+    def rebalance(self, row: dict, metrics) -> None:
         """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
         after; the drift's reference becomes the rebalanced imbalance), row marked."""
-        if pre is not None:
-            row.update(self.tracker.step_metrics(self.model, pre))
-            row.update(self.drift.row(self.model))
+        if metrics is not None:
+            self.metrics.drain()
+            row.update(metrics.result())
         before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "transport" else None
         row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
         if self.drift is not None:
@@ -368,8 +404,9 @@ class Run:
             moments.transport_moments(self.optimizer, self.model, before)
         elif self.cfg.rebalance_moments == "reset":  # the moved tensors' moments point the old way
             moments.reset_moments(self.optimizer, self.model)
-        if self.cfg.metrics:
+        if self.metrics is not None:
             row.update(self.tracker.state_metrics(self.model))
+            self.metrics.restart(self.model, self.step)  # the next step starts from the rebalanced weights
 
     def stop_if_requested(self, stop: StopSignals) -> int | None:
         """After a step: on SIGTERM/SIGINT (or --stop-after) save a checkpoint and return the exit status;
@@ -394,6 +431,7 @@ class Run:
     def summary(self) -> dict:
         """run.json: status, final losses, what the figures need, and how the run was made."""
         cfg, device = self.cfg, self.device
+        waited = self.metrics_wait()
         last_eval = next((r for r in reversed(self.rows) if not _isnan(r.get("val_loss"))), {})
         scale = self.tracker.initial_imbalance_scale() if self.tracker is not None and cfg.metrics else None
         return {
@@ -407,6 +445,8 @@ class Run:
             "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
             "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
             "trained_attention_params": gauge.trainable_attention_params(self.model), "gauge": self.gauge,
+            "metrics_threads": cfg.metrics_threads if self.metrics is not None else None,
+            "metrics_queue_wait_s": waited["queue"], "metrics_drain_s": waited["drain"],
             "initial_imbalance_scale": scale,
             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "versions": rundir.versions(), "git_commit": rundir.git_commit(), "config": asdict(cfg),
@@ -414,6 +454,7 @@ class Run:
 
     def finish(self) -> int:
         self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
+        self.collect_rows()
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)
@@ -440,18 +481,22 @@ def train(cfg: TrainConfig) -> int:
     run.build()
     if checkpoint is not None:
         run.resume(checkpoint)
-    run.start_clocks()
-    if run.step == 0:
-        progress.stage("evaluating the initial model")
-        run.log_initial_state()
-    # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's own lines
-    progress.stage(lambda: f"step {run.step}/{cfg.max_iters}")
-    with StopSignals() as stop:
-        # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
-        while run.status != "diverged" and run.step < cfg.max_iters and run.train_step():
-            exit_status = run.stop_if_requested(stop)
-            if exit_status is not None:
-                return exit_status
-    return run.finish()
+    try:
+        run.start_clocks()
+        if run.step == 0:
+            progress.stage("evaluating the initial model")
+            run.log_initial_state()
+        # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's own lines
+        progress.stage(lambda: f"step {run.step}/{cfg.max_iters}")
+        with StopSignals() as stop:
+            # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
+            while run.status != "diverged" and run.step < cfg.max_iters and run.train_step():
+                exit_status = run.stop_if_requested(stop)
+                if exit_status is not None:
+                    return exit_status
+        return run.finish()
+    finally:
+        if run.metrics is not None:
+            run.metrics.close()
 
 
