@@ -68,6 +68,8 @@ TRAIN_FLAGS = {
     "eval_every": TrainFlag("--eval-every", int),
     "warmup_iters": TrainFlag("--warmup-iters", int),
     "ckpt_every": TrainFlag("--ckpt-every", int),
+    "tau_every": TrainFlag("--tau-every", int),
+    "metrics_threads": TrainFlag("--metrics-threads", int),
     # cases: and sweep:
     "lr": TrainFlag("--lr", float),
     "weight_decay": TrainFlag("--weight-decay", float),
