@@ -16,6 +16,7 @@ them the test fails and says so: it never skips.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import threading
@@ -31,14 +32,35 @@ from pipeline_helpers import REPO, TABLES, copy_pipeline, expected_outputs, reus
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 
 PROFILE = REPO / "profiles" / "slurm"
-TRAINING_RULES = ("train_case", "train_sweep", "train_study", "train_edits")
 SNAKEMAKE_TIMEOUT_S = 1500
 TIMING = ("wall_time_s", "wall_s", "tokens_per_s")
-# Every rule of the DAG but the target rule `all` (which has no command and runs no job).
-OTHER_RULES = ("fetch_data", "prepare_data", "counts", "verify", "tables", "study_tables", "edits_table", "figures",
-               "paper_main", "appendix")
 # rules with one job per seed of the config's edits section
 PER_EDIT_SEED_RULES = ("prune_biases", "balance")
+# rules whose job count the test derives from the config, not from the rule list
+COUNTED_RULES = ("all", "reuse_study_run", *PER_EDIT_SEED_RULES)
+
+
+def declared_rules() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(training rules, every other rule with one job) as the workflow declares them.
+
+    Read from the rule files, so a new stage is covered without editing this test: every
+    training rule is ``train_case`` or a ``use rule train_case as ... with:`` of it.
+    """
+    text = "\n".join(path.read_text() for path in sorted((REPO / "workflow" / "rules").glob("*.smk")))
+    text += (REPO / "Snakefile").read_text()
+    training = ("train_case", *re.findall(r"^\s*use rule train_case as (\w+) with:", text, re.MULTILINE))
+    others = tuple(rule for rule in re.findall(r"^\s*rule (\w+):", text, re.MULTILINE)
+                   if rule not in training and rule not in COUNTED_RULES)
+    return training, others
+
+
+TRAINING_RULES, OTHER_RULES = declared_rules()
+
+
+def test_the_rule_lists_are_read_from_the_workflow():
+    assert {"train_case", "train_sweep", "train_study", "train_edits", "train_intervention"} <= set(TRAINING_RULES)
+    assert {"fetch_data", "census", "intervention_table", "appendix"} <= set(OTHER_RULES)
+    assert not set(OTHER_RULES) & set(COUNTED_RULES)
 
 
 def profile_settings() -> dict:
