@@ -36,9 +36,13 @@ def _top_level_names(path: Path) -> list[str]:
 
 
 def test_the_layers_import_only_the_layers_below_them(repo_root):
-    result = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
-                             "lint_imports_command()"], cwd=repo_root, capture_output=True, text=True,
-                            env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "1 kept, 0 broken" in result.stdout
 
@@ -49,12 +53,17 @@ def test_a_broken_layer_is_caught(repo_root, tmp_path):
 
     copy = tmp_path / "src" / "attnid"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "theory" / "counts.py").write_text((copy / "theory" / "counts.py").read_text()
-                                                + "\nfrom attnid.model import gpt  # noqa\n")
+    (copy / "theory" / "counts.py").write_text(
+        (copy / "theory" / "counts.py").read_text() + "\nfrom attnid.model import gpt  # noqa\n"
+    )
     shutil.copy(repo_root / "pyproject.toml", tmp_path / "pyproject.toml")
-    result = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
-                             "lint_imports_command()"], cwd=tmp_path, capture_output=True, text=True,
-                            env={"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path / "src"), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode != 0 and "attnid.theory.counts -> attnid.model.gpt" in result.stdout
 
 
@@ -69,18 +78,23 @@ def test_no_name_is_defined_in_two_modules():
 
 def _module_map(repo_root: Path) -> list[str]:
     design = (repo_root / "docs" / "design.md").read_text(encoding="utf-8")
-    section = design[design.index("## 6. "):design.index("## 7. ")]
+    section = design[design.index("## 6. ") : design.index("## 7. ")]
     return re.findall(r"^\s*\|[^|]*\| `([\w/]+\.py)` \|", section, flags=re.M)
 
 
 def test_the_module_map_lists_every_module_once(repo_root):
     listed = _module_map(repo_root)
-    on_disk = sorted(str(path.relative_to(PACKAGE)) for path in MODULES
-                     if path.name != "__init__.py" or path.parent.name == "cli")
+    on_disk = sorted(
+        str(path.relative_to(PACKAGE))
+        for path in MODULES
+        if path.name != "__init__.py" or path.parent.name == "cli"
+    )
     on_disk = [name for name in on_disk if name != "__main__.py"]
     assert len(listed) == len(set(listed)), sorted({name for name in listed if listed.count(name) > 1})
-    assert sorted(listed) == on_disk, {"not on disk": sorted(set(listed) - set(on_disk)),
-                                       "not in docs/design.md §6": sorted(set(on_disk) - set(listed))}
+    assert sorted(listed) == on_disk, {
+        "not on disk": sorted(set(listed) - set(on_disk)),
+        "not in docs/design.md §6": sorted(set(on_disk) - set(listed)),
+    }
 
 
 def test_every_subpackage_says_what_it_owns_and_what_it_may_import():
@@ -91,9 +105,14 @@ def test_every_subpackage_says_what_it_owns_and_what_it_may_import():
         assert "May import" in docstring or "Imports no other layer" in docstring, init
 
 
-@pytest.mark.parametrize("path", [p for p in MODULES if "cli" not in p.relative_to(PACKAGE).parts],
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if "cli" not in p.relative_to(PACKAGE).parts],
+    ids=lambda p: str(p.relative_to(PACKAGE)),
+)
 def test_only_the_command_line_parses_arguments(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert "argparse" not in imported, f"{path.name} imports argparse: command-line code belongs in attnid.cli"
+    assert "argparse" not in imported, (
+        f"{path.name} imports argparse: command-line code belongs in attnid.cli"
+    )

@@ -29,8 +29,14 @@ def test_environment_yml_matches_pyproject(repo_root):
     missing = sorted(set(wanted) - set(conda))
     assert not missing, f"environment.yml lacks {missing}"
     for name, requirement in wanted.items():
-        bound = requirement[len(_name(requirement)):].strip() if name != "pytorch" else requirement[len("torch"):]
-        assert conda[name].endswith(bound), f"{name}: pyproject says {requirement!r}, environment.yml {conda[name]!r}"
+        bound = (
+            requirement[len(_name(requirement)) :].strip()
+            if name != "pytorch"
+            else requirement[len("torch") :]
+        )
+        assert conda[name].endswith(bound), (
+            f"{name}: pyproject says {requirement!r}, environment.yml {conda[name]!r}"
+        )
     pip_section = [d for d in env["dependencies"] if isinstance(d, dict)][0]["pip"]
     assert "-e ." in pip_section
 
@@ -40,7 +46,7 @@ def test_torch_range_admits_cpu_build(repo_root):
     torch_req = next(r for r in project["dependencies"] if _name(r) == "torch")
     from packaging.specifiers import SpecifierSet
 
-    assert "2.13.0" in SpecifierSet(torch_req[len("torch"):])
+    assert "2.13.0" in SpecifierSet(torch_req[len("torch") :])
 
 
 def test_ci_runs_the_readme_test_command(repo_root):
@@ -80,6 +86,9 @@ def test_repository_needs_no_sibling_folder(repo_root):
             built = any(part == "__pycache__" or part.endswith(".egg-info") for part in path.parts)
             if path.is_file() and not built:
                 text = path.read_text(encoding="utf-8", errors="replace")
-                offenders += [f"{path.relative_to(repo_root)}:{n}" for n, line in enumerate(text.splitlines(), 1)
-                              if sibling.search(line)]
+                offenders += [
+                    f"{path.relative_to(repo_root)}:{n}"
+                    for n, line in enumerate(text.splitlines(), 1)
+                    if sibling.search(line)
+                ]
     assert not offenders, f"paths into a folder beside the clone: {offenders}"

@@ -86,8 +86,10 @@ def run_flags(case: str, settings: dict) -> str:
     flags = [f"--case {case}"]
     for key, value in settings.items():
         if key not in TRAIN_FLAGS:
-            raise ConfigError(f"setting '{key}' has no `attnid train` flag in TRAIN_FLAGS "
-                              f"(workflow/rules/pipeline_config.py)")
+            raise ConfigError(
+                f"setting '{key}' has no `attnid train` flag in TRAIN_FLAGS "
+                f"(workflow/rules/pipeline_config.py)"
+            )
         flags.append(TRAIN_FLAGS[key].text(value))
     return " ".join(flags)
 

@@ -18,8 +18,9 @@ import os
 import pickle
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
@@ -168,17 +169,22 @@ def load_weights_only(path: str | os.PathLike):
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         code = next((line for line in lines if "GLOBAL" in line or "Unsupported global" in line), None)
         if code is None and kind == "pickle":  # torch's reader may stop at an opcode before it sees a global
-            callables = [name for name in pickled_callables(path)
-                         if not name.startswith(PLAIN_PICKLE_GLOBALS)]
+            callables = [
+                name for name in pickled_callables(path) if not name.startswith(PLAIN_PICKLE_GLOBALS)
+            ]
             code = f"it names {callables[0]}, which unpickling would call" if callables else None
         if code is None:
             last = lines[-1] if lines else ""
             reason = next((line for line in lines if line.startswith("Unsupported")), last)
-            raise UserError(f"cannot read checkpoint {path}: a pickle the weights-only loader cannot read "
-                            f"({reason}): truncated, corrupt or not a checkpoint") from None
-        raise UserError(f"cannot read checkpoint {path}: refused by the weights-only loader ({code}); only "
-                        f"tensors and plain containers are accepted, because other pickled objects can run "
-                        f"code") from None
+            raise UserError(
+                f"cannot read checkpoint {path}: a pickle the weights-only loader cannot read "
+                f"({reason}): truncated, corrupt or not a checkpoint"
+            ) from None
+        raise UserError(
+            f"cannot read checkpoint {path}: refused by the weights-only loader ({code}); only "
+            f"tensors and plain containers are accepted, because other pickled objects can run "
+            f"code"
+        ) from None
     except Exception as err:  # noqa: BLE001 - any other failure is a damaged file
         # torch's zip reader appends paragraphs of advice to its first sentence
         first = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else "it ends early"
@@ -211,5 +217,6 @@ def require(module: str, purpose: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UserError(f"{purpose} needs the Python package {module.split('.')[0]!r}: "
-                        f"pip install 'attnid[hf]'") from None
+        raise UserError(
+            f"{purpose} needs the Python package {module.split('.')[0]!r}: pip install 'attnid[hf]'"
+        ) from None

@@ -75,5 +75,7 @@ def require_memory(parts: dict[str, int], device, what: str, advice: str) -> Non
     if free is None or needed <= free:
         return
     shown = ", ".join(f"{name} {format_size(size)}" for name, size in parts.items() if size)
-    raise UserError(f"{what} needs about {format_size(needed)} ({shown}) but {where} {format_size(free)} "
-                    f"available: {advice} (estimate: docs/design.md §6.2)")
+    raise UserError(
+        f"{what} needs about {format_size(needed)} ({shown}) but {where} {format_size(free)} "
+        f"available: {advice} (estimate: docs/design.md §6.2)"
+    )

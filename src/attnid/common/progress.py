@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 SILENCE_S = 8.0  # a line after this long without one on stderr; the poll adds at most POLL_S
 POLL_S = 0.5
@@ -77,8 +77,10 @@ class Heartbeat:
             now = time.monotonic()
             if now - self._stream.last_write >= self.silence_s:
                 elapsed = int(now - self.started)
-                self._stream.write(f"attnid {self.command}: still working: {_stage_text()} "
-                                   f"({elapsed // 60}m{elapsed % 60:02d}s)\n")
+                self._stream.write(
+                    f"attnid {self.command}: still working: {_stage_text()} "
+                    f"({elapsed // 60}m{elapsed % 60:02d}s)\n"
+                )
                 self._stream.flush()
 
     def __exit__(self, *exc) -> bool:

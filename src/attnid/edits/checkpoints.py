@@ -76,11 +76,15 @@ class Checkpoint:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.payload["model_args"]["vocab_size"] if self.kind == NANOGPT else self.payload["vocab_size"])
+        return int(
+            self.payload["model_args"]["vocab_size"] if self.kind == NANOGPT else self.payload["vocab_size"]
+        )
 
     @property
     def block_size(self) -> int:
-        return int(self.payload["model_args"]["block_size"] if self.kind == NANOGPT else self.payload["n_positions"])
+        return int(
+            self.payload["model_args"]["block_size"] if self.kind == NANOGPT else self.payload["n_positions"]
+        )
 
     def attention_layer(self, layer: int) -> AttentionLayer:
         """One layer's attention tensors as float64 copies in nanoGPT's layout."""
@@ -114,6 +118,7 @@ class Checkpoint:
 # loading
 # --------------------------------------------------------------------------------------
 
+
 def _layer_prefix(keys, where: Path) -> str:
     """The stored prefix of ``h.{i}.attn...`` keys: nanoGPT's ``transformer.h.``, HF's ``transformer.h.`` or ``h.``."""
     anchor = "h.0.attn.c_attn.weight"
@@ -124,7 +129,13 @@ def _layer_prefix(keys, where: Path) -> str:
 
 
 def _count_layers(keys, prefix: str) -> int:
-    return len({k[len(prefix):].split(".", 1)[0] for k in keys if k.startswith(prefix) and k.endswith("attn.c_attn.weight")})
+    return len(
+        {
+            k[len(prefix) :].split(".", 1)[0]
+            for k in keys
+            if k.startswith(prefix) and k.endswith("attn.c_attn.weight")
+        }
+    )
 
 
 def load_nanogpt(path: Path) -> Checkpoint:
@@ -147,9 +158,19 @@ def load_nanogpt(path: Path) -> Checkpoint:
     prefix = _layer_prefix(tensors, path)
     n_layer = _count_layers(tensors, prefix)
     if n_layer != int(args["n_layer"]):
-        raise UserError(f"{path}: model_args says n_layer={args['n_layer']} but the weights have {n_layer} layers")
-    return Checkpoint(NANOGPT, path, n_layer, int(args["n_head"]), int(args["n_embd"]), dict(tensors), prefix,
-                      payload=checkpoint)
+        raise UserError(
+            f"{path}: model_args says n_layer={args['n_layer']} but the weights have {n_layer} layers"
+        )
+    return Checkpoint(
+        NANOGPT,
+        path,
+        n_layer,
+        int(args["n_head"]),
+        int(args["n_embd"]),
+        dict(tensors),
+        prefix,
+        payload=checkpoint,
+    )
 
 
 def _hf_weight_files(folder: Path) -> list[str]:
@@ -163,7 +184,9 @@ def _hf_weight_files(folder: Path) -> list[str]:
     for name in (SAFETENSORS_NAME, PYTORCH_BIN_NAME):
         if (folder / name).is_file():
             return [name]
-    raise UserError(f"{folder} has no {SAFETENSORS_NAME} or {PYTORCH_BIN_NAME}: not a Hugging Face model folder")
+    raise UserError(
+        f"{folder} has no {SAFETENSORS_NAME} or {PYTORCH_BIN_NAME}: not a Hugging Face model folder"
+    )
 
 
 def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
@@ -178,8 +201,9 @@ def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]
                 return {k: handle.get_tensor(k) for k in handle.keys()}, handle.metadata()
         except (safetensors.SafetensorError, OSError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(f"cannot read {path}: a truncated or corrupt safetensors file "
-                            f"({first})") from None
+            raise UserError(
+                f"cannot read {path}: a truncated or corrupt safetensors file ({first})"
+            ) from None
     state = load_weights_only(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path} is not a state dict of tensors")
@@ -210,15 +234,27 @@ def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict
     Conv1D stores ``(in, out)``; ``prefix`` is the stored prefix of ``h.{i}.`` (:func:`_layer_prefix`)."""
     E, inner, base = sizes["n_embd"], sizes["n_inner"], prefix[: -len("h.")]
     attention = {}
-    other = {f"{base}wte.weight": (sizes["vocab_size"], E), f"{base}wpe.weight": (sizes["n_positions"], E),
-             f"{base}ln_f.weight": (E,), f"{base}ln_f.bias": (E,)}
+    other = {
+        f"{base}wte.weight": (sizes["vocab_size"], E),
+        f"{base}wpe.weight": (sizes["n_positions"], E),
+        f"{base}ln_f.weight": (E,),
+        f"{base}ln_f.bias": (E,),
+    }
     for layer in range(sizes["n_layer"]):
         block = f"{prefix}{layer}."
-        attention |= {block + "attn.c_attn.weight": (E, 3 * E), block + "attn.c_attn.bias": (3 * E,),
-                      block + "attn.c_proj.weight": (E, E), block + "attn.c_proj.bias": (E,)}
+        attention |= {
+            block + "attn.c_attn.weight": (E, 3 * E),
+            block + "attn.c_attn.bias": (3 * E,),
+            block + "attn.c_proj.weight": (E, E),
+            block + "attn.c_proj.bias": (E,),
+        }
         other |= {block + f"{norm}.{part}": (E,) for norm in ("ln_1", "ln_2") for part in ("weight", "bias")}
-        other |= {block + "mlp.c_fc.weight": (E, inner), block + "mlp.c_fc.bias": (inner,),
-                  block + "mlp.c_proj.weight": (inner, E), block + "mlp.c_proj.bias": (E,)}
+        other |= {
+            block + "mlp.c_fc.weight": (E, inner),
+            block + "mlp.c_fc.bias": (inner,),
+            block + "mlp.c_proj.weight": (inner, E),
+            block + "mlp.c_proj.bias": (E,),
+        }
     return attention, other
 
 
@@ -226,14 +262,18 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
     from attnid.theory.hf_config import read_hf_config
 
     if not (folder / "config.json").exists():
-        raise UserError(f"{folder} is a folder but not a Hugging Face model folder (no config.json); "
-                        f"expected a nanoGPT ckpt.pt file or a GPT-2 folder with config.json and its weights")
+        raise UserError(
+            f"{folder} is a folder but not a Hugging Face model folder (no config.json); "
+            f"expected a nanoGPT ckpt.pt file or a GPT-2 folder with config.json and its weights"
+        )
     config = read_hf_config(folder)
     if config.get("model_type") != "gpt2":
         from attnid.edits.hf_llama import LLAMA_FAMILY
 
-        raise UserError(f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
-                        f"and Llama-family folders ({', '.join(LLAMA_FAMILY)}) can be edited")
+        raise UserError(
+            f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
+            f"and Llama-family folders ({', '.join(LLAMA_FAMILY)}) can be edited"
+        )
     sizes = _gpt2_sizes(config, folder / "config.json")
     tensors, weight_files, metadata = {}, {}, {}
     for name in _hf_weight_files(folder):
@@ -243,14 +283,26 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
     prefix = _layer_prefix(tensors, folder)
     n_layer = _count_layers(tensors, prefix)
     if n_layer != sizes["n_layer"]:
-        raise UserError(f"{folder}: config.json says n_layer={config.get('n_layer')} but the weights have {n_layer} layers")
+        raise UserError(
+            f"{folder}: config.json says n_layer={config.get('n_layer')} but the weights have {n_layer} layers"
+        )
     # before from_pretrained: every attention tensor with config.json's shape, the others where stored
     attention, other = gpt2_expected_shapes(sizes, prefix)
     stored = {key: tensor.shape for key, tensor in tensors.items()}
     check_tensor_shapes(attention, stored, str(folder), source="config.json")
     check_tensor_shapes(other, stored, str(folder), source="config.json", required=False)
-    return Checkpoint(HF_GPT2, folder, n_layer, int(config["n_head"]), int(config["n_embd"]), tensors, prefix,
-                      payload=config, weight_files=weight_files, file_metadata=metadata)
+    return Checkpoint(
+        HF_GPT2,
+        folder,
+        n_layer,
+        int(config["n_head"]),
+        int(config["n_embd"]),
+        tensors,
+        prefix,
+        payload=config,
+        weight_files=weight_files,
+        file_metadata=metadata,
+    )
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -262,8 +314,10 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         from attnid.theory.hf_config import read_hf_config
 
         if not (path / "config.json").exists():
-            raise UserError(f"{path} is a folder but not a Hugging Face model folder (no config.json); expected a "
-                            f"nanoGPT ckpt.pt file or a GPT-2 or Llama-family folder with config.json and its weights")
+            raise UserError(
+                f"{path} is a folder but not a Hugging Face model folder (no config.json); expected a "
+                f"nanoGPT ckpt.pt file or a GPT-2 or Llama-family folder with config.json and its weights"
+            )
         if read_hf_config(path).get("model_type") in LLAMA_FAMILY:
             return load_hf_llama(path)
         return load_hf_gpt2(path)
@@ -290,6 +344,7 @@ def weight_format(name: str) -> outputs.Format:
 # --------------------------------------------------------------------------------------
 # saving
 # --------------------------------------------------------------------------------------
+
 
 def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict | None = None) -> Path:
     """Write ``checkpoint`` in its own format to ``out`` (a file for nanoGPT, a folder for HF).

@@ -40,10 +40,10 @@ from attnid.model.layout import attention_blocks, attention_tensors, layout_of, 
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
 
-
 # --------------------------------------------------------------------------------------
 # Helpers on stacked pairs (L*G, D, n): every layer's pairs of one circuit in one batch
 # --------------------------------------------------------------------------------------
+
 
 def _per_layer(values: torch.Tensor, n_layer: int) -> torch.Tensor:
     """``(L*G,)`` per-pair values -> ``(L,)`` per-layer sums."""
@@ -73,6 +73,7 @@ def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
 # --------------------------------------------------------------------------------------
 # The tracker the training loop calls
 # --------------------------------------------------------------------------------------
+
 
 class MetricTracker:
     """Computes ρ, β, τ, μ for one training run, on the orbit of the model's own architecture.
@@ -136,8 +137,13 @@ class MetricTracker:
     def initial_imbalance_scale(self) -> dict[str, float]:
         """Per circuit, ``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)``: the β of an imbalance
         scaled to zero, which Figure 3's SGD + weight-decay prediction needs (run.json)."""
-        return {circuit: float(self.initial_imbalance[circuit].double().square().sum().sqrt()
-                               / self.beta_norm_sq[circuit].double().sum().sqrt()) for circuit in CIRCUITS}
+        return {
+            circuit: float(
+                self.initial_imbalance[circuit].double().square().sum().sqrt()
+                / self.beta_norm_sq[circuit].double().sum().sqrt()
+            )
+            for circuit in CIRCUITS
+        }
 
     # ----- where the maths runs -------------------------------------------------------
 
@@ -146,13 +152,20 @@ class MetricTracker:
         """The CPU for host metrics; None: wherever the model is."""
         return torch.device("cpu") if self.on_host else None
 
-    def _to_compute(self, tensors, copy: bool) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def _to_compute(
+        self, tensors, copy: bool
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
         """Per-layer tensors moved to the host (float64; always a new tensor with ``copy``) for host
         metrics; as they are otherwise."""
         if not self.on_host:
             return tensors
-        return [tuple(None if t is None else t.detach().to(device="cpu", dtype=torch.float64, copy=copy)
-                      for t in layer) for layer in tensors]
+        return [
+            tuple(
+                None if t is None else t.detach().to(device="cpu", dtype=torch.float64, copy=copy)
+                for t in layer
+            )
+            for layer in tensors
+        ]
 
     @torch.no_grad()
     def read(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
@@ -166,9 +179,16 @@ class MetricTracker:
     def snapshot(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
         """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step,
         on the host for host metrics."""
+
         def copy(tensor):
-            return None if tensor is None else tensor.detach().to(device=self.compute_device or tensor.device,
-                                                                  dtype=torch.float64, copy=True)
+            return (
+                None
+                if tensor is None
+                else tensor.detach().to(
+                    device=self.compute_device or tensor.device, dtype=torch.float64, copy=True
+                )
+            )
+
         return [tuple(copy(t) for t in tensors) for tensors in attention_tensors(model)]
 
     @torch.no_grad()
@@ -194,8 +214,9 @@ class MetricTracker:
         for circuit, orbit in self.orbits.items():
             step = steps[circuit]
             # the pre-step Grams from the post-step ones (which beta and mu need): no D x n products here
-            proj_sq, singular = orbit.unidentified_sq_norm_from_products(*step.pre_grams, step.cross_a,
-                                                                         step.cross_b)
+            proj_sq, singular = orbit.unidentified_sq_norm_from_products(
+                *step.pre_grams, step.cross_a, step.cross_b
+            )
             proj_sq = _per_layer(proj_sq, self.n_layer)
             step_sq = _per_layer(step.step_sq_norm(), self.n_layer)
             proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
@@ -218,14 +239,18 @@ class MetricTracker:
         minima = {}
         for circuit, point in points.items():
             move = self._last_move.pop(circuit, None)
-            if move is not None and torch.equal(move.pair_a, point.pair_a) \
-                    and torch.equal(move.pair_b, point.pair_b):
+            if (
+                move is not None
+                and torch.equal(move.pair_a, point.pair_a)
+                and torch.equal(move.pair_b, point.pair_b)
+            ):
                 minima[circuit] = move.minimum
         return self.state_row(points, minima)
 
     @torch.no_grad()
-    def state_row(self, points: dict[str, CircuitPairs], minima: dict[str, torch.Tensor] | None = None
-                  ) -> dict[str, float]:
+    def state_row(
+        self, points: dict[str, CircuitPairs], minima: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, float]:
         """:meth:`state_metrics` from each circuit's :class:`attnid.measure.products.CircuitPairs`;
         ``minima``: per circuit μ's per-pair orbit minimum when an orbit move at these weights computed it."""
         minima = minima or {}
@@ -238,14 +263,18 @@ class MetricTracker:
             norm_sq = self.beta_norm_sq[circuit].tolist()
             row[f"beta_{circuit}"] = _share(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))
             for layer in range(self.n_layer):
-                row[f"beta_{circuit}_l{layer}"] = _share(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
+                row[f"beta_{circuit}_l{layer}"] = _share(
+                    math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer])
+                )
             if circuit in minima:
                 frobenius_sq = factor_pairs.trace(point.gram_a) + factor_pairs.trace(point.gram_b)
                 minimum = minima[circuit].to(frobenius_sq.device)
             else:
                 frobenius_sq, minimum = orbit.excess_norm_terms(point.pair_a, point.pair_b, point.grams)
             row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
-            for layer, (frob, low) in enumerate(zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))):
+            for layer, (frob, low) in enumerate(
+                zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))
+            ):
                 row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, low)
         return row
 
@@ -278,9 +307,11 @@ class MetricTracker:
 
     def state_dict(self) -> dict:
         """``I_0`` and the β normalisers, as CPU tensors."""
-        return {"initial_imbalance": {c: t.detach().cpu().clone() for c, t in self.initial_imbalance.items()},
-                "beta_norm_sq": {c: t.detach().cpu().clone() for c, t in self.beta_norm_sq.items()},
-                "n_layer": self.n_layer}
+        return {
+            "initial_imbalance": {c: t.detach().cpu().clone() for c, t in self.initial_imbalance.items()},
+            "beta_norm_sq": {c: t.detach().cpu().clone() for c, t in self.beta_norm_sq.items()},
+            "n_layer": self.n_layer,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if int(state["n_layer"]) != self.n_layer:
@@ -288,8 +319,10 @@ class MetricTracker:
         for circuit in CIRCUITS:
             saved = state["initial_imbalance"][circuit]
             if saved.shape != self.initial_imbalance[circuit].shape:
-                raise UserError(f"metric state I_0[{circuit}] has shape {tuple(saved.shape)}, "
-                                f"expected {tuple(self.initial_imbalance[circuit].shape)}")
+                raise UserError(
+                    f"metric state I_0[{circuit}] has shape {tuple(saved.shape)}, "
+                    f"expected {tuple(self.initial_imbalance[circuit].shape)}"
+                )
             device = self.initial_imbalance[circuit].device
             self.initial_imbalance[circuit] = saved.to(device=device, dtype=torch.float64)
             self.beta_norm_sq[circuit] = state["beta_norm_sq"][circuit].to(device=device, dtype=torch.float64)

@@ -90,10 +90,14 @@ class CircuitStep:
         """``A0 A0ᵀ`` and ``B0 B0ᵀ`` from the post-step Grams and the step's products, with no ``D x n``
         product: ``A1 A1ᵀ = A0 A0ᵀ + dA A0ᵀ + A0 dAᵀ + dA dAᵀ`` (an identity; the round-off is that of a
         directly computed Gram matrix, ``eps ||A1||²``)."""
+
         def before(post_gram, cross, step_gram):
             return post_gram - cross - cross.transpose(-1, -2) - step_gram
-        return (before(self.post.gram_a, self.cross_a, self.step_gram_a),
-                before(self.post.gram_b, self.cross_b, self.step_gram_b))
+
+        return (
+            before(self.post.gram_a, self.cross_a, self.step_gram_a),
+            before(self.post.gram_b, self.cross_b, self.step_gram_b),
+        )
 
     def step_sq_norm(self) -> torch.Tensor:
         """``||dA||² + ||dB||²`` per pair ``(L*G,)``, traces of ``dA dAᵀ`` and ``dB dBᵀ``: ρ's denominator."""

@@ -17,8 +17,9 @@ from attnid.theory.circuits import CIRCUITS
 
 
 @torch.no_grad()
-def move_and_measure(model, tracker, target: str = "initial", pairs: dict | None = None
-                     ) -> tuple[dict[str, float], dict[str, moves.Move]]:
+def move_and_measure(
+    model, tracker, target: str = "initial", pairs: dict | None = None
+) -> tuple[dict[str, float], dict[str, moves.Move]]:
     """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place, and
     measure τ across the move on the tracker's probe batch.
 
@@ -31,8 +32,9 @@ def move_and_measure(model, tracker, target: str = "initial", pairs: dict | None
     skipped, done = 0, {}
     for circuit in CIRCUITS:
         given = None if pairs is None else (pairs[circuit].pair_a, pairs[circuit].pair_b)
-        done[circuit] = moves.rebalance_model(model, circuit, targets[circuit],
-                                              compute_device=tracker.compute_device, pairs=given)
+        done[circuit] = moves.rebalance_model(
+            model, circuit, targets[circuit], compute_device=tracker.compute_device, pairs=given
+        )
         skipped += done[circuit].skipped
     return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}, done
 
@@ -57,8 +59,9 @@ def tau_probe(model, tracker, target: str = "initial") -> dict[str, float]:
 
 
 @torch.no_grad()
-def tau_probe_on_copy(probe_model, weights: list[torch.Tensor], tracker, target: str = "initial",
-                      pairs: dict | None = None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def tau_probe_on_copy(
+    probe_model, weights: list[torch.Tensor], tracker, target: str = "initial", pairs: dict | None = None
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """τ of a probe rebalance of a model whose parameters and buffers (in ``named_parameters``,
     ``named_buffers`` order) are ``weights``, made on ``probe_model``, a copy of that model: the model
     itself is never touched (so the probe can run while it trains on). The same numbers as

@@ -94,8 +94,9 @@ VARIANT_DEFAULTS = {"n_kv_head": None, "rope": False, "head_dim": None}
 def check_config(config: GPTConfig) -> None:
     """Raise ValueError for an attention shape the model cannot build."""
     if config.head_dim is None and config.n_embd % config.n_head != 0:
-        raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head} "
-                         "(or set head_dim)")
+        raise ValueError(
+            f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head} (or set head_dim)"
+        )
     if config.per_head_dim < 1:
         raise ValueError(f"head_dim must be positive, got {config.per_head_dim}")
     if config.kv_heads < 1 or config.n_head % config.kv_heads != 0:
@@ -128,9 +129,14 @@ class CausalSelfAttention(nn.Module):
         check_config(config)
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.per_head_dim
         # widths of the Q, K, V row blocks of c_attn: (E, E, E) for nanoGPT
-        self.split_sizes = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim,
-                            self.n_kv_head * self.head_dim)
-        self.c_attn = nn.Linear(config.n_embd, sum(self.split_sizes), bias=config.bias)  # rows [W_Q; W_K; W_V]
+        self.split_sizes = (
+            self.n_head * self.head_dim,
+            self.n_kv_head * self.head_dim,
+            self.n_kv_head * self.head_dim,
+        )
+        self.c_attn = nn.Linear(
+            config.n_embd, sum(self.split_sizes), bias=config.bias
+        )  # rows [W_Q; W_K; W_V]
         # W_O, head h = columns h*D:(h+1)*D
         self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -150,15 +156,14 @@ class CausalSelfAttention(nn.Module):
         # softmax(q k^T / sqrt(D)) v with a causal mask; the scale is SDPA's default 1/sqrt(D).
         # With G < H, enable_gqa lets query head h read key/value head h // (H/G).
         extra = {"enable_gqa": True} if G != H else {}
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None,
-                                           dropout_p=self.dropout if self.training else 0.0, is_causal=True,
-                                           **extra)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0.0, is_causal=True, **extra
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, H * D)  # heads side by side again: (B, T, H*D)
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
-
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -187,19 +192,20 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-
     def __init__(self, config: GPTConfig):
         super().__init__()
         assert config.vocab_size is not None and config.block_size is not None
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            # RoPE models carry positions in the attention instead (no wpe, as Llama)
-            **({} if config.rope else {"wpe": nn.Embedding(config.block_size, config.n_embd)}),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                # RoPE models carry positions in the attention instead (no wpe, as Llama)
+                **({} if config.rope else {"wpe": nn.Embedding(config.block_size, config.n_embd)}),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: one (V, E) matrix embeds tokens and reads out logits
         self.transformer.wte.weight = self.lm_head.weight
@@ -266,7 +272,9 @@ class GPT(nn.Module):
 
 def strip_compiled_prefix(state_dict: dict) -> dict:
     """Drop the ``_orig_mod.`` prefix that ``torch.compile`` adds to every key of a saved model."""
-    return {(k[len(COMPILED_PREFIX):] if k.startswith(COMPILED_PREFIX) else k): v for k, v in state_dict.items()}
+    return {
+        (k[len(COMPILED_PREFIX) :] if k.startswith(COMPILED_PREFIX) else k): v for k, v in state_dict.items()
+    }
 
 
 def config_from_model_args(model_args: dict) -> GPTConfig:
@@ -327,12 +335,19 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     config = config_from_model_args(checkpoint["model_args"])
     state_dict = strip_compiled_prefix(checkpoint["model"])
     # very old nanoGPTs saved the causal-mask buffer as 'attn.bias'; it carries no weights
-    state_dict = {k: v for k, v in state_dict.items()
-                  if not (k.endswith(".attn.bias") and getattr(v, "dim", lambda: 0)() == 4)}
+    state_dict = {
+        k: v
+        for k, v in state_dict.items()
+        if not (k.endswith(".attn.bias") and getattr(v, "dim", lambda: 0)() == 4)
+    }
     if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise UserError(f"{where} is not a nanoGPT checkpoint: 'model' holds something other than tensors")
-    check_tensor_shapes(expected_state_shapes(config), {k: v.shape for k, v in state_dict.items()}, where,
-                        source="its model_args")
+    check_tensor_shapes(
+        expected_state_shapes(config),
+        {k: v.shape for k, v in state_dict.items()},
+        where,
+        source="its model_args",
+    )
     model = GPT(config)
     try:
         model.load_state_dict(state_dict)

@@ -41,6 +41,7 @@ LayerTensors = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]
 # The layout of an attention layer and the orbit of each circuit
 # --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class AttentionLayout:
     """The attention shape the pairs are cut from: ``E, H, G, D``, RoPE, biases."""
@@ -70,15 +71,29 @@ def layout_of(model_or_config) -> AttentionLayout:
     if isinstance(model_or_config, AttentionLayout):
         return model_or_config
     config = getattr(_unwrap(model_or_config), "config", model_or_config)
-    return AttentionLayout(config.n_embd, config.n_head, config.kv_heads, config.per_head_dim,
-                           bool(config.rope), bool(config.bias))
+    return AttentionLayout(
+        config.n_embd,
+        config.n_head,
+        config.kv_heads,
+        config.per_head_dim,
+        bool(config.rope),
+        bool(config.bias),
+    )
 
 
 def layer_shape_of(model_or_config) -> counts.LayerShape:
     """counts.py's LayerShape of one attention layer of this model (values as wide as keys: ``C = D``)."""
     layout = layout_of(model_or_config)
-    return counts.layer_shape(layout.n_embd, layout.n_head, layout.n_kv_head, layout.head_dim, layout.head_dim,
-                              layout.rope, layout.bias, layout.bias)
+    return counts.layer_shape(
+        layout.n_embd,
+        layout.n_head,
+        layout.n_kv_head,
+        layout.head_dim,
+        layout.head_dim,
+        layout.rope,
+        layout.bias,
+        layout.bias,
+    )
 
 
 def orbit_of(model_or_config, circuit: str) -> Orbit:
@@ -91,6 +106,7 @@ def orbit_of(model_or_config, circuit: str) -> Orbit:
 # --------------------------------------------------------------------------------------
 # Reading a model's tensors
 # --------------------------------------------------------------------------------------
+
 
 def attention_blocks(model):
     """The model's transformer blocks, through DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
@@ -111,6 +127,7 @@ def attention_tensors(model) -> list[LayerTensors]:
 # --------------------------------------------------------------------------------------
 # Cutting pairs out of the tensors, and writing them back
 # --------------------------------------------------------------------------------------
+
 
 def _rows(weight: torch.Tensor, bias: torch.Tensor | None, n_heads: int, head_dim: int) -> torch.Tensor:
     """(heads*D, E) rows [+ (heads*D,) bias] -> (heads, D, E[+1]) float64."""
@@ -142,8 +159,9 @@ def row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
     return slice(0, q_rows), slice(q_rows, q_rows + kv_rows), slice(q_rows + kv_rows, q_rows + 2 * kv_rows)
 
 
-def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: AttentionLayout,
-                       circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def pairs_from_tensors(
+    c_attn_weight, c_attn_bias, c_proj_weight, layout: AttentionLayout, circuit: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's pairs of one circuit, each ``(G, D, n)`` float64 (see the module docstring)."""
     expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
     if tuple(c_attn_weight.shape) != expected:
@@ -163,7 +181,9 @@ def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: Attent
     raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
 
 
-def stacked_pairs(tensors_per_layer, layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def stacked_pairs(
+    tensors_per_layer, layout: AttentionLayout, circuit: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One circuit's pairs of every layer, ``(L*G, D, n)`` float64, layer-major, from per-layer
     ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
     per_layer = [pairs_from_tensors(w, b, p, layout, circuit) for w, b, p in tensors_per_layer]
@@ -181,8 +201,9 @@ def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [pairs_from_tensors(*tensors, layout, circuit) for tensors in attention_tensors(model)]
 
 
-def _copy_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pairs: torch.Tensor,
-               n_embd: int) -> None:
+def _copy_rows(
+    weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pairs: torch.Tensor, n_embd: int
+) -> None:
     """Write (heads, D, E[+1]) float64 pairs into ``c_attn`` rows (and bias) in place."""
     weight[rows].copy_(pairs[..., :n_embd].reshape(-1, n_embd).to(weight.dtype))
     if bias is not None:
@@ -190,8 +211,9 @@ def _copy_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pai
 
 
 @torch.no_grad()
-def write_layer_pairs(tensors: LayerTensors, layout: AttentionLayout, circuit: str, pair_a: torch.Tensor,
-                      pair_b: torch.Tensor) -> None:
+def write_layer_pairs(
+    tensors: LayerTensors, layout: AttentionLayout, circuit: str, pair_a: torch.Tensor, pair_b: torch.Tensor
+) -> None:
     """Write one layer's ``(A, B)`` pairs into its ``(c_attn.weight, c_attn.bias, c_proj.weight)``, in place.
 
     Exact inverse of :func:`pairs_from_tensors`; values are cast to each tensor's dtype. Tensors outside
@@ -226,9 +248,7 @@ def weight_columns(layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor,
     heads_block = torch.arange(layout.heads_per_group * columns)
     with_bias = torch.arange(columns)
     if circuit == "qk":
-        return heads_block[heads_block % columns < layout.n_embd], with_bias[:layout.n_embd]
+        return heads_block[heads_block % columns < layout.n_embd], with_bias[: layout.n_embd]
     if circuit == "ov":
-        return with_bias[:layout.n_embd], torch.arange(layout.heads_per_group * layout.n_embd)
+        return with_bias[: layout.n_embd], torch.arange(layout.heads_per_group * layout.n_embd)
     raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
-
-

@@ -20,11 +20,20 @@ from dataclasses import dataclass
 
 import torch
 
+from attnid.model.layout import (
+    attention_blocks,
+    attention_tensors,
+    layer_pairs,
+    layer_shape_of,
+    layout_of,
+    model_pairs,
+    orbit_of,
+    stacked_pairs,
+    write_pairs_back,
+)
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import Orbit
-from attnid.model.layout import (attention_blocks, attention_tensors, layer_pairs, layer_shape_of, layout_of,
-                                 model_pairs, orbit_of, stacked_pairs, write_pairs_back)
 
 REBALANCE_TARGETS = ("initial", "balanced")
 
@@ -32,6 +41,7 @@ REBALANCE_TARGETS = ("initial", "balanced")
 # --------------------------------------------------------------------------------------
 # Orbit dimension (compare with counts.py's closed forms)
 # --------------------------------------------------------------------------------------
+
 
 def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
     """Dimension of the orbit of one layer's pairs of one circuit under the architecture's group.
@@ -60,14 +70,23 @@ def orbit_dimension_rows(model) -> list[dict]:
     counts.py's closed form for the layer shape (for ``attnid inspect``)."""
     shape = layer_shape_of(model)
     closed_form = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
-    return [{"layer": layer, "circuit": circuit, "orbit": orbit_of(model, circuit).name,
-             "orbit_dimension": orbit_dimension(model, layer, circuit), "closed_form": closed_form[circuit]}
-            for layer in range(len(attention_blocks(model))) for circuit in CIRCUITS]
+    return [
+        {
+            "layer": layer,
+            "circuit": circuit,
+            "orbit": orbit_of(model, circuit).name,
+            "orbit_dimension": orbit_dimension(model, layer, circuit),
+            "closed_form": closed_form[circuit],
+        }
+        for layer in range(len(attention_blocks(model)))
+        for circuit in CIRCUITS
+    ]
 
 
 # --------------------------------------------------------------------------------------
 # Whole-model moves (rebalancing, and the tau probe's move-and-restore)
 # --------------------------------------------------------------------------------------
+
 
 def initial_conserved(model, circuit: str) -> torch.Tensor:
     """The conserved imbalance of every pair of one circuit, stacked ``(L, G, D, D)``:
@@ -98,8 +117,13 @@ class Move:
 
 
 @torch.no_grad()
-def rebalance_model(model, circuit: str, target=None, compute_device: torch.device | None = None,
-                    pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> Move:
+def rebalance_model(
+    model,
+    circuit: str,
+    target=None,
+    compute_device: torch.device | None = None,
+    pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Move:
     """Move every pair of one circuit along the architecture's own orbit, in place (docs/design.md §4, §8).
 
     ``target`` is a prepared target (:func:`prepared_target`, or the orbit's ``rebalance_target``
@@ -117,8 +141,9 @@ def rebalance_model(model, circuit: str, target=None, compute_device: torch.devi
             pair_a, pair_b = pair_a.to(compute_device, copy=True), pair_b.to(compute_device, copy=True)
     moved = orbit_of(model, circuit).rebalance(pair_a, pair_b, target)
     n_layer = len(attention_blocks(model))
-    write_pairs_back(model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer),
-                                              strict=True)))
+    write_pairs_back(
+        model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer), strict=True))
+    )
     return Move(int((~moved.done).sum()), pair_a, pair_b, moved.minimum)
 
 

@@ -24,8 +24,14 @@ from __future__ import annotations
 
 import torch
 
-from attnid.model.layout import (LayerTensors, attention_tensors, layout_of, orbit_of, stacked_pairs,
-                                 write_layer_pairs)
+from attnid.model.layout import (
+    LayerTensors,
+    attention_tensors,
+    layout_of,
+    orbit_of,
+    stacked_pairs,
+    write_layer_pairs,
+)
 from attnid.theory.circuits import CIRCUITS
 
 
@@ -52,6 +58,8 @@ def remove_orbit_component(model, pre: list[LayerTensors]) -> dict[str, tuple[to
         kept_a, kept_b = now_a - along_a, now_b - along_b
         for layer, a, b in zip(tensors, kept_a.chunk(n_layer), kept_b.chunk(n_layer), strict=True):
             write_layer_pairs(layer, layout, circuit, a, b)
-        removed[circuit] = (along_a.square().sum() + along_b.square().sum(),
-                            step_a.square().sum() + step_b.square().sum())
+        removed[circuit] = (
+            along_a.square().sum() + along_b.square().sum(),
+            step_a.square().sum() + step_b.square().sum(),
+        )
     return removed

@@ -36,9 +36,20 @@ from attnid.common.files import atomic_path
 from attnid.reports.studies import STUDIES
 
 # "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
-_TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                "{": r"\{", "}": r"\}", "~": r"$\sim$", "^": r"\textasciicircum{}",
-                "<": r"\textless{}", ">": r"\textgreater{}"}
+_TEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"$\sim$",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+}
 
 
 def tex_escape(value) -> str:
@@ -199,15 +210,32 @@ def latex_environment(template_dir=None):
         loader = _resource_loader(template_dir if template_dir is not None else package_template_dir())
     env = jinja2.Environment(
         loader=loader,
-        block_start_string=r"\BLOCK{", block_end_string="}",
-        variable_start_string=r"\VAR{", variable_end_string="}",
-        comment_start_string=r"\#{", comment_end_string="}",
-        trim_blocks=True, lstrip_blocks=True, autoescape=False,
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        block_start_string=r"\BLOCK{",
+        block_end_string="}",
+        variable_start_string=r"\VAR{",
+        variable_end_string="}",
+        comment_start_string=r"\#{",
+        comment_end_string="}",
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
     )
-    env.filters.update(thousands=thousands, fixed=fixed, tex=tex_escape, yesno=yesno, sci=scientific,
-                       bias=bias_label, gap=nullity_gap, num=tex_number, signed=tex_signed, spread=tex_spread,
-                       whole=tex_whole, p=tex_probability)
+    env.filters.update(
+        thousands=thousands,
+        fixed=fixed,
+        tex=tex_escape,
+        yesno=yesno,
+        sci=scientific,
+        bias=bias_label,
+        gap=nullity_gap,
+        num=tex_number,
+        signed=tex_signed,
+        spread=tex_spread,
+        whole=tex_whole,
+        p=tex_probability,
+    )
     env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval)
     return env
 
@@ -219,8 +247,13 @@ def records(rows) -> list[dict]:
         return list(rows)
     import pandas as pd
 
-    return [{key: (None if pd.api.types.is_scalar(value) and pd.isna(value) else value) for key, value in row.items()}
-            for row in rows.to_dict("records")]
+    return [
+        {
+            key: (None if pd.api.types.is_scalar(value) and pd.isna(value) else value)
+            for key, value in row.items()
+        }
+        for row in rows.to_dict("records")
+    ]
 
 
 def render_table(template: str, rows=(), template_dir: str | os.PathLike | None = None, **context) -> str:
@@ -243,7 +276,9 @@ def find_template_dir(explicit: str | os.PathLike | None = None):
     if explicit is None:
         return package_template_dir()
     if not (Path(explicit) / "appendix.tex.j2").is_file():
-        raise UserError(f"--templates {explicit}: no appendix.tex.j2 there (copy attnid/reports/templates to start from)")
+        raise UserError(
+            f"--templates {explicit}: no appendix.tex.j2 there (copy attnid/reports/templates to start from)"
+        )
     return Path(explicit)
 
 
@@ -267,14 +302,18 @@ STUDY_TABLES = (*(f"{study}.tex" for study in STUDIES), "identification_correlat
 INTERVENTION_TABLES = ("interventions.tex",)
 # The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
 # build with a stage turned off never includes that stage's leftovers from an earlier build.
-OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"},
-                  "interventions": {*INTERVENTION_TABLES, "fig6"}}
+OPTIONAL_PARTS = {
+    "studies": {*STUDY_TABLES, "fig5"},
+    "edits": {"prune.tex"},
+    "interventions": {*INTERVENTION_TABLES, "fig6"},
+}
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
 _CAPTION_CHARACTERS = {"—": "---", "–": "--", "’": "'", "‘": "`", "“": "``", "”": "''", "\u00a0": "~"}
-_RST_INLINE = re.compile(r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*",
-                         re.S)
+_RST_INLINE = re.compile(
+    r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*", re.S
+)
 
 
 def caption_file(name: str) -> str:
@@ -297,7 +336,7 @@ def rst_to_tex(text: str, where: str = "caption") -> str:
     **strong**, *emphasis* and plain text (special characters escaped)."""
     pieces, position = [], 0
     for match in _RST_INLINE.finditer(text):
-        pieces.append(_caption_text(text[position:match.start()], where))
+        pieces.append(_caption_text(text[position : match.start()], where))
         if match["code"] is not None:  # long identifiers may break after . _ /
             code = tex_escape(match["code"])
             for breakable in (".", r"\_", "/"):
@@ -320,14 +359,19 @@ def figure_caption(name: str, caption_dir=None) -> dict:
     folder = caption_dir if caption_dir is not None else package_template_dir().joinpath("captions")
     source = folder.joinpath(f"{name}.rst")
     if not source.is_file():
-        raise UserError(f"no caption for figure {name}: add {source} and list it in attnid.reports.latex.FIGURES")
+        raise UserError(
+            f"no caption for figure {name}: add {source} and list it in attnid.reports.latex.FIGURES"
+        )
     text = source.read_text(encoding="utf-8").strip()
     heading = re.match(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", text, re.S)
     if heading is None:
         raise UserError(f"{source}: the caption must start with **Figure N — title.**")
     title = rst_to_tex(heading["title"], str(source))
-    return {"name": name, "title": title.rstrip("."), "caption": rf"\textbf{{{title}}} " + rst_to_tex(
-        heading["rest"], str(source))}
+    return {
+        "name": name,
+        "title": title.rstrip("."),
+        "caption": rf"\textbf{{{title}}} " + rst_to_tex(heading["rest"], str(source)),
+    }
 
 
 def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[dict]:
@@ -338,10 +382,14 @@ def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[d
     missing = [f"{name}.pdf" for name in FIGURES if name not in present and name not in OPTIONAL_FIGURES]
     if missing:
         raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
-    return [figure_caption(name, Path(figures) if name in FILLED_CAPTIONS else None)
-            | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf", out_dir)).as_posix(),
-               "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT}
-            for name in present]
+    return [
+        figure_caption(name, Path(figures) if name in FILLED_CAPTIONS else None)
+        | {
+            "path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf", out_dir)).as_posix(),
+            "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT,
+        }
+        for name in present
+    ]
 
 
 # A figure wider than this (width / height) gets a landscape page of its own: on a portrait
@@ -351,8 +399,9 @@ WIDE_FIGURE_ASPECT = 1.6
 
 def pdf_aspect_ratio(path: Path) -> float:
     """Width / height of a one-page PDF's ``/MediaBox`` (matplotlib writes it as plain text)."""
-    match = re.search(rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]",
-                      path.read_bytes())
+    match = re.search(
+        rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]", path.read_bytes()
+    )
     if match is None:
         return 1.0  # unknown size: a portrait page, as before
     left, bottom, right, top = (float(value) for value in match.groups())
@@ -379,24 +428,47 @@ def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
     """``{name, text}`` of each table ``names`` lists that exists in ``folder`` and is not ``omitted``."""
     if folder is None:
         return []
-    return [{"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
-            for name in names if name not in omitted and (Path(folder) / name).is_file()]
+    return [
+        {"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
+        for name in names
+        if name not in omitted and (Path(folder) / name).is_file()
+    ]
 
 
-def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
-                    template_dir=None, omit=(), whole_model_csv=None, census_csv=None) -> str:
+def render_appendix(
+    counts_csv,
+    nullity_csv,
+    single_head_csv,
+    out_path,
+    experiment_tables=None,
+    figures=None,
+    template_dir=None,
+    omit=(),
+    whole_model_csv=None,
+    census_csv=None,
+) -> str:
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, A4 whole-model counts and
     A5 census when given, plus the experiment tables and figures when given), without the tables and
     figures of the ``omit`` parts (:data:`OPTIONAL_PARTS`)."""
     counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
-    nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured",
-                                                       "gap", "passed"})
+    nullity_frame = _read_csv(
+        nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured", "gap", "passed"}
+    )
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
-    whole_frame = None if whole_model_csv is None else _read_csv(
-        whole_model_csv, "whole-model", {"architecture", "whole_params", "whole_unidentified",
-                                         "group_rotation"})
-    census_frame = None if census_csv is None else _read_csv(
-        census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
+    whole_frame = (
+        None
+        if whole_model_csv is None
+        else _read_csv(
+            whole_model_csv,
+            "whole-model",
+            {"architecture", "whole_params", "whole_unidentified", "group_rotation"},
+        )
+    )
+    census_frame = (
+        None
+        if census_csv is None
+        else _read_csv(census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
+    )
     templates = find_template_dir(template_dir)
     out_dir = Path(out_path).resolve().parent
     omitted = frozenset().union(*(OPTIONAL_PARTS[part] for part in omit))
@@ -406,16 +478,23 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         for name in EXPERIMENT_TABLES:
             path = Path(experiment_tables) / name
             if name not in omitted and path.is_file():
-                experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
-                                          "landscape": name in LANDSCAPE_TABLES})
+                experiment_blocks.append(
+                    {
+                        "name": name,
+                        "text": path.read_text(encoding="utf-8"),
+                        "landscape": name in LANDSCAPE_TABLES,
+                    }
+                )
     study_blocks = _verbatim_blocks(experiment_tables, STUDY_TABLES, omitted)
     intervention_blocks = _verbatim_blocks(experiment_tables, INTERVENTION_TABLES, omitted)
     figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
     sources += [str(path) for path in (whole_model_csv, census_csv) if path is not None]
-    sources += [str(Path(experiment_tables) / b["name"])
-                for b in experiment_blocks + study_blocks + intervention_blocks]
+    sources += [
+        str(Path(experiment_tables) / b["name"])
+        for b in experiment_blocks + study_blocks + intervention_blocks
+    ]
     shown_templates = "attnid/reports/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {
@@ -436,8 +515,9 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "whole_model_rows": [] if whole_frame is None else records(whole_frame),
         "census_rows": [] if census_frame is None else records(census_frame),
         "n_census": 0 if census_frame is None else len(census_frame),
-        "n_census_closing": 0 if census_frame is None else int(
-            census_frame["closes"].astype(str).str.lower().eq("true").sum()),
+        "n_census_closing": 0
+        if census_frame is None
+        else int(census_frame["closes"].astype(str).str.lower().eq("true").sum()),
     }
     return env.get_template("appendix.tex.j2").render(**context)
 
@@ -446,15 +526,27 @@ def compile_pdf(main_tex: Path) -> Path:
     """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path. The LaTeX
     log is kept next to it (``main.log``)."""
     if shutil.which("latexmk") is None:
-        raise UserError("latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) or drop --pdf")
+        raise UserError(
+            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) or drop --pdf"
+        )
     if not main_tex.is_file():
         raise UserError(f"{main_tex} not found: --pdf compiles the main.tex that sits next to --out")
     # Build in a scratch folder and move the PDF into place, so a killed run leaves no half PDF.
     build = Path(tempfile.mkdtemp(prefix=".latexmk-", dir=main_tex.parent))
     try:
-        result = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
-                                 f"-outdir={build.name}", main_tex.name],
-                                cwd=main_tex.parent, capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                "latexmk",
+                "-pdf",
+                "-interaction=nonstopmode",
+                "-halt-on-error",
+                f"-outdir={build.name}",
+                main_tex.name,
+            ],
+            cwd=main_tex.parent,
+            capture_output=True,
+            text=True,
+        )
         log = main_tex.with_suffix(".log")
         if (build / log.name).is_file():  # the log outlives the scratch folder (overfull boxes, errors)
             with atomic_path(log, outputs.TEXT) as tmp:
@@ -468,5 +560,3 @@ def compile_pdf(main_tex: Path) -> Path:
         return pdf
     finally:
         shutil.rmtree(build, ignore_errors=True)
-
-

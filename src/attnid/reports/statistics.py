@@ -52,6 +52,7 @@ VERDICTS = (BETTER, WORSE, NO_DIFFERENCE)
 
 # ---------------------------------------------------------------------------- paired seeds
 
+
 @dataclass(frozen=True)
 class PairedComparison:
     """An arm against its baseline over ``n_seeds`` seed pairs (docs/design.md §11.1): mean of the
@@ -65,8 +66,9 @@ class PairedComparison:
     verdict: str
 
 
-def paired_differences(arm: Mapping[int, float],
-                       baseline: Mapping[int, float]) -> tuple[list[int], np.ndarray]:
+def paired_differences(
+    arm: Mapping[int, float], baseline: Mapping[int, float]
+) -> tuple[list[int], np.ndarray]:
     """The seeds of ``arm`` (sorted) and ``arm[seed] - baseline[seed]`` for each: ``{seed: value}`` maps,
     matched by seed. A baseline seed without an arm run is not used; an arm seed without a baseline run is a
     ``ValueError`` (a pairing is the point: an unpaired run compares nothing)."""
@@ -94,9 +96,15 @@ def mean_confidence_interval(values) -> tuple[float, float]:
     """The 95 % percentile bootstrap CI of the mean of ``values`` (``scipy.stats.bootstrap``,
     :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seed :data:`RESAMPLING_SEED`; §11.1)."""
     sample = _as_sample(values, MIN_PAIRED_SEEDS)
-    result = stats.bootstrap((sample,), _mean, vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES,
-                             confidence_level=CONFIDENCE_LEVEL, method=BOOTSTRAP_METHOD,
-                             random_state=RESAMPLING_SEED)
+    result = stats.bootstrap(
+        (sample,),
+        _mean,
+        vectorized=True,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=CONFIDENCE_LEVEL,
+        method=BOOTSTRAP_METHOD,
+        random_state=RESAMPLING_SEED,
+    )
     # the percentiles of the resampled means of a constant sample can come out one ulp apart in either order
     low, high = sorted((float(result.confidence_interval.low), float(result.confidence_interval.high)))
     return low, high
@@ -109,16 +117,22 @@ def sign_flip_p_value(differences) -> float:
     is a coin toss). Exact, over all ``2**n`` sign vectors, for ``n <= 13``; twice the smaller one-sided
     p, at most 1."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
-    result = stats.permutation_test((sample,), _mean, permutation_type="samples", vectorized=True,
-                                    n_resamples=SIGN_FLIP_RESAMPLES, alternative="two-sided",
-                                    random_state=RESAMPLING_SEED)
+    result = stats.permutation_test(
+        (sample,),
+        _mean,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=SIGN_FLIP_RESAMPLES,
+        alternative="two-sided",
+        random_state=RESAMPLING_SEED,
+    )
     return float(result.pvalue)
 
 
 def smallest_sign_flip_p_value(n_seeds: int) -> float:
     """The smallest two-sided p the exact sign-flip test can give with ``n_seeds`` pairs: ``2 / 2**n``
     (every difference of one sign; 0.0625 at 5 seeds, 0.00195 at 10)."""
-    return min(1.0, 2.0 / 2.0 ** n_seeds)
+    return min(1.0, 2.0 / 2.0**n_seeds)
 
 
 def verdict(ci_low: float, ci_high: float) -> str:
@@ -137,11 +151,18 @@ def compare_paired(differences) -> PairedComparison:
     """Mean, CI, p-value and verdict of per-seed differences ``arm - baseline`` (§11.1, §11.2)."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
     low, high = mean_confidence_interval(sample)
-    return PairedComparison(n_seeds=int(sample.size), delta_mean=float(np.mean(sample)), ci_low=low,
-                            ci_high=high, p_value=sign_flip_p_value(sample), verdict=verdict(low, high))
+    return PairedComparison(
+        n_seeds=int(sample.size),
+        delta_mean=float(np.mean(sample)),
+        ci_low=low,
+        ci_high=high,
+        p_value=sign_flip_p_value(sample),
+        verdict=verdict(low, high),
+    )
 
 
 # ---------------------------------------------------------------------------- rank correlation
+
 
 def _finite_pairs(x, y) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -182,9 +203,15 @@ def rank_correlation_p_value(x, y) -> float:
         # which misses ties of an observed r_s of 0 computed as +-1e-17)
         return np.round(_spearman_along(x, ordering, axis=axis), 12)
 
-    result = stats.permutation_test((y,), statistic, permutation_type="pairings", vectorized=True,
-                                    n_resamples=PERMUTATION_RESAMPLES, alternative="two-sided",
-                                    random_state=RESAMPLING_SEED)
+    result = stats.permutation_test(
+        (y,),
+        statistic,
+        permutation_type="pairings",
+        vectorized=True,
+        n_resamples=PERMUTATION_RESAMPLES,
+        alternative="two-sided",
+        random_state=RESAMPLING_SEED,
+    )
     return float(result.pvalue)
 
 
@@ -207,7 +234,14 @@ def rank_correlation_ci_over_seeds(x, per_seed) -> tuple[float, float]:
         means = np.stack([np.mean(point, axis=axis) for point in points], axis=-1)  # (..., n_points)
         return _spearman_along(x, means, axis=-1)
 
-    result = stats.bootstrap(tuple(per_seed), statistic, paired=True, vectorized=True,
-                             n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE_LEVEL,
-                             method=BOOTSTRAP_METHOD, random_state=RESAMPLING_SEED)
+    result = stats.bootstrap(
+        tuple(per_seed),
+        statistic,
+        paired=True,
+        vectorized=True,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=CONFIDENCE_LEVEL,
+        method=BOOTSTRAP_METHOD,
+        random_state=RESAMPLING_SEED,
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -46,6 +46,7 @@ CHOLESKY_MIN_PIVOT_RATIO = 1e-3
 # Orbit geometry
 # --------------------------------------------------------------------------------------
 
+
 def gram(matrix: torch.Tensor) -> torch.Tensor:
     """``M M^T`` for a batch ``(..., D, n)`` -> ``(..., D, D)``."""
     return matrix @ matrix.transpose(-1, -2)
@@ -76,7 +77,9 @@ def _sylvester_in_eigenbases(gram_a, gram_b, rhs):
     denom = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)  # (..., D, D): b_i + a_j
     scale = torch.maximum(eig_a.amax(-1), eig_b.amax(-1)).unsqueeze(-1).unsqueeze(-1)
     solvable = denom > SINGULAR_RTOL * scale
-    inv_denom = torch.where(solvable, 1 / torch.where(solvable, denom, torch.ones_like(denom)), torch.zeros_like(denom))
+    inv_denom = torch.where(
+        solvable, 1 / torch.where(solvable, denom, torch.ones_like(denom)), torch.zeros_like(denom)
+    )
     return rhs_eig, inv_denom, vec_a, vec_b, ~solvable.flatten(-2).all(-1)
 
 
@@ -100,7 +103,8 @@ def tangent_solve(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.T
     ``(S, singular)`` with ``singular`` a bool ``(...)`` marking such pairs.
     """
     rhs_eig, inv_denom, vec_a, vec_b, singular = _sylvester_in_eigenbases(
-        gram(pair_a), gram(pair_b), _sylvester_rhs(pair_a, pair_b, step_a, step_b))
+        gram(pair_a), gram(pair_b), _sylvester_rhs(pair_a, pair_b, step_a, step_b)
+    )
     generator = vec_b @ (rhs_eig * inv_denom) @ vec_a.transpose(-1, -2)
     return generator, singular
 
@@ -123,8 +127,9 @@ def unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b) -> tupl
 def unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
     """``||proj(dA, dB)||²`` per pair ``(...)``, without forming the projection, and the singular flags
     (:func:`unidentified_sq_norm_from_products` of the pairs' products)."""
-    return unidentified_sq_norm_from_products(gram(pair_a), gram(pair_b), step_a @ pair_a.transpose(-1, -2),
-                                              step_b @ pair_b.transpose(-1, -2))
+    return unidentified_sq_norm_from_products(
+        gram(pair_a), gram(pair_b), step_a @ pair_a.transpose(-1, -2), step_b @ pair_b.transpose(-1, -2)
+    )
 
 
 def tangent_step(pair_a, pair_b, generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,8 +155,9 @@ def _nuclear_norm_by_qr(pair_a, pair_b) -> torch.Tensor:
     return torch.linalg.svdvals(r_a @ r_b.transpose(-1, -2)).sum(-1)
 
 
-def excess_norm_terms(pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def excess_norm_terms(
+    pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(||A||_F^2 + ||B||_F^2, 2 ||A^T B||_*)`` per pair, each of shape ``(...)``.
 
     The first is at least the second on every orbit (AM-GM on the singular values),
@@ -203,10 +209,13 @@ def product_svd(pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return q_a @ left, sing, q_b @ right_h.transpose(-1, -2)
 
 
-def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
-                    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    product: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rebalance_pairs(
+    pair_a,
+    pair_b,
+    target_imbalance=None,
+    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
+    product: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; docs/design.md §4).
 
     ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
@@ -225,12 +234,17 @@ def rebalance_pairs(pair_a, pair_b, target_imbalance=None,
     returned unchanged with ``done`` False.
     """
     left_full, sing, right_full = product_svd(pair_a, pair_b) if product is None else product
-    target_eig, target_vec = torch.linalg.eigh(target_imbalance) if target_eigh is None else target_eigh  # ascending
+    target_eig, target_vec = (
+        torch.linalg.eigh(target_imbalance) if target_eigh is None else target_eigh
+    )  # ascending
     target_eig, target_vec = target_eig.flip(-1), target_vec.flip(-1)  # descending, to pair with s
     root = torch.sqrt(target_eig.square() + 4 * sing.square())
     # p = (b + r)/2 cancels catastrophically for b < 0; there use the equal 2 s^2 / (r - b)
-    p = torch.where(target_eig >= 0, (target_eig + root) / 2,
-                    2 * sing.square() / (root - target_eig).clamp_min(torch.finfo(sing.dtype).tiny))
+    p = torch.where(
+        target_eig >= 0,
+        (target_eig + root) / 2,
+        2 * sing.square() / (root - target_eig).clamp_min(torch.finfo(sing.dtype).tiny),
+    )
 
     done = sing[..., -1] >= REBALANCE_MIN_SV_RATIO * sing[..., 0]
     done = done & (sing[..., 0] > 0)

@@ -57,8 +57,9 @@ class Orbit(ABC):
         marking pairs whose normal equations were singular (solved by pseudo-inverse)."""
 
     @abstractmethod
-    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b
-                                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    def unidentified_sq_norm_from_products(
+        self, gram_a, gram_b, cross_a, cross_b
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`unidentified_sq_norm` from ``D x D`` products: ``A A^T``, ``B B^T`` at the pre-step point,
         ``dA A^T`` and ``dB B^T`` (the drift split's, docs/design.md §7), each ``(..., D, D)``."""
 
@@ -92,8 +93,9 @@ class Orbit(ABC):
         (docs/design.md §4, §8). Pairs too close to rank-deficient are left alone (``done`` False)."""
 
     @abstractmethod
-    def random_element(self, batch_shape, head_dim: int, generator: torch.Generator,
-                       spread: float = 0.5) -> torch.Tensor:
+    def random_element(
+        self, batch_shape, head_dim: int, generator: torch.Generator, spread: float = 0.5
+    ) -> torch.Tensor:
         """A random, well-conditioned group element ``M`` ``(*batch_shape, D, D)``, float64."""
 
     @staticmethod
@@ -141,11 +143,15 @@ class GeneralLinearOrbit(Orbit):
     def rebalance(self, pair_a, pair_b, target=None):
         *batch, head_dim, _ = pair_a.shape
         if target is None:
-            eye = torch.eye(head_dim, dtype=pair_a.dtype, device=pair_a.device).expand(*batch, head_dim, head_dim)
+            eye = torch.eye(head_dim, dtype=pair_a.dtype, device=pair_a.device).expand(
+                *batch, head_dim, head_dim
+            )
             target = (torch.zeros(*batch, head_dim, dtype=pair_a.dtype, device=pair_a.device), eye)
         values, vectors = target
-        eigh = (values.to(pair_a.device).reshape(*batch, head_dim),
-                vectors.to(pair_a.device).reshape(*batch, head_dim, head_dim))
+        eigh = (
+            values.to(pair_a.device).reshape(*batch, head_dim),
+            vectors.to(pair_a.device).reshape(*batch, head_dim, head_dim),
+        )
         product = factor_pairs.product_svd(pair_a, pair_b)
         new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, target_eigh=eigh, product=product)
         return Rebalanced(new_a, new_b, done, 2 * product[1].sum(-1))
@@ -167,7 +173,7 @@ class GeneralLinearOrbit(Orbit):
 
     def generic_dimension(self, head_dim, n_a, n_b):
         """``D^2`` minus the stabiliser ``{X : X A = 0, X^T B = 0}``, of dimension ``(D - rank A)(D - rank B)``."""
-        return head_dim ** 2 - (head_dim - min(head_dim, n_a)) * (head_dim - min(head_dim, n_b))
+        return head_dim**2 - (head_dim - min(head_dim, n_a)) * (head_dim - min(head_dim, n_b))
 
 
 class RopeCommutantOrbit(Orbit):

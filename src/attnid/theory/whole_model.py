@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from attnid.theory import counts
 from attnid.common.errors import UserError
+from attnid.theory import counts
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu")  # swiglu / geglu: act(W_gate x) * (W_up x), then W_down

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from attnid.training.config import TrainConfig
     from attnid.model.gpt import GPT
+    from attnid.training.config import TrainConfig
 
 # Offset that gives the fixed eval batches their own seed, apart from the training batches'.
 EVAL_SEED_OFFSET = 104_729
@@ -25,7 +25,9 @@ def batch_from_starts(data: np.ndarray, starts: torch.Tensor, block_size: int, d
     return x.to(device), y.to(device)
 
 
-def random_starts(n_tokens: int, batch_size: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
+def random_starts(
+    n_tokens: int, batch_size: int, block_size: int, generator: torch.Generator
+) -> torch.Tensor:
     return torch.randint(n_tokens - block_size, (batch_size,), generator=generator)  # (B,)
 
 
@@ -74,8 +76,13 @@ class FixedEvalBatches:
     def __init__(self, splits: dict, cfg: TrainConfig, device: torch.device):
         self.splits, self.block_size, self.device = splits, cfg.block_size, device
         generator = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
-        self.starts = {name: [random_starts(len(data), cfg.batch_size, cfg.block_size, generator)
-                              for _ in range(cfg.eval_iters)] for name, data in splits.items()}
+        self.starts = {
+            name: [
+                random_starts(len(data), cfg.batch_size, cfg.block_size, generator)
+                for _ in range(cfg.eval_iters)
+            ]
+            for name, data in splits.items()
+        }
 
     @torch.no_grad()
     def losses(self, model: GPT, autocast) -> dict[str, float]:

@@ -114,5 +114,7 @@ def other_gpu_warning(saved: str | None, current: str | None) -> str | None:
     """One warning line when a checkpoint from one GPU model is resumed on another, else None."""
     if saved is None or current is None or saved == current:
         return None
-    return (f"warning: the checkpoint was written on a {saved}, resuming on a {current}: the run continues, "
-            f"but its numbers are not those it would have had on the {saved}")
+    return (
+        f"warning: the checkpoint was written on a {saved}, resuming on a {current}: the run continues, "
+        f"but its numbers are not those it would have had on the {saved}"
+    )

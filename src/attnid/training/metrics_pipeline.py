@@ -87,8 +87,18 @@ class MetricsPipeline:
     (then τ's forward passes stay on the training thread). Call :meth:`restart` before the first step.
     """
 
-    def __init__(self, model, tracker, drift, *, threads: int, queue_steps: int, tf32_training: bool,
-                 probes: bool, tau_target: str = "initial"):
+    def __init__(
+        self,
+        model,
+        tracker,
+        drift,
+        *,
+        threads: int,
+        queue_steps: int,
+        tf32_training: bool,
+        probes: bool,
+        tau_target: str = "initial",
+    ):
         self.tracker, self.drift, self.threads, self.tau_target = tracker, drift, threads, tau_target
         self.layout = layout_of(model)
         self.probe_on_worker = threads > 0 and not tf32_training
@@ -211,8 +221,9 @@ class MetricsPipeline:
             raise RuntimeError("MetricsPipeline made without probes was asked for tau")
         pairs = point.pairs(self.tracker.compute_device)
         with self._probe_lock:
-            return rebalancing.tau_probe_on_copy(self._probe_model, weights, self.tracker, self.tau_target,
-                                                 pairs=pairs)
+            return rebalancing.tau_probe_on_copy(
+                self._probe_model, weights, self.tracker, self.tau_target, pairs=pairs
+            )
 
     @contextlib.contextmanager
     def _turn(self, step: int):
@@ -231,8 +242,10 @@ class MetricsPipeline:
 
     def _put(self, job: _Job) -> None:
         if not self._workers:
-            self._workers = [threading.Thread(target=self._work, name=f"attnid-metrics-{i}", daemon=True)
-                             for i in range(self.threads)]
+            self._workers = [
+                threading.Thread(target=self._work, name=f"attnid-metrics-{i}", daemon=True)
+                for i in range(self.threads)
+            ]
             for worker in self._workers:
                 worker.start()
         try:

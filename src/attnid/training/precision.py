@@ -59,8 +59,10 @@ def resolve_dtype(requested: str | None, device) -> str:
         raise UserError(f"unknown --dtype {requested!r}: choose one of {', '.join(DTYPES)}")
     if requested == "bf16":
         if device_type != "cuda":
-            raise UserError(f"--dtype bf16 needs a CUDA GPU (this run is on {device_type}): "
-                            f"use --dtype float32 (the default there) or float64")
+            raise UserError(
+                f"--dtype bf16 needs a CUDA GPU (this run is on {device_type}): "
+                f"use --dtype float32 (the default there) or float64"
+            )
         if not torch.cuda.is_bf16_supported(including_emulation=False):
             return "fp16"
     return requested
@@ -136,8 +138,12 @@ def no_tf32() -> Iterator[None]:
 def describe(dtype: str) -> str:
     """A few words for the run's log line."""
     _check(dtype)
-    return {"bf16": "bf16 autocast, TF32", "fp16": "fp16 autocast + grad scaler, TF32",
-            "float32": "float32", "float64": "float64"}[dtype]
+    return {
+        "bf16": "bf16 autocast, TF32",
+        "fp16": "fp16 autocast + grad scaler, TF32",
+        "float32": "float32",
+        "float64": "float64",
+    }[dtype]
 
 
 def slow_float64_warning(device) -> str | None:
@@ -149,9 +155,11 @@ def slow_float64_warning(device) -> str | None:
     if capability in FAST_FLOAT64_CAPABILITIES:
         return None
     name = torch.cuda.get_device_name(device)
-    return (f"warning: {name} (compute capability {capability[0]}.{capability[1]}) runs float64 at a small "
-            f"fraction of its float32 speed; --dtype float64 will be slow (full-rate float64: P100, V100, "
-            f"A100, H100)")
+    return (
+        f"warning: {name} (compute capability {capability[0]}.{capability[1]}) runs float64 at a small "
+        f"fraction of its float32 speed; --dtype float64 will be slow (full-rate float64: P100, V100, "
+        f"A100, H100)"
+    )
 
 
 def warn_if_slow_float64(device) -> bool:
