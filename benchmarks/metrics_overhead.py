@@ -138,7 +138,7 @@ def main() -> None:
         for round_index in range(args.rounds + 1):  # round 0 warms up
             spent = dict.fromkeys(PARTS, 0.0)
             train_ms = []
-            for step in range(args.log_every):
+            for _ in range(args.log_every):
                 with torch.enable_grad():
                     train_ms.append(timed(train_step))
                 kept = {}

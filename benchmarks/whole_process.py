@@ -1,4 +1,5 @@
-"""Whole-process time of ``attnid train`` against a nanoGPT-style ``train.py``, side by side, and where it goes.
+"""Whole-process time of ``attnid train`` against a nanoGPT-style ``train.py``, side by side, and where it
+goes.
 
 Both train the default config's model (4 layers, 4 heads, E=128, block 64, batch 12, AdamW, lr 1e-3,
 one thread) for ``--max-iters`` steps with nanoGPT's evaluation (``--eval-iters`` 20 batches per
@@ -296,8 +297,8 @@ def main(argv=None) -> int:
     median = {name: statistics.median(walls[name]) for name in VARIANTS}
     print(
         f"default model {MODEL}, AdamW, 1 thread, {args.max_iters} steps, eval every {args.eval_every} steps "
-        f"({args.eval_iters} batches per split) and a checkpoint at each; {args.rounds} interleaved rounds of fresh "
-        f"processes, wall clock (medians, s)"
+        f"({args.eval_iters} batches per split) and a checkpoint at each; {args.rounds} interleaved rounds "
+        f"of fresh processes, wall clock (medians, s)"
     )
     for name in VARIANTS:
         print(f"  {name:>18}: {median[name]:7.2f}   (rounds: {', '.join(f'{w:.2f}' for w in walls[name])})")

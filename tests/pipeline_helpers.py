@@ -1,7 +1,7 @@
 """Run the Snakemake pipeline in a scratch directory (for the pipeline, notebook and scale tests).
 
-    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, profiles/, paper/main.tex
-    proc = run_smoke_dag(workdir, shakespeare_url)          # the whole smoke DAG, --cores 2
+    workdir = copy_pipeline(tmp_path)               # Snakefile, workflow/, config/, profiles/, paper/main.tex
+    proc = run_smoke_dag(workdir, shakespeare_url)  # the whole smoke DAG, --cores 2
     proc = run_snakemake(workdir, "-n", configfile="config/paper.yaml")
 
 ``shared_smoke_run`` builds the smoke outputs once per test session, even under

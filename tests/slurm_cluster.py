@@ -75,7 +75,8 @@ def _port_open(port: int) -> bool:
 
 
 def _node_hardware(min_cpus: int) -> str:
-    """The node's memory as slurmd sees it, and at least ``min_cpus`` CPUs (one socket, one thread per core)."""
+    """The node's memory as slurmd sees it, and at least ``min_cpus`` CPUs (one socket, one thread per
+    core)."""
     output = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
     fields = dict(item.split("=", 1) for item in output.split() if "=" in item)
     cpus = max(int(fields["CPUs"]), min_cpus)
@@ -165,7 +166,7 @@ class SlurmCluster:
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM every daemon we started (newest first) by its PID, SIGKILL what is left after ``grace``."""
-        for name, process in reversed(list(self.processes.items())):
+        for process in reversed(list(self.processes.values())):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
             try:

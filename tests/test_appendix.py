@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import tomllib
 
+import jinja2
 import pandas as pd
 import pytest
 from synthetic_runs import write_run, write_study
@@ -376,7 +377,7 @@ def test_helpers_escape_and_format():
         [{"name": "x_1", "n": 12345}, {"name": "y", "n": 7}],
     )
     assert text == "x\\_1 & 12,345 \\\\\ny & 7 \\\\\n"
-    with pytest.raises(Exception):
+    with pytest.raises(jinja2.UndefinedError, match="missing"):
         latex.render_table("\\VAR{missing}\n", [])
 
 

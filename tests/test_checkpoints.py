@@ -1,4 +1,5 @@
-"""attnid prune-biases / balance on nanoGPT checkpoints, and weights-only loading of every checkpoint a user hands us.
+"""attnid prune-biases / balance on nanoGPT checkpoints, and weights-only loading of every checkpoint a
+user hands us.
 
 The edits are exact (docs/design.md §9): the edited checkpoint, loaded back with
 ``load_nanogpt_checkpoint``, gives the original logits to float32 round-off.
@@ -187,7 +188,8 @@ def test_prune_without_biases_changes_nothing(tmp_path):
 
 
 def test_balance_to_the_runs_initial_imbalance(prepared_data_dir, tmp_path):
-    """An attnid run keeps I_0 in its checkpoint: --target initial restores it, and the held-out batch is val.bin."""
+    """An attnid run keeps I_0 in its checkpoint: --target initial restores it, and the held-out batch
+    is val.bin."""
     run_dir = tmp_path / "run"
     assert (
         run(
@@ -342,7 +344,8 @@ def test_code_carrying_checkpoints_are_refused_before_the_code_runs(
     [({"n_kv_head": 1}, ["prune-biases"]), ({"rope": True}, ["balance", "--target", "initial"])],
 )
 def test_variants_outside_the_edits_are_one_line_errors(tmp_path, capsys, variant, command):
-    """GQA layouts are not (3E, E) for prune-biases; I_0 targets are stored for plain multi-head pairs only."""
+    """GQA layouts are not (3E, E) for prune-biases; I_0 targets are stored for plain multi-head pairs
+    only."""
     save_nanogpt(trained_model(**variant), tmp_path / "ckpt.pt", compiled=False)
     assert run(*command[:1], tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", *command[1:]) == 2
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The options of ``attnid train`` (attnid.training.config), the case registry (attnid.training.cases), and the
-workflow schema, whose case names come from the registry."""
+"""The options of ``attnid train`` (attnid.training.config), the case registry
+(attnid.training.cases), and the workflow schema, whose case names come from the registry."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def schema(repo_root) -> dict:
 
 
 def schema_training_options(document: dict) -> dict[str, dict]:
-    """Every training option the pipeline config may set, with its schema, from every section that holds them."""
+    """Every training option the pipeline config may set, with its schema, from every section that
+    holds them."""
     defs, properties = document["$defs"], document["properties"]
     sections = [
         defs["run_settings"],

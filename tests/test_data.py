@@ -124,7 +124,8 @@ def test_fetch_copies_a_relative_local_path(shakespeare_path, tmp_path, monkeypa
 
 
 def test_offline_pipeline_command_fetches_the_shipped_copy(repo_root, tmp_path):
-    """The README's offline spelling, ``--config data_url=file://$PWD/assets/tinyshakespeare.txt``, in a bare copy."""
+    """The README's offline spelling, ``--config data_url=file://$PWD/assets/tinyshakespeare.txt``, in a
+    bare copy."""
     workdir = copy_pipeline(tmp_path / "clone")
     (workdir / "assets").mkdir()
     shutil.copy2(repo_root / "assets" / "tinyshakespeare.txt", workdir / "assets")

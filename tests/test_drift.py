@@ -1,4 +1,5 @@
-"""The exact drift split I_t - I_ref = D1 + D2 (attnid.measure.drift) on tiny nanoGPTs, optimizers driven directly."""
+"""The exact drift split I_t - I_ref = D1 + D2 (attnid.measure.drift) on tiny nanoGPTs, optimizers
+driven directly."""
 
 from __future__ import annotations
 
@@ -192,7 +193,8 @@ def test_sgd_wd_first_order_drift_equals_its_prediction(bias):
 
 
 def test_sgd_wd_prediction_from_the_full_imbalance_misses_the_undecayed_biases():
-    """Biases do not decay (nanoGPT's groups): -2 eta lambda I with I's bias columns is off by their outer products."""
+    """Biases do not decay (nanoGPT's groups): -2 eta lambda I with I's bias columns is off by their
+    outer products."""
     model = tiny_gpt(bias=True)
     optimizer = make_optimizer("sgd_wd", model)
     tracker = DriftTracker(model, coupled_weight_decay=WEIGHT_DECAY)

@@ -119,7 +119,8 @@ def test_sgd_with_coupled_decay_drifts_exactly_as_predicted(prepared_data_dir, t
 def test_adamw_moves_along_the_orbit_at_first_order_and_the_split_closes_in_float32(
     prepared_data_dir, tmp_path
 ):
-    """E2: AdamW's first-order drift dominates; the split closes to float64 round-off even in float32 training."""
+    """E2: AdamW's first-order drift dominates; the split closes to float64 round-off even in float32
+    training."""
     out = tmp_path / "adamw"
     assert (
         train(

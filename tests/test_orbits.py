@@ -53,8 +53,9 @@ def _move(model, transform) -> None:
 
 
 def test_mha_pairs_are_the_heads_rows_of_c_attn_and_columns_of_c_proj():
-    """With G = H every pair is one head's (docs/design.md §2.1): A = [W_Q^h | b_Q^h], B = [W_K^h | b_K^h]
-    (query-key) and A = [W_V^h | b_V^h], B = (W_O^h)^T (output-value): nanoGPT's c_attn rows, c_proj columns."""
+    """With G = H every pair is one head's (docs/design.md §2.1): A = [W_Q^h | b_Q^h],
+    B = [W_K^h | b_K^h] (query-key) and A = [W_V^h | b_V^h], B = (W_O^h)^T (output-value): nanoGPT's
+    c_attn rows, c_proj columns."""
     model = _model({})
     n_embd, n_head = model.config.n_embd, model.config.n_head
     d = n_embd // n_head

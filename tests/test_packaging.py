@@ -77,8 +77,10 @@ def test_unknown_command_is_one_line():
 
 
 def test_repository_needs_no_sibling_folder(repo_root):
-    """Code, tests, notebooks, benchmarks and CI find everything inside the clone (the data ships in assets/)."""
-    # a path into a sibling folder ("<that>/..." or "<that>" / ...), spelled in parts so this file does not match itself
+    """Code, tests, notebooks, benchmarks and CI find everything inside the clone (the data ships in
+    assets/)."""
+    # a path into a sibling folder ("<that>/..." or "<that>" / ...), spelled in parts so this file does
+    # not match itself
     sibling = re.compile(r"\b" + "sha" + r"red\b\W{0,4}/")
     offenders = []
     for folder in ("src", "tests", "notebooks", ".ci", "workflow", "config", "benchmarks"):

@@ -99,7 +99,8 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
 
 @pytest.mark.slow
 def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
-    """The smoke config trains sgd, sgd_wd and the SGD sweep in float64: E1 and E2 hold as identities there."""
+    """The smoke config trains sgd, sgd_wd and the SGD sweep in float64: E1 and E2 hold as identities
+    there."""
     config = smoke_config()
     assert all(config["cases"][case]["dtype"] == "float64" for case in ("sgd", "sgd_wd"))
     assert config["sweep"]["sgd"]["dtype"] == "float64"

@@ -1,4 +1,5 @@
-"""The --dtype policy (attnid.training.precision), on CPU; CUDA properties are stubbed where a decision depends on them."""
+"""The --dtype policy (attnid.training.precision), on CPU; CUDA properties are stubbed where a decision
+depends on them."""
 
 from __future__ import annotations
 

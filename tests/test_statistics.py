@@ -1,6 +1,6 @@
-"""attnid.reports.statistics (docs/design.md §11): the paired comparison and the rank correlation, checked against
-their definitions: brute-force enumeration of the permutation nulls, the bootstrap's symmetries, the
-verdict's consistency with the CI, and the smallest p a few seeds can give."""
+"""attnid.reports.statistics (docs/design.md §11): the paired comparison and the rank correlation,
+checked against their definitions: brute-force enumeration of the permutation nulls, the bootstrap's
+symmetries, the verdict's consistency with the CI, and the smallest p a few seeds can give."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_fo
     e0 = studies.matched_single_head_embd(n_embd, reference)
     assert e0 % 2 == 0 and abs(e0 - exact) <= 1
     assert abs(e0 - exact) == min(abs(even - exact) for even in range(0, 2 * n_embd + 4, 2))
-    # the single head's identified count 2 E0^2 matches the H_ref-head layer's (4 - 2/H) E^2 up to the rounding
+    # the single head's identified count 2 E0^2 matches the H_ref-head layer's (4 - 2/H) E^2 up to the
+    # rounding
     identified_multi = float(counts.multi_head_identified_share(reference)) * n_embd**2
     single = counts.single_head_params(e0) - counts.single_head_unidentified_params(e0)
     assert single == pytest.approx(identified_multi, rel=2.5 / exact)

@@ -122,7 +122,8 @@ def test_projection_matches_least_squares_oracle(batch):
 
 
 def test_singular_pair_is_counted_and_still_projected_exactly():
-    """A, B sharing a null row: A A^T + B B^T is singular; the pseudo-inverse solve is still the projection."""
+    """A, B sharing a null row: A A^T + B B^T is singular; the pseudo-inverse solve is still the
+    projection."""
     gen = torch.Generator().manual_seed(3)
     pair_a = torch.randn(1, 3, 5, generator=gen, dtype=F64)
     pair_b = torch.randn(1, 3, 4, generator=gen, dtype=F64)

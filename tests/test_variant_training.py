@@ -349,7 +349,8 @@ def test_bad_variant_flags_are_one_line(tmp_path, capsys, flags, expected):
 
 
 def test_head_dim_flag_trains_a_wide_single_head(prepared_data_dir, tmp_path):
-    """--head-dim sets D apart from E/H (the §4.10 single head): the run's orbit is GL_D with D^2 per layer."""
+    """--head-dim sets D apart from E/H (the §4.10 single head): the run's orbit is GL_D with D^2 per
+    layer."""
     out = tmp_path / "one_head"
     assert (
         main(
@@ -428,8 +429,9 @@ def _drift_run(variant: dict, case: str, steps: int = 20):
 
 
 def test_rope_gqa_sgd_drift_is_second_order_only_after_the_projection():
-    """Plain SGD on a RoPE + GQA model: the gradient is orthogonal to the restricted orbit, so the projected
-    first-order drift vanishes (closure exact), while the unprojected one does not: the full I is not conserved."""
+    """Plain SGD on a RoPE + GQA model: the gradient is orthogonal to the restricted orbit, so the
+    projected first-order drift vanishes (closure exact), while the unprojected one does not: the full I
+    is not conserved."""
     row, raw_first = _drift_run(dict(rope=True, n_kv_head=2), "sgd")
     for circuit in ("qk", "ov"):
         assert row[f"closure_{circuit}"] < 1e-12

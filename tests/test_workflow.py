@@ -156,7 +156,8 @@ def test_schema_file_lists_no_case_and_the_workflow_takes_the_registry():
 
 def test_a_new_case_needs_only_the_registry(tmp_path):
     """Adding a case is one register() call in src/attnid/training/cases.py: a copy of the source with
-    that one change (and nothing else) runs the pipeline's plan with the case in every stage that takes one."""
+    that one change (and nothing else) runs the pipeline's plan with the case in every stage that takes
+    one."""
     source = tmp_path / "src"
     shutil.copytree(REPO / "src", source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     registry = source / "attnid/training/cases.py"
@@ -189,7 +190,8 @@ def test_a_new_case_needs_only_the_registry(tmp_path):
         (
             "/proc",
             {"results_dir": "/proc/attnid/results"},
-            "config error: results_dir: /proc/attnid/results is not writable: cannot create a directory in /proc",
+            "config error: results_dir: /proc/attnid/results is not writable: "
+            "cannot create a directory in /proc",
         ),
         (
             "file",

@@ -40,7 +40,8 @@ class TrainFlag:
     kind: type  # int, float, str or bool
 
     def text(self, value) -> str:
-        """The option as it appears in the shell command: ``--flag VALUE``; a bool is ``--flag`` or ``--no-flag``."""
+        """The option as it appears in the shell command: ``--flag VALUE``; a bool is ``--flag`` or
+        ``--no-flag``."""
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{self.flag} takes true or false, not {value!r}")

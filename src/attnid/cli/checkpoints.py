@@ -153,7 +153,8 @@ def _stored_dtype(checkpoint: Checkpoint) -> str:
 
 
 def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: bool = False) -> dict:
-    """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
+    """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the
+    report."""
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
 
     declare_edit_files(args)
@@ -260,7 +261,8 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
     lines += [
         f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
-        f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} (change {report['loss_change']:+.3g}); "
+        f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} "
+        f"(change {report['loss_change']:+.3g}); "
         f"max relative logit change {report['max_rel_logit_change']:.3g}",
     ]
     if report["stored_dtype"] in ("bfloat16", "float16") and report.get("write_back_rel_error", 0) > 0:
@@ -293,8 +295,9 @@ def run_prune_biases(args) -> int:
     biases = "yes" if report["bias"] else "none (nothing to prune)"
     lines = [
         f"{_model_line(report)}, attention biases: {biases}",
-        f"redundant biases set to 0: {report['redundant_params']:,} of {report['attention_params']:,} attention "
-        f"parameters ({100 * report['redundant_share']:.3f} %); non-zero before: "
+        f"redundant biases set to 0: {report['redundant_params']:,} of "
+        f"{report['attention_params']:,} attention parameters ({100 * report['redundant_share']:.3f} %); "
+        f"non-zero before: "
         f"{report['nonzero_key_biases_zeroed']:,} key, {report['nonzero_value_biases_folded']:,} value",
     ]
     if report["key_biases_kept"] or report["value_biases_kept"]:

@@ -1,4 +1,5 @@
-"""``attnid fetch`` and ``attnid prepare``: tiny shakespeare, checked and encoded (:mod:`attnid.training.data`)."""
+"""``attnid fetch`` and ``attnid prepare``: tiny shakespeare, checked and encoded
+(:mod:`attnid.training.data`)."""
 
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     rule.write(out_dir / META_NAME, PREPARED_META)
     meta = prepare(args.text, args.out_dir)
     print(
-        f"prepare: {meta['vocab_size']} symbols, {meta['train_tokens']:,} train and {meta['val_tokens']:,} val "
-        f"tokens in {args.out_dir}",
+        f"prepare: {meta['vocab_size']} symbols, {meta['train_tokens']:,} train and "
+        f"{meta['val_tokens']:,} val tokens in {args.out_dir}",
         file=sys.stderr,
     )
     return 0

@@ -47,7 +47,8 @@ ATTENTION_PARTS = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight
 
 @dataclass
 class AttentionLayer:
-    """One layer's attention in nanoGPT's layout, float64: rows ``[W_Q; W_K; W_V]``, head ``h`` = rows ``h*D:(h+1)*D``."""
+    """One layer's attention in nanoGPT's layout, float64: rows ``[W_Q; W_K; W_V]``, head ``h`` = rows
+    ``h*D:(h+1)*D``."""
 
     c_attn_weight: torch.Tensor  # (3E, E)
     c_attn_bias: torch.Tensor | None  # (3E,)
@@ -120,7 +121,8 @@ class Checkpoint:
 
 
 def _layer_prefix(keys, where: Path) -> str:
-    """The stored prefix of ``h.{i}.attn...`` keys: nanoGPT's ``transformer.h.``, HF's ``transformer.h.`` or ``h.``."""
+    """The stored prefix of ``h.{i}.attn...`` keys: nanoGPT's ``transformer.h.``, HF's
+    ``transformer.h.`` or ``h.``."""
     anchor = "h.0.attn.c_attn.weight"
     hits = [k for k in keys if k == anchor or k.endswith("." + anchor)]
     if not hits:
@@ -284,7 +286,8 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
     n_layer = _count_layers(tensors, prefix)
     if n_layer != sizes["n_layer"]:
         raise UserError(
-            f"{folder}: config.json says n_layer={config.get('n_layer')} but the weights have {n_layer} layers"
+            f"{folder}: config.json says n_layer={config.get('n_layer')} "
+            f"but the weights have {n_layer} layers"
         )
     # before from_pretrained: every attention tensor with config.json's shape, the others where stored
     attention, other = gpt2_expected_shapes(sizes, prefix)

@@ -283,9 +283,10 @@ def orbit_summary(model) -> dict[str, float]:
 
 
 def balance_on_own_orbit(checkpoint: Checkpoint, target: str) -> dict:
-    """Balance a grouped-query, RoPE or own-head-width checkpoint of ``attnid train`` on its architecture's own
-    orbit (docs/design.md §8): :func:`attnid.model.moves.rebalance_model`, the move the rebalancing runs make, on a
-    float64 copy of the model; the attention tensors are written back in their stored dtype."""
+    """Balance a grouped-query, RoPE or own-head-width checkpoint of ``attnid train`` on its
+    architecture's own orbit (docs/design.md §8): :func:`attnid.model.moves.rebalance_model`, the move
+    the rebalancing runs make, on a float64 copy of the model; the attention tensors are written back
+    in their stored dtype."""
     if target != "balanced":
         raise UserError(
             f"{checkpoint.path} has grouped key/value heads or RoPE: balance it with --target balanced "

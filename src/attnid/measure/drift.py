@@ -92,7 +92,8 @@ def imbalance_step_terms_from_products(
 def decaying_imbalance(
     pair_a: torch.Tensor, pair_b: torch.Tensor, weight_columns: tuple[torch.Tensor, torch.Tensor]
 ) -> torch.Tensor:
-    """``A_w A_wᵀ - B_w B_wᵀ`` from the pair's weight-matrix columns (indices into ``A``'s and ``B``'s columns).
+    """``A_w A_wᵀ - B_w B_wᵀ`` from the pair's weight-matrix columns (indices into ``A``'s and
+    ``B``'s columns).
 
     In nanoGPT's parameter groups (:meth:`attnid.model.gpt.GPT.optimizer_groups`) weight
     matrices decay and biases do not; which columns of a pair are biases is
@@ -208,7 +209,8 @@ class DriftTracker:
 
     @torch.no_grad()
     def reset_reference(self, model) -> None:
-        """Make the model's current imbalance ``I_ref`` and zero ``D1``, ``D2`` and the prediction (after a rebalance)."""
+        """Make the model's current imbalance ``I_ref`` and zero ``D1``, ``D2`` and the prediction
+        (after a rebalance)."""
         now = attention_tensors(model)
         self.reference: dict[str, torch.Tensor] = {}  # circuit -> (L*G, D, D)
         for circuit, orbit in self.orbits.items():

@@ -36,7 +36,8 @@ INSPECT_COUNT_KEYS = {
 def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
     """Attention parameters and unidentified ones in one layer of this shape: ``D²`` per key/value group
     in the query-key product (``D`` with RoPE, Prop. 4.8; Cor. 4.4), ``C²`` in the output-value product
-    (Lemma 4.6), and with biases the key and value biases (§4.7); from :func:`attnid.theory.counts.layer_counts`."""
+    (Lemma 4.6), and with biases the key and value biases (§4.7); from
+    :func:`attnid.theory.counts.layer_counts`."""
     per_layer = counts.layer_counts(shape)
     return {ours: per_layer[theirs] for ours, theirs in INSPECT_COUNT_KEYS.items()}
 
@@ -178,7 +179,8 @@ def format_inspection(report: dict) -> str:
     source = "".join(f"{key}={report[key]} " for key in ("format", "model_type", "dtype") if report.get(key))
     lines = [
         f"{source}n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
-        f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} bias={report['bias']}",
+        f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} "
+        f"bias={report['bias']}",
         "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]

@@ -63,7 +63,8 @@ METRICS_DEVICES = ("host", "device")
 
 
 def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
-    """μ from summed :meth:`attnid.theory.orbits.Orbit.excess_norm_terms` (``inf`` if every minimum is zero)."""
+    """μ from summed :meth:`attnid.theory.orbits.Orbit.excess_norm_terms` (``inf`` if every minimum
+    is zero)."""
     total_frob, total_minimum = float(frobenius_sq.sum()), float(minimum.sum())
     if total_minimum > 0:
         return total_frob / total_minimum - 1.0

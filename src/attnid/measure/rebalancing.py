@@ -1,4 +1,5 @@
-"""Orbit moves of a training run (the rebalancing cases) and τ measured across them (claim E3; docs/design.md §3, §4, §8).
+"""Orbit moves of a training run (the rebalancing cases) and τ measured across them (claim E3;
+docs/design.md §3, §4, §8).
 
 ``rebalance`` moves every attention pair to its target imbalance in place (the
 rebalancing cases' periodic step); ``tau_probe`` makes the same move on the live

@@ -262,7 +262,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
-        """nanoGPT's two parameter groups: matrices and embeddings (>= 2-D) decay, biases and LayerNorms do not."""
+        """nanoGPT's two parameter groups: matrices and embeddings (>= 2-D) decay, biases and LayerNorms
+        do not."""
         params = [p for p in self.parameters() if p.requires_grad]  # the tied wte/lm_head matrix appears once
         return [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -278,7 +279,8 @@ def strip_compiled_prefix(state_dict: dict) -> dict:
 
 
 def config_from_model_args(model_args: dict) -> GPTConfig:
-    """A GPTConfig from a checkpoint's ``model_args`` (unknown keys are ignored, as newer nanoGPTs add some)."""
+    """A GPTConfig from a checkpoint's ``model_args`` (unknown keys are ignored, as newer nanoGPTs add
+    some)."""
     known = {f.name for f in fields(GPTConfig)}
     missing = sorted({"n_layer", "n_head", "n_embd", "block_size", "vocab_size"} - set(model_args))
     if missing:

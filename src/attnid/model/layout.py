@@ -109,7 +109,8 @@ def orbit_of(model_or_config, circuit: str) -> Orbit:
 
 
 def attention_blocks(model):
-    """The model's transformer blocks, through DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+    """The model's transformer blocks, through DDP (``.module``) and ``torch.compile``
+    (``._orig_mod``) wrappers."""
     return _unwrap(model).transformer.h
 
 

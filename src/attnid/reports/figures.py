@@ -98,7 +98,8 @@ def styled(draw):
 
 
 def case_style(case: str) -> dict:
-    """color, label, linestyle and marker of a case (from :data:`attnid.training.cases.CASES`); gray for unknown ones."""
+    """color, label, linestyle and marker of a case (from :data:`attnid.training.cases.CASES`); gray
+    for unknown ones."""
     if case in CASES:
         return CASES[case].style()
     return {"color": "gray", "label": str(case), "linestyle": "-", "marker": "o"}
@@ -614,7 +615,7 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
                     clip_on=False,
                     label=f"{style['label']}: diverged",
                 )
-    for ax, floor, (column, label, log_y) in zip(axes, floors, panels):
+    for ax, floor, (_, label, log_y) in zip(axes, floors, panels):
         draw_floor_bands(ax, floor)
         ax.set_xscale("log")
         if log_y:

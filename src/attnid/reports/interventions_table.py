@@ -15,13 +15,15 @@ rebalancing case with its AdamW moments transported or reset (:func:`arm_name`:
 when those are among the runs (a row with that case as the baseline).
 
 The metrics (docs/design.md §11.5) are the final val loss, the best val loss and
-the val loss at equal wall time; the statistics (§11.1, §11.2) are :mod:`attnid.reports.statistics`'. Lower loss
-is better, so a negative ``delta_mean`` (arm minus baseline) is a gain of the arm.
+the val loss at equal wall time; the statistics (§11.1, §11.2) are
+:mod:`attnid.reports.statistics`'. Lower loss is better, so a negative ``delta_mean`` (arm minus
+baseline) is a gain of the arm.
 
 A pairing that is missing (an arm seed without a baseline run), a run listed twice or a pair trained for
 different step counts is an error. A pair in which a run diverged has no loss to compare: it is left out
 of the statistics, said on stdout, and ``n_seeds`` counts the pairs that remain; with fewer than
-:data:`attnid.reports.statistics.MIN_PAIRED_SEEDS` left, the row has no CI and its verdict is :data:`TOO_FEW_SEEDS`.
+:data:`attnid.reports.statistics.MIN_PAIRED_SEEDS` left, the row has no CI and its verdict is
+:data:`TOO_FEW_SEEDS`.
 """
 
 from __future__ import annotations

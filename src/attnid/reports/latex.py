@@ -527,7 +527,8 @@ def compile_pdf(main_tex: Path) -> Path:
     log is kept next to it (``main.log``)."""
     if shutil.which("latexmk") is None:
         raise UserError(
-            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) or drop --pdf"
+            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) "
+            "or drop --pdf"
         )
     if not main_tex.is_file():
         raise UserError(f"{main_tex} not found: --pdf compiles the main.tex that sits next to --out")

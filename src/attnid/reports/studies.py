@@ -90,8 +90,9 @@ class StudyPoint:
 
 def matched_single_head_embd(n_embd: int, reference_heads: int) -> int:
     """``E_0`` of the single head matched to an ``H_ref``-head layer of width ``E`` (§4.10, T6):
-    ``E sqrt(2 - 1/H_ref)`` (equal identified counts, :func:`attnid.theory.counts.single_head_match_equal_identified`,
-    docs/design.md §10), rounded to the nearest even integer (170 for ``E = 128``, ``H_ref = 4``)."""
+    ``E sqrt(2 - 1/H_ref)`` (equal identified counts,
+    :func:`attnid.theory.counts.single_head_match_equal_identified`, docs/design.md §10), rounded to the
+    nearest even integer (170 for ``E = 128``, ``H_ref = 4``)."""
     return 2 * math.floor(single_head_match_equal_identified(n_embd, reference_heads) / 2 + 0.5)
 
 
@@ -111,7 +112,8 @@ def heads_points(model: dict, heads: dict) -> list[StudyPoint]:
 
 
 def variants_points(model: dict, variants: dict) -> list[StudyPoint]:
-    """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H`` and ``E``."""
+    """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H``
+    and ``E``."""
     n_embd, n_head = int(model["n_embd"]), int(model["n_head"])
     head_dim = n_embd // n_head if n_embd % n_head == 0 else None
     return [
@@ -196,7 +198,8 @@ def run_architecture(info: dict) -> dict:
 
 
 def architecture_label(arch: dict) -> str:
-    """A short name of an attention shape for tables and figures: ``H=4``, ``GQA G=2``, ``RoPE``, ``H=1, E=170``."""
+    """A short name of an attention shape for tables and figures: ``H=4``, ``GQA G=2``, ``RoPE``,
+    ``H=1, E=170``."""
     parts = [f"H={arch['n_head']}"]
     if arch["n_kv_head"] != arch["n_head"]:
         parts.append("MQA" if arch["n_kv_head"] == 1 else f"GQA G={arch['n_kv_head']}")
@@ -315,8 +318,9 @@ def correlation_rows(
 ) -> list[dict]:
     """Spearman's ``r_s`` between the identified fraction and each :data:`CORRELATED` quantity across the
     points (docs/design.md §11.4): over the points' seed means, with the permutation p-value over those
-    means and the bootstrap CI over seeds (:mod:`attnid.reports.statistics`); and per seed (the points' runs with
-    that seed), whose mean and sample sd over the seeds are the seeds' spread, not an uncertainty."""
+    means and the bootstrap CI over seeds (:mod:`attnid.reports.statistics`); and per seed (the points'
+    runs with that seed), whose mean and sample sd over the seeds are the seeds' spread, not an
+    uncertainty."""
     rows = []
     done = runs[runs["status"] != "diverged"] if not runs.empty else runs
     for quantity in CORRELATED:
@@ -379,7 +383,8 @@ QUANTITY_TEX = {
 
 
 def render_study_table(study: str, points: pd.DataFrame) -> str:
-    """``<study>.tex`` from templates/identification_study.tex.j2 (:func:`attnid.reports.latex.render_table`)."""
+    """``<study>.tex`` from templates/identification_study.tex.j2
+    (:func:`attnid.reports.latex.render_table`)."""
     from attnid.reports.latex import render_table
 
     return render_table(

@@ -28,7 +28,8 @@ from attnid.theory.circuits import CIRCUITS
 from attnid.training.cases import CASES, rebalancing_cases
 from attnid.training.rundir import find_run_dirs, load_run
 
-# The cases E1 and E2 are claims about (and E2's prediction: every case with coupled weight decay) (E3 is about every case that rebalances, attnid.training.cases).
+# The cases E1 and E2 are claims about (and E2's prediction: every case with coupled weight decay)
+# (E3 is about every case that rebalances, attnid.training.cases).
 CLAIM_SGD_CASE, CLAIM_ADAMW_CASE = "sgd", "adamw"
 
 # Thresholds of the claims checked in claims.csv (docs/design.md §1, §3, §7). E1 and E2 are exact
@@ -184,7 +185,8 @@ def unidentified_qk_ov_params(config: dict) -> float:
 
 
 def run_dtype(info: dict) -> str:
-    """The training precision of a run: run.json's ``dtype``; runs that predate it were float32 (CPU) or bf16."""
+    """The training precision of a run: run.json's ``dtype``; runs that predate it were float32 (CPU)
+    or bf16."""
     dtype = info.get("dtype")
     if dtype:
         return "bf16" if dtype == "bfloat16" else str(dtype)
@@ -192,8 +194,9 @@ def run_dtype(info: dict) -> str:
 
 
 def summarize_drift(metrics: pd.DataFrame) -> dict:
-    """The drift split (docs/design.md §7): drift1, drift2 and their ratio at the last logged row per circuit,
-    the largest closure, and (SGD + coupled decay) the largest relative error of drift1 against its prediction.
+    """The drift split (docs/design.md §7): drift1, drift2 and their ratio at the last logged row per
+    circuit, the largest closure, and (SGD + coupled decay) the largest relative error of drift1 against
+    its prediction.
 
     ``drift_ratio_{qk,ov}_final`` = drift1 / drift2 at the last row (NaN where drift2 is 0), and
     ``drift_ratio_{qk,ov}_max`` the largest over the rows where drift2 is not 0.
@@ -247,7 +250,8 @@ def cases_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def mean_sd_over_seeds(runs: pd.DataFrame, columns) -> dict[str, float]:
-    """``<column>_mean`` and ``<column>_sd`` (sample sd, ddof=1; NaN below two finite values) of each column."""
+    """``<column>_mean`` and ``<column>_sd`` (sample sd, ddof=1; NaN below two finite values) of each
+    column."""
     out = {}
     for column in columns:
         values = pd.to_numeric(runs[column], errors="coerce").dropna()
@@ -355,7 +359,8 @@ def _claim(
     dtypes: str = "",
     max_round_off: float | None = None,
 ) -> dict:
-    """One row of claims.csv; ``max_round_off``: the coarsest training precision that resolves the threshold."""
+    """One row of claims.csv; ``max_round_off``: the coarsest training precision that resolves the
+    threshold."""
     if measured is None or not math.isfinite(measured):
         result = "missing"
     elif not resolves(dtypes, max_round_off):
@@ -491,8 +496,8 @@ def claims_table(
             _extreme(coupled, ["drift1_pred_relerr_max"]),
             "<",
             DRIFT_PRED_RELERR_MAX,
-            f"largest ||D1 - sum_s -2 lr_s wd I_s|| / ||prediction||, both circuits, over {len(coupled)} runs "
-            f"with coupled weight decay",
+            f"largest ||D1 - sum_s -2 lr_s wd I_s|| / ||prediction||, both circuits, "
+            f"over {len(coupled)} runs with coupled weight decay",
             _dtypes(coupled),
             FLOAT64_ONLY,
         ),

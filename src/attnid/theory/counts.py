@@ -119,7 +119,8 @@ def layer_shape(
 
 
 def factor_pair_nullity(rank_dim: int, n_a: int, n_b: int) -> int:
-    """Unidentified parameters of a factor pair ``A in R^{D x n_a}``, ``B in R^{D x n_b}`` seen through ``A^T B``.
+    """Unidentified parameters of a factor pair ``A in R^{D x n_a}``, ``B in R^{D x n_b}`` seen through
+    ``A^T B``.
 
     Lemma 4.1 / 4.3 and Cor. 4.4: the product is invariant under ``A -> S A``,
     ``B -> S^{-T} B``, ``S in GL_D``, so ``D^2`` of the ``D (n_a + n_b)``
@@ -401,7 +402,8 @@ def load_architectures(path: str | Path) -> dict[str, dict]:
     path = Path(path)
     if not path.exists():
         raise UserError(
-            f"architectures file {path} not found: pass --architectures PATH (default config/architectures.yaml)"
+            f"architectures file {path} not found: pass --architectures PATH "
+            f"(default config/architectures.yaml)"
         )
     data = read_yaml(path, "architectures file")
     entries = data.get("architectures") if isinstance(data, dict) else None
@@ -413,7 +415,8 @@ def load_architectures(path: str | Path) -> dict[str, dict]:
         unknown = set(spec) - ARCHITECTURE_KEYS
         if unknown:
             raise UserError(
-                f"{path}: architecture {name!r} has unknown field(s) {sorted(unknown)}; allowed: {sorted(ARCHITECTURE_KEYS)}"
+                f"{path}: architecture {name!r} has unknown field(s) {sorted(unknown)}; "
+                f"allowed: {sorted(ARCHITECTURE_KEYS)}"
             )
         missing = {"n_layer", "n_embd", "n_head", "source"} - set(spec)
         if missing:
@@ -492,9 +495,9 @@ DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
 
 
 def hf_whole_model_columns(name: str, spec: dict) -> dict:
-    """The whole-model columns of a Hugging Face model's row (:mod:`attnid.theory.whole_model`): its parameters, its
-    unidentified count over every symmetry class, and the identified fraction; a model family the census
-    does not cover gets empty values and the reason."""
+    """The whole-model columns of a Hugging Face model's row (:mod:`attnid.theory.whole_model`): its
+    parameters, its unidentified count over every symmetry class, and the identified fraction; a model
+    family the census does not cover gets empty values and the reason."""
     from attnid.theory.whole_model import whole_model_row
 
     if "whole_model_note" in spec:

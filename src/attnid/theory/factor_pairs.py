@@ -229,7 +229,8 @@ def rebalance_pairs(
     ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
 
     ``target_eigh`` (``torch.linalg.eigh(target_imbalance)``) and ``product``
-    (``product_svd(A, B)``) may be passed precomputed, which :meth:`attnid.theory.orbits.GeneralLinearOrbit.rebalance` does. Returns
+    (``product_svd(A, B)``) may be passed precomputed, which
+    :meth:`attnid.theory.orbits.GeneralLinearOrbit.rebalance` does. Returns
     ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero product) are
     returned unchanged with ``done`` False.
     """

@@ -108,7 +108,8 @@ def _rope_and_biases(config: dict, model_type: str) -> tuple[bool, bool, bool]:
 
 
 def architecture_from_hf_config(config: dict, source: str = "config.json") -> dict:
-    """An ``architectures.yaml``-style entry (see :func:`attnid.theory.counts.architecture_row`) for one HF config.
+    """An ``architectures.yaml``-style entry (see :func:`attnid.theory.counts.architecture_row`) for one
+    HF config.
 
     Raises a one-line UserError naming the field it could not find or the model type
     it does not know.

@@ -172,12 +172,14 @@ class GeneralLinearOrbit(Orbit):
         return int((sums > factor_pairs.SINGULAR_RTOL * scale).sum())
 
     def generic_dimension(self, head_dim, n_a, n_b):
-        """``D^2`` minus the stabiliser ``{X : X A = 0, X^T B = 0}``, of dimension ``(D - rank A)(D - rank B)``."""
+        """``D^2`` minus the stabiliser ``{X : X A = 0, X^T B = 0}``, of dimension
+        ``(D - rank A)(D - rank B)``."""
         return head_dim**2 - (head_dim - min(head_dim, n_a)) * (head_dim - min(head_dim, n_b))
 
 
 class RopeCommutantOrbit(Orbit):
-    """The commutant of the RoPE rotations (Prop. 4.8; docs/design.md §8); geometry in :mod:`attnid.theory.rope`."""
+    """The commutant of the RoPE rotations (Prop. 4.8; docs/design.md §8); geometry in
+    :mod:`attnid.theory.rope`."""
 
     name = "rope"
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from attnid.common.errors import UserError
 
-# make_optimizer(model, cfg, device_type) -> torch.optim.Optimizer; ``cfg`` is an attnid.training.config.TrainConfig
+# make_optimizer(model, cfg, device_type) -> torch.optim.Optimizer; ``cfg`` is an
+# attnid.training.config.TrainConfig
 OptimizerFactory = Callable[..., Any]
 
 

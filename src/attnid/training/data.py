@@ -255,7 +255,8 @@ def _rerun_hint(data_dir: Path) -> str:
 
 
 def load_meta(data_dir: str | os.PathLike) -> dict:
-    """Read ``meta.json``: ``vocab_size``, ``itos`` (list, index -> char), ``stoi``, token counts, source sha256."""
+    """Read ``meta.json``: ``vocab_size``, ``itos`` (list, index -> char), ``stoi``, token counts,
+    source sha256."""
     data_dir = Path(data_dir)
     path = data_dir / META_NAME
     if not path.is_file():

@@ -80,7 +80,8 @@ def parameter_dtype(dtype: str) -> torch.dtype:
 
 
 def apply_model_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
-    """Cast the model's parameters to :func:`parameter_dtype` in place (before the optimizer is made); returns it.
+    """Cast the model's parameters to :func:`parameter_dtype` in place (before the optimizer is made);
+    returns it.
 
     ``Module.to`` keeps parameter identity, so weight tying (``wte`` = ``lm_head``) survives.
     """
@@ -113,7 +114,8 @@ def set_tf32(enabled: bool) -> None:
 
 
 def configure_tf32(dtype: str) -> None:
-    """The precision policy's TF32 setting for training: on for ``bf16``/``fp16``, off for float32 and float64."""
+    """The precision policy's TF32 setting for training: on for ``bf16``/``fp16``, off for float32 and
+    float64."""
     _check(dtype)
     set_tf32(dtype in _AUTOCAST_DTYPES)
 

@@ -186,7 +186,8 @@ def load_run_checkpoint(path: Path, key: dict) -> dict:
     import torch
 
     try:
-        # on the CPU: RNG states must stay CPU tensors; load_state_dict moves weights and moments to the device
+        # on the CPU: RNG states must stay CPU tensors; load_state_dict moves weights and moments to the
+        # device
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         stored_format, stored_key = checkpoint["attnid"]["format"], checkpoint["attnid"]["resume_key"]
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file

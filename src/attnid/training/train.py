@@ -24,7 +24,8 @@ thread (``--metrics-threads 0``) or on worker threads while training goes on, wi
 The options are :class:`attnid.training.config.TrainConfig`, the optimizer cases
 :data:`attnid.training.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
 ``ckpt.pt``, resuming) :mod:`attnid.training.rundir`. See the README's "experiments" section.
-Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``: :mod:`attnid.training.loop`.
+Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``:
+:mod:`attnid.training.loop`.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ class Run:
         overlap = self.metrics is not None and cfg.metrics_threads
         metrics = f" + {cfg.metrics_threads} metrics" if overlap else ""
         say(
-            f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
+            f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, "
+            f"{self.model.get_num_params() / 1e6:.2f}M parameters, "
             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads}{metrics} thread(s), "
             f"{cfg.max_iters} steps -> {self.out}"
         )
@@ -527,7 +529,8 @@ class Run:
         rundir.write_outputs(self.out, self.rows, summary)
         say(
             f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
-            f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, {self.out / rundir.RUN_FILE}"
+            f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, "
+            f"{self.out / rundir.RUN_FILE}"
         )
         return 0
 
@@ -557,7 +560,8 @@ def train(cfg: TrainConfig) -> int:
         if run.step == 0:
             progress.stage("evaluating the initial model")
             run.log_initial_state()
-        # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's own lines
+        # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's
+        # own lines
         progress.stage(lambda: f"step {run.step}/{cfg.max_iters}")
         with StopSignals() as stop:
             # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
