@@ -19,6 +19,7 @@ from test_model import reference_logits  # an independent nanoGPT forward
 from attnid.cli import main
 from attnid.common.errors import UserError
 from attnid.common.files import load_weights_only
+from attnid.edits.checkpoints import load_checkpoint
 from attnid.measure.inspect import inspect_model
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from attnid.model.layout import model_pairs
@@ -350,6 +351,24 @@ def test_variants_outside_the_edits_are_one_line_errors(tmp_path, capsys, varian
     assert run(*command[:1], tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", *command[1:]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.pt").exists()
+
+
+def test_a_layer_without_its_output_projection_is_a_one_line_error(tmp_path, capsys):
+    """nanoGPT checkpoints are read with shapes checked but keys optional: a layer lacking
+    ``attn.c_proj.weight`` is refused in one line by the command, nothing written, and by
+    ``Checkpoint.attention_layer`` itself (a UserError, not a layer holding None)."""
+    model = trained_model()
+    save_nanogpt(model, tmp_path / "ckpt.pt", compiled=False)
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    last = model.config.n_layer - 1
+    del checkpoint["model"][f"transformer.h.{last}.attn.c_proj.weight"]
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    assert run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt") == 2
+    err = capsys.readouterr().err
+    assert "attn.c_proj.weight" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.pt").exists()
+    with pytest.raises(UserError, match=f"h.{last}.attn.c_proj.weight"):
+        load_checkpoint(tmp_path / "ckpt.pt").attention_layer(last)
 
 
 @pytest.mark.parametrize(

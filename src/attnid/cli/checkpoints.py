@@ -18,7 +18,7 @@ from attnid.edits.checkpoints import (
     save_checkpoint,
     weight_format,
 )
-from attnid.edits.hf_llama import STORED_DTYPES, set_stored_dtype
+from attnid.edits.hf_llama import STORED_DTYPES, LlamaCheckpoint, set_stored_dtype
 from attnid.edits.operations import (
     BALANCE_TARGETS,
     attention_variant,
@@ -146,7 +146,7 @@ def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _stored_dtype(checkpoint: Checkpoint) -> str:
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.stored_dtype()
     stored = checkpoint.tensors[f"{checkpoint.layer_prefix}0.attn.c_attn.weight"]
     return str(stored.dtype).removeprefix("torch.")
@@ -180,7 +180,7 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
         "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
         "input_dtype": _stored_dtype(checkpoint),
     }
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         report.update(
             {
                 "model_type": checkpoint.model_type,

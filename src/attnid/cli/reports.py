@@ -123,7 +123,8 @@ def run_tables(args) -> int:
         )
     for row in tables["claims"].itertuples():
         print(
-            f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'} ({row.detail})"
+            f"{row.result:>7}  {row.claim}: measured {row.measured:.3g} in {row.dtype or '?'!s} "
+            f"({row.detail})"
         )
     print(f"wrote {len(tables)} tables to {args.out_dir}")
     return 0

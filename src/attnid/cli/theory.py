@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
@@ -129,7 +130,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 DEFAULT_CENSUS_OUT = "results/theory/census.csv"
 MAX_PARAMS = 3000  # the Jacobian has ROW_FACTOR x this many rows squared: minutes beyond it on a CPU
-FAMILIES = {  # presets; every flag given explicitly overrides them
+FAMILIES: dict[str, dict[str, Any]] = {  # presets; every flag given explicitly overrides them
     "nanogpt": dict(norm="layernorm", mlp="gelu", tied=True),
     "llama": dict(norm="rmsnorm", mlp="swiglu", tied=False, rope=True),
 }

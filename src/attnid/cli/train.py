@@ -60,6 +60,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     rule = outputs.current()
     rule.read(args.config, cfg.data)
+    assert cfg.out is not None  # resolve_config requires --out
     out = rule.write_dir(cfg.out, "--out")
     rule.write(out / rundir.METRICS_FILE, outputs.CSV)
     rule.write(out / rundir.RUN_FILE, rundir.RUN_JSON)

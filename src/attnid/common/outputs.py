@@ -183,13 +183,16 @@ class OutputRule:
             for item in sorted(path.iterdir()) if path.is_dir() else [path]:
                 if item.is_file():
                     self._inputs.setdefault(_resolved(item), str(item))
-                    self._input_ids.setdefault(_file_id(item), str(item))
+                    file_id = _file_id(item)
+                    if file_id is not None:  # gone since is_file(): no id to match it by
+                        self._input_ids.setdefault(file_id, str(item))
 
     def _input_named(self, path: Path) -> str | None:
         resolved = _resolved(path)
         if resolved in self._inputs:
             return self._inputs[resolved]
-        return self._input_ids.get(_file_id(path)) if path.is_file() else None
+        file_id = _file_id(path) if path.is_file() else None
+        return self._input_ids.get(file_id) if file_id is not None else None
 
     # ----- outputs --------------------------------------------------------------------
 

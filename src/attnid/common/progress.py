@@ -83,8 +83,7 @@ class Heartbeat:
                 )
                 self._stream.flush()
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         sys.stderr = self._original
-        return False

@@ -89,14 +89,20 @@ class Checkpoint:
 
     def attention_layer(self, layer: int) -> AttentionLayer:
         """One layer's attention tensors as float64 copies in nanoGPT's layout."""
-        parts = []
-        for part in ATTENTION_PARTS:
-            tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
-            if tensor is not None:
-                tensor = tensor.detach().to(torch.float64, copy=True)
-                tensor = tensor.t().contiguous() if self.transposed and tensor.dim() == 2 else tensor
-            parts.append(tensor)
-        return AttentionLayer(*parts)
+        weight, bias, proj_weight, proj_bias = (self._attention_part(layer, part) for part in ATTENTION_PARTS)
+        if weight is None or proj_weight is None:  # the biases are optional, the weights are not
+            missing = ATTENTION_PARTS[0] if weight is None else ATTENTION_PARTS[2]
+            raise UserError(
+                f"{self.path} has no {self.layer_prefix}{layer}.{missing}: cannot edit its attention"
+            )
+        return AttentionLayer(weight, bias, proj_weight, proj_bias)
+
+    def _attention_part(self, layer: int, part: str) -> torch.Tensor | None:
+        tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
+        if tensor is None:
+            return None
+        tensor = tensor.detach().to(torch.float64, copy=True)
+        return tensor.t().contiguous() if self.transposed and tensor.dim() == 2 else tensor
 
     def attention_layers(self) -> list[AttentionLayer]:
         return [self.attention_layer(layer) for layer in range(self.n_layer)]
@@ -111,6 +117,8 @@ class Checkpoint:
                     if value is not None:
                         raise ValueError(f"{key} is not in the checkpoint, cannot write it")
                     continue
+                if value is None:
+                    raise ValueError(f"{key} is in the checkpoint but the edited layer has none")
                 value = value.t() if self.transposed and value.dim() == 2 else value
                 self.tensors[key] = value.to(self.tensors[key].dtype).contiguous()
 
@@ -217,7 +225,7 @@ GPT2_SIZES = ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")
 
 def _gpt2_sizes(config: dict, where: Path) -> dict[str, int]:
     """The sizes of a GPT-2 ``config.json`` that the weights' shapes follow, each a positive integer."""
-    sizes = {}
+    sizes: dict[str, int] = {}
     for name in GPT2_SIZES:
         value = config.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -227,7 +235,7 @@ def _gpt2_sizes(config: dict, where: Path) -> dict[str, int]:
         raise UserError(f"{where}: n_embd {sizes['n_embd']} is not a multiple of n_head {sizes['n_head']}")
     inner = config.get("n_inner")
     usable = isinstance(inner, int) and not isinstance(inner, bool) and inner > 0
-    sizes["n_inner"] = inner if usable else 4 * sizes["n_embd"]  # GPT-2's default: None means 4E
+    sizes["n_inner"] = inner if isinstance(inner, int) and usable else 4 * sizes["n_embd"]  # None means 4E
     return sizes
 
 
@@ -235,8 +243,8 @@ def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict
     """``(attention, other)`` ``{stored name: shape}`` of a GPT-2 folder, from its config's sizes. GPT-2's
     Conv1D stores ``(in, out)``; ``prefix`` is the stored prefix of ``h.{i}.`` (:func:`_layer_prefix`)."""
     E, inner, base = sizes["n_embd"], sizes["n_inner"], prefix[: -len("h.")]
-    attention = {}
-    other = {
+    attention: dict[str, tuple[int, ...]] = {}
+    other: dict[str, tuple[int, ...]] = {
         f"{base}wte.weight": (sizes["vocab_size"], E),
         f"{base}wpe.weight": (sizes["n_positions"], E),
         f"{base}ln_f.weight": (E,),
@@ -363,8 +371,9 @@ def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict
         torch_save_atomic(out, payload)
         return out
     if checkpoint.kind == HF_LLAMA:
-        from attnid.edits.hf_llama import save_hf_llama
+        from attnid.edits.hf_llama import LlamaCheckpoint, save_hf_llama
 
+        assert isinstance(checkpoint, LlamaCheckpoint)  # the one class load_hf_llama makes of that kind
         return save_hf_llama(checkpoint, out)
     return _save_hf(checkpoint, out)
 

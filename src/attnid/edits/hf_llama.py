@@ -92,15 +92,22 @@ class LlamaCheckpoint(Checkpoint):
         tensor = self.tensors.get(self.key(layer, projection, part))
         return None if tensor is None else tensor.detach().to(torch.float64, copy=True)
 
+    def _float64_weight(self, layer: int, projection: str) -> torch.Tensor:
+        # _check_tensors found every attention weight with config.json's shape: each one is there
+        weight = self._float64(layer, projection, "weight")
+        assert weight is not None, self.key(layer, projection, "weight")
+        return weight
+
     def attention_layer(self, layer: int) -> AttentionLayer:
         """One layer as float64 copies in nanoGPT's grouped layout: ``c_attn_weight`` ``(H D + 2 G D, E)``."""
-        weights = [self._float64(layer, p, "weight") for p in PROJECTIONS[:3]]
+        weights = [self._float64_weight(layer, p) for p in PROJECTIONS[:3]]
         biases = [self._float64(layer, p, "bias") for p in PROJECTIONS[:3]]
-        bias = None if biases[0] is None else torch.cat(biases)  # (H D + 2 G D,)
+        present = [b for b in biases if b is not None]  # q, k and v together or none (_check_tensors)
+        bias = torch.cat(present) if present else None  # (H D + 2 G D,)
         return AttentionLayer(
             torch.cat(weights),
             bias,
-            self._float64(layer, "o_proj", "weight"),
+            self._float64_weight(layer, "o_proj"),
             self._float64(layer, "o_proj", "bias"),
         )
 

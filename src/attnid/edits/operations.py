@@ -32,6 +32,7 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, AttentionLayer, Checkpoint
+from attnid.edits.hf_llama import LlamaCheckpoint
 from attnid.model.gpt import COMPILED_PREFIX
 from attnid.model.layout import (
     AttentionLayout,
@@ -86,7 +87,7 @@ def checkpoint_layout(checkpoint: Checkpoint) -> AttentionLayout:
     """How the edits cut a checkpoint's attention into pairs (docs/design.md §9): a Llama-family folder's
     own grouped layout (:mod:`attnid.edits.hf_llama`); for nanoGPT and GPT-2 the ``(3E, E)`` multi-head
     block (``G = H``, ``D = E/H``), with RoPE where ``model_args`` say so."""
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.layout
     first = checkpoint.attention_layer(0)
     n_embd = first.c_attn_weight.shape[1]
@@ -105,7 +106,7 @@ def checkpoint_shape(checkpoint: Checkpoint) -> counts.LayerShape:
     """counts.py's shape of one attention layer of the checkpoint (the closed forms' input): from
     ``config.json`` for a Llama-family folder (as ``attnid counts --hf-config`` reads it), else from
     :func:`checkpoint_layout` and whether ``c_proj`` has a bias."""
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.shape
     layout = checkpoint_layout(checkpoint)
     return counts.layer_shape(

@@ -255,6 +255,8 @@ class DriftTracker:
             self.first[circuit] += orbit.project_to_algebra(first)
             self.second[circuit] += orbit.project_to_algebra(second)
             if self.predicted_first is not None:
+                # lr is checked above; the decay is set whenever there is a prediction (__init__)
+                assert lr is not None and self.coupled_weight_decay is not None
                 columns = pair_weight_columns(self.layout, circuit)
                 predicted = coupled_decay_first_order(
                     step.pre.pair_a, step.pre.pair_b, lr, self.coupled_weight_decay, weight_columns=columns

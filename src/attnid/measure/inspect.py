@@ -7,12 +7,15 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from attnid.measure.metrics import excess_norm
 from attnid.model.layout import (
     AttentionLayout,
+    LayerTensors,
     attention_tensors,
     layer_shape_of,
     layout_of,
@@ -49,7 +52,9 @@ def inspect_model(model) -> dict:
 
 
 @torch.no_grad()
-def inspect_layers(layout: AttentionLayout, shape: counts.LayerShape, tensors_per_layer) -> dict:
+def inspect_layers(
+    layout: AttentionLayout, shape: counts.LayerShape, tensors_per_layer: Iterable[LayerTensors]
+) -> dict:
     """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit, the
     orbit's dimension at the weights (the tangent map's rank) next to the closed form of
     :mod:`attnid.theory.counts` for ``shape``, and the identification counts of that shape.
@@ -64,7 +69,7 @@ def inspect_layers(layout: AttentionLayout, shape: counts.LayerShape, tensors_pe
     zero = torch.zeros((), dtype=torch.float64)
     totals = {c: [zero.clone(), zero.clone()] for c in CIRCUITS}  # sum of ||A||^2 + ||B||^2, of its minimum
     for layer, tensors in enumerate(tensors_per_layer):
-        row = {
+        row: dict[str, Any] = {
             "layer": layer,
             "heads": layout.n_head,
             "kv_heads": layout.n_kv_head,

@@ -36,7 +36,14 @@ import torch
 from attnid.common.errors import UserError
 from attnid.measure.products import CircuitPairs, CircuitStep, read_pairs, steps_between
 from attnid.model import moves
-from attnid.model.layout import attention_blocks, attention_tensors, layout_of, orbit_of, stacked_pairs
+from attnid.model.layout import (
+    LayerTensors,
+    attention_blocks,
+    attention_tensors,
+    layout_of,
+    orbit_of,
+    stacked_pairs,
+)
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
 
@@ -153,19 +160,18 @@ class MetricTracker:
         """The CPU for host metrics; None: wherever the model is."""
         return torch.device("cpu") if self.on_host else None
 
-    def _to_compute(
-        self, tensors, copy: bool
-    ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def _to_compute(self, tensors: list[LayerTensors], copy: bool) -> list[LayerTensors]:
         """Per-layer tensors moved to the host (float64; always a new tensor with ``copy``) for host
         metrics; as they are otherwise."""
         if not self.on_host:
             return tensors
+
+        def to_host(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.detach().to(device="cpu", dtype=torch.float64, copy=copy)
+
         return [
-            tuple(
-                None if t is None else t.detach().to(device="cpu", dtype=torch.float64, copy=copy)
-                for t in layer
-            )
-            for layer in tensors
+            (to_host(weight), None if bias is None else to_host(bias), to_host(proj))
+            for weight, bias, proj in tensors
         ]
 
     @torch.no_grad()
@@ -218,12 +224,11 @@ class MetricTracker:
             proj_sq, singular = orbit.unidentified_sq_norm_from_products(
                 *step.pre_grams, step.cross_a, step.cross_b
             )
-            proj_sq = _per_layer(proj_sq, self.n_layer)
-            step_sq = _per_layer(step.step_sq_norm(), self.n_layer)
-            proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
-            row[f"rho_{circuit}"] = _share(sum(proj_sq), sum(step_sq))
+            proj_per_layer = _per_layer(proj_sq, self.n_layer).tolist()
+            step_per_layer = _per_layer(step.step_sq_norm(), self.n_layer).tolist()
+            row[f"rho_{circuit}"] = _share(sum(proj_per_layer), sum(step_per_layer))
             for layer in range(self.n_layer):
-                row[f"rho_{circuit}_l{layer}"] = _share(proj_sq[layer], step_sq[layer])
+                row[f"rho_{circuit}_l{layer}"] = _share(proj_per_layer[layer], step_per_layer[layer])
             singular_pairs += int(singular.sum())
         row["rho_singular_pairs"] = singular_pairs
         return row

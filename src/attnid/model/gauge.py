@@ -140,6 +140,10 @@ class GaugeFixedQKV(nn.Module):
     one) is trained as in ``GPT``. The state dict holds ``weight`` and ``bias`` only: nanoGPT's keys.
     """
 
+    weight: torch.Tensor  # a buffer (register_buffer), which Module's attribute lookup cannot type
+    bias: torch.Tensor | None
+    query_weight: torch.Tensor  # a parameter (register_parameter), as are the free key/value pieces
+
     def __init__(
         self, linear: nn.Linear, layout: AttentionLayout, key_starts: list[int], value_starts: list[int]
     ):
@@ -194,7 +198,7 @@ class GaugeFixedQKV(nn.Module):
             rows.append(
                 torch.cat(
                     [
-                        piece if name is None else getattr(self, name)
+                        piece if name is None else self.get_parameter(name)
                         for name, piece in row
                         if piece.shape[1] > 0
                     ],

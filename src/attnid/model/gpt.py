@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -192,6 +193,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    # an nn.ModuleDict (wte, wpe without RoPE, drop, h, ln_f) read by attribute, as nanoGPT does: its
+    # entries are only known at run time, so the type checker takes them as they come
+    transformer: Any
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         assert config.vocab_size is not None and config.block_size is not None

@@ -162,5 +162,5 @@ def kept_attention_weights(model):
         with torch.no_grad():
             for live, kept in zip(tensors, saved):
                 for live_tensor, kept_tensor in zip(live, kept):
-                    if live_tensor is not None:
+                    if live_tensor is not None and kept_tensor is not None:  # both or neither
                         live_tensor.copy_(kept_tensor)

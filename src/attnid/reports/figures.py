@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -151,7 +152,7 @@ def plot_band(ax, band: pd.DataFrame, color: str, label: str | None, **line_kwar
 def coarsest_dtype(dtypes) -> str:
     """The precision with the highest round-off floor among ``dtypes`` (``float32`` when none is known)."""
     known = [d for d in dtypes if d in UNIT_ROUND_OFF]
-    return max(known, key=UNIT_ROUND_OFF.get) if known else "float32"
+    return max(known, key=lambda dtype: UNIT_ROUND_OFF[dtype]) if known else "float32"
 
 
 def round_off_floor(dtype: str, order: int = 1) -> float:
@@ -258,7 +259,7 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
     fig, (ax, ax_log) = plt.subplots(1, 2, figsize=(3 * PANEL_WIDTH, 1.3 * PANEL_HEIGHT))
     n_embd = 8192  # wide enough that every power-of-two head count up to 128 divides it
     heads = np.array([1, 2, 4, 8, 16, 32, 64, 128])
-    curves = [
+    curves: list[tuple[str, dict[str, Any], str, str]] = [
         ("MHA: $1 - 1/(2H)$", {}, "-", "#0072B2"),
         ("GQA, 8 query heads per key/value head", {"gqa": 8}, "--", "#D55E00"),
         ("MHA + RoPE", {"rope": True}, ":", "#009E73"),
@@ -282,13 +283,13 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
     attention = nullity[nullity["kind"] == "attention"].copy()
     if not attention.empty:
         attention["measured_fraction"] = 1.0 - attention["measured"] / attention["n_params"]
-        for axis, values in (
+        for axis, points in (
             (ax, attention["measured_fraction"]),
             (ax_log, 1.0 - attention["measured_fraction"]),
         ):
             axis.scatter(
                 attention["n_head"],
-                values,
+                points,
                 marker="o",
                 facecolors="none",
                 edgecolors="black",
@@ -299,13 +300,13 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
             )
 
     if "identified_fraction" in counts:
-        for axis, values in (
+        for axis, points in (
             (ax, counts["identified_fraction"]),
             (ax_log, 1.0 - counts["identified_fraction"]),
         ):
             axis.scatter(
                 counts["n_head"],
-                values,
+                points,
                 marker="*",
                 color="#E69F00",
                 s=80,
@@ -317,8 +318,11 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
         # one label per distinct point: models with the same attention shape share it
         shared = counts.groupby(["n_head", "identified_fraction"], sort=True)["architecture"].apply(", ".join)
         # names in a column right of the curves, spread apart in log space, with leader lines
-        ordered = sorted(shared.items(), key=lambda item: -(1.0 - item[0][1]))
-        label_log_y, min_gap = [], 0.16
+        # groupby's keys are typed Hashable: here each is (n_head, identified_fraction)
+        by_shape = cast(list[tuple[tuple[int, float], str]], list(shared.items()))
+        ordered = sorted(by_shape, key=lambda item: -(1.0 - item[0][1]))
+        label_log_y: list[float] = []
+        min_gap = 0.16
         for (_, fraction), _ in ordered:
             wanted = math.log10(1.0 - fraction)
             label_log_y.append(min(wanted, label_log_y[-1] - min_gap) if label_log_y else wanted)
@@ -359,7 +363,9 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     """Figure 2 (E1, E2): loss and ρ (QK, OV) vs step for every case."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
-    floors = {circuit: {dtype: [] for dtype in UNIT_ROUND_OFF} for circuit in ("qk", "ov")}
+    floors: dict[str, dict[str, list[str]]] = {
+        circuit: {dtype: [] for dtype in UNIT_ROUND_OFF} for circuit in ("qk", "ov")
+    }  # circuit -> dtype -> labels of the cases at that round-off
     for case, case_runs in runs.items():
         style = case_style(case)
         plot_band(
@@ -405,7 +411,7 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
 def _figure_legend(fig, ax, ncol: int = 6) -> None:
     """One legend for the whole figure, below the panels, without repeated labels (``ax``'s first,
     then any other panel's: a series drawn as a round-off band is absent from its panel)."""
-    unique = {}
+    unique: dict[str, Any] = {}  # label -> handle
     for axis in [ax] + [other for other in fig.axes if other is not ax]:
         handles, labels = axis.get_legend_handles_labels()
         for handle, label in zip(handles, labels):
@@ -488,7 +494,8 @@ def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
     style = case_style(case)
     dtype = runs_dtype(case_runs)
     plot_band(ax, seed_band(case_runs, f"beta_{circuit}", positive=True), style["color"], None, linestyle="-")
-    floors, steps = {dtype: []}, 1
+    floors: dict[str, list[str]] = {dtype: []}
+    steps = 1
     for order, linestyle in ((1, "--"), (2, ":")):
         band = seed_band(case_runs, f"drift{order}_{circuit}", positive=True)
         plot_band(ax, band, style["color"], None, linestyle=linestyle)
@@ -564,13 +571,13 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
         ("rho_qk_mean", r"mean $\rho_{QK}$", True),
         ("final_val_loss", "final val loss", False),
     ]
-    floors = [{dtype: [] for dtype in UNIT_ROUND_OFF} for _ in panels]
+    floors: list[dict[str, list[str]]] = [{dtype: [] for dtype in UNIT_ROUND_OFF} for _ in panels]
     for optimizer, group in sweep.groupby("optimizer", sort=False):
-        style = case_style(optimizer)
+        style = case_style(str(optimizer))
         group = group.sort_values("lr")
         done = group[group["status"] != "diverged"]
         diverged = group[group["status"] == "diverged"]
-        listed = done["dtype"].dropna().astype(str) if "dtype" in done else []
+        listed: pd.Series | list[str] = done["dtype"].dropna().astype(str) if "dtype" in done else []
         dtype = coarsest_dtype([name for value in listed for name in value.split("+")])
         for ax, floor, (column, _, log_y) in zip(axes, floors, panels):
             rounded = log_y and at_round_off(done[column], dtype)
@@ -767,7 +774,7 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
 def spread_positions(values: list[float], min_gap: float) -> list[float]:
     """Positions for labels of sorted ``values``: in the same order, at least ``min_gap`` apart, as close to
     the values as that allows (pushed apart upwards, then the block re-centred on the values' mean)."""
-    positions = []
+    positions: list[float] = []
     for value in values:
         positions.append(value if not positions else max(value, positions[-1] + min_gap))
     shift = (sum(values) - sum(positions)) / len(values) if values else 0.0
@@ -943,7 +950,8 @@ def _drift_ratio_max(runs: list) -> float:
 def _draw_orbit_panel(ax, column: str, series: list[tuple[str, dict, list]]) -> None:
     """One circuit-pair quantity (ρ or drift1) of each run group, both circuits (QK solid, OV dashed), on
     a log axis; a group at its precision's round-off is a labelled floor band, never data (design §13)."""
-    floors = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}  # dtype -> (labels, steps summed)
+    # dtype -> (labels, steps summed)
+    floors: dict[str, tuple[list[str], int]] = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}
     for label, style, runs in series:
         dtype = runs_dtype(runs)
         for circuit, linestyle in (("qk", "-"), ("ov", "--")):

@@ -190,7 +190,7 @@ def _paired_values(
             f"arm {arm}: seed(s) {', '.join(map(str, unpaired))} have no {baseline} run to pair "
             f"with; pass the {baseline} runs of the same seeds (or leave those {arm} runs out)"
         )
-    values = {metric: ({}, {}) for metric in METRICS}
+    values: dict[str, tuple[dict[int, float], dict[int, float]]] = {metric: ({}, {}) for metric in METRICS}
     for seed, run in sorted(arm_runs.items()):
         base = baseline_runs[seed]
         if run["max_iters"] != base["max_iters"]:

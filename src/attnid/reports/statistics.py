@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 from scipy import stats
@@ -31,7 +32,7 @@ from scipy import stats
 CONFIDENCE_LEVEL = 0.95
 # Percentile, not scipy's default BCa: BCa's acceleration is a jackknife over the sample, which at 3-10
 # seeds is itself noise, and it is undefined for a sample whose values are all equal (§11.1).
-BOOTSTRAP_METHOD = "percentile"
+BOOTSTRAP_METHOD: Final = "percentile"
 BOOTSTRAP_RESAMPLES = 9_999
 # scipy enumerates every sign vector when 2**n is at most this (n <= 13 seeds), else draws this many.
 SIGN_FLIP_RESAMPLES = 9_999

@@ -75,7 +75,7 @@ class StudyPoint:
     n_embd: int
     n_head: int
     n_kv_head: int
-    head_dim: int
+    head_dim: int | None  # None: E/H, when H divides E
     rope: bool
 
     def architecture(self) -> dict:
@@ -147,7 +147,8 @@ def reused_points(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
     trains (the same attention shape and the same study settings, so the same `attnid train` flags for
     each seed; e.g. the variants' ``mha`` and the heads' ``h4`` at the default ``H``) takes that point's
     runs instead of training them again. The first point of a kind, in config order, is the one trained."""
-    trained, reused = {}, {}
+    trained: dict[tuple, tuple[str, str]] = {}
+    reused: dict[tuple[str, str], tuple[str, str]] = {}
     for study, points in study_points(config).items():
         settings = tuple(sorted(study_run_settings(config[study]).items()))
         for point in points:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -271,7 +272,7 @@ def sweep_table(sweep_runs: pd.DataFrame) -> pd.DataFrame:
         status = "ok" if not diverged.any() else ("diverged" if diverged.all() else "partly diverged")
         row = {
             "optimizer": optimizer,
-            "lr": float(lr),
+            "lr": float(cast(float, lr)),  # groupby's keys are typed Hashable
             "status": status,
             "dtype": _dtypes(group),
             "n_seeds": len(group),
@@ -700,10 +701,10 @@ def write_tables(
             f"no runs (run.json) under {runs_dir}; run the training jobs first (snakemake --cores all)"
         )
     sweep_dirs = find_run_dirs(sweep_dir, sweep_runs)
-    runs = runs_table(run_dirs)
-    sweep_runs = runs_table(sweep_dirs) if sweep_dirs else pd.DataFrame()
-    cases = cases_table(runs)
-    sweep = sweep_table(sweep_runs)
+    run_rows = runs_table(run_dirs)
+    sweep_run_rows = runs_table(sweep_dirs) if sweep_dirs else pd.DataFrame()
+    cases = cases_table(run_rows)
+    sweep = sweep_table(sweep_run_rows)
     slopes = (
         sweep_slopes_table(sweep)
         if not sweep.empty
@@ -724,17 +725,17 @@ def write_tables(
             runs_table(find_run_dirs(None, intervention_runs)) if intervention_runs else None,
             runs_table(find_run_dirs(None, identity_runs)) if identity_runs else None,
         )
-    claims = claims_table(runs, slopes, sweep_runs, census, *(interventions or (None, None)))
+    claims = claims_table(run_rows, slopes, sweep_run_rows, census, *(interventions or (None, None)))
 
     out = Path(out_dir)
-    write_csv_atomic(out / "runs.csv", runs)
+    write_csv_atomic(out / "runs.csv", run_rows)
     write_csv_atomic(out / "cases.csv", cases)
     write_csv_atomic(out / "sweep.csv", sweep)
     write_csv_atomic(out / "sweep_slopes.csv", slopes)
     write_csv_atomic(out / "claims.csv", claims)
-    write_text_atomic(out / "runs.tex", render_table("experiment_runs.tex.j2", runs=runs))
+    write_text_atomic(out / "runs.tex", render_table("experiment_runs.tex.j2", runs=run_rows))
     write_text_atomic(out / "cases.tex", render_table("experiment_cases.tex.j2", cases=cases))
     write_text_atomic(
         out / "sweep.tex", render_table("experiment_sweep.tex.j2", sweep=sweep, slopes=slopes, claims=claims)
     )
-    return {"runs": runs, "cases": cases, "sweep": sweep, "sweep_slopes": slopes, "claims": claims}
+    return {"runs": run_rows, "cases": cases, "sweep": sweep, "sweep_slopes": slopes, "claims": claims}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -355,7 +356,7 @@ def measure(
 def census(shape: theory.WholeModelShape, seed: int = 0, rope_base: float = CENSUS_ROPE_BASE) -> dict:
     """Closed forms and measurement of one shape: one row of census.csv."""
     dims = theory.class_dims(shape)
-    row = {"shape": describe_shape(shape), **{f"class_{name}": value for name, value in dims.items()}}
+    row: dict[str, Any] = {"shape": describe_shape(shape), **{f"class_{name}": v for name, v in dims.items()}}
     row["theory"] = sum(dims.values())
     row.update(measure(shape, seed, rope_base=rope_base))
     row["attention_only"] = theory.attention_only_unidentified(shape)
@@ -406,10 +407,17 @@ def hand_picked_shapes() -> list[theory.WholeModelShape]:
     """Tiny shapes over every axis: layers, heads, width, biases, tying, norm, GQA, RoPE, MLP, block
     size, vocabularies below and above the width, a first layer that sees less than the stream, epsilon."""
     s = theory.whole_model_shape
-    nanogpt = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
-    biases = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
-    llama = {"norm": "rmsnorm", "mlp": "swiglu", "tied": False, "positions": "rope", "mlp_hidden": 12}
-    small = {"n_embd": 8, "n_head": 2, "block_size": 4}
+    # keyword arguments of whole_model_shape, splatted into it
+    nanogpt: dict[str, Any] = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
+    biases: dict[str, Any] = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
+    llama: dict[str, Any] = {
+        "norm": "rmsnorm",
+        "mlp": "swiglu",
+        "tied": False,
+        "positions": "rope",
+        "mlp_hidden": 12,
+    }
+    small: dict[str, Any] = {"n_embd": 8, "n_head": 2, "block_size": 4}
     llama_learned = llama | {"positions": "learned", "mlp_hidden": 6}
     llama_narrow = llama | {"mlp_hidden": 6}
     return [
@@ -473,7 +481,7 @@ def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theo
         n_kv_head = rng.choice([1, 2])
         positions = rng.choice(["learned", "learned", "rope", "none"])
         norm = rng.choice(theory.NORMS)
-        options = dict(
+        options: dict[str, Any] = dict(
             n_embd=n_embd,
             n_head=n_kv_head * rng.choice([1, 2, 3]),
             n_kv_head=n_kv_head,

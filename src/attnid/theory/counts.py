@@ -480,7 +480,8 @@ def single_head_table(architectures: dict[str, dict], extra_heads=(1, 2, 4, 8, 1
     ``H`` at ``E = 768``. Both readings of docs/design.md §10 are columns of every row."""
     import pandas as pd
 
-    rows, seen = [], {}
+    rows: list[dict] = []
+    seen: dict[tuple[int, int], list[str]] = {}
     for name, spec in architectures.items():
         key = (int(spec["n_embd"]), int(spec["n_head"]))
         seen.setdefault(key, []).append(name)

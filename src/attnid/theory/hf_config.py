@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from attnid.common.errors import UserError
 
@@ -125,7 +126,7 @@ def architecture_from_hf_config(config: dict, source: str = "config.json") -> di
             f"whether it uses RoPE and attention biases is not in its config"
         )
     n_head = _field(config, "n_head", source)
-    spec = {
+    spec: dict[str, Any] = {
         "n_layer": _field(config, "n_layer", source),
         "n_embd": _field(config, "n_embd", source),
         "n_head": n_head,

@@ -26,13 +26,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnid.theory import counts
-from attnid.theory.rope import (
-    rope_rotate,
-)  # the model's rotation: the nullity checks test the RoPE the model runs
+from attnid.theory.rope import rope_rotate  # the model's rotation: the checks test the RoPE it runs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GAP_REQUIRED = 1e6
 RANK_RTOL = 1e-9  # singular values below RANK_RTOL * s_max count as zero
@@ -54,6 +56,12 @@ class NullityCase:
     bias: bool = False
     out_bias: bool | None = None
     seq_len: int = 6
+
+    def pair_dim(self) -> int:
+        """``D`` of a ``pair`` case (its ``head_dim``, which a pair case must name)."""
+        if self.head_dim is None:
+            raise ValueError(f"{self.name}: a pair case needs head_dim")
+        return self.head_dim
 
     def shape(self) -> counts.LayerShape:
         return counts.layer_shape(
@@ -162,7 +170,7 @@ def default_cases() -> list[NullityCase]:
 def theory_nullity(case: NullityCase) -> int:
     """The closed form from counts.py that the case checks."""
     if case.kind == "pair":
-        return counts.factor_pair_nullity(case.head_dim, case.n_embd, case.n_embd)
+        return counts.factor_pair_nullity(case.pair_dim(), case.n_embd, case.n_embd)
     if case.kind == "single_head":
         return counts.single_head_unidentified_params(case.n_embd)
     return counts.unidentified_params_per_layer(case.shape())
@@ -174,12 +182,17 @@ def theory_nullity(case: NullityCase) -> int:
 
 def parameter_shapes(case: NullityCase) -> dict[str, tuple[int, ...]]:
     if case.kind == "pair":
-        return {"A": (case.head_dim, case.n_embd), "B": (case.head_dim, case.n_embd)}
+        return {"A": (case.pair_dim(), case.n_embd), "B": (case.pair_dim(), case.n_embd)}
     if case.kind == "single_head":  # docs/design.md §10: 3 E^2 parameters
         return {name: (case.n_embd, case.n_embd) for name in ("w_q", "w_k", "w_v")}
     s = case.shape()
     e, h, g, d, c = s.n_embd, s.n_head, s.n_kv_head, s.head_dim, s.value_dim
-    shapes = {"w_q": (h * d, e), "w_k": (g * d, e), "w_v": (g * c, e), "w_o": (e, h * c)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "w_q": (h * d, e),
+        "w_k": (g * d, e),
+        "w_v": (g * c, e),
+        "w_o": (e, h * c),
+    }
     if s.bias:
         shapes.update({"b_q": (h * d,), "b_k": (g * d,), "b_v": (g * c,)})
     if s.out_bias:
@@ -282,7 +295,7 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
     }
 
 
-def verify(cases: list[NullityCase] | None = None, progress=None) -> pandas.DataFrame:  # noqa: F821
+def verify(cases: list[NullityCase] | None = None, progress=None) -> pd.DataFrame:
     import pandas as pd
 
     rows = []

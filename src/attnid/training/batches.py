@@ -63,7 +63,10 @@ class TrainBatches:
         return batch
 
     def generator_state(self) -> torch.Tensor:
-        return self._state_before_waiting if self._waiting is not None else self.generator.get_state()
+        # a prefetched batch comes with the state before it (prefetch sets both, next clears both)
+        if self._state_before_waiting is not None:
+            return self._state_before_waiting
+        return self.generator.get_state()
 
     def set_generator_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)

@@ -47,6 +47,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 from attnid.common.errors import UserError
 
@@ -58,7 +59,7 @@ POLL_EVERY_S = 1.0
 
 # The slot this process holds: (index, open file whose flock is the lock). Kept open for the
 # process's lifetime; closing the file releases the lock.
-_held: tuple[int, object] | None = None
+_held: tuple[int, TextIO] | None = None
 
 
 def default_slot_dir() -> Path:
@@ -110,7 +111,7 @@ def slot_count(n_slots: int | None) -> int:
     return n_slots
 
 
-def _try_lock(path: Path):
+def _try_lock(path: Path) -> TextIO | None:
     """The open lock file if this process got the slot's exclusive lock, else None."""
     handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - must stay open to hold the lock
     try:

@@ -73,7 +73,10 @@ class LossWatch:
         return pending
 
     def threshold(self) -> float:
-        return self.diverge_threshold if self.diverge_threshold is not None else 3.0 * self.first_loss
+        if self.diverge_threshold is not None:
+            return self.diverge_threshold
+        assert self.first_loss is not None, "threshold() before the first loss was read (sync)"
+        return 3.0 * self.first_loss
 
     def check(self) -> tuple[int, float] | None:
         """Sync, then the first pending ``(step, loss)`` that is NaN/inf or above the threshold, or None."""

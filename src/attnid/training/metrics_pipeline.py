@@ -154,7 +154,10 @@ class MetricsPipeline:
         rebalance (``tau``), β and μ, the drift columns (all zero but the closure)."""
         self.drain()
         point = self._last
-        columns, minima = {}, None
+        if point is None:
+            raise RuntimeError("MetricsPipeline.restart was not called before initial_row")
+        columns: dict[str, float] = {}
+        minima: dict | None = None
         with torch.no_grad(), precision.no_tf32():
             if tau:
                 columns, minima = self._probe(rebalancing.model_weights(model, copy=False), point)
@@ -209,7 +212,11 @@ class MetricsPipeline:
         columns = self.tracker.step_row(steps) | drift_row
         minima = None
         if job.row.tau:
-            tau_columns, minima = job.tau if job.tau is not None else self._probe(job.weights, job.post)
+            if job.tau is not None:
+                tau_columns, minima = job.tau
+            else:
+                assert job.weights is not None  # after_step takes the weights whenever it does not probe
+                tau_columns, minima = self._probe(job.weights, job.post)
             columns |= tau_columns
         if job.row.state:
             columns |= self.tracker.state_row(job.post.pairs(device), minima)

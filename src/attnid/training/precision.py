@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 
@@ -79,7 +80,10 @@ def parameter_dtype(dtype: str) -> torch.dtype:
     return _TORCH_DTYPES.get(dtype, torch.float32)
 
 
-def apply_model_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+
+
+def apply_model_dtype(model: ModelT, dtype: str) -> ModelT:
     """Cast the model's parameters to :func:`parameter_dtype` in place (before the optimizer is made);
     returns it.
 

@@ -33,9 +33,11 @@ from __future__ import annotations
 import math
 import signal
 import time
+from concurrent.futures import Future
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -88,6 +90,8 @@ class Run:
         precision.configure_tf32(self.dtype)
         if self.dtype == "float64":
             precision.warn_if_slow_float64(self.device)
+        if cfg.data is None or cfg.out is None:
+            raise ValueError("Run needs a TrainConfig from attnid.training.config.resolve_config")
         self.meta = load_meta(cfg.data)
         self.splits = {"train": load_split(cfg.data, "train"), "val": load_split(cfg.data, "val")}
         for name, data in self.splits.items():
@@ -116,10 +120,13 @@ class Run:
         )
         self.rows: list[dict] = []
         # rows whose metric columns are still being computed: (head, future of the metrics, tail)
-        self.pending_rows: list[tuple[dict, object, dict]] = []
+        self.pending_rows: list[tuple[dict, Future | None, dict]] = []
         self.metrics_waited = {"queue": 0.0, "drain": 0.0}  # before this process (resumed runs)
-        self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
-        self.status, self.diverged_step, self.diverged_loss = "completed", None, None
+        self.step, self.best_val_loss, self.wall_before = 0, 1e9, 0.0
+        self.resumed_at: list[int] = []  # the steps this run was resumed at
+        self.status = "completed"
+        self.diverged_step: int | None = None
+        self.diverged_loss: float | None = None
         self.tokens_per_step = cfg.batch_size * cfg.block_size
         self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
         self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
@@ -153,7 +160,8 @@ class Run:
         torch.manual_seed(cfg.seed)
         self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
-        self.removed = None  # adamw_projected: the last step's removed and whole squared norms per circuit
+        # adamw_projected: the last step's removed and whole squared norms per circuit
+        self.removed: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
         train_data = self.splits["train"]
         probe_starts = random_starts(
@@ -163,7 +171,8 @@ class Run:
         self.gauge = self.fix_gauge(probe_batch) if self.case.gauge_fixed else None
         # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
         self.compiled = loop.resolve_compile(cfg.compile, self.device)
-        self.forward_model = torch.compile(self.model) if self.compiled else self.model
+        # torch.compile's wrapper forwards the GPT's calls and attributes to it
+        self.forward_model = cast(GPT, torch.compile(self.model)) if self.compiled else self.model
         self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
         self.scaler = precision.grad_scaler(self.dtype, self.device)
         self.batches = TrainBatches(
@@ -325,7 +334,7 @@ class Run:
 
     def log_initial_state(self) -> None:
         """Row 0: eval losses, beta = 0, mu and tau of the initialisation."""
-        row = {"step": 0, "rebalanced": 0}
+        row: dict[str, float] = {"step": 0, "rebalanced": 0}
         if self.metrics is not None:
             row.update(self.metrics.initial_row(self.model, tau=not self.case.rebalances))
         self.evaluate(row)
@@ -371,9 +380,8 @@ class Run:
         bad = self.losses.check()
         if bad is not None:
             self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
-            self.step = (
-                self.diverged_step - 1
-            )  # the steps after it until this sync are not part of the record
+            # the steps after it until this sync are not part of the record
+            self.step = self.diverged_step - 1
             say(
                 f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold "
                 f"{self.losses.threshold():.4g}): run diverged"
@@ -418,13 +426,13 @@ class Run:
         }
         if self.removed is not None:
             for circuit, (removed_sq, step_sq) in self.removed.items():
-                step_sq = float(step_sq)
-                row[f"projected_out_{circuit}"] = float(removed_sq) / step_sq if step_sq > 0 else 0.0
+                whole = float(step_sq)
+                row[f"projected_out_{circuit}"] = float(removed_sq) / whole if whole > 0 else 0.0
         if is_rebalance:
             with precision.no_tf32():
                 self.rebalance(row, metrics)
             metrics = None
-        tail = {}
+        tail: dict[str, float] = {}
         if is_eval:
             self.evaluate(tail)
         self.finish_row(row, metrics, tail)
@@ -444,7 +452,9 @@ class Run:
     def rebalance(self, row: dict, metrics) -> None:
         """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
         after; the drift's reference becomes the rebalanced imbalance), row marked."""
+        assert self.tracker is not None  # build makes one for every case that rebalances
         if metrics is not None:
+            assert self.metrics is not None  # the future of a row's metrics comes from the pipeline
             self.metrics.drain()
             row.update(metrics.result())
         before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "transport" else None
@@ -486,7 +496,7 @@ class Run:
         """run.json: status, final losses, what the figures need, and how the run was made."""
         cfg, device = self.cfg, self.device
         waited = self.metrics_wait()
-        last_eval = next((r for r in reversed(self.rows) if not _isnan(r.get("val_loss"))), {})
+        last_eval: dict = next((r for r in reversed(self.rows) if not _isnan(r.get("val_loss"))), {})
         scale = self.tracker.initial_imbalance_scale() if self.tracker is not None and cfg.metrics else None
         return {
             "status": self.status,
