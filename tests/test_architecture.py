@@ -3,7 +3,8 @@
 - the layers import only the layers below them (import-linter's contract in pyproject.toml);
 - no name is defined at the top level of two modules (one owner per concept);
 - the module map of docs/design.md §6 lists exactly the modules on disk;
-- the library prints nothing: argparse and output live in attnid.cli.
+- the library prints nothing: argparse and output live in attnid.cli;
+- every public function and method has annotated parameters and return type (mypy checks them).
 """
 
 from __future__ import annotations
@@ -116,3 +117,46 @@ def test_only_the_command_line_parses_arguments(path):
     assert "argparse" not in imported, (
         f"{path.name} imports argparse: command-line code belongs in attnid.cli"
     )
+
+
+def _unannotated_public_defs(tree: ast.Module) -> list[str]:
+    """``name(missing parameters) -> ?`` of each public function or method (of a public class) that lacks
+    an annotation; ``self`` and ``cls`` need none, and names with a leading underscore are not checked."""
+    found = []
+    scopes: list[tuple[str, ast.AST]] = [("", tree)]
+    while scopes:
+        prefix, scope = scopes.pop()
+        for node in ast.iter_child_nodes(scope):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                scopes.append((f"{prefix}{node.name}.", node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                args = node.args
+                params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+                missing = [
+                    a.arg
+                    for i, a in enumerate(params)
+                    if a is not None
+                    and a.annotation is None
+                    and not (prefix and i == 0 and a.arg in ("self", "cls"))
+                ]
+                if missing or node.returns is None:
+                    found.append(
+                        f"{prefix}{node.name}({', '.join(missing)}){' -> ?' if node.returns is None else ''}"
+                    )
+    return found
+
+
+def test_every_public_function_is_annotated():
+    offenders = {
+        str(path.relative_to(PACKAGE)): names
+        for path in MODULES
+        if (names := _unannotated_public_defs(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert not offenders, f"public functions without annotations: {offenders}"
+
+
+def test_an_unannotated_public_function_is_caught():
+    tree = ast.parse(
+        "def shown(x, y: int): ...\nclass C:\n    def m(self, z) -> None: ...\ndef _hidden(a): ..."
+    )
+    assert _unannotated_public_defs(tree) == ["shown(x) -> ?", "C.m(z)"]

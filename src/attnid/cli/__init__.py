@@ -21,6 +21,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from attnid import __version__
 from attnid.common import outputs, progress
@@ -84,7 +85,7 @@ READ_ONLY_COMMANDS = ("inspect",)
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is a single line that points at --help."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 

@@ -93,7 +93,7 @@ def _inspect_folder(path: Path) -> dict:
     }
 
 
-def run_inspect(args) -> int:
+def run_inspect(args: argparse.Namespace) -> int:
     rule = outputs.current()
     rule.read(args.checkpoint)
     rule.write(args.plot, outputs.PNG, "--plot")
@@ -152,7 +152,9 @@ def _stored_dtype(checkpoint: Checkpoint) -> str:
     return str(stored.dtype).removeprefix("torch.")
 
 
-def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: bool = False) -> dict:
+def _edit_and_prove(
+    args: argparse.Namespace, command: str, edit, allow_rope: bool, allow_resized: bool = False
+) -> dict:
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the
     report."""
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
@@ -219,7 +221,7 @@ def _model_line(report: dict) -> str:
 EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and balance
 
 
-def declare_edit_files(args) -> None:
+def declare_edit_files(args: argparse.Namespace) -> None:
     """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
     --out in the input's format (a file, or a folder of the same files), --json a report."""
     rule = outputs.current()
@@ -278,7 +280,7 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
     return 0
 
 
-def run_prune_biases(args) -> int:
+def run_prune_biases(args: argparse.Namespace) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
         layout = checkpoint_layout(checkpoint)
         edited = [prune_layer_biases(layer, layout) for layer in checkpoint.attention_layers()]
@@ -308,7 +310,7 @@ def run_prune_biases(args) -> int:
     return _finish(report, args.json, lines)
 
 
-def run_balance(args) -> int:
+def run_balance(args: argparse.Namespace) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
         if checkpoint.kind != HF_LLAMA and (rope or attention_variant(checkpoint)[1]):
             return balance_on_own_orbit(checkpoint, args.target)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from attnid.common import outputs
@@ -13,7 +15,7 @@ from attnid.common.errors import UserError
 # Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
 
 
-def add_run_selection_arguments(parser, sweep: bool = True) -> None:
+def add_run_selection_arguments(parser: argparse.ArgumentParser, sweep: bool = True) -> None:
     """--runs-dir (gather everything below) or --runs (exactly these); the same for the sweep if ``sweep``."""
     parser.add_argument(
         "--runs-dir", default=None, help="results/runs: <case>/seed<S>/{run.json,metrics.csv}"
@@ -36,12 +38,12 @@ def add_run_selection_arguments(parser, sweep: bool = True) -> None:
         )
 
 
-def check_run_selection(args) -> None:
+def check_run_selection(args: argparse.Namespace) -> None:
     if args.runs_dir is None and not args.runs:
         raise UserError("say which runs to gather: --runs-dir DIR or --runs RUN_DIR [RUN_DIR ...]")
 
 
-def declare_report_files(args, *inputs) -> Path:
+def declare_report_files(args: argparse.Namespace, *inputs: str | os.PathLike | None) -> Path:
     """The output rule's view of a gathering command: the listed run directories and ``inputs`` are read,
     --out-dir is written (each table or figure in it is checked as it is written)."""
     rule = outputs.current()
@@ -52,7 +54,7 @@ def declare_report_files(args, *inputs) -> Path:
 
 
 @contextlib.contextmanager
-def written_by(writers: str):
+def written_by(writers: str) -> Iterator[None]:
     """The gathering commands read files that other attnid commands wrote; one that is not (a column or
     key missing, a value of the wrong kind, a template field without data) is the user's file, not our bug:
     one line naming the problem and who writes such files (``ATTNID_DEBUG=1`` shows where it was hit)."""
@@ -75,7 +77,7 @@ def files_in(folder: str | Path | None, pattern: str) -> list[Path]:
     return sorted(Path(folder).glob(pattern)) if folder is not None and Path(folder).is_dir() else []
 
 
-def add_intervention_run_arguments(parser) -> None:
+def add_intervention_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The interventions study's runs (optional): its arms and baselines, and its float64 identity run."""
     parser.add_argument(
         "--intervention-runs",
@@ -93,7 +95,7 @@ def add_intervention_run_arguments(parser) -> None:
     )
 
 
-def add_tables_arguments(parser) -> None:
+def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_selection_arguments(parser)
     add_intervention_run_arguments(parser)
     parser.add_argument("--out-dir", required=True, help="where runs/cases/sweep .csv/.tex and claims.csv go")
@@ -105,7 +107,7 @@ def add_tables_arguments(parser) -> None:
     )
 
 
-def run_tables(args) -> int:
+def run_tables(args: argparse.Namespace) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
@@ -130,7 +132,7 @@ def run_tables(args) -> int:
     return 0
 
 
-def add_figures_arguments(parser) -> None:
+def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
     parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
@@ -144,7 +146,7 @@ def add_figures_arguments(parser) -> None:
     )
 
 
-def run_figures(args) -> int:
+def run_figures(args: argparse.Namespace) -> int:
     from attnid.reports.figures import make_figures
 
     check_run_selection(args)
@@ -320,7 +322,7 @@ def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_edits_table(args) -> int:
+def run_edits_table(args: argparse.Namespace) -> int:
     from attnid.reports.edits_table import write_edits_table
     from attnid.reports.latex import records
 

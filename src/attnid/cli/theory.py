@@ -32,7 +32,7 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
     except (TypeError, ValueError) as err:
         raise UserError(f"{spec['source']}: {err}") from None
     table = table.assign(**hf_whole_model_columns(name, spec))
-    row = table.iloc[0].to_dict()
+    row = {str(key): value for key, value in table.iloc[0].to_dict().items()}  # the column names
     width = max(len(key) for key in row)
     print("\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items()))
     if out:

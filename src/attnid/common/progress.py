@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TextIO
 
 SILENCE_S = 8.0  # a line after this long without one on stderr; the poll adds at most POLL_S
 POLL_S = 0.5
@@ -40,14 +41,14 @@ def _stage_text() -> str:
 class _TimedStream:
     """stderr, remembering when it was last written to."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: TextIO) -> None:
         self.stream, self.last_write = stream, time.monotonic()
 
     def write(self, text: str) -> int:
         self.last_write = time.monotonic()
         return self.stream.write(text)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 

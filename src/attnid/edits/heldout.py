@@ -20,7 +20,9 @@ Tokens, first source found wins (the report names it):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -29,6 +31,17 @@ from torch.nn import functional as F
 from attnid.common.errors import UserError
 from attnid.common.files import require
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, Checkpoint
+
+
+class HeldoutOptions(Protocol):
+    """The edit commands' options that choose the held-out batch (``--data``, ``--text``, ``--sequences``,
+    ``--length``; parsed by :mod:`attnid.cli.checkpoints`)."""
+
+    data: Path | None
+    text: Path | None
+    sequences: int
+    length: int
+
 
 PIPELINE_DATA_DIR = Path("data") / "tinyshakespeare"
 DEFAULT_TEXTS = (
@@ -82,7 +95,7 @@ def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[n
     return raw % vocab, f"text bytes modulo the vocabulary size {vocab}"
 
 
-def _tokens(checkpoint: Checkpoint, args) -> tuple[np.ndarray | None, str]:
+def _tokens(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[np.ndarray | None, str]:
     from attnid.training import data as data_module
 
     dirs = _data_dirs(checkpoint, args.data)
@@ -141,7 +154,7 @@ def check_eval_memory(checkpoint: Checkpoint, sequences: int, length: int) -> No
     )
 
 
-def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
+def heldout_batch(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[torch.Tensor, str]:
     """``(S, T+1)`` token ids (inputs and next-token targets) from evenly spaced windows, and their source."""
     if args.sequences < 1 or args.length < 1:
         raise UserError("--sequences and --length must be positive")
@@ -160,7 +173,7 @@ def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
     return torch.from_numpy(np.ascontiguousarray(windows)), source
 
 
-def load_for_eval(checkpoint: Checkpoint):
+def load_for_eval(checkpoint: Checkpoint) -> Callable[[torch.Tensor], torch.Tensor]:
     """A callable ``ids (B, T) -> logits (B, T, V)`` for the checkpoint as written on disk."""
     if checkpoint.kind == NANOGPT:
         from attnid.model.gpt import model_from_checkpoint
@@ -201,7 +214,9 @@ def _hf_model(folder: Path, model_class: str):
 
 
 @torch.no_grad()
-def evaluate(logits_of, batch: torch.Tensor) -> tuple[float, torch.Tensor]:
+def evaluate(
+    logits_of: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor
+) -> tuple[float, torch.Tensor]:
     """Mean next-token cross-entropy and the logits ``(S, T, V)`` on ``batch`` ``(S, T+1)``."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
     logits = logits_of(inputs).float()

@@ -36,6 +36,7 @@ from attnid.edits.hf_llama import LlamaCheckpoint
 from attnid.model.gpt import COMPILED_PREFIX
 from attnid.model.layout import (
     AttentionLayout,
+    LayerTensors,
     model_pairs,
     orbit_of,
     row_blocks,
@@ -118,7 +119,7 @@ def checkpoint_shape(checkpoint: Checkpoint) -> counts.LayerShape:
     )
 
 
-def layer_tensors_of(layers: list[AttentionLayer]):
+def layer_tensors_of(layers: list[AttentionLayer]) -> list[LayerTensors]:
     """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)``: what :mod:`attnid.model.layout` cuts
     pairs from."""
     return [(layer.c_attn_weight, layer.c_attn_bias, layer.c_proj_weight) for layer in layers]
@@ -273,7 +274,7 @@ def _float64_model(checkpoint: Checkpoint):
     return model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).double().eval()
 
 
-def orbit_summary(model) -> dict[str, float]:
+def orbit_summary(model: torch.nn.Module) -> dict[str, float]:
     """:func:`_summary` of any architecture, each circuit on the model's own orbit."""
     return _summary(
         lambda circuit: (

@@ -134,7 +134,7 @@ def coupled_decay_first_order(
 
 
 @torch.no_grad()
-def attention_snapshot(model) -> Snapshot:
+def attention_snapshot(model: torch.nn.Module) -> Snapshot:
     """float64 copies of each layer's ``(c_attn.weight, c_attn.bias, c_proj.weight)``.
 
     The same format as :meth:`attnid.measure.metrics.MetricTracker.snapshot`, so one snapshot
@@ -191,7 +191,7 @@ class DriftTracker:
     run continues bit-identically.
     """
 
-    def __init__(self, model, coupled_weight_decay: float | None = None):
+    def __init__(self, model: torch.nn.Module, coupled_weight_decay: float | None = None):
         self.n_layer = len(attention_blocks(model))
         self.layout = layout_of(model)
         self.orbits = {circuit: orbit_of(model, circuit) for circuit in CIRCUITS}
@@ -208,7 +208,7 @@ class DriftTracker:
         self.reset_reference(model)
 
     @torch.no_grad()
-    def reset_reference(self, model) -> None:
+    def reset_reference(self, model: torch.nn.Module) -> None:
         """Make the model's current imbalance ``I_ref`` and zero ``D1``, ``D2`` and the prediction
         (after a rebalance)."""
         now = attention_tensors(model)
@@ -223,7 +223,7 @@ class DriftTracker:
             else None
         )
 
-    def before_step(self, model) -> Snapshot:
+    def before_step(self, model: torch.nn.Module) -> Snapshot:
         """Take (and return) the float64 pre-step snapshot; call right before ``optimizer.step()``.
 
         The returned snapshot is also what :meth:`attnid.measure.metrics.MetricTracker.step_metrics` needs.
@@ -232,7 +232,7 @@ class DriftTracker:
         return self._pre
 
     @torch.no_grad()
-    def after_step(self, model, lr: float | None = None) -> None:
+    def after_step(self, model: torch.nn.Module, lr: float | None = None) -> None:
         """Add this step's ``L`` and ``Q`` (and, with coupled decay, its predicted ``L`` at rate ``lr``)."""
         if self._pre is None:
             raise RuntimeError("DriftTracker.after_step called without before_step")
@@ -264,7 +264,7 @@ class DriftTracker:
                 self.predicted_first[circuit] += orbit.project_to_algebra(predicted)
 
     @torch.no_grad()
-    def row(self, model) -> dict[str, float]:
+    def row(self, model: torch.nn.Module) -> dict[str, float]:
         """The drift columns at the model's current weights (one sync; call on log steps)."""
         return self.row_at(read_pairs(attention_tensors(model), self.layout))
 

@@ -46,7 +46,7 @@ def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
 
 
 @torch.no_grad()
-def inspect_model(model) -> dict:
+def inspect_model(model: torch.nn.Module) -> dict:
     """:func:`inspect_layers` of a GPT (MHA, GQA, RoPE, a head width of its own), at its live weights."""
     return inspect_layers(layout_of(model), layer_shape_of(model), attention_tensors(model))
 

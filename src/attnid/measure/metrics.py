@@ -46,6 +46,7 @@ from attnid.model.layout import (
 )
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
+from attnid.theory.orbits import RebalanceTarget
 
 # --------------------------------------------------------------------------------------
 # Helpers on stacked pairs (L*G, D, n): every layer's pairs of one circuit in one batch
@@ -62,7 +63,7 @@ def _share(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
-def _device(model) -> torch.device:
+def _device(model: torch.nn.Module) -> torch.device:
     return attention_blocks(model)[0].attn.c_attn.weight.device
 
 
@@ -102,7 +103,12 @@ class MetricTracker:
     on a CPU).
     """
 
-    def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor], metrics_device: str = "device"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        probe_batch: tuple[torch.Tensor, torch.Tensor],
+        metrics_device: str = "device",
+    ):
         if metrics_device not in METRICS_DEVICES:
             raise UserError(f"metrics device must be 'host' or 'device', got {metrics_device!r}")
         self.on_host = metrics_device == "host"
@@ -123,11 +129,11 @@ class MetricTracker:
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
         # (circuit, target) -> rebalance_model's prepared target, computed once: targets are fixed over a run
-        self._targets: dict[tuple[str, str], object] = {}
+        self._targets: dict[tuple[str, str], RebalanceTarget] = {}
         # circuit -> the last orbit move (its pairs before the move and mu's minimum there; see state_metrics)
         self._last_move: dict[str, moves.Move] = {}
 
-    def rebalance_targets(self, target: str) -> dict[str, object]:
+    def rebalance_targets(self, target: str) -> dict[str, RebalanceTarget]:
         """Per circuit, the prepared target of :func:`attnid.model.moves.rebalance_model` that moves to
         ``I_0`` (``initial``) or 0 (``balanced``)."""
         if target not in moves.REBALANCE_TARGETS:
@@ -175,7 +181,7 @@ class MetricTracker:
         ]
 
     @torch.no_grad()
-    def read(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def read(self, model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
         """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` where the maths runs: the live
         tensors (device metrics, no copy) or float64 copies on the host (one device-to-host copy each)."""
         return self._to_compute(attention_tensors(model), copy=True)
@@ -183,7 +189,9 @@ class MetricTracker:
     # ----- ρ ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def snapshot(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def snapshot(
+        self, model: torch.nn.Module
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
         """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step,
         on the host for host metrics."""
 
@@ -199,7 +207,7 @@ class MetricTracker:
         return [tuple(copy(t) for t in tensors) for tensors in attention_tensors(model)]
 
     @torch.no_grad()
-    def step_metrics(self, model, pre) -> dict[str, float]:
+    def step_metrics(self, model: torch.nn.Module, pre: list[LayerTensors]) -> dict[str, float]:
         """ρ per circuit (and per layer) for the step from ``pre`` (a :meth:`snapshot`) to now.
 
         The projection is onto the tangent space of the architecture's orbit at the
@@ -209,8 +217,8 @@ class MetricTracker:
         tracker's snapshot is on the model's); it is moved to where the maths runs.
         """
         now = read_pairs(self.read(model), self.layout)
-        pre = read_pairs(self._to_compute(pre, copy=False), self.layout)
-        return self.step_row(steps_between(pre, now))
+        before = read_pairs(self._to_compute(pre, copy=False), self.layout)
+        return self.step_row(steps_between(before, now))
 
     @torch.no_grad()
     def step_row(self, steps: dict[str, CircuitStep]) -> dict[str, float]:
@@ -236,7 +244,7 @@ class MetricTracker:
     # ----- β and μ --------------------------------------------------------------------
 
     @torch.no_grad()
-    def state_metrics(self, model) -> dict[str, float]:
+    def state_metrics(self, model: torch.nn.Module) -> dict[str, float]:
         """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit.
 
         μ's orbit minimum is the last orbit move's (:meth:`remember_move`) when the weights are
@@ -287,7 +295,7 @@ class MetricTracker:
     # ----- τ ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def probe(self, model) -> tuple[float, torch.Tensor]:
+    def probe(self, model: torch.nn.Module) -> tuple[float, torch.Tensor]:
         """Probe-batch loss and full-sequence logits, in eval mode (train/eval mode restored)."""
         x_probe, y_probe = self.probe_batch
         device = _device(model)

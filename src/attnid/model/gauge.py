@@ -191,7 +191,7 @@ class GaugeFixedQKV(nn.Module):
         """The ``(D, D)`` fixed blocks, key groups then value groups (views of ``weight``)."""
         return [piece for row in self._group_pieces() for name, piece in row if name is None]
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = [self.query_weight]
         for row in self._group_pieces():
             # the fixed block is read from the buffer (no gradient), the rest are the parameters themselves
@@ -278,7 +278,7 @@ def gauge_holds(qkv: GaugeFixedQKV) -> bool:
 
 
 @torch.no_grad()
-def fix_gauge(model) -> float:
+def fix_gauge(model: torch.nn.Module) -> float:
     """Move a stock GPT into the gauge along its ``GL_D`` orbits and swap every layer's ``c_attn`` for a
     :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §14).
 
@@ -303,14 +303,14 @@ def fix_gauge(model) -> float:
     return worst
 
 
-def gauge_fixed_layers(model) -> list[GaugeFixedQKV]:
+def gauge_fixed_layers(model: torch.nn.Module) -> list[GaugeFixedQKV]:
     """The model's :class:`GaugeFixedQKV` modules (empty for a stock GPT)."""
     return [
         block.attn.c_attn for block in attention_blocks(model) if isinstance(block.attn.c_attn, GaugeFixedQKV)
     ]
 
 
-def trainable_attention_params(model) -> int:
+def trainable_attention_params(model: torch.nn.Module) -> int:
     """Entries of the attention layers the optimizer trains (``c_attn``, ``c_proj``, biases included)."""
     return sum(
         param.numel()

@@ -114,7 +114,7 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
@@ -145,7 +145,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.rope = config.rope
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, E = x.size()
         H, G, D = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)  # (B, T, H*D), (B, T, G*D), (B, T, G*D)
@@ -172,7 +172,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, E) -> (B, T, 4E) -> (B, T, E)
 
 
@@ -186,7 +186,7 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -238,7 +238,9 @@ class GPT(nn.Module):
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
-    def forward(self, idx, targets=None, full_logits: bool = False):
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, full_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss).
 
         With ``targets`` (B, T): logits (B, T, V) and the mean cross-entropy.
@@ -364,7 +366,7 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     return model
 
 
-def load_nanogpt_checkpoint(path: str | os.PathLike, map_location="cpu") -> GPT:
+def load_nanogpt_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GPT:
     """Load a nanoGPT ``ckpt.pt`` (ours or nanoGPT's, compiled or not) as a GPT in eval mode."""
     from attnid.common.files import load_weights_only
 

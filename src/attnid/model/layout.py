@@ -26,6 +26,7 @@ are these ``c_attn`` rows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,6 +36,9 @@ from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT, Orbit
 
 # Per layer (c_attn.weight, c_attn.bias or None, c_proj.weight): the tensors pairs are cut from
 LayerTensors = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]
+# A GPT (possibly wrapped by DDP or torch.compile), its GPTConfig, or an AttentionLayout: read by
+# attribute (config, n_embd, ...), so typed loosely
+ModelOrConfig = Any
 
 
 # --------------------------------------------------------------------------------------
@@ -58,19 +62,19 @@ class AttentionLayout:
         return self.n_head // self.n_kv_head
 
 
-def _unwrap(model):
+def _unwrap(model: Any) -> Any:
     """The GPT inside DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
     while not hasattr(model, "config") and (hasattr(model, "module") or hasattr(model, "_orig_mod")):
         model = model.module if hasattr(model, "module") else model._orig_mod
     return model
 
 
-def layout_of(model_or_config) -> AttentionLayout:
+def layout_of(model_or_config: ModelOrConfig) -> AttentionLayout:
     """The attention layout of a GPT (possibly wrapped), of a GPTConfig, or an AttentionLayout itself (the
     layout of a checkpoint read without building a model, :mod:`attnid.edits`)."""
     if isinstance(model_or_config, AttentionLayout):
         return model_or_config
-    config = getattr(_unwrap(model_or_config), "config", model_or_config)
+    config: Any = getattr(_unwrap(model_or_config), "config", model_or_config)  # a GPTConfig
     return AttentionLayout(
         config.n_embd,
         config.n_head,
@@ -81,7 +85,7 @@ def layout_of(model_or_config) -> AttentionLayout:
     )
 
 
-def layer_shape_of(model_or_config) -> counts.LayerShape:
+def layer_shape_of(model_or_config: ModelOrConfig) -> counts.LayerShape:
     """counts.py's LayerShape of one attention layer of this model (values as wide as keys: ``C = D``)."""
     layout = layout_of(model_or_config)
     return counts.layer_shape(
@@ -96,7 +100,7 @@ def layer_shape_of(model_or_config) -> counts.LayerShape:
     )
 
 
-def orbit_of(model_or_config, circuit: str) -> Orbit:
+def orbit_of(model_or_config: ModelOrConfig, circuit: str) -> Orbit:
     """The orbit of one circuit's pairs: the RoPE commutant for the query-key pairs of a RoPE model,
     ``GL_D`` otherwise (docs/design.md §8)."""
     check_circuit(circuit)
@@ -108,19 +112,19 @@ def orbit_of(model_or_config, circuit: str) -> Orbit:
 # --------------------------------------------------------------------------------------
 
 
-def attention_blocks(model):
+def attention_blocks(model: torch.nn.Module) -> Any:  # transformer.h, Blocks read by attribute
     """The model's transformer blocks, through DDP (``.module``) and ``torch.compile``
     (``._orig_mod``) wrappers."""
     return _unwrap(model).transformer.h
 
 
-def layer_tensors(block) -> LayerTensors:
+def layer_tensors(block: Any) -> LayerTensors:  # a Block of attention_blocks
     """The three attention tensors of a block: c_attn weight, c_attn bias (or None), c_proj weight."""
     attn = block.attn
     return attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight
 
 
-def attention_tensors(model) -> list[LayerTensors]:
+def attention_tensors(model: torch.nn.Module) -> list[LayerTensors]:
     """Per layer the live ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (through wrappers)."""
     return [layer_tensors(block) for block in attention_blocks(model)]
 
@@ -161,7 +165,11 @@ def row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
 
 
 def pairs_from_tensors(
-    c_attn_weight, c_attn_bias, c_proj_weight, layout: AttentionLayout, circuit: str
+    c_attn_weight: torch.Tensor,
+    c_attn_bias: torch.Tensor | None,
+    c_proj_weight: torch.Tensor,
+    layout: AttentionLayout,
+    circuit: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's pairs of one circuit, each ``(G, D, n)`` float64 (see the module docstring)."""
     expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
@@ -183,7 +191,7 @@ def pairs_from_tensors(
 
 
 def stacked_pairs(
-    tensors_per_layer, layout: AttentionLayout, circuit: str
+    tensors_per_layer: list[LayerTensors], layout: AttentionLayout, circuit: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One circuit's pairs of every layer, ``(L*G, D, n)`` float64, layer-major, from per-layer
     ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
@@ -191,12 +199,12 @@ def stacked_pairs(
     return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
 
 
-def layer_pairs(model, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_pairs(model: torch.nn.Module, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(A, B)`` pairs (each ``(G, D, n)``) of one circuit of one layer."""
     return pairs_from_tensors(*layer_tensors(attention_blocks(model)[layer]), layout_of(model), circuit)
 
 
-def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def model_pairs(model: torch.nn.Module, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the float64 ``(A, B)`` pairs of one circuit, for any variant."""
     layout = layout_of(model)
     return [pairs_from_tensors(*tensors, layout, circuit) for tensors in attention_tensors(model)]
@@ -231,7 +239,9 @@ def write_layer_pairs(
         c_proj_weight.copy_(outputs.reshape(-1, layout.n_embd).t().to(c_proj_weight.dtype))
 
 
-def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
+def write_pairs_back(
+    model: torch.nn.Module, circuit: str, per_layer_pairs: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
     """Write per-layer ``(A, B)`` pairs back into the model's attention parameters, in place
     (the inverse of :func:`model_pairs`)."""
     layout = layout_of(model)

@@ -16,11 +16,13 @@ tangent map), to compare with :mod:`attnid.theory.counts`' closed forms (``attni
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from attnid.model.layout import (
+    ModelOrConfig,
     attention_blocks,
     attention_tensors,
     layer_pairs,
@@ -33,7 +35,7 @@ from attnid.model.layout import (
 )
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
-from attnid.theory.orbits import Orbit
+from attnid.theory.orbits import Orbit, RebalanceTarget
 
 REBALANCE_TARGETS = ("initial", "balanced")
 
@@ -43,7 +45,7 @@ REBALANCE_TARGETS = ("initial", "balanced")
 # --------------------------------------------------------------------------------------
 
 
-def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
+def orbit_dimension(model_or_config: ModelOrConfig, layer: int, circuit: str) -> int:
     """Dimension of the orbit of one layer's pairs of one circuit under the architecture's group.
 
     For a model, the rank of the tangent map at its weights; for a GPTConfig, the
@@ -65,7 +67,7 @@ def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
     return layout.n_kv_head * orbit.generic_dimension(layout.head_dim, n_a, n_b)
 
 
-def orbit_dimension_rows(model) -> list[dict]:
+def orbit_dimension_rows(model: torch.nn.Module) -> list[dict]:
     """Per layer and circuit: the orbit's name, its dimension at the model's weights and
     counts.py's closed form for the layer shape (for ``attnid inspect``)."""
     shape = layer_shape_of(model)
@@ -88,14 +90,14 @@ def orbit_dimension_rows(model) -> list[dict]:
 # --------------------------------------------------------------------------------------
 
 
-def initial_conserved(model, circuit: str) -> torch.Tensor:
+def initial_conserved(model: torch.nn.Module, circuit: str) -> torch.Tensor:
     """The conserved imbalance of every pair of one circuit, stacked ``(L, G, D, D)``:
     the target that :func:`rebalance_model` restores (beta's reference ``I_0``)."""
     orbit = orbit_of(model, circuit)
     return torch.stack([orbit.conserved_imbalance(a, b) for a, b in model_pairs(model, circuit)])
 
 
-def prepared_target(orbit: Orbit, initial: torch.Tensor, target: str):
+def prepared_target(orbit: Orbit, initial: torch.Tensor, target: str) -> RebalanceTarget:
     """The prepared target of :func:`rebalance_model` for a run's rebalancing target (docs/design.md §4):
     ``"initial"`` restores ``initial`` (the pairs' conserved imbalance at step 0, Lemma 5.1), ``"balanced"``
     moves to zero. Prepared once per run (for ``GL_D``, an eigendecomposition)."""
@@ -118,9 +120,9 @@ class Move:
 
 @torch.no_grad()
 def rebalance_model(
-    model,
+    model: torch.nn.Module,
     circuit: str,
-    target=None,
+    target: RebalanceTarget = None,
     compute_device: torch.device | None = None,
     pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Move:
@@ -148,7 +150,7 @@ def rebalance_model(
 
 
 @contextlib.contextmanager
-def kept_attention_weights(model):
+def kept_attention_weights(model: torch.nn.Module) -> Iterator[None]:
     """Restore the attention tensors bit-identically on exit: an orbit move inside is a probe only.
 
     Saves and restores just the attention tensors, not a deep copy of the model (slow,

@@ -36,7 +36,9 @@ from attnid.theory.circuits import CIRCUITS
 
 
 @torch.no_grad()
-def remove_orbit_component(model, pre: list[LayerTensors]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def remove_orbit_component(
+    model: torch.nn.Module, pre: list[LayerTensors]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Take the orbit component out of the step the model's attention tensors made since ``pre``, in place.
 
     ``pre`` is a float64 copy of every layer's ``(c_attn.weight, c_attn.bias, c_proj.weight)`` taken right

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
@@ -42,6 +44,13 @@ from attnid.reports.studies import STUDIES, head_sweep
 from attnid.reports.tables import UNIT_ROUND_OFF, run_dtype
 from attnid.training.cases import CASES
 from attnid.training.rundir import initial_imbalance_scale, load_runs_by_case
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+P = ParamSpec("P")  # a styled drawing's parameters and result
+R = TypeVar("R")
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
 STYLE = {
@@ -86,12 +95,12 @@ def _pyplot():
     return plt
 
 
-def styled(draw):
+def styled(draw: Callable[P, R]) -> Callable[P, R]:
     """Run a drawing (or saving) function under :data:`STYLE` in matplotlib's ``rc_context``: every figure
     gets the one style, and the caller's own matplotlib settings are left as they were."""
 
     @functools.wraps(draw)
-    def in_style(*args, **kwargs):
+    def in_style(*args: P.args, **kwargs: P.kwargs) -> R:
         with _pyplot().rc_context(STYLE):
             return draw(*args, **kwargs)
 
@@ -107,7 +116,7 @@ def case_style(case: str) -> dict:
 
 
 @styled
-def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write ``name.png`` and ``name.pdf`` atomically; returns both paths."""
     paths = []
     for suffix in ("png", "pdf"):
@@ -142,14 +151,14 @@ def seed_band(runs: list[tuple[dict, pd.DataFrame]], column: str, positive: bool
     return band
 
 
-def plot_band(ax, band: pd.DataFrame, color: str, label: str | None, **line_kwargs) -> None:
+def plot_band(ax: Axes, band: pd.DataFrame, color: str, label: str | None, **line_kwargs: Any) -> None:
     if band.empty:
         return
     ax.plot(band["step"], band["mean"], color=color, label=label, **line_kwargs)
     ax.fill_between(band["step"], band["min"], band["max"], color=color, alpha=BAND_ALPHA, linewidth=0)
 
 
-def coarsest_dtype(dtypes) -> str:
+def coarsest_dtype(dtypes: Iterable[str]) -> str:
     """The precision with the highest round-off floor among ``dtypes`` (``float32`` when none is known)."""
     known = [d for d in dtypes if d in UNIT_ROUND_OFF]
     return max(known, key=lambda dtype: UNIT_ROUND_OFF[dtype]) if known else "float32"
@@ -168,7 +177,7 @@ def round_off_ceiling(dtype: str, steps: int = 1, order: int = 1) -> float:
     return ROUND_OFF_MARGIN * round_off_floor(dtype, order) * math.sqrt(max(int(steps), 1))
 
 
-def at_round_off(values, dtype: str, steps: int = 1) -> bool:
+def at_round_off(values: ArrayLike, dtype: str, steps: int = 1) -> bool:
     """Whether a relative quantity is numerical round-off for runs trained in ``dtype``: its largest
     finite value is below :func:`round_off_ceiling` (all zero counts as round-off)."""
     values = (
@@ -181,7 +190,7 @@ def at_round_off(values, dtype: str, steps: int = 1) -> bool:
     return float(values.abs().max()) < round_off_ceiling(dtype, steps)
 
 
-def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1, order: int = 1) -> None:
+def draw_floor_bands(ax: Axes, floors: dict[str, list[str]], steps: int = 1, order: int = 1) -> None:
     """One labelled band per precision, floor/10 .. :func:`round_off_ceiling`, naming the series at its
     round-off (on a log y axis, extended down to show the whole band); ``order``: see
     :func:`round_off_floor`."""
@@ -214,7 +223,9 @@ def runs_dtype(runs: list[tuple[dict, pd.DataFrame]]) -> str:
     return coarsest_dtype([run_dtype(info) for info, _ in runs])
 
 
-def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
+def sgd_wd_imbalance_factor(
+    steps: ArrayLike, lr_at: Callable[[int], float], weight_decay: float
+) -> np.ndarray:
     """``c_t = Π_{s<t} (1 - lr_s λ)^2``: coupled L2 weight decay shrinks both factors of
     every pair by ``(1 - lr λ)`` per step, so ``I_t ≈ c_t I_0`` (docs/design.md §3; Lemma 5.1
     says the gradient part conserves ``I`` up to O(lr²)). ``lr_at(s)`` is the
@@ -227,13 +238,15 @@ def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
     return np.exp(log_factor[steps])
 
 
-def predicted_beta_sgd_wd(steps, lr_at, weight_decay: float, scale: float) -> np.ndarray:
+def predicted_beta_sgd_wd(
+    steps: ArrayLike, lr_at: Callable[[int], float], weight_decay: float, scale: float
+) -> np.ndarray:
     """β_t predicted for SGD + weight decay: ``|c_t - 1| · ||I_0||_F / N`` with
     ``scale = ||I_0||_F / N`` (N = β's normaliser, docs/design.md §3)."""
     return np.abs(sgd_wd_imbalance_factor(steps, lr_at, weight_decay) - 1.0) * scale
 
 
-def lr_schedule(config: dict):
+def lr_schedule(config: dict) -> Callable[[int], float]:
     """The run's learning rate as a function of the 0-based step (nanoGPT's schedule)."""
     from types import SimpleNamespace
 
@@ -408,7 +421,7 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _figure_legend(fig, ax, ncol: int = 6) -> None:
+def _figure_legend(fig: Figure, ax: Axes, ncol: int = 6) -> None:
     """One legend for the whole figure, below the panels, without repeated labels (``ax``'s first,
     then any other panel's: a series drawn as a round-off band is absent from its panel)."""
     unique: dict[str, Any] = {}  # label -> handle
@@ -489,7 +502,7 @@ def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
+def _draw_drift_split(ax: Axes, case: str, case_runs: list, circuit: str) -> None:
     """β and its exact parts for one case and circuit (log scale); parts at round-off sit on a floor band."""
     style = case_style(case)
     dtype = runs_dtype(case_runs)
@@ -517,7 +530,7 @@ def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
     ax.set_yscale("log")
 
 
-def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
+def _overlay_sgd_wd_prediction(ax: Axes, sgd_wd_runs: list, circuit: str) -> None:
     """Mean over seeds of the predicted β of the SGD + weight-decay runs, dashed.
 
     The scale ``||I_0|| / N`` is the one training wrote into each run.json; runs trained
@@ -559,7 +572,7 @@ def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
 
 
 @styled
-def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
+def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame) -> Figure:
     """Figure 4 from the sweep and slope tables; returns the matplotlib figure."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT))
@@ -638,11 +651,11 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 
 
 def make_figures(
-    tables_dir,
-    runs_dir,
-    theory_dir,
-    out_dir,
-    listed_runs=None,
+    tables_dir: str | Path,
+    runs_dir: str | Path,
+    theory_dir: str | Path,
+    out_dir: str | Path,
+    listed_runs: list[str] | None = None,
     studies: bool = True,
     intervention_runs: list[str] | None = None,
     identity_runs: list[str] | None = None,
@@ -714,7 +727,7 @@ def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFram
 
 
 @styled
-def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
+def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None) -> Figure:
     """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
     against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ
     against the identified fraction: the head sweep as one series (band: ± the seeds' sample sd, a spread),
@@ -785,7 +798,7 @@ def _point_label(row) -> str:
     return f"{row['point']}: {row['label']}" + (f", E={int(row['n_embd'])}" if "n_embd" in row else "")
 
 
-def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
+def _draw_fraction_panel(ax: Axes, series: pd.DataFrame, labelled: list) -> None:
     trained = [int(h) for h in series.get("n_head", [])] + [int(row["n_head"]) for row, _, _ in labelled]
     heads = np.geomspace(1, max([2] + trained), 60)
     ax.plot(heads, 1.0 - 1.0 / (2.0 * heads), color=PREDICTION_COLOR, label=r"MHA: $1 - 1/(2H)$")
@@ -823,7 +836,13 @@ def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
 
 
 def _draw_series(
-    ax, series: pd.DataFrame, column: str, color: str, label: str, linestyle: str = "-", hollow: bool = False
+    ax: Axes,
+    series: pd.DataFrame,
+    column: str,
+    color: str,
+    label: str,
+    linestyle: str = "-",
+    hollow: bool = False,
 ) -> None:
     x = series["identified_fraction"].to_numpy(dtype=float)
     mean = series[f"{column}_mean"].to_numpy(dtype=float)
@@ -853,7 +872,7 @@ def _draw_series(
 
 
 def _draw_point(
-    ax, row, column: str, color: str, marker: str, label: str | None = None, hollow: bool = False
+    ax: Axes, row, column: str, color: str, marker: str, label: str | None = None, hollow: bool = False
 ) -> None:
     mean, sd = float(row[f"{column}_mean"]), float(row[f"{column}_sd"])
     if not np.isfinite(mean):
@@ -947,7 +966,7 @@ def _drift_ratio_max(runs: list) -> float:
     return max(ratios) if ratios else math.nan
 
 
-def _draw_orbit_panel(ax, column: str, series: list[tuple[str, dict, list]]) -> None:
+def _draw_orbit_panel(ax: Axes, column: str, series: list[tuple[str, dict, list]]) -> None:
     """One circuit-pair quantity (ρ or drift1) of each run group, both circuits (QK solid, OV dashed), on
     a log axis; a group at its precision's round-off is a labelled floor band, never data (design §13)."""
     # dtype -> (labels, steps summed)

@@ -89,7 +89,9 @@ def run_arm_name(info: dict) -> str:
     return arm_name(str(info.get("case")), (info.get("config") or {}).get("rebalance_moments"))
 
 
-def load_runs_by_arm(runs_dir, listed: list[str] | None = None) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
+def load_runs_by_arm(
+    runs_dir: str | Path | None, listed: list[str] | None = None
+) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
     """{arm: [(run.json, metrics.csv)]} for the listed runs (or every run under ``runs_dir``), in the case
     registry's order of the arms' cases (unknown cases last), an arm right after its case."""
     from attnid.training.cases import CASES

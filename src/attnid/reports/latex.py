@@ -28,12 +28,19 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable, Mapping
+from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
 from attnid.reports.studies import STUDIES
+
+if TYPE_CHECKING:
+    import jinja2
+    import pandas as pd
 
 # "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
 _TEX_ESCAPES = {
@@ -52,12 +59,12 @@ _TEX_ESCAPES = {
 }
 
 
-def tex_escape(value) -> str:
+def tex_escape(value: Any) -> str:
     """Escape TeX's special characters in plain text."""
     return "".join(_TEX_ESCAPES.get(char, char) for char in str(value))
 
 
-def thousands(value) -> str:
+def thousands(value: Any) -> str:
     """An integer with comma thousands separators: ``1048576 -> '1,048,576'``.
 
     Floats that are whole numbers are shown as integers; ``inf`` as ``$\\infty$``.
@@ -70,12 +77,12 @@ def thousands(value) -> str:
     return f"{int(round(number)):,}"
 
 
-def fixed(value, digits: int = 4) -> str:
+def fixed(value: Any, digits: int = 4) -> str:
     """A float with a fixed number of decimals (``fixed(0.9375, 3) -> '0.938'``)."""
     return f"{float(value):.{digits}f}"
 
 
-def scientific(value, digits: int = 1) -> str:
+def scientific(value: Any, digits: int = 1) -> str:
     """A float like ``2.8e13`` as TeX, ``$2.8\\times10^{13}$``; ``inf`` as ``$\\infty$``."""
     number = float(value)
     if math.isinf(number):
@@ -84,18 +91,18 @@ def scientific(value, digits: int = 1) -> str:
     return rf"${mantissa}\times10^{{{int(exponent)}}}$"
 
 
-def yesno(value) -> str:
+def yesno(value: Any) -> str:
     return "yes" if str(value).strip().lower() in {"true", "1", "yes"} else "no"
 
 
-def bias_label(row) -> str:
+def bias_label(row: Mapping[str, Any]) -> str:
     """The bias column of table A1: ``yes`` (q, k, v and output), ``qkv`` (q, k, v only, as Qwen2),
     ``out`` (output only) or ``no``, from counts.csv's ``bias`` and ``out_bias``."""
     qkv, out = yesno(row["bias"]) == "yes", yesno(row.get("out_bias", row["bias"])) == "yes"
     return {(True, True): "yes", (True, False): "qkv", (False, True): "out", (False, False): "no"}[(qkv, out)]
 
 
-def gap_note(row) -> str:
+def gap_note(row: Mapping[str, Any]) -> str:
     """Why a row of nullity.csv has ``gap = inf`` (no positive dropped singular value):
     ``rows`` -- the Jacobian has fewer rows than parameters and every singular value is kept
     (rank = rows), so the null directions are exactly those no row sees; ``zero`` -- the largest
@@ -111,14 +118,14 @@ def gap_note(row) -> str:
 GAP_MARKS = {"rows": "*", "zero": r"\dagger"}
 
 
-def nullity_gap(row) -> str:
+def nullity_gap(row: Mapping[str, Any]) -> str:
     """The gap cell of table A2: ``$2.8\\times10^{15}$``, or for an infinite gap ``$\\infty$``
     with the mark of its reason (:func:`gap_note`), explained under the table."""
     note = gap_note(row)
     return rf"$\infty^{{{GAP_MARKS[note]}}}$" if note else scientific(row["gap"])
 
 
-def tex_number(value, digits: int = 3) -> str:
+def tex_number(value: Any, digits: int = 3) -> str:
     """A number for a table cell: plain for moderate magnitudes, a×10^b otherwise, -- for missing."""
     try:
         value = float(value)
@@ -134,13 +141,13 @@ def tex_number(value, digits: int = 3) -> str:
     return f"${mantissa}\\times10^{{{int(exponent)}}}$"
 
 
-def tex_mean_sd(mean, sd, digits: int = 3) -> str:
+def tex_mean_sd(mean: Any, sd: Any, digits: int = 3) -> str:
     if sd is None or not math.isfinite(float(sd)):
         return tex_number(mean, digits)
     return f"{tex_number(mean, digits)} $\\pm$ {tex_number(sd, 2)}"
 
 
-def _finite(value) -> float | None:
+def _finite(value: Any) -> float | None:
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -148,44 +155,44 @@ def _finite(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def tex_signed(value) -> str:
+def tex_signed(value: Any) -> str:
     """A correlation as ``$+0.54$`` / ``$-0.54$``; ``--`` when there is none."""
     number = _finite(value)
     return "--" if number is None else f"${number:+.2f}$"
 
 
-def tex_spread(value) -> str:
+def tex_spread(value: Any) -> str:
     r"""``sd 0.12`` after a per-seed mean: the seeds' spread, labelled as one; ``--`` for a single seed."""
     number = _finite(value)
     return "--" if number is None else f"sd {number:.2f}"
 
 
-def tex_probability(value) -> str:
+def tex_probability(value: Any) -> str:
     """A p-value to two significant digits (``0.34``, ``0.017``); ``--`` when there is none."""
     number = _finite(value)
     return "--" if number is None else f"{number:.2g}"
 
 
-def tex_interval(low, high) -> str:
+def tex_interval(low: Any, high: Any) -> str:
     """A correlation's CI as ``[$-0.52$, $-0.10$]``; ``--`` when there is none."""
     if _finite(low) is None or _finite(high) is None:
         return "--"
     return f"[{tex_signed(low)}, {tex_signed(high)}]"
 
 
-def tex_whole(value) -> str:
+def tex_whole(value: Any) -> str:
     """A count or a rate as a whole number with thousands separators; ``--`` when missing."""
     number = _finite(value)
     return "--" if number is None else thousands(round(number))
 
 
-def package_template_dir():
+def package_template_dir() -> Traversable:
     """The templates shipped with the package, found with importlib.resources (a Traversable:
     a folder in a checkout or an installed package, a zip member in a zipped one)."""
     return importlib.resources.files("attnid.reports").joinpath("templates")
 
 
-def _resource_loader(folder):
+def _resource_loader(folder: Traversable) -> jinja2.BaseLoader:
     """A jinja2 loader over a Traversable folder (what importlib.resources returns)."""
     import jinja2
 
@@ -196,7 +203,7 @@ def _resource_loader(folder):
     return jinja2.FunctionLoader(load)
 
 
-def latex_environment(template_dir=None):
+def latex_environment(template_dir: str | os.PathLike | Traversable | None = None) -> jinja2.Environment:
     """A jinja2 Environment with TeX-safe delimiters and the filters above.
 
     Templates are read from ``template_dir`` (a folder path, or a Traversable such as
@@ -204,6 +211,7 @@ def latex_environment(template_dir=None):
     """
     import jinja2
 
+    loader: jinja2.BaseLoader
     if isinstance(template_dir, (str, os.PathLike)):
         loader = jinja2.FileSystemLoader(str(template_dir))
     else:
@@ -240,7 +248,7 @@ def latex_environment(template_dir=None):
     return env
 
 
-def records(rows) -> list[dict]:
+def records(rows: pd.DataFrame | Iterable[dict]) -> list[dict]:
     """Rows for a template: a DataFrame's records with every missing value (NaN, NA) as None, so that
     templates and filters see one kind of missing; any other iterable of dicts as a list."""
     if not hasattr(rows, "to_dict"):
@@ -256,7 +264,12 @@ def records(rows) -> list[dict]:
     ]
 
 
-def render_table(template: str, rows=(), template_dir: str | os.PathLike | None = None, **context) -> str:
+def render_table(
+    template: str,
+    rows: pd.DataFrame | Iterable[dict] = (),
+    template_dir: str | os.PathLike | None = None,
+    **context: Any,
+) -> str:
     """Render ``template`` with ``rows`` and any extra context; every DataFrame among them is passed
     as :func:`records`. The one renderer of every table and of the appendix.
 
@@ -271,7 +284,7 @@ def render_table(template: str, rows=(), template_dir: str | os.PathLike | None 
     return compiled.render(rows=records(rows), **context)
 
 
-def find_template_dir(explicit: str | os.PathLike | None = None):
+def find_template_dir(explicit: str | os.PathLike | None = None) -> Traversable:
     """``explicit`` (``--templates DIR``) if given, else the package's own templates."""
     if explicit is None:
         return package_template_dir()
@@ -353,7 +366,7 @@ def rst_to_tex(text: str, where: str = "caption") -> str:
     return " ".join("".join(pieces).split())
 
 
-def figure_caption(name: str, caption_dir=None) -> dict:
+def figure_caption(name: str, caption_dir: Traversable | None = None) -> dict:
     """Title and caption TeX of figure ``name`` from its caption file, whose first sentence is
     ``**Figure N — title.**`` (the report shows it as is; LaTeX numbers the figure itself)."""
     folder = caption_dir if caption_dir is not None else package_template_dir().joinpath("captions")
@@ -374,7 +387,9 @@ def figure_caption(name: str, caption_dir=None) -> dict:
     }
 
 
-def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[dict]:
+def _figures(
+    figures: str | os.PathLike | None, out_dir: Path, omitted: frozenset = frozenset()
+) -> list[dict]:
     """Each figure's PDF (relative to the appendix) with its caption; one error lists all missing."""
     if figures is None:
         return []
@@ -424,7 +439,9 @@ def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
     return frame
 
 
-def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
+def _verbatim_blocks(
+    folder: str | os.PathLike | None, names: Iterable[str], omitted: frozenset
+) -> list[dict]:
     """``{name, text}`` of each table ``names`` lists that exists in ``folder`` and is not ``omitted``."""
     if folder is None:
         return []
@@ -436,16 +453,16 @@ def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
 
 
 def render_appendix(
-    counts_csv,
-    nullity_csv,
-    single_head_csv,
-    out_path,
-    experiment_tables=None,
-    figures=None,
-    template_dir=None,
-    omit=(),
-    whole_model_csv=None,
-    census_csv=None,
+    counts_csv: str | os.PathLike,
+    nullity_csv: str | os.PathLike,
+    single_head_csv: str | os.PathLike,
+    out_path: str | os.PathLike,
+    experiment_tables: str | os.PathLike | None = None,
+    figures: str | os.PathLike | None = None,
+    template_dir: str | os.PathLike | None = None,
+    omit: Iterable[str] = (),
+    whole_model_csv: str | os.PathLike | None = None,
+    census_csv: str | os.PathLike | None = None,
 ) -> str:
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, A4 whole-model counts and
     A5 census when given, plus the experiment tables and figures when given), without the tables and
@@ -491,10 +508,11 @@ def render_appendix(
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
     sources += [str(path) for path in (whole_model_csv, census_csv) if path is not None]
-    sources += [
-        str(Path(experiment_tables) / b["name"])
-        for b in experiment_blocks + study_blocks + intervention_blocks
-    ]
+    if experiment_tables is not None:  # the blocks come from there
+        sources += [
+            str(Path(experiment_tables) / b["name"])
+            for b in experiment_blocks + study_blocks + intervention_blocks
+        ]
     shown_templates = "attnid/reports/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {

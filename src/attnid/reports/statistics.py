@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats
 
 CONFIDENCE_LEVEL = 0.95
@@ -80,7 +81,7 @@ def paired_differences(
     return seeds, np.array([float(arm[seed]) - float(baseline[seed]) for seed in seeds])
 
 
-def _as_sample(values, minimum: int) -> np.ndarray:
+def _as_sample(values: ArrayLike, minimum: int) -> np.ndarray:
     sample = np.asarray(values, dtype=float).ravel()
     if sample.size < minimum:
         raise ValueError(f"needs at least {minimum} values, got {sample.size}")
@@ -93,7 +94,7 @@ def _mean(sample, axis=-1):
     return np.mean(sample, axis=axis)
 
 
-def mean_confidence_interval(values) -> tuple[float, float]:
+def mean_confidence_interval(values: ArrayLike) -> tuple[float, float]:
     """The 95 % percentile bootstrap CI of the mean of ``values`` (``scipy.stats.bootstrap``,
     :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seed :data:`RESAMPLING_SEED`; §11.1)."""
     sample = _as_sample(values, MIN_PAIRED_SEEDS)
@@ -111,7 +112,7 @@ def mean_confidence_interval(values) -> tuple[float, float]:
     return low, high
 
 
-def sign_flip_p_value(differences) -> float:
+def sign_flip_p_value(differences: ArrayLike) -> float:
     """Two-sided p-value of the paired sign-flip permutation test of mean difference 0 (§11.2):
     ``scipy.stats.permutation_test`` on the one sample of differences with ``permutation_type='samples'``,
     which flips the sign of each difference independently (under the null, which run of a pair is the arm
@@ -148,7 +149,7 @@ def verdict(ci_low: float, ci_high: float) -> str:
     return NO_DIFFERENCE
 
 
-def compare_paired(differences) -> PairedComparison:
+def compare_paired(differences: ArrayLike) -> PairedComparison:
     """Mean, CI, p-value and verdict of per-seed differences ``arm - baseline`` (§11.1, §11.2)."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
     low, high = mean_confidence_interval(sample)
@@ -165,7 +166,7 @@ def compare_paired(differences) -> PairedComparison:
 # ---------------------------------------------------------------------------- rank correlation
 
 
-def _finite_pairs(x, y) -> tuple[np.ndarray, np.ndarray]:
+def _finite_pairs(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     return x[keep], y[keep]
@@ -175,7 +176,7 @@ def _rankable(x: np.ndarray, y: np.ndarray) -> bool:
     return len(x) >= MIN_CORRELATION_POINTS and np.ptp(x) > 0 and np.ptp(y) > 0
 
 
-def rank_correlation(x, y) -> float:
+def rank_correlation(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman's ``r_s`` of the finite pairs (``scipy.stats.spearmanr``: Pearson's correlation of the
     average-tie ranks). NaN below :data:`MIN_CORRELATION_POINTS` pairs or when either side is constant."""
     x, y = _finite_pairs(x, y)
@@ -189,7 +190,7 @@ def _spearman_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return stats.pearsonr(rank_x, stats.rankdata(y, axis=axis), axis=axis).statistic
 
 
-def rank_correlation_p_value(x, y) -> float:
+def rank_correlation_p_value(x: ArrayLike, y: ArrayLike) -> float:
     """Two-sided permutation p-value of ``r_s(x, y) = 0`` over the points (§11.4): the null distribution
     pairs ``x`` with every ordering of ``y`` (``scipy.stats.permutation_test``, ``permutation_type=
     'pairings'`` on the one sample ``y``), exact over all ``n!`` orderings for ``n <= 8`` points, else
@@ -216,7 +217,7 @@ def rank_correlation_p_value(x, y) -> float:
     return float(result.pvalue)
 
 
-def rank_correlation_ci_over_seeds(x, per_seed) -> tuple[float, float]:
+def rank_correlation_ci_over_seeds(x: ArrayLike, per_seed: ArrayLike) -> tuple[float, float]:
     """95 % percentile bootstrap CI of ``r_s(x, point means)`` over seeds (§11.4): ``per_seed[i, j]`` is
     point ``i``'s value with seed ``j`` (every point trained with every seed, finite); a resample draws
     seeds with replacement, the same draw for every point (``scipy.stats.bootstrap(paired=True)``), and

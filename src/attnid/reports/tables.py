@@ -17,11 +17,13 @@ diverged run stays in every table with its status.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
@@ -250,7 +252,7 @@ def cases_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def mean_sd_over_seeds(runs: pd.DataFrame, columns) -> dict[str, float]:
+def mean_sd_over_seeds(runs: pd.DataFrame, columns: Iterable[str]) -> dict[str, float]:
     """``<column>_mean`` and ``<column>_sd`` (sample sd, ddof=1; NaN below two finite values) of each
     column."""
     out = {}
@@ -294,7 +296,7 @@ def sweep_table(sweep_runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def fit_loglog_slope(x, y) -> dict:
+def fit_loglog_slope(x: ArrayLike, y: ArrayLike) -> dict:
     """Least-squares line through (log10 x, log10 y) over the finite, positive points.
 
     Returns slope, intercept (log10 units), r2 and the number of points used; NaNs

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +37,9 @@ import torch.nn.functional as F
 from attnid.theory import whole_model as theory
 from attnid.theory.nullity import GAP_REQUIRED, RANK_RTOL, ROW_FACTOR, unflatten
 from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CENSUS_ROPE_BASE = 10.0
 SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time (memory)
@@ -163,7 +167,7 @@ def log_probs(
     return logits.log_softmax(dim=-1)
 
 
-def params_from_gpt(model) -> dict[str, torch.Tensor]:
+def params_from_gpt(model: Any) -> dict[str, torch.Tensor]:  # a GPT: attnid.model is a layer above
     """This module's parameters from an ``attnid.model.gpt.GPT`` (nanoGPT layout, docs/design.md §2.1)."""
     config = model.config
     state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -196,7 +200,10 @@ def params_from_gpt(model) -> dict[str, torch.Tensor]:
     return p
 
 
-def shape_of_gpt_config(config, norm_eps: float = theory.DEFAULT_NORM_EPS) -> theory.WholeModelShape:
+def shape_of_gpt_config(
+    config: Any,  # a GPTConfig: attnid.model is a layer above
+    norm_eps: float = theory.DEFAULT_NORM_EPS,
+) -> theory.WholeModelShape:
     """The census shape of ``attnid train``'s model (``attnid.model.gpt.GPTConfig``)."""
     return theory.whole_model_shape(
         n_layer=config.n_layer,
@@ -534,7 +541,11 @@ def default_grid(random_count: int = RANDOM_SHAPES, seed: int = RANDOM_SEED) -> 
     return hand_picked_shapes() + random_shapes(random_count, seed)
 
 
-def run_grid(shapes: list[theory.WholeModelShape], progress=None, rope_base: float = CENSUS_ROPE_BASE):
+def run_grid(
+    shapes: list[theory.WholeModelShape],
+    progress: Callable[[str], None] | None = None,
+    rope_base: float = CENSUS_ROPE_BASE,
+) -> pd.DataFrame:
     import pandas as pd
 
     rows = []

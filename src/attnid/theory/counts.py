@@ -46,8 +46,12 @@ import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnid.common.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -468,13 +472,15 @@ def architecture_row(name: str, spec: dict) -> dict:
     return row
 
 
-def counts_table(architectures: dict[str, dict]):
+def counts_table(architectures: dict[str, dict]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame([architecture_row(name, spec) for name, spec in architectures.items()])
 
 
-def single_head_table(architectures: dict[str, dict], extra_heads=(1, 2, 4, 8, 12, 16, 32, 64)):
+def single_head_table(
+    architectures: dict[str, dict], extra_heads: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)
+) -> pd.DataFrame:
     """§4.10 rows (A3): one per distinct ``(E, H)`` among the architectures (labelled with
     their names; plain MHA with ``D = E/H`` is assumed, as in the paper), then a sweep over
     ``H`` at ``E = 768``. Both readings of docs/design.md §10 are columns of every row."""

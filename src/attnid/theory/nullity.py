@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -295,7 +296,9 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
     }
 
 
-def verify(cases: list[NullityCase] | None = None, progress=None) -> pd.DataFrame:
+def verify(
+    cases: list[NullityCase] | None = None, progress: Callable[[str], None] | None = None
+) -> pd.DataFrame:
     import pandas as pd
 
     rows = []

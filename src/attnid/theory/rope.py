@@ -92,7 +92,9 @@ def _plane_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     return planes(left) @ planes(right).transpose(-1, -2)
 
 
-def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
+def _rope_coefficients(
+    gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
+):
     """Per plane, the step's inner products with the two tangent directions and their squared norm.
 
     ``u_1 = (A_p, -B_p)``, ``u_2 = (J A_p, J B_p)``. Their 2x2 Gram matrix is
@@ -117,7 +119,9 @@ def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
     return r_1, r_2, norm, solvable
 
 
-def _pair_coefficients(pair_a, pair_b, step_a, step_b):
+def _pair_coefficients(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+):
     """:func:`_rope_coefficients` from the pairs and the step (plane blocks only: no ``D x D`` products)."""
     return _rope_coefficients(
         _plane_products(pair_a, pair_a),
@@ -127,7 +131,9 @@ def _pair_coefficients(pair_a, pair_b, step_a, step_b):
     )
 
 
-def rope_tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tangent_projection(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Orthogonal projection of ``(dA, dB)`` onto the RoPE orbit's tangent at ``(A, B)``.
 
     Per plane ``c_i = <step, u_i> / (|A_p|^2 + |B_p|^2)`` and the projection is
@@ -151,13 +157,15 @@ def _sq_norm_from_coefficients(r_1, r_2, norm, solvable) -> tuple[torch.Tensor, 
     return sq, ~solvable.all(-1)
 
 
-def rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_unidentified_sq_norm(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``||proj(dA, dB)||^2 = sum_p (r_1^2 + r_2^2) / (|A_p|^2 + |B_p|^2)`` per pair, and singular flags."""
     return _sq_norm_from_coefficients(*_pair_coefficients(pair_a, pair_b, step_a, step_b))
 
 
 def rope_unidentified_sq_norm_from_products(
-    gram_a, gram_b, cross_a, cross_b
+    gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rope_unidentified_sq_norm` from the ``D x D`` products ``A A^T``, ``B B^T`` (pre-step),
     ``dA A^T`` and ``dB B^T``, which the drift split computes at every step (docs/design.md §7)."""
@@ -181,7 +189,7 @@ def rope_from_plane_traces(traces: torch.Tensor) -> torch.Tensor:
 
 
 def rope_rebalance_pairs(
-    pair_a, pair_b, target_imbalance=None
+    pair_a: torch.Tensor, pair_b: torch.Tensor, target_imbalance: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move RoPE query-key pairs along the restricted orbit to a target (docs/design.md §8).
 
@@ -213,7 +221,7 @@ def rope_rebalance_pairs(
 
 
 def rope_excess_norm_terms(
-    pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] | None = None
+    pair_a: torch.Tensor, pair_b: torch.Tensor, grams: tuple[torch.Tensor, torch.Tensor] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(||A||^2 + ||B||^2, min over the restricted orbit)`` per pair.
 

@@ -30,9 +30,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from attnid.common.errors import UserError
 from attnid.theory import counts
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu")  # swiglu / geglu: act(W_gate x) * (W_up x), then W_down
@@ -690,7 +694,7 @@ def whole_model_row(name: str, spec: dict) -> dict:
     }
 
 
-def whole_model_table(architectures: dict[str, dict]):
+def whole_model_table(architectures: dict[str, dict]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame([whole_model_row(name, spec) for name, spec in architectures.items()])

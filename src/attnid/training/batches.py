@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -15,7 +17,9 @@ if TYPE_CHECKING:
 EVAL_SEED_OFFSET = 104_729
 
 
-def batch_from_starts(data: np.ndarray, starts: torch.Tensor, block_size: int, device: torch.device):
+def batch_from_starts(
+    data: np.ndarray, starts: torch.Tensor, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token windows data[s : s+T+1] for each start s -> inputs x (B, T) and next-token targets y (B, T)."""
     offsets = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T+1)
     window = torch.from_numpy(data[offsets].astype(np.int64))  # (B, T+1)
@@ -88,7 +92,7 @@ class FixedEvalBatches:
         }
 
     @torch.no_grad()
-    def losses(self, model: GPT, autocast) -> dict[str, float]:
+    def losses(self, model: GPT, autocast: Callable[[], AbstractContextManager]) -> dict[str, float]:
         was_training = model.training
         model.eval()
         out = {}

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnid.common.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnid.model.gpt import GPT
+    from attnid.training.config import TrainConfig
 
 # make_optimizer(model, cfg, device_type) -> torch.optim.Optimizer; ``cfg`` is an
 # attnid.training.config.TrainConfig
@@ -57,31 +63,37 @@ class Case:
 # --------------------------------------------------------------------------------------
 
 
-def sgd(model, cfg, device_type: str):
+def _peak_lr(cfg: TrainConfig) -> float:
+    if cfg.lr is None:  # resolve_config sets each case's default
+        raise ValueError("an optimizer needs a TrainConfig from resolve_config (lr is unset)")
+    return cfg.lr
+
+
+def sgd(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     import torch
 
-    return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=0.0)
+    return torch.optim.SGD(model.optimizer_groups(0.0), lr=_peak_lr(cfg), momentum=0.0)
 
 
-def sgd_weight_decay(model, cfg, device_type: str):
+def sgd_weight_decay(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     import torch
 
     # torch's SGD weight_decay adds wd * theta to the gradient: coupled L2, I_t ~ prod(1 - lr wd)^2 I_0
-    return torch.optim.SGD(model.optimizer_groups(cfg.weight_decay), lr=cfg.lr, momentum=0.0)
+    return torch.optim.SGD(model.optimizer_groups(cfg.weight_decay), lr=_peak_lr(cfg), momentum=0.0)
 
 
-def sgd_momentum(model, cfg, device_type: str):
+def sgd_momentum(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     import torch
 
-    return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=cfg.momentum)
+    return torch.optim.SGD(model.optimizer_groups(0.0), lr=_peak_lr(cfg), momentum=cfg.momentum)
 
 
-def adamw(model, cfg, device_type: str):
+def adamw(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
     import torch
 
     extra = {"fused": True} if device_type == "cuda" else {}
     return torch.optim.AdamW(
-        model.optimizer_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra
+        model.optimizer_groups(cfg.weight_decay), lr=_peak_lr(cfg), betas=(cfg.beta1, cfg.beta2), **extra
     )
 
 

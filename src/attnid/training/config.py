@@ -34,8 +34,13 @@ REPLACED_OPTIONS = {
 
 
 def option(
-    default, help: str | None, *, metavar: str | None = None, bound: str | None = None, resume: bool = True
-):
+    default: typing.Any,
+    help: str | None,
+    *,
+    metavar: str | None = None,
+    bound: str | None = None,
+    resume: bool = True,
+) -> typing.Any:  # a dataclass field, typed as its default for the class body
     """A :class:`TrainConfig` field with its ``--help`` text and checks."""
     return field(
         default=default, metadata={"help": help, "metavar": metavar, "bound": bound, "resume": resume}

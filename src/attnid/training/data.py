@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -193,7 +194,7 @@ def encode(text: str, stoi: dict[str, int]) -> np.ndarray:
     return np.array([stoi[ch] for ch in text], dtype=TOKEN_DTYPE)
 
 
-def decode(tokens, itos: list[str]) -> str:
+def decode(tokens: Iterable[int], itos: list[str]) -> str:
     return "".join(itos[int(t)] for t in tokens)
 
 

@@ -23,13 +23,14 @@ keep ``attnid train`` the same (:func:`get_lr` is nanoGPT's learning-rate schedu
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from attnid.common.errors import UserError
 
 
-def get_lr(it: int, cfg) -> float:
+def get_lr(it: int, cfg: Any) -> float:  # a resolved TrainConfig, or run.json's config as a namespace
     """nanoGPT's schedule for 0-based step ``it``: linear warmup, cosine decay to min_lr, then flat."""
     if it < cfg.warmup_iters:
         return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)

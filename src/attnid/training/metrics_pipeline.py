@@ -43,6 +43,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +51,10 @@ from attnid.measure import rebalancing
 from attnid.measure.products import Point, steps_between
 from attnid.model.layout import attention_tensors, layout_of
 from attnid.training import precision
+
+if TYPE_CHECKING:
+    from attnid.measure.drift import DriftTracker
+    from attnid.measure.metrics import MetricTracker
 
 
 @dataclass(frozen=True)
@@ -89,16 +94,16 @@ class MetricsPipeline:
 
     def __init__(
         self,
-        model,
-        tracker,
-        drift,
+        model: torch.nn.Module,
+        tracker: MetricTracker,
+        drift: DriftTracker,
         *,
         threads: int,
         queue_steps: int,
         tf32_training: bool,
         probes: bool,
         tau_target: str = "initial",
-    ):
+    ) -> None:
         self.tracker, self.drift, self.threads, self.tau_target = tracker, drift, threads, tau_target
         self.layout = layout_of(model)
         self.probe_on_worker = threads > 0 and not tf32_training
@@ -116,7 +121,7 @@ class MetricsPipeline:
 
     # ----- the training thread's calls --------------------------------------------------
 
-    def restart(self, model, step: int) -> None:
+    def restart(self, model: torch.nn.Module, step: int) -> None:
         """The model's current weights become the next step's pre-step point (the start, a resume, after a
         rebalance). Drains first."""
         self.drain()
@@ -125,7 +130,9 @@ class MetricsPipeline:
         if self._probe_model is not None:
             self.tracker.rebalance_targets(self.tau_target)  # prepared here (after a resume), not by a worker
 
-    def after_step(self, model, step: int, lr: float, row: RowRequest | None) -> Future | None:
+    def after_step(
+        self, model: torch.nn.Module, step: int, lr: float, row: RowRequest | None
+    ) -> Future | None:
         """Hand over optimizer step ``step`` (just taken, at rate ``lr``); returns the future of the row's
         metric columns when ``row`` asks for them (resolved in the order steps were handed over)."""
         self._raise_if_failed()
@@ -149,7 +156,7 @@ class MetricsPipeline:
             self._put(job)
         return job.future
 
-    def initial_row(self, model, tau: bool) -> dict[str, float]:
+    def initial_row(self, model: torch.nn.Module, tau: bool) -> dict[str, float]:
         """The metric columns of row 0, at the model's current weights (after :meth:`restart`): τ of a probe
         rebalance (``tau``), β and μ, the drift columns (all zero but the closure)."""
         self.drain()
@@ -202,9 +209,9 @@ class MetricsPipeline:
             step.cross_a, step.cross_b, step.step_gram_a, step.step_gram_b  # noqa: B018
         with self._turn(job.step):
             self.drift.add_step(drift_steps, job.lr)
-            drift_row = self.drift.row_at(job.post.pairs()) if job.row is not None else None
-        if job.row is None:
-            return None
+            if job.row is None:
+                return None
+            drift_row = self.drift.row_at(job.post.pairs())
         device = self.tracker.compute_device
         steps = drift_steps  # the same pairs unless the metrics run on another device: reuse their products
         if job.post.pairs(device) is not job.post.pairs():

@@ -69,7 +69,9 @@ def _moment_tensors(optimizer, layer_params: LayerTensors, key: str) -> LayerTen
 
 
 @torch.no_grad()
-def transport_moments(optimizer, model, before: list[LayerTensors]) -> None:
+def transport_moments(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, before: list[LayerTensors]
+) -> None:
     """Map AdamW's moments of the attention tensors with the orbit move from ``before`` (a float64 snapshot,
     :func:`attnid.measure.drift.attention_snapshot`, taken right before the move) to the model's weights now,
     in place (docs/design.md §15). Tensors without state (no step yet) are left alone."""
@@ -94,7 +96,7 @@ def transport_moments(optimizer, model, before: list[LayerTensors]) -> None:
                 write_layer_pairs(layer, layout, circuit, a, b)
 
 
-def reset_moments(optimizer, model) -> None:
+def reset_moments(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
     """Drop the optimizer state of every attention parameter (``--rebalance-moments reset``)."""
     for block in attention_blocks(model):
         for param in block.attn.parameters():

@@ -41,11 +41,11 @@ _TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _device_type(device) -> str:
+def _device_type(device: torch.device | str) -> str:
     return torch.device(device).type
 
 
-def resolve_dtype(requested: str | None, device) -> str:
+def resolve_dtype(requested: str | None, device: torch.device | str) -> str:
     """The precision a run on ``device`` uses: ``bf16``, ``fp16``, ``float32`` or ``float64``.
 
     ``None`` or ``"auto"``: ``bf16`` on CUDA, ``float32`` elsewhere. ``bf16`` on a
@@ -92,7 +92,7 @@ def apply_model_dtype(model: ModelT, dtype: str) -> ModelT:
     return model.to(parameter_dtype(dtype))
 
 
-def autocast_context(dtype: str, device) -> contextlib.AbstractContextManager:
+def autocast_context(dtype: str, device: torch.device | str) -> contextlib.AbstractContextManager:
     """The context for forward passes: CUDA autocast for ``bf16``/``fp16``, nothing for float32/float64."""
     _check(dtype)
     if dtype in _AUTOCAST_DTYPES:
@@ -100,7 +100,7 @@ def autocast_context(dtype: str, device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def grad_scaler(dtype: str, device) -> torch.amp.GradScaler:
+def grad_scaler(dtype: str, device: torch.device | str) -> torch.amp.GradScaler:
     """nanoGPT's gradient scaler: active for ``fp16`` only, a pass-through otherwise.
 
     The loop then runs ``scaler.scale(loss).backward()``, ``scaler.unscale_(optimizer)``
@@ -124,7 +124,7 @@ def configure_tf32(dtype: str) -> None:
     set_tf32(dtype in _AUTOCAST_DTYPES)
 
 
-def trains_with_tf32(dtype: str, device) -> bool:
+def trains_with_tf32(dtype: str, device: torch.device | str) -> bool:
     """Whether training in ``dtype`` on ``device`` runs with TF32 on (:func:`configure_tf32`)."""
     _check(dtype)
     return dtype in _AUTOCAST_DTYPES and _device_type(device) == "cuda"
@@ -152,7 +152,7 @@ def describe(dtype: str) -> str:
     }[dtype]
 
 
-def slow_float64_warning(device) -> str | None:
+def slow_float64_warning(device: torch.device | str) -> str | None:
     """The warning for a CUDA GPU whose float64 runs far below its float32 rate, or None."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -168,7 +168,7 @@ def slow_float64_warning(device) -> str | None:
     )
 
 
-def warn_if_slow_float64(device) -> bool:
+def warn_if_slow_float64(device: torch.device | str) -> bool:
     """Print :func:`slow_float64_warning` as one line on stderr if it applies; returns whether it did."""
     message = slow_float64_warning(device)
     if message is not None:

@@ -26,6 +26,7 @@ import json
 import math
 import platform
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
@@ -131,7 +132,7 @@ def remove_outputs(out: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def resume_key(config: dict, free_keys, device_type: str, meta: dict) -> dict:
+def resume_key(config: dict, free_keys: Collection[str], device_type: str, meta: dict) -> dict:
     """What must agree between a checkpoint and the command resuming it (``config`` as a dict)."""
     key = {k: v for k, v in config.items() if k not in free_keys}
     key["device"] = device_type

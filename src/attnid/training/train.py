@@ -30,6 +30,7 @@ Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -146,7 +147,7 @@ class Run:
         )
         require_memory(parts, self.device, what, "lower --batch-size, --block-size or the model's size")
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager:
         return precision.autocast_context(self.dtype, self.device)
 
     def load_checkpoint(self) -> dict | None:
@@ -190,6 +191,7 @@ class Run:
         if cfg.metrics:
             from attnid.measure.drift import DriftTracker
 
+            assert self.tracker is not None  # made above: cfg.metrics makes one
             decay = cfg.weight_decay if self.case.coupled_weight_decay else None
             self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
             self.metrics = MetricsPipeline(
@@ -204,7 +206,7 @@ class Run:
             )
 
     @torch.no_grad()
-    def fix_gauge(self, probe_batch) -> dict:
+    def fix_gauge(self, probe_batch: tuple[torch.Tensor, torch.Tensor]) -> dict:
         """adamw_gauge_fixed: move the initial weights into the gauge (docs/design.md §14), before the
         optimizer, the tracker's I_0 and torch.compile see the model. Returns what run.json records of it:
         the largest condition number inverted, and the change of the probe batch's logits (eval mode),
@@ -300,7 +302,7 @@ class Run:
 
     # ----- logging and evaluation -----------------------------------------------------
 
-    def finish_row(self, row: dict, metrics=None, tail: dict | None = None) -> None:
+    def finish_row(self, row: dict, metrics: Future | None = None, tail: dict | None = None) -> None:
         """Append ``row | metrics | tail | timing`` to the rows, in step order; ``metrics`` (a future of the
         row's metric columns) may still be being computed."""
         now = time.time()
@@ -449,7 +451,7 @@ class Run:
         probe = not self.case.rebalances and self.rows_logged() % self.cfg.tau_every == 0
         return RowRequest(tau=probe)
 
-    def rebalance(self, row: dict, metrics) -> None:
+    def rebalance(self, row: dict, metrics: Future | None) -> None:
         """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
         after; the drift's reference becomes the rebalanced imbalance), row marked."""
         assert self.tracker is not None  # build makes one for every case that rebalances
