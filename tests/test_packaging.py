@@ -59,6 +59,22 @@ def test_ci_runs_the_readme_test_command(repo_root):
     assert any(line.strip() == test_command for line in ci.splitlines()), f"{test_command!r} not in .ci/run"
 
 
+def test_ci_and_the_hooks_run_the_gates_of_the_development_guide(repo_root):
+    """docs/development.md's "Before you commit" block is what .ci/run runs, in that order, and what
+    .pre-commit-config.yaml's hooks run."""
+    guide = (repo_root / "docs" / "development.md").read_text()
+    block = re.search(r"## Before you commit\n.*?```bash\n(.*?)```", guide, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert {"ruff check .", "ruff format --check .", "mypy src", "lint-imports"} <= set(commands)
+    ci = [line.strip() for line in (repo_root / ".ci" / "run").read_text().splitlines()]
+    missing = [command for command in commands if command not in ci]
+    assert not missing, f".ci/run does not run {missing}"
+    positions = [ci.index(command) for command in commands]
+    assert positions == sorted(positions), ".ci/run runs the gates in another order than the guide"
+    hooks = yaml.safe_load((repo_root / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    assert sorted(hook["entry"] for hook in hooks) == sorted(commands)
+
+
 def test_cli_lists_every_command(capsys):
     try:
         main(["--help"])
