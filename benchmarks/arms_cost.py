@@ -46,10 +46,23 @@ CLOCK = time.process_time
 
 
 def make_run(data_dir: Path, out: Path, case: str, extra: dict, args) -> Run:
-    cfg = resolve_config(dict(data=str(data_dir), out=str(out), case=case, max_iters=10**6, eval_every=10**6,
-                              ckpt_every=10**6, log_every=10, rebalance_every=args.steps,
-                              threads=args.threads, metrics=args.metrics, progress_every=1e9,
-                              **DEFAULT_MODEL, **extra))
+    cfg = resolve_config(
+        dict(
+            data=str(data_dir),
+            out=str(out),
+            case=case,
+            max_iters=10**6,
+            eval_every=10**6,
+            ckpt_every=10**6,
+            log_every=10,
+            rebalance_every=args.steps,
+            threads=args.threads,
+            metrics=args.metrics,
+            progress_every=1e9,
+            **DEFAULT_MODEL,
+            **extra,
+        )
+    )
     run = Run(cfg)
     run.build()
     run.start_clocks()
@@ -71,8 +84,9 @@ def main() -> None:
 
             data_dir = Path(tmp) / "data"
             prepare(Path(__file__).resolve().parents[1] / "assets" / "tinyshakespeare.txt", data_dir)
-        runs = {arm: make_run(data_dir, Path(tmp) / arm, case, extra, args)
-                for arm, (case, extra) in ARMS.items()}
+        runs = {
+            arm: make_run(data_dir, Path(tmp) / arm, case, extra, args) for arm, (case, extra) in ARMS.items()
+        }
         torch.set_num_threads(args.threads)
         seconds: dict[str, list[float]] = {arm: [] for arm in ARMS}
         for round_index in range(args.rounds + 1):  # round 0 warms up
@@ -82,20 +96,27 @@ def main() -> None:
                     run.train_step()
                 if round_index > 0:
                     seconds[arm].append(CLOCK() - start)
-    print(f"{DEFAULT_MODEL} float32, metrics={'on (log every 10)' if args.metrics else 'off'}, "
-          f"threads={args.threads}, {args.rounds} rounds of {args.steps} steps per arm, interleaved "
-          f"(process CPU time; medians)")
+    print(
+        f"{DEFAULT_MODEL} float32, metrics={'on (log every 10)' if args.metrics else 'off'}, "
+        f"threads={args.threads}, {args.rounds} rounds of {args.steps} steps per arm, interleaved "
+        f"(process CPU time; medians)"
+    )
     print(f"  {'arm':>20}  {'ms/step':>8}  {'ratio to adamw':>14}  {'IQR of ratio':>13}")
     for arm, times in seconds.items():
         ratios = [t / base for t, base in zip(times, seconds["adamw"], strict=True)]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         ms_per_step = 1e3 * statistics.median(times) / args.steps
-        print(f"  {arm:>20}  {ms_per_step:8.2f}  {statistics.median(ratios):14.3f}"
-              f"  {quartiles[0]:6.3f}-{quartiles[2]:.3f}")
-    transport = [t / k for t, k in zip(seconds["rebalance_transport"], seconds["rebalance_keep"],
-                                       strict=True)]
-    print(f"  rebalance_transport / rebalance_keep (one rebalance per {args.steps} steps): "
-          f"{statistics.median(transport):.3f}")
+        print(
+            f"  {arm:>20}  {ms_per_step:8.2f}  {statistics.median(ratios):14.3f}"
+            f"  {quartiles[0]:6.3f}-{quartiles[2]:.3f}"
+        )
+    transport = [
+        t / k for t, k in zip(seconds["rebalance_transport"], seconds["rebalance_keep"], strict=True)
+    ]
+    print(
+        f"  rebalance_transport / rebalance_keep (one rebalance per {args.steps} steps): "
+        f"{statistics.median(transport):.3f}"
+    )
 
 
 if __name__ == "__main__":

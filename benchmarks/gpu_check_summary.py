@@ -61,9 +61,25 @@ import yaml
 
 MODEL_KEYS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "dropout", "bias")
 CASE_KEYS = ("lr", "weight_decay", "momentum", "rebalance_every", "rebalance_target")
-COLUMNS = ("dtype", "metrics", "case", "steps", "status", "ms_per_step", "max_rho_qk", "max_rho_ov", "max_tau",
-           "max_drift1_qk", "max_drift1_ov", "e1_rho", "e3_tau", "peak_mb", "peak_source", "run_dtype",
-           "final_val_loss")
+COLUMNS = (
+    "dtype",
+    "metrics",
+    "case",
+    "steps",
+    "status",
+    "ms_per_step",
+    "max_rho_qk",
+    "max_rho_ov",
+    "max_tau",
+    "max_drift1_qk",
+    "max_drift1_ov",
+    "e1_rho",
+    "e3_tau",
+    "peak_mb",
+    "peak_source",
+    "run_dtype",
+    "final_val_loss",
+)
 RESULT_FILE = "gpu_check.json"
 
 
@@ -77,7 +93,9 @@ def _flag(key: str, value) -> str:
 def train_flags(config: dict, case: str, steps: int) -> list[str]:
     """Model and case settings of a Snakemake config, and a schedule that fits ``steps``."""
     if case not in config.get("cases", {}):
-        raise SystemExit(f"gpu_check: case {case!r} is not in the config's cases ({', '.join(config['cases'])})")
+        raise SystemExit(
+            f"gpu_check: case {case!r} is not in the config's cases ({', '.join(config['cases'])})"
+        )
     settings = {key: config["model"][key] for key in MODEL_KEYS if key in config["model"]}
     settings.update({key: value for key, value in config["cases"][case].items() if key in CASE_KEYS})
     training = config.get("training", {})
@@ -87,9 +105,15 @@ def train_flags(config: dict, case: str, steps: int) -> list[str]:
     warmup = int(training.get("warmup_iters", 0))
     # the config's metrics schedule (a tau cadence, metrics threads), where it sets one
     settings.update({key: training[key] for key in ("tau_every", "metrics_threads") if key in training})
-    settings.update(case=case, threads=int(config.get("threads", 1)), max_iters=steps, log_every=log_every,
-                    warmup_iters=warmup if warmup < steps else steps // 10,
-                    eval_every=steps, ckpt_every=steps)  # evaluations and checkpoints at the start and end only
+    settings.update(
+        case=case,
+        threads=int(config.get("threads", 1)),
+        max_iters=steps,
+        log_every=log_every,
+        warmup_iters=warmup if warmup < steps else steps // 10,
+        eval_every=steps,
+        ckpt_every=steps,
+    )  # evaluations and checkpoints at the start and end only
     return [_flag(key, value) for key, value in settings.items()]
 
 
@@ -106,12 +130,18 @@ def measure(result_path: Path, labels: dict, attnid_args: list[str]) -> int:
     finally:
         result["wall_s"] = time.time() - started
         if torch.cuda.is_initialized():
-            result.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, peak_source="cuda_max_allocated",
-                          device_name=torch.cuda.get_device_name())
+            result.update(
+                peak_mb=torch.cuda.max_memory_allocated() / 2**20,
+                peak_source="cuda_max_allocated",
+                device_name=torch.cuda.get_device_name(),
+            )
         else:
             # ru_maxrss is in KiB on Linux
-            result.update(peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                          peak_source="cpu_max_rss", device_name="cpu")
+            result.update(
+                peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                peak_source="cpu_max_rss",
+                device_name="cpu",
+            )
         result_path.parent.mkdir(parents=True, exist_ok=True)
         result_path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return int(result["rc"])
@@ -161,7 +191,11 @@ def summary_row(run_dir: Path) -> dict:
     from attnid.reports.tables import FLOAT64_ONLY, RHO_SGD_MAX, TAU_MAX, resolves
 
     result = json.loads((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
-    run = json.loads((run_dir / "run.json").read_text(encoding="utf-8")) if (run_dir / "run.json").is_file() else {}
+    run = (
+        json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        if (run_dir / "run.json").is_file()
+        else {}
+    )
     rows = _read_rows(run_dir / "metrics.csv")
     if run:
         status = run.get("status", "NA")
@@ -170,15 +204,28 @@ def summary_row(run_dir: Path) -> dict:
     metrics_on = result.get("metrics") != "off"
     max_rho_qk, max_tau = _column_max(rows, "rho_qk"), _column_max(rows, "tau")
     return {
-        "dtype": result.get("dtype"), "metrics": result.get("metrics"), "case": result.get("case"),
-        "steps": run.get("steps_completed", "NA"), "status": status, "ms_per_step": ms_per_step(rows),
-        "max_rho_qk": max_rho_qk, "max_rho_ov": _column_max(rows, "rho_ov"), "max_tau": max_tau,
-        "max_drift1_qk": _column_max(rows, "drift1_qk"), "max_drift1_ov": _column_max(rows, "drift1_ov"),
-        "e1_rho": _verdict(max_rho_qk, RHO_SGD_MAX, metrics_on and result.get("case") == "sgd",
-                           resolves(str(run.get("dtype", result.get("dtype"))), FLOAT64_ONLY)),
+        "dtype": result.get("dtype"),
+        "metrics": result.get("metrics"),
+        "case": result.get("case"),
+        "steps": run.get("steps_completed", "NA"),
+        "status": status,
+        "ms_per_step": ms_per_step(rows),
+        "max_rho_qk": max_rho_qk,
+        "max_rho_ov": _column_max(rows, "rho_ov"),
+        "max_tau": max_tau,
+        "max_drift1_qk": _column_max(rows, "drift1_qk"),
+        "max_drift1_ov": _column_max(rows, "drift1_ov"),
+        "e1_rho": _verdict(
+            max_rho_qk,
+            RHO_SGD_MAX,
+            metrics_on and result.get("case") == "sgd",
+            resolves(str(run.get("dtype", result.get("dtype"))), FLOAT64_ONLY),
+        ),
         "e3_tau": _verdict(max_tau, TAU_MAX, metrics_on),
-        "peak_mb": result.get("peak_mb"), "peak_source": result.get("peak_source"),
-        "run_dtype": run.get("dtype", "NA"), "final_val_loss": run.get("final_val_loss"),
+        "peak_mb": result.get("peak_mb"),
+        "peak_source": result.get("peak_source"),
+        "run_dtype": run.get("dtype", "NA"),
+        "final_val_loss": run.get("final_val_loss"),
     }
 
 
@@ -228,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "measure":
         attnid_args = args.attnid_args[1:] if args.attnid_args[:1] == ["--"] else args.attnid_args
-        return measure(args.result, {"dtype": args.dtype, "metrics": args.metrics, "case": args.case}, attnid_args)
+        return measure(
+            args.result, {"dtype": args.dtype, "metrics": args.metrics, "case": args.case}, attnid_args
+        )
     sys.stdout.write(summarize(args.out, args.run_dirs, args.comment))
     return 0
 

@@ -53,6 +53,7 @@ PAPER = dict(n_layer=6, n_head=6, n_embd=384, block_size=256)
 # The old implementation (reference only)
 # --------------------------------------------------------------------------------------
 
+
 def old_unidentified_sq_norm(pair_a, pair_b, step_a, step_b):
     """ρ's numerator as before: its own Grams and right-hand side, two eigendecompositions."""
     eig_a, vec_a = torch.linalg.eigh(factor_pairs.gram(pair_a))
@@ -113,8 +114,9 @@ def old_state_metrics(tracker, model, last_moves) -> dict:
         for layer in range(tracker.n_layer):
             row[f"beta_{circuit}_l{layer}"] = math.sqrt(drift_sq[layer]) / math.sqrt(norm_sq[layer])
         move = last_moves.pop(circuit, None)
-        same_weights = (move is not None and torch.equal(move.pair_a, pair_a)
-                        and torch.equal(move.pair_b, pair_b))
+        same_weights = (
+            move is not None and torch.equal(move.pair_a, pair_a) and torch.equal(move.pair_b, pair_b)
+        )
         if same_weights:
             frobenius_sq = pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))
             minimum = move.minimum
@@ -140,6 +142,7 @@ def old_log_row(tracker, drift, model, pre) -> dict:
 # The measurement
 # --------------------------------------------------------------------------------------
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=15, help="repetitions (two training steps each)")
@@ -158,8 +161,10 @@ def main() -> None:
     model = GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, n_kv_head=args.n_kv_head, **shape))
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    batch = (torch.randint(0, 65, (1, args.block_size), generator=gen),
-             torch.randint(0, 65, (1, args.block_size), generator=gen))
+    batch = (
+        torch.randint(0, 65, (1, args.block_size), generator=gen),
+        torch.randint(0, 65, (1, args.block_size), generator=gen),
+    )
     probe_batch = (batch[0][:1], batch[1][:1])
 
     def trackers():
@@ -173,8 +178,9 @@ def main() -> None:
     news = {}
     for name in ("tau", "plain"):  # one pipeline measures rows with tau, one rows without
         tracker, drift = trackers()
-        news[name] = MetricsPipeline(model, tracker, drift, threads=0, queue_steps=1, tf32_training=False,
-                                     probes=True)
+        news[name] = MetricsPipeline(
+            model, tracker, drift, threads=0, queue_steps=1, tf32_training=False, probes=True
+        )
         news[name].restart(model, 0)
 
     def train_step():
@@ -188,8 +194,9 @@ def main() -> None:
         fn()
         return 1e3 * (clock() - start)
 
-    times: dict[str, list[float]] = {k: [] for k in ("old row", "old step", "new row with tau",
-                                                     "new row without tau", "new step")}
+    times: dict[str, list[float]] = {
+        k: [] for k in ("old row", "old step", "new row with tau", "new row without tau", "new step")
+    }
     step = 0
     for rep in range(args.reps + 1):  # repetition 0 warms up
         for log_step in (True, False):
@@ -210,7 +217,7 @@ def main() -> None:
                     request = RowRequest(tau=name == "tau") if log_step else None
                     measured[name] = timed(lambda: pipeline.after_step(model, step, 1e-3, request))
 
-            for part in ((old, new) if rep % 2 else (new, old)):
+            for part in (old, new) if rep % 2 else (new, old):
                 part()
             if rep == 0:
                 continue
@@ -230,18 +237,19 @@ def main() -> None:
         row = share * median["new row with tau"] + (1 - share) * median["new row without tau"]
         return row - median["new step"]
 
-    print(f"n_layer={args.n_layer} n_head={args.n_head} n_embd={args.n_embd} "
-          f"n_kv_head={model.config.kv_heads} "
-          f"block={args.block_size} threads={args.threads} reps={args.reps} clock={args.clock} "
-          f"forwards={'in' if args.with_forwards else 'out'} (medians, ms)")
+    print(
+        f"n_layer={args.n_layer} n_head={args.n_head} n_embd={args.n_embd} "
+        f"n_kv_head={model.config.kv_heads} "
+        f"block={args.block_size} threads={args.threads} reps={args.reps} clock={args.clock} "
+        f"forwards={'in' if args.with_forwards else 'out'} (medians, ms)"
+    )
     for key, value in median.items():
         print(f"  {key:>24}: {value:8.1f}   (spread {min(times[key]):.1f}-{max(times[key]):.1f})")
     print(f"  {'old log-step maths':>24}: {old_la:8.1f}   (tau on every row)")
     for tau_every in sorted({1, args.tau_every}):
         print(f"  {f'new, tau every {tau_every}':>24}: {new_la(tau_every):8.1f}")
     ratio = new_la(args.tau_every) / old_la
-    print(f"log-step linear algebra, new / old, tau every {args.tau_every}: {ratio:.3f}"
-          f"   (target <= 0.33)")
+    print(f"log-step linear algebra, new / old, tau every {args.tau_every}: {ratio:.3f}   (target <= 0.33)")
     if args.tau_every != 1:
         print(f"log-step linear algebra, new / old, tau every row:  {new_la(1) / old_la:.3f}")
     print(f"per-step work (drift split), new / old:          {median['new step'] / median['old step']:.3f}")

@@ -33,12 +33,11 @@ training steps short and still times the metrics of the paper's model.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
 import torch
-
-import copy
 
 from attnid.measure import rebalancing
 from attnid.measure.drift import DriftTracker
@@ -58,17 +57,30 @@ def timed(fn) -> float:
 
 def build_model(args) -> tuple[GPT, dict]:
     """The GPT of the size the flags ask for, and that size (with the batch size)."""
-    size = dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64) if args.paper else \
-        dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
+    size = (
+        dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64)
+        if args.paper
+        else dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
+    )
     size |= {key: value for key, value in vars(args).items() if key in size and value is not None}
     torch.manual_seed(1337)
     shape = {key: value for key, value in size.items() if key != "batch_size"}
-    return GPT(GPTConfig(vocab_size=65, dropout=0.0, bias=False, n_kv_head=args.n_kv_head, rope=args.rope,
-                         **shape)), size
+    return GPT(
+        GPTConfig(vocab_size=65, dropout=0.0, bias=False, n_kv_head=args.n_kv_head, rope=args.rope, **shape)
+    ), size
 
 
-PARTS = ("copy", "pairs", "step products", "drift sums", "drift columns", "rho", "beta, mu", "tau move",
-         "tau forwards")
+PARTS = (
+    "copy",
+    "pairs",
+    "step products",
+    "drift sums",
+    "drift columns",
+    "rho",
+    "beta, mu",
+    "tau move",
+    "tau forwards",
+)
 
 
 def main() -> None:
@@ -78,10 +90,18 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--tau-every", type=int, default=1, help="a tau probe on every N-th row (default 1)")
     parser.add_argument("--probe-rows", type=int, default=2)
-    parser.add_argument("--paper", action="store_true",
-                        help="config/paper.yaml's model: 6 layers, 6 heads, E=384, block 256, batch 64")
-    for flag, default in (("--n-layer", 4), ("--n-head", 4), ("--n-embd", 128), ("--block-size", 64),
-                          ("--batch-size", 12)):
+    parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="config/paper.yaml's model: 6 layers, 6 heads, E=384, block 256, batch 64",
+    )
+    for flag, default in (
+        ("--n-layer", 4),
+        ("--n-head", 4),
+        ("--n-embd", 128),
+        ("--block-size", 64),
+        ("--batch-size", 12),
+    ):
         parser.add_argument(flag, type=int, default=None, help=f"(default {default}; --paper sets it)")
     parser.add_argument("--n-kv-head", type=int, default=None, help="key/value heads (GQA); default: 4, MHA")
     parser.add_argument("--rope", action="store_true", help="rotary embeddings (RoPE-restricted orbit)")
@@ -91,9 +111,11 @@ def main() -> None:
     batch_size, block_size = size["batch_size"], size["block_size"]
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
-    batch = (torch.randint(0, 65, (batch_size, block_size), generator=gen),
-             torch.randint(0, 65, (batch_size, block_size), generator=gen))
-    tracker = MetricTracker(model, probe_batch=(batch[0][:args.probe_rows], batch[1][:args.probe_rows]))
+    batch = (
+        torch.randint(0, 65, (batch_size, block_size), generator=gen),
+        torch.randint(0, 65, (batch_size, block_size), generator=gen),
+    )
+    tracker = MetricTracker(model, probe_batch=(batch[0][: args.probe_rows], batch[1][: args.probe_rows]))
     drift, layout = DriftTracker(model), layout_of(model)
     probe_model = copy.deepcopy(model).requires_grad_(False)
     tracker.rebalance_targets("initial")  # prepared once per run
@@ -116,7 +138,7 @@ def main() -> None:
         for round_index in range(args.rounds + 1):  # round 0 warms up
             spent = dict.fromkeys(PARTS, 0.0)
             train_ms = []
-            for step in range(args.log_every):
+            for _ in range(args.log_every):
                 with torch.enable_grad():
                     train_ms.append(timed(train_step))
                 kept = {}
@@ -124,8 +146,9 @@ def main() -> None:
                 post = kept["post"]
                 spent["pairs"] += timed(post.pairs)
                 steps = steps_between(last.pairs(), post.pairs())
-                spent["step products"] += timed(lambda: [(s.cross_a, s.cross_b, s.step_gram_a, s.step_gram_b)
-                                                        for s in steps.values()])
+                spent["step products"] += timed(
+                    lambda: [(s.cross_a, s.cross_b, s.step_gram_a, s.step_gram_b) for s in steps.values()]
+                )
                 spent["drift sums"] += timed(lambda: drift.add_step(steps, 1e-3))
                 last = post
             spent["drift columns"] = timed(lambda: drift.row_at(post.pairs()))
@@ -136,8 +159,13 @@ def main() -> None:
                 fixed = true_probe(model)
                 tracker.probe = lambda probed: fixed  # the move alone; the forwards are timed below
                 kept = {}
-                spent["tau move"] = timed(lambda: kept.update(result=rebalancing.tau_probe_on_copy(
-                    probe_model, weights, tracker, pairs=post.pairs())))
+                spent["tau move"] = timed(
+                    lambda: kept.update(
+                        result=rebalancing.tau_probe_on_copy(
+                            probe_model, weights, tracker, pairs=post.pairs()
+                        )
+                    )
+                )
                 minima = kept["result"][1]
                 tracker.probe = true_probe
                 spent["tau forwards"] = timed(lambda: [tracker.probe(probe_model) for _ in range(2)])
@@ -152,10 +180,12 @@ def main() -> None:
             parts["train step"].append(statistics.median(train_ms))
             parts["overhead"].append(sum(spent.values()) / sum(train_ms))
     median = {k: statistics.median(v) for k, v in parts.items()}
-    print(f"n_layer={size['n_layer']} n_head={size['n_head']} n_embd={size['n_embd']} block={block_size} "
-          f"batch={batch_size} n_kv_head={model.config.kv_heads} rope={args.rope} threads={args.threads} "
-          f"log_every={args.log_every} tau_every={args.tau_every} probe_rows={args.probe_rows} "
-          f"rounds={args.rounds} (medians over rounds, process CPU ms per round)")
+    print(
+        f"n_layer={size['n_layer']} n_head={size['n_head']} n_embd={size['n_embd']} block={block_size} "
+        f"batch={batch_size} n_kv_head={model.config.kv_heads} rope={args.rope} threads={args.threads} "
+        f"log_every={args.log_every} tau_every={args.tau_every} probe_rows={args.probe_rows} "
+        f"rounds={args.rounds} (medians over rounds, process CPU ms per round)"
+    )
     print(f"  {'train step':>24}: {median['train step']:8.2f}")
     for key in PARTS:
         note = " (rows with a probe)" if key.startswith("tau") else ""
@@ -163,8 +193,10 @@ def main() -> None:
     per_step = sum(median[k] for k in PARTS[:4])
     print(f"  {'every step, per step':>24}: {per_step / args.log_every:8.2f}")
     row = sum(median[k] for k in PARTS[4:7])
-    print(f"  {'a row, beyond its step':>24}: {row:8.2f}   (+ the probe's parts on probed rows, where "
-          f"mu reuses the probe's minimum)")
+    print(
+        f"  {'a row, beyond its step':>24}: {row:8.2f}   (+ the probe's parts on probed rows, where "
+        f"mu reuses the probe's minimum)"
+    )
     print(f"overhead = metrics / ({args.log_every} train steps): {median['overhead']:.4f}   (target <= 0.05)")
 
 

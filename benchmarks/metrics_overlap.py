@@ -37,8 +37,11 @@ import time
 from pathlib import Path
 
 PAPER_SHAPE = dict(n_layer=6, n_head=6, n_embd=384, block_size=256)
-VARIANTS = {"no-metrics": dict(metrics=False), "overlap": dict(metrics=True, metrics_threads=1),
-            "synchronous": dict(metrics=True, metrics_threads=0)}
+VARIANTS = {
+    "no-metrics": dict(metrics=False),
+    "overlap": dict(metrics=True, metrics_threads=1),
+    "synchronous": dict(metrics=True, metrics_threads=0),
+}
 
 
 def one_run(data: Path, out: Path, steps: int, batch_size: int, tau_every: int, variant: str) -> dict:
@@ -46,11 +49,28 @@ def one_run(data: Path, out: Path, steps: int, batch_size: int, tau_every: int, 
     from attnid.training.config import resolve_config
     from attnid.training.train import train
 
-    cfg = resolve_config(dict(data=str(data), out=str(out), case="adamw", lr=1e-3, max_iters=steps,
-                              log_every=1, eval_every=100 * steps, eval_iters=1, ckpt_every=100 * steps,
-                              threads=1,
-                              device="cpu", fresh=True, progress_every=1e9, tau_every=tau_every,
-                              batch_size=batch_size, dropout=0.0, **PAPER_SHAPE, **VARIANTS[variant]))
+    cfg = resolve_config(
+        dict(
+            data=str(data),
+            out=str(out),
+            case="adamw",
+            lr=1e-3,
+            max_iters=steps,
+            log_every=1,
+            eval_every=100 * steps,
+            eval_iters=1,
+            ckpt_every=100 * steps,
+            threads=1,
+            device="cpu",
+            fresh=True,
+            progress_every=1e9,
+            tau_every=tau_every,
+            batch_size=batch_size,
+            dropout=0.0,
+            **PAPER_SHAPE,
+            **VARIANTS[variant],
+        )
+    )
     wall, thread = time.perf_counter(), time.thread_time()
     assert train(cfg) == 0
     wall, thread = time.perf_counter() - wall, time.thread_time() - thread
@@ -61,8 +81,22 @@ def one_run(data: Path, out: Path, steps: int, batch_size: int, tau_every: int, 
 
 def in_subprocess(args, data: Path, steps: int, variant: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, __file__, "--one-run", variant, "--data", str(data), "--steps", str(steps),
-                   "--batch-size", str(args.batch_size), "--tau-every", str(args.tau_every), "--out", tmp]
+        command = [
+            sys.executable,
+            __file__,
+            "--one-run",
+            variant,
+            "--data",
+            str(data),
+            "--steps",
+            str(steps),
+            "--batch-size",
+            str(args.batch_size),
+            "--tau-every",
+            str(args.tau_every),
+            "--out",
+            tmp,
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -99,9 +133,11 @@ def main(argv=None) -> int:
                 for clock in ("wall", "train-thread"):
                     per_iter[name][clock].append(1e3 * (long[clock] - short[clock]) / args.steps)
 
-    print(f"paper shape {PAPER_SHAPE}, batch {args.batch_size}, AdamW, 1 training thread, a row with every "
-          f"metric at every step, tau every {args.tau_every} rows; {args.steps} timed steps, {args.rounds} "
-          f"interleaved rounds, fresh processes (medians, ms/iter)")
+    print(
+        f"paper shape {PAPER_SHAPE}, batch {args.batch_size}, AdamW, 1 training thread, a row with every "
+        f"metric at every step, tau every {args.tau_every} rows; {args.steps} timed steps, {args.rounds} "
+        f"interleaved rounds, fresh processes (medians, ms/iter)"
+    )
     for clock in (args.clock, *(c for c in ("wall", "train-thread") if c != args.clock)):
         median = {name: statistics.median(per_iter[name][clock]) for name in VARIANTS}
         print(f"{clock} clock:")

@@ -42,14 +42,43 @@ def child_cpu_seconds(command: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def ms_per_step(data: Path, work: Path, case: str, dtype: str, metrics: bool, steps: int, warmup: int) -> float:
+def ms_per_step(
+    data: Path, work: Path, case: str, dtype: str, metrics: bool, steps: int, warmup: int
+) -> float:
     seconds = {}
     for n in (warmup, steps):
         out = work / f"{case}-{dtype}-{'metrics' if metrics else 'plain'}-{n}"
-        command = [sys.executable, "-m", "attnid", "train", "--data", str(data), "--out", str(out), "--fresh",
-                   "--case", case, "--dtype", dtype, "--max-iters", str(n), "--warmup-iters", "0",
-                   "--log-every", "10", "--eval-every", str(10 * steps), "--eval-iters", "2", "--threads", "1",
-                   "--progress-every", "1e6", *MODEL, *([] if metrics else ["--no-metrics"])]
+        command = [
+            sys.executable,
+            "-m",
+            "attnid",
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--fresh",
+            "--case",
+            case,
+            "--dtype",
+            dtype,
+            "--max-iters",
+            str(n),
+            "--warmup-iters",
+            "0",
+            "--log-every",
+            "10",
+            "--eval-every",
+            str(10 * steps),
+            "--eval-iters",
+            "2",
+            "--threads",
+            "1",
+            "--progress-every",
+            "1e6",
+            *MODEL,
+            *([] if metrics else ["--no-metrics"]),
+        ]
         seconds[n] = child_cpu_seconds(command)
     return 1000.0 * (seconds[steps] - seconds[warmup]) / (steps - warmup)
 
@@ -70,17 +99,34 @@ def main() -> int:
         data = args.data
         if data is None:
             data = work / "data"
-            subprocess.run([sys.executable, "-m", "attnid", "prepare", "--text",
-                            str(REPO / "assets" / "tinyshakespeare.txt"), "--out-dir", str(data)],
-                           check=True, capture_output=True)
-        print(f"case {args.case}, nanoGPT CPU model, 1 thread, CPU ms/step over steps "
-              f"{args.warmup_steps}..{args.steps}, one fresh process per measurement")
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "attnid",
+                    "prepare",
+                    "--text",
+                    str(REPO / "assets" / "tinyshakespeare.txt"),
+                    "--out-dir",
+                    str(data),
+                ],
+                check=True,
+                capture_output=True,
+            )
+        print(
+            f"case {args.case}, nanoGPT CPU model, 1 thread, CPU ms/step over steps "
+            f"{args.warmup_steps}..{args.steps}, one fresh process per measurement"
+        )
         print(f"{'metrics':<8} {'float32':>10} {'float64':>10} {'float64/float32':>16}")
         for metrics in modes:
-            cost = {dtype: ms_per_step(data, work, args.case, dtype, metrics, args.steps, args.warmup_steps)
-                    for dtype in DTYPES}
-            print(f"{'on' if metrics else 'off':<8} {cost['float32']:>10.1f} {cost['float64']:>10.1f} "
-                  f"{cost['float64'] / cost['float32']:>16.2f}")
+            cost = {
+                dtype: ms_per_step(data, work, args.case, dtype, metrics, args.steps, args.warmup_steps)
+                for dtype in DTYPES
+            }
+            print(
+                f"{'on' if metrics else 'off':<8} {cost['float32']:>10.1f} {cost['float64']:>10.1f} "
+                f"{cost['float64'] / cost['float32']:>16.2f}"
+            )
     return 0
 
 

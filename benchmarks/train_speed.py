@@ -56,8 +56,15 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> None:
     """nanoGPT's training loop, reduced to its work per step."""
     meta_vocab = int(pd.read_json(data_dir / "meta.json", typ="series")["vocab_size"])
     torch.manual_seed(1337)
-    config = GPTConfig(block_size=NANOGPT_CPU["block_size"], vocab_size=meta_vocab, n_layer=NANOGPT_CPU["n_layer"],
-                       n_head=NANOGPT_CPU["n_head"], n_embd=NANOGPT_CPU["n_embd"], dropout=0.0, bias=False)
+    config = GPTConfig(
+        block_size=NANOGPT_CPU["block_size"],
+        vocab_size=meta_vocab,
+        n_layer=NANOGPT_CPU["n_layer"],
+        n_head=NANOGPT_CPU["n_head"],
+        n_embd=NANOGPT_CPU["n_embd"],
+        dropout=0.0,
+        bias=False,
+    )
     model = GPT(config)
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3, betas=(0.9, 0.99))
     block, batch = NANOGPT_CPU["block_size"], NANOGPT_CPU["batch_size"]
@@ -65,8 +72,8 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> None:
     def get_batch():
         data = np.memmap(data_dir / "train.bin", dtype=np.uint16, mode="r")  # nanoGPT reopens it every batch
         ix = torch.randint(len(data) - block, (batch,))
-        x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
+        x = torch.stack([torch.from_numpy(data[i : i + block].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block].astype(np.int64)) for i in ix])
         return x, y
 
     x, y = get_batch()
@@ -81,14 +88,30 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> None:
             loss.item()
 
 
-def attnid_loop(data_dir: Path, out: Path, steps: int, threads: int, metrics: bool, metrics_threads: int = 0
-                ) -> float:
+def attnid_loop(
+    data_dir: Path, out: Path, steps: int, threads: int, metrics: bool, metrics_threads: int = 0
+) -> float:
     """``attnid train`` for ``steps`` steps (eval only at step 0 and the end, no checkpoint before the end);
     returns the seconds the training thread waited for the metrics."""
-    cfg = resolve_config(dict(data=str(data_dir), out=str(out), case="adamw", lr=1e-3, max_iters=steps,
-                              eval_every=10 * steps, eval_iters=1, ckpt_every=10 * steps, threads=threads,
-                              metrics=metrics, metrics_threads=metrics_threads, device="cpu", fresh=True,
-                              progress_every=1e9, **NANOGPT_CPU))
+    cfg = resolve_config(
+        dict(
+            data=str(data_dir),
+            out=str(out),
+            case="adamw",
+            lr=1e-3,
+            max_iters=steps,
+            eval_every=10 * steps,
+            eval_iters=1,
+            ckpt_every=10 * steps,
+            threads=threads,
+            metrics=metrics,
+            metrics_threads=metrics_threads,
+            device="cpu",
+            fresh=True,
+            progress_every=1e9,
+            **NANOGPT_CPU,
+        )
+    )
     assert train(cfg) == 0
     info = json.loads((out / "run.json").read_text())
     return (info.get("metrics_queue_wait_s") or 0.0) + (info.get("metrics_drain_s") or 0.0)
@@ -116,15 +139,28 @@ def measure(name: str, data_dir: Path, steps: int, threads: int, clock_name: str
             "bare": lambda n: bare_nanogpt_loop(data_dir, n),
             "plain": lambda n: attnid_loop(data_dir, Path(tmp) / "plain", n, threads, metrics=False),
             "metrics": lambda n: attnid_loop(data_dir, Path(tmp) / "metrics", n, threads, metrics=True),
-            "overlap": lambda n: attnid_loop(data_dir, Path(tmp) / "overlap", n, threads, metrics=True,
-                                             metrics_threads=1),
+            "overlap": lambda n: attnid_loop(
+                data_dir, Path(tmp) / "overlap", n, threads, metrics=True, metrics_threads=1
+            ),
         }
         return ms_per_iter(runs[name], steps, clock_name)
 
 
 def measure_in_subprocess(name: str, data_dir: Path, args) -> float:
-    command = [sys.executable, __file__, "--measure", name, "--data", str(data_dir), "--steps", str(args.steps),
-               "--threads", str(args.threads), "--clock", args.clock]
+    command = [
+        sys.executable,
+        __file__,
+        "--measure",
+        name,
+        "--data",
+        str(data_dir),
+        "--steps",
+        str(args.steps),
+        "--threads",
+        str(args.threads),
+        "--clock",
+        args.clock,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
 
@@ -132,14 +168,24 @@ def measure_in_subprocess(name: str, data_dir: Path, args) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, help="prepared data directory")
-    parser.add_argument("--text", type=Path, default=Path(__file__).resolve().parents[1] / "assets"
-                        / "tinyshakespeare.txt", help="tiny shakespeare, used when --data is not given")
+    parser.add_argument(
+        "--text",
+        type=Path,
+        default=Path(__file__).resolve().parents[1] / "assets" / "tinyshakespeare.txt",
+        help="tiny shakespeare, used when --data is not given",
+    )
     parser.add_argument("--steps", type=int, default=300, help="timed steps per measurement (multiple of 10)")
     parser.add_argument("--threads", type=int, default=1, help="training threads (the default config's: 1)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians are reported")
-    parser.add_argument("--clock", choices=("wall", "cpu", "thread"), default="wall",
-                        help="wall clock, process CPU time, or the training thread's CPU time plus its waits")
-    parser.add_argument("--measure", choices=MEASUREMENTS, help=argparse.SUPPRESS)  # one measurement (internal)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu", "thread"),
+        default="wall",
+        help="wall clock, process CPU time, or the training thread's CPU time plus its waits",
+    )
+    parser.add_argument(
+        "--measure", choices=MEASUREMENTS, help=argparse.SUPPRESS
+    )  # one measurement (internal)
     args = parser.parse_args(argv)
     if args.steps % 10:
         parser.error("--steps must be a multiple of 10")
@@ -163,11 +209,17 @@ def main(argv=None) -> int:
                 timings[name].append(measure_in_subprocess(name, data_dir, args))
         bare, no_metrics, with_metrics, overlap = (statistics.median(timings[k]) for k in MEASUREMENTS)
 
-    print(f"nanoGPT CPU config {NANOGPT_CPU}, AdamW, {args.threads} training thread(s), {args.steps} timed "
-          f"steps, median of {args.rounds} interleaved rounds, each measurement in a fresh process, "
-          f"{args.clock} clock")
-    labels = {"bare": "bare nanoGPT-style loop", "plain": "attnid train --no-metrics",
-              "metrics": "all metrics, training thread", "overlap": "all metrics, 1 metrics thread"}
+    print(
+        f"nanoGPT CPU config {NANOGPT_CPU}, AdamW, {args.threads} training thread(s), {args.steps} timed "
+        f"steps, median of {args.rounds} interleaved rounds, each measurement in a fresh process, "
+        f"{args.clock} clock"
+    )
+    labels = {
+        "bare": "bare nanoGPT-style loop",
+        "plain": "attnid train --no-metrics",
+        "metrics": "all metrics, training thread",
+        "overlap": "all metrics, 1 metrics thread",
+    }
     for name in MEASUREMENTS:
         spread = ", ".join(f"{t:.2f}" for t in timings[name])
         print(f"  {labels[name]:<30} {statistics.median(timings[name]):8.2f} ms/iter   ({spread})")

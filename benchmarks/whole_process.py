@@ -1,4 +1,5 @@
-"""Whole-process time of ``attnid train`` against a nanoGPT-style ``train.py``, side by side, and where it goes.
+"""Whole-process time of ``attnid train`` against a nanoGPT-style ``train.py``, side by side, and where it
+goes.
 
 Both train the default config's model (4 layers, 4 heads, E=128, block 64, batch 12, AdamW, lr 1e-3,
 one thread) for ``--max-iters`` steps with nanoGPT's evaluation (``--eval-iters`` 20 batches per
@@ -40,8 +41,10 @@ VARIANTS = ("nanogpt", "attnid", "attnid-overlap", "attnid-no-metrics")
 # A nanoGPT-style train.py process
 # --------------------------------------------------------------------------------------
 
-def nanogpt_style_process(data_dir: Path, out_dir: Path, max_iters: int, eval_every: int, eval_iters: int,
-                          phases: dict) -> None:
+
+def nanogpt_style_process(
+    data_dir: Path, out_dir: Path, max_iters: int, eval_every: int, eval_iters: int, phases: dict
+) -> None:
     """nanoGPT's training process for the CPU config: what its train.py does, step by step."""
     import numpy as np
     import torch
@@ -52,17 +55,26 @@ def nanogpt_style_process(data_dir: Path, out_dir: Path, max_iters: int, eval_ev
     torch.manual_seed(1337)
     block, batch = MODEL["block_size"], MODEL["batch_size"]
     vocab_size = int(json.loads((data_dir / "meta.json").read_text())["vocab_size"])
-    model_args = dict(n_layer=MODEL["n_layer"], n_head=MODEL["n_head"], n_embd=MODEL["n_embd"], block_size=block,
-                      bias=False, vocab_size=vocab_size, dropout=0.0)
+    model_args = dict(
+        n_layer=MODEL["n_layer"],
+        n_head=MODEL["n_head"],
+        n_embd=MODEL["n_embd"],
+        block_size=block,
+        bias=False,
+        vocab_size=vocab_size,
+        dropout=0.0,
+    )
     model = GPT(GPTConfig(**model_args))
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3, betas=(0.9, 0.99))
     lr, min_lr, warmup = 1e-3, 1e-4, min(100, max_iters // 10)
 
     def get_batch(split):
-        data = np.memmap(data_dir / f"{split}.bin", dtype=np.uint16, mode="r")  # reopened per batch, as nanoGPT
+        data = np.memmap(
+            data_dir / f"{split}.bin", dtype=np.uint16, mode="r"
+        )  # reopened per batch, as nanoGPT
         ix = torch.randint(len(data) - block, (batch,))
-        x = torch.stack([torch.from_numpy(data[i:i + block].astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block].astype(np.int64)) for i in ix])
+        x = torch.stack([torch.from_numpy(data[i : i + block].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block].astype(np.int64)) for i in ix])
         return x, y
 
     @torch.no_grad()
@@ -94,9 +106,17 @@ def nanogpt_style_process(data_dir: Path, out_dir: Path, max_iters: int, eval_ev
             if losses["val"] < best_val_loss and iter_num > 0:
                 started = time.perf_counter()
                 best_val_loss = losses["val"]
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "model_args": model_args, "iter_num": iter_num, "best_val_loss": best_val_loss,
-                            "config": dict(MODEL)}, out_dir / "ckpt.pt")
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "model_args": model_args,
+                        "iter_num": iter_num,
+                        "best_val_loss": best_val_loss,
+                        "config": dict(MODEL),
+                    },
+                    out_dir / "ckpt.pt",
+                )
                 phases["checkpoints"] = phases.get("checkpoints", 0.0) + time.perf_counter() - started
         if iter_num == max_iters:
             break
@@ -116,11 +136,33 @@ def nanogpt_style_process(data_dir: Path, out_dir: Path, max_iters: int, eval_ev
 # attnid train, whole and by phase
 # --------------------------------------------------------------------------------------
 
+
 def attnid_flags(data_dir: Path, out_dir: Path, args, variant: str) -> list[str]:
-    flags = ["--data", str(data_dir), "--out", str(out_dir), "--case", "adamw", "--lr", "1e-3", "--device", "cpu",
-             "--threads", "1", "--max-iters", str(args.max_iters), "--eval-every", str(args.eval_every),
-             "--ckpt-every", str(args.eval_every), "--eval-iters", str(args.eval_iters), "--fresh",
-             "--progress-every", "1e9"]
+    flags = [
+        "--data",
+        str(data_dir),
+        "--out",
+        str(out_dir),
+        "--case",
+        "adamw",
+        "--lr",
+        "1e-3",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--max-iters",
+        str(args.max_iters),
+        "--eval-every",
+        str(args.eval_every),
+        "--ckpt-every",
+        str(args.eval_every),
+        "--eval-iters",
+        str(args.eval_iters),
+        "--fresh",
+        "--progress-every",
+        "1e9",
+    ]
     flags += [x for key, value in MODEL.items() for x in (f"--{key.replace('_', '-')}", str(value))]
     if variant == "attnid-overlap":
         flags += ["--metrics-threads", "1"]
@@ -143,6 +185,7 @@ def attnid_phases(data_dir: Path, out_dir: Path, args, variant: str, phases: dic
                 return original(*a, **k)
             finally:
                 phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - started
+
         setattr(owner, name, wrapper)
 
     timed(train.Run, "evaluate", "evaluation")
@@ -153,6 +196,7 @@ def attnid_phases(data_dir: Path, out_dir: Path, args, variant: str, phases: dic
     def start_clocks(run):
         phases["start-up"] = time.perf_counter() - START
         original_start(run)
+
     train.Run.start_clocks = start_clocks
     assert attnid_main(["train", *attnid_flags(data_dir, out_dir, args, variant)]) == 0
 
@@ -161,11 +205,30 @@ def whole_process(data_dir: Path, args, variant: str) -> float:
     """Wall seconds of one fresh process, interpreter start-up included."""
     with tempfile.TemporaryDirectory() as out:
         if variant == "nanogpt":
-            command = [sys.executable, __file__, "--process", "nanogpt", "--data", str(data_dir), "--out", out,
-                       "--max-iters", str(args.max_iters), "--eval-every", str(args.eval_every),
-                       "--eval-iters", str(args.eval_iters)]
+            command = [
+                sys.executable,
+                __file__,
+                "--process",
+                "nanogpt",
+                "--data",
+                str(data_dir),
+                "--out",
+                out,
+                "--max-iters",
+                str(args.max_iters),
+                "--eval-every",
+                str(args.eval_every),
+                "--eval-iters",
+                str(args.eval_iters),
+            ]
         else:
-            command = [sys.executable, "-m", "attnid", "train", *attnid_flags(data_dir, Path(out), args, variant)]
+            command = [
+                sys.executable,
+                "-m",
+                "attnid",
+                "train",
+                *attnid_flags(data_dir, Path(out), args, variant),
+            ]
         started = time.perf_counter()
         subprocess.run(command, capture_output=True, text=True, check=True)
         return time.perf_counter() - started
@@ -173,9 +236,23 @@ def whole_process(data_dir: Path, args, variant: str) -> float:
 
 def phases_of(data_dir: Path, args, variant: str) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        command = [sys.executable, __file__, "--process", variant, "--phases", "--data", str(data_dir), "--out", out,
-                   "--max-iters", str(args.max_iters), "--eval-every", str(args.eval_every),
-                   "--eval-iters", str(args.eval_iters)]
+        command = [
+            sys.executable,
+            __file__,
+            "--process",
+            variant,
+            "--phases",
+            "--data",
+            str(data_dir),
+            "--out",
+            out,
+            "--max-iters",
+            str(args.max_iters),
+            "--eval-every",
+            str(args.eval_every),
+            "--eval-iters",
+            str(args.eval_iters),
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -194,7 +271,9 @@ def main(argv=None) -> int:
     if args.process:
         phases: dict = {}
         if args.process == "nanogpt":
-            nanogpt_style_process(args.data, args.out, args.max_iters, args.eval_every, args.eval_iters, phases)
+            nanogpt_style_process(
+                args.data, args.out, args.max_iters, args.eval_every, args.eval_iters, phases
+            )
         else:
             attnid_phases(args.data, args.out, args, args.process, phases)
         phases["total"] = time.perf_counter() - START
@@ -216,15 +295,19 @@ def main(argv=None) -> int:
         breakdown = {name: phases_of(data_dir, args, name) for name in VARIANTS}
 
     median = {name: statistics.median(walls[name]) for name in VARIANTS}
-    print(f"default model {MODEL}, AdamW, 1 thread, {args.max_iters} steps, eval every {args.eval_every} steps "
-          f"({args.eval_iters} batches per split) and a checkpoint at each; {args.rounds} interleaved rounds of fresh "
-          f"processes, wall clock (medians, s)")
+    print(
+        f"default model {MODEL}, AdamW, 1 thread, {args.max_iters} steps, eval every {args.eval_every} steps "
+        f"({args.eval_iters} batches per split) and a checkpoint at each; {args.rounds} interleaved rounds "
+        f"of fresh processes, wall clock (medians, s)"
+    )
     for name in VARIANTS:
         print(f"  {name:>18}: {median[name]:7.2f}   (rounds: {', '.join(f'{w:.2f}' for w in walls[name])})")
     for name in VARIANTS[1:]:
         print(f"whole process, {name} / nanogpt: {median[name] / median['nanogpt']:.3f}   (target <= 1.05)")
-    print("where the time goes, one more process of each (s; start-up: from the script's first line to the "
-          "first step; steps: the rest):")
+    print(
+        "where the time goes, one more process of each (s; start-up: from the script's first line to the "
+        "first step; steps: the rest):"
+    )
     columns = ("start-up", "evaluation", "checkpoints", "outputs", "steps", "total")
     print("  " + " " * 18 + "".join(f"{c:>12}" for c in columns))
     for name, phases in breakdown.items():

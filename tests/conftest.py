@@ -27,8 +27,10 @@ def shakespeare_path() -> Path:
     """
     path = Path(os.environ.get("ATTNID_SHAKESPEARE") or SHIPPED_SHAKESPEARE)
     if not path.is_file():
-        pytest.fail(f"tiny shakespeare not found at {path}: restore assets/tinyshakespeare.txt from git "
-                    f"(or point ATTNID_SHAKESPEARE at a copy)")
+        pytest.fail(
+            f"tiny shakespeare not found at {path}: restore assets/tinyshakespeare.txt from git "
+            f"(or point ATTNID_SHAKESPEARE at a copy)"
+        )
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SHAKESPEARE_SHA256:
         pytest.fail(f"{path} has sha256 {digest}, expected {SHAKESPEARE_SHA256}: not tiny shakespeare")

@@ -1,7 +1,7 @@
 """Run the Snakemake pipeline in a scratch directory (for the pipeline, notebook and scale tests).
 
-    workdir = copy_pipeline(tmp_path)                       # Snakefile, workflow/, config/, profiles/, paper/main.tex
-    proc = run_smoke_dag(workdir, shakespeare_url)          # the whole smoke DAG, --cores 2
+    workdir = copy_pipeline(tmp_path)               # Snakefile, workflow/, config/, profiles/, paper/main.tex
+    proc = run_smoke_dag(workdir, shakespeare_url)  # the whole smoke DAG, --cores 2
     proc = run_snakemake(workdir, "-n", configfile="config/paper.yaml")
 
 ``shared_smoke_run`` builds the smoke outputs once per test session, even under
@@ -31,8 +31,19 @@ REPO = Path(__file__).resolve().parents[1]
 PIPELINE_FILES = ("Snakefile", "workflow", "config", "profiles", "paper/main.tex")
 SMOKE_CONFIG = "config/smoke.yaml"
 # What snakemake prints on stderr when it picks up profiles/default (the workflow profile).
-PROFILE_NOTICE = "Using workflow specific profile profiles/default for setting default command line arguments."
-TABLES = ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex", "sweep_slopes.csv", "claims.csv")
+PROFILE_NOTICE = (
+    "Using workflow specific profile profiles/default for setting default command line arguments."
+)
+TABLES = (
+    "runs.csv",
+    "runs.tex",
+    "cases.csv",
+    "cases.tex",
+    "sweep.csv",
+    "sweep.tex",
+    "sweep_slopes.csv",
+    "claims.csv",
+)
 
 
 def copy_pipeline(dest: str | os.PathLike) -> Path:
@@ -56,9 +67,15 @@ def snakemake_env() -> dict:
     return env
 
 
-def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None = SMOKE_CONFIG,
-                  config: dict | None = None, cores: int = 2, timeout: float = 600,
-                  env: dict | None = None) -> subprocess.CompletedProcess:
+def run_snakemake(
+    workdir: str | os.PathLike,
+    *args: str,
+    configfile: str | None = SMOKE_CONFIG,
+    config: dict | None = None,
+    cores: int = 2,
+    timeout: float = 600,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """``snakemake --cores N [--configfile F] [ARGS] [--config K=V ...]`` in ``workdir``.
 
     ``--config`` goes last because it swallows every following argument. A mapping or list
@@ -71,17 +88,30 @@ def run_snakemake(workdir: str | os.PathLike, *args: str, configfile: str | None
     command += list(args)
     if config:
         command += ["--config"] + [f"{key}={config_text(value)}" for key, value in config.items()]
-    return subprocess.run(command, cwd=workdir, capture_output=True, text=True, timeout=timeout,
-                          env={**snakemake_env(), **(env or {})})
+    return subprocess.run(
+        command,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**snakemake_env(), **(env or {})},
+    )
 
 
-def run_smoke_dag(workdir: str | os.PathLike, shakespeare_url: str, *args: str, config: dict | None = None,
-                  timeout: float = 1800) -> subprocess.CompletedProcess:
+def run_smoke_dag(
+    workdir: str | os.PathLike,
+    shakespeare_url: str,
+    *args: str,
+    config: dict | None = None,
+    timeout: float = 1800,
+) -> subprocess.CompletedProcess:
     """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``.
 
     About 100 s of CPU time on 2 idle cores; the generous timeout is for a machine shared with other jobs.
     """
-    return run_snakemake(workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout)
+    return run_snakemake(
+        workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout
+    )
 
 
 def config_text(value) -> str:
@@ -123,8 +153,11 @@ def reused_study_runs(config: dict) -> list[str]:
     """The study run directories the DAG copies from an earlier point's instead of training (rule
     ``reuse_study_run``)."""
     out = config["results_dir"]
-    return [f"{out}/studies/{study}/{point}/seed{seed}"
-            for study, point in reused_points(config) for seed in config[study]["seeds"]]
+    return [
+        f"{out}/studies/{study}/{point}/seed{seed}"
+        for study, point in reused_points(config)
+        for seed in config[study]["seeds"]
+    ]
 
 
 def trained_intervention_runs(config: dict) -> list[str]:
@@ -135,8 +168,11 @@ def trained_intervention_runs(config: dict) -> list[str]:
     trained = []
     for arm in intervention_arms(config):
         same = arm.case in cases and cases[arm.case] == {**cases[BASELINE_CASE], **arm_overrides(config, arm)}
-        trained += [f"{out}/interventions/{arm.name}/seed{seed}" for seed in config["interventions"]["seeds"]
-                    if not (same and seed in config["seeds"])]
+        trained += [
+            f"{out}/interventions/{arm.name}/seed{seed}"
+            for seed in config["interventions"]["seeds"]
+            if not (same and seed in config["seeds"])
+        ]
     return trained
 
 
@@ -147,20 +183,37 @@ def expected_outputs(config: dict) -> list[str]:
     """
     out = config["results_dir"]
     runs = [f"{out}/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
-    sweeps = [f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
-              for opt, sweep in config["sweep"].items() for lr in sweep["lrs"] for seed in sweep["seeds"]]
+    sweeps = [
+        f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
+        for opt, sweep in config["sweep"].items()
+        for lr in sweep["lrs"]
+        for seed in sweep["seeds"]
+    ]
     plan = study_points(config)  # the study sections the config has (each optional)
-    studies = [f"{out}/studies/{study}/{point.name}/seed{seed}"
-               for study, points in plan.items() for point in points for seed in config[study]["seeds"]]
+    studies = [
+        f"{out}/studies/{study}/{point.name}/seed{seed}"
+        for study, points in plan.items()
+        for point in points
+        for seed in config[study]["seeds"]
+    ]
     edits = config.get("edits")
     edit_runs = [f"{out}/edits/{edits['case']}/seed{seed}" for seed in edits["seeds"]] if edits else []
     interventions = config.get("interventions")
     intervention_runs = trained_intervention_runs(config) if interventions else []
-    intervention_runs += [f"{out}/interventions/identity/seed{seed}"
-                          for seed in (interventions["identity"]["seeds"] if interventions else [])]
-    files = [f"{d}/{name}" for d in runs + sweeps + studies + edit_runs + intervention_runs
-             for name in ("metrics.csv", "run.json")]
-    files += [f"{d}/{name}" for d in edit_runs for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")]
+    intervention_runs += [
+        f"{out}/interventions/identity/seed{seed}"
+        for seed in (interventions["identity"]["seeds"] if interventions else [])
+    ]
+    files = [
+        f"{d}/{name}"
+        for d in runs + sweeps + studies + edit_runs + intervention_runs
+        for name in ("metrics.csv", "run.json")
+    ]
+    files += [
+        f"{d}/{name}"
+        for d in edit_runs
+        for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")
+    ]
     if edits:
         files += [f"{out}/tables/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
     files += [f"{out}/tables/{name}" for name in TABLES]
@@ -171,9 +224,15 @@ def expected_outputs(config: dict) -> list[str]:
     if interventions:
         files += [f"{out}/tables/interventions.{ext}" for ext in ("csv", "tex")]
         files += [f"{out}/figures/fig6.{ext}" for ext in ("png", "pdf", "rst")]
-    files += [f"{out}/theory/counts.csv", f"{out}/theory/single_head.csv", f"{out}/theory/nullity.csv",
-              f"{out}/theory/whole_model.csv", f"{out}/theory/census.csv",
-              f"{out}/paper/main.tex", f"{out}/paper/appendix.tex"]
+    files += [
+        f"{out}/theory/counts.csv",
+        f"{out}/theory/single_head.csv",
+        f"{out}/theory/nullity.csv",
+        f"{out}/theory/whole_model.csv",
+        f"{out}/theory/census.csv",
+        f"{out}/paper/main.tex",
+        f"{out}/paper/appendix.tex",
+    ]
     return files + ["data/tinyshakespeare/train.bin"]
 
 

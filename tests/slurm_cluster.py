@@ -31,8 +31,22 @@ import tempfile
 import time
 from pathlib import Path
 
-PROGRAMS = ("munged", "mariadbd", "mariadb-install-db", "mariadb", "slurmdbd", "slurmctld", "slurmd", "sbatch",
-            "srun", "sacct", "squeue", "sinfo", "sacctmgr", "scontrol")
+PROGRAMS = (
+    "munged",
+    "mariadbd",
+    "mariadb-install-db",
+    "mariadb",
+    "slurmdbd",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "sacct",
+    "squeue",
+    "sinfo",
+    "sacctmgr",
+    "scontrol",
+)
 PARTITION = "attnid"
 CLUSTER_NAME = "attnidtest"
 DB_NAME = "slurm_acct_db"
@@ -61,12 +75,15 @@ def _port_open(port: int) -> bool:
 
 
 def _node_hardware(min_cpus: int) -> str:
-    """The node's memory as slurmd sees it, and at least ``min_cpus`` CPUs (one socket, one thread per core)."""
+    """The node's memory as slurmd sees it, and at least ``min_cpus`` CPUs (one socket, one thread per
+    core)."""
     output = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, timeout=30).stdout
     fields = dict(item.split("=", 1) for item in output.split() if "=" in item)
     cpus = max(int(fields["CPUs"]), min_cpus)
-    return (f"CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
-            f"RealMemory={fields['RealMemory']}")
+    return (
+        f"CPUs={cpus} Boards=1 SocketsPerBoard=1 CoresPerSocket={cpus} ThreadsPerCore=1 "
+        f"RealMemory={fields['RealMemory']}"
+    )
 
 
 class ClusterError(RuntimeError):
@@ -76,8 +93,10 @@ class ClusterError(RuntimeError):
 class SlurmCluster:
     def __init__(self, root: str | os.PathLike, hostname: str | None = None, min_cpus: int = 6):
         self.root = Path(root).resolve()
-        self.hostname = hostname or subprocess.run(["hostname", "-s"], capture_output=True, text=True,
-                                                   check=True).stdout.strip()
+        self.hostname = (
+            hostname
+            or subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+        )
         # More CPUs than the machine has: short jobs spend much of their life starting up and
         # waiting for status polls, so running more at once shortens the test (config_overrides).
         self.min_cpus = min_cpus
@@ -96,11 +115,13 @@ class SlurmCluster:
         # nested `srun`; on a real cluster srun finds /etc/slurm/slurm.conf, here an srun
         # wrapper first on PATH points it back at this cluster's configuration.
         self.bin = self.root / "bin"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf), PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}")
+        self.env = dict(
+            os.environ, SLURM_CONF=str(self.conf), PATH=f"{self.bin}{os.pathsep}{os.environ['PATH']}"
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         try:
             self.start()
         except BaseException:
@@ -115,8 +136,11 @@ class SlurmCluster:
     def start(self, timeout: float = 120.0) -> None:
         missing = missing_requirements()
         if missing:
-            raise ClusterError("cannot start a SLURM test cluster, missing: " + ", ".join(missing)
-                               + " (run .ci/run as root: it installs Debian's slurm and mariadb packages)")
+            raise ClusterError(
+                "cannot start a SLURM test cluster, missing: "
+                + ", ".join(missing)
+                + " (run .ci/run as root: it installs Debian's slurm and mariadb packages)"
+            )
         deadline = time.monotonic() + timeout
         self._write_configs()
         self._start_munge(deadline)
@@ -124,17 +148,25 @@ class SlurmCluster:
         self._spawn("slurmdbd", ["slurmdbd", "-D"])  # reads slurmdbd.conf next to $SLURM_CONF
         self._wait(lambda: _port_open(self.ports["slurmdbd"]), "slurmdbd listening", deadline, "slurmdbd")
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._wait(lambda: self._ok(["scontrol", "ping"], "UP"), "slurmctld answering scontrol ping", deadline,
-                   "slurmctld")
+        self._wait(
+            lambda: self._ok(["scontrol", "ping"], "UP"),
+            "slurmctld answering scontrol ping",
+            deadline,
+            "slurmctld",
+        )
         self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.hostname])
         self._wait(self._node_idle, f"node {self.hostname} idle", deadline, "slurmd")
         # The cluster must be known to slurmdbd before sacct can list its jobs.
-        self._wait(lambda: self._ok(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], CLUSTER_NAME),
-                   "cluster registered in slurmdbd", deadline, "slurmctld")
+        self._wait(
+            lambda: self._ok(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], CLUSTER_NAME),
+            "cluster registered in slurmdbd",
+            deadline,
+            "slurmctld",
+        )
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM every daemon we started (newest first) by its PID, SIGKILL what is left after ``grace``."""
-        for name, process in reversed(list(self.processes.items())):
+        for process in reversed(list(self.processes.values())):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
             try:
@@ -156,25 +188,27 @@ class SlurmCluster:
         hardware = _node_hardware(self.min_cpus)
         etc, log, run = self.root / "etc", self.root / "log", self.root / "run"
         (etc / "plugstack.conf").write_text("")
-        (etc / "gres.conf").write_text(f"NodeName={self.hostname} Name=gpu Type=fake File=/dev/null,/dev/zero\n")
+        (etc / "gres.conf").write_text(
+            f"NodeName={self.hostname} Name=gpu Type=fake File=/dev/null,/dev/zero\n"
+        )
         munge_auth = f"AuthInfo=socket={self.munge_socket}"
         self.conf.write_text(f"""\
 ClusterName={CLUSTER_NAME}
 SlurmctldHost={self.hostname}(127.0.0.1)
-SlurmctldPort={self.ports['slurmctld']}
-SlurmdPort={self.ports['slurmd']}
+SlurmctldPort={self.ports["slurmctld"]}
+SlurmdPort={self.ports["slurmd"]}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 {munge_auth}
-StateSaveLocation={self.root / 'ctld-state'}
+StateSaveLocation={self.root / "ctld-state"}
 SlurmdSpoolDir={self.spool}
-SlurmctldPidFile={run / 'slurmctld.pid'}
-SlurmdPidFile={run / 'slurmd.pid'}
-SlurmctldLogFile={log / 'slurmctld.log'}
-SlurmdLogFile={log / 'slurmd.log'}
-PlugStackConfig={etc / 'plugstack.conf'}
+SlurmctldPidFile={run / "slurmctld.pid"}
+SlurmdPidFile={run / "slurmd.pid"}
+SlurmctldLogFile={log / "slurmctld.log"}
+SlurmdLogFile={log / "slurmd.log"}
+PlugStackConfig={etc / "plugstack.conf"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -192,7 +226,7 @@ KillWait=5
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
-AccountingStoragePort={self.ports['slurmdbd']}
+AccountingStoragePort={self.ports["slurmdbd"]}
 AccountingStorageTRES=gres/gpu
 AccountingStoreFlags=job_comment
 AccountingStoragePass={self.munge_socket}
@@ -207,13 +241,13 @@ PartitionName={PARTITION} Nodes={self.hostname} Default=YES MaxTime=INFINITE Sta
 AuthType=auth/munge
 DbdHost={self.hostname}
 DbdAddr=127.0.0.1
-DbdPort={self.ports['slurmdbd']}
+DbdPort={self.ports["slurmdbd"]}
 SlurmUser=root
-LogFile={log / 'slurmdbd.log'}
-PidFile={run / 'slurmdbd.pid'}
+LogFile={log / "slurmdbd.log"}
+PidFile={run / "slurmdbd.pid"}
 StorageType=accounting_storage/mysql
 StorageHost=127.0.0.1
-StoragePort={self.ports['mariadb']}
+StoragePort={self.ports["mariadb"]}
 StorageUser={DB_USER}
 StoragePass={DB_PASSWORD}
 StorageLoc={DB_NAME}
@@ -224,39 +258,85 @@ StorageLoc={DB_NAME}
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdout", "ab")
-        self.processes[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[name] = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
 
     def _start_munge(self, deadline: float) -> None:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-        self._spawn("munged", ["munged", "--foreground", "--force", f"--key-file={key}",
-                               f"--socket={self.munge_socket}", f"--pid-file={self.root / 'run' / 'munged.pid'}",
-                               f"--log-file={self.root / 'log' / 'munged.log'}",
-                               f"--seed-file={self.root / 'munge' / 'munged.seed'}"])
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={self.root / 'run' / 'munged.pid'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+            ],
+        )
         self._wait(self.munge_socket.exists, "munge socket", deadline, "munged")
 
     def _start_mariadb(self, deadline: float) -> None:
         datadir = self.root / "mysql" / "data"
-        subprocess.run(["mariadb-install-db", f"--datadir={datadir}", "--user=root", "--auth-root-authentication-method=socket",
-                        "--skip-test-db"], check=True, capture_output=True, timeout=120)
-        self._spawn("mariadbd", ["mariadbd", "--no-defaults", f"--datadir={datadir}", "--user=root",
-                                 f"--socket={self.db_socket}", f"--port={self.ports['mariadb']}",
-                                 "--bind-address=127.0.0.1", f"--pid-file={self.root / 'run' / 'mariadbd.pid'}",
-                                 f"--log-error={self.root / 'log' / 'mariadbd.log'}",
-                                 "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=48M",
-                                 "--skip-log-bin"])
-        self._wait(lambda: self._ok(["mariadb", f"--socket={self.db_socket}", "-u", "root", "-e", "SELECT 1"]),
-                   "mariadb accepting connections", deadline, "mariadbd")
-        sql = (f"CREATE DATABASE IF NOT EXISTS {DB_NAME}; "
-               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
-               f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}'; "
-               f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1'; "
-               f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost'; FLUSH PRIVILEGES;")
-        subprocess.run(["mariadb", f"--socket={self.db_socket}", "-u", "root", "-e", sql], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                f"--datadir={datadir}",
+                "--user=root",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        self._spawn(
+            "mariadbd",
+            [
+                "mariadbd",
+                "--no-defaults",
+                f"--datadir={datadir}",
+                "--user=root",
+                f"--socket={self.db_socket}",
+                f"--port={self.ports['mariadb']}",
+                "--bind-address=127.0.0.1",
+                f"--pid-file={self.root / 'run' / 'mariadbd.pid'}",
+                f"--log-error={self.root / 'log' / 'mariadbd.log'}",
+                "--innodb-buffer-pool-size=64M",
+                "--innodb-log-file-size=48M",
+                "--skip-log-bin",
+            ],
+        )
+        self._wait(
+            lambda: self._ok(["mariadb", f"--socket={self.db_socket}", "-u", "root", "-e", "SELECT 1"]),
+            "mariadb accepting connections",
+            deadline,
+            "mariadbd",
+        )
+        sql = (
+            f"CREATE DATABASE IF NOT EXISTS {DB_NAME}; "
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASSWORD}'; "
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1'; "
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost'; FLUSH PRIVILEGES;"
+        )
+        subprocess.run(
+            ["mariadb", f"--socket={self.db_socket}", "-u", "root", "-e", sql],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def _ok(self, argv: list[str], expect: str | None = None) -> bool:
         try:
@@ -266,16 +346,19 @@ StorageLoc={DB_NAME}
         return result.returncode == 0 and (expect is None or expect in result.stdout)
 
     def _node_idle(self) -> bool:
-        result = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, env=self.env,
-                                timeout=20)
+        result = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, env=self.env, timeout=20
+        )
         return result.returncode == 0 and result.stdout.strip() in ("idle", "mix", "alloc")
 
     def _wait(self, ready, what: str, deadline: float, daemon: str) -> None:
         while time.monotonic() < deadline:
             process = self.processes.get(daemon)
             if process is not None and process.poll() is not None:
-                raise ClusterError(f"{daemon} exited with status {process.returncode} while waiting for {what}\n"
-                                   + self.logs())
+                raise ClusterError(
+                    f"{daemon} exited with status {process.returncode} while waiting for {what}\n"
+                    + self.logs()
+                )
             if ready():
                 return
             time.sleep(0.5)
@@ -291,7 +374,9 @@ StorageLoc={DB_NAME}
             parts.append(f"==> {path.name} <==\n" + "\n".join(tail))
         return "\n".join(parts)
 
-    def sacct(self, fields: list[str], all_steps: bool = False, duplicates: bool = False) -> list[dict[str, str]]:
+    def sacct(
+        self, fields: list[str], all_steps: bool = False, duplicates: bool = False
+    ) -> list[dict[str, str]]:
         """Every job in the accounting database as dictionaries of ``fields``.
 
         ``-X`` (allocations, not steps) unless ``all_steps``; ``duplicates`` adds ``-D``: one

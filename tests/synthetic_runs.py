@@ -10,12 +10,29 @@ import numpy as np
 import pandas as pd
 
 
-def write_run(run_dir: Path, case: str, seed: int, lr: float, *, steps: int = 40, log_every: int = 10,
-              rho_qk: float = 1e-9, rho_ov: float = 1e-9, final_beta: float = 1e-3, tau: float = 1e-7,
-              mu: float = 0.1, final_val_loss: float = 2.0, status: str = "completed",
-              rebalance_every: int = 0, weight_decay: float = 0.0, dtype: str = "float64",
-              drift1: float = 1e-18, drift2: float | None = None, closure: float = 1e-16,
-              drift1_pred_relerr: float | None = None) -> Path:
+def write_run(
+    run_dir: Path,
+    case: str,
+    seed: int,
+    lr: float,
+    *,
+    steps: int = 40,
+    log_every: int = 10,
+    rho_qk: float = 1e-9,
+    rho_ov: float = 1e-9,
+    final_beta: float = 1e-3,
+    tau: float = 1e-7,
+    mu: float = 0.1,
+    final_val_loss: float = 2.0,
+    status: str = "completed",
+    rebalance_every: int = 0,
+    weight_decay: float = 0.0,
+    dtype: str = "float64",
+    drift1: float = 1e-18,
+    drift2: float | None = None,
+    closure: float = 1e-16,
+    drift1_pred_relerr: float | None = None,
+) -> Path:
     """One run: β grows linearly to ``final_beta`` (and drops to 1e-9 on rebalance rows), ρ constant,
     the drift split grows linearly to ``drift1`` and ``drift2`` (default: ``final_beta``; OV twice QK),
     the closure constant, a diverged run's last row is NaN."""
@@ -26,34 +43,68 @@ def write_run(run_dir: Path, case: str, seed: int, lr: float, *, steps: int = 40
     if rebalance_every:
         rebalanced = ((step % rebalance_every == 0) & (step > 0)).astype(int)
         beta = np.where(rebalanced == 1, 1e-9, beta)
-    frame = pd.DataFrame({
-        "step": step, "lr": lr, "train_loss": 3.0 - step / steps, "eval_train_loss": np.nan,
-        "val_loss": np.where(step % 20 == 0, final_val_loss + (steps - step) / steps, np.nan),
-        "rho_qk": np.where(step > 0, rho_qk, np.nan), "rho_ov": np.where(step > 0, rho_ov, np.nan),
-        "beta_qk": beta, "beta_ov": 2 * beta, "tau": tau, "tau_logits": 3 * tau,
-        "mu_qk": mu, "mu_ov": 2 * mu, "grad_norm": 1.0, "tokens_per_s": 1000.0, "wall_s": step / 10.0,
-        "rebalanced": rebalanced, "skipped_pairs": 0,
-        "drift1_qk": drift1 * step / steps, "drift1_ov": 2 * drift1 * step / steps,
-        "drift2_qk": (final_beta if drift2 is None else drift2) * step / steps,
-        "drift2_ov": 2 * (final_beta if drift2 is None else drift2) * step / steps,
-        "closure_qk": closure, "closure_ov": closure,
-    })
+    frame = pd.DataFrame(
+        {
+            "step": step,
+            "lr": lr,
+            "train_loss": 3.0 - step / steps,
+            "eval_train_loss": np.nan,
+            "val_loss": np.where(step % 20 == 0, final_val_loss + (steps - step) / steps, np.nan),
+            "rho_qk": np.where(step > 0, rho_qk, np.nan),
+            "rho_ov": np.where(step > 0, rho_ov, np.nan),
+            "beta_qk": beta,
+            "beta_ov": 2 * beta,
+            "tau": tau,
+            "tau_logits": 3 * tau,
+            "mu_qk": mu,
+            "mu_ov": 2 * mu,
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0,
+            "wall_s": step / 10.0,
+            "rebalanced": rebalanced,
+            "skipped_pairs": 0,
+            "drift1_qk": drift1 * step / steps,
+            "drift1_ov": 2 * drift1 * step / steps,
+            "drift2_qk": (final_beta if drift2 is None else drift2) * step / steps,
+            "drift2_ov": 2 * (final_beta if drift2 is None else drift2) * step / steps,
+            "closure_qk": closure,
+            "closure_ov": closure,
+        }
+    )
     if drift1_pred_relerr is not None:
         frame["drift1_pred_qk"] = frame["drift1_qk"]
         frame["drift1_pred_relerr_qk"] = frame["drift1_pred_relerr_ov"] = drift1_pred_relerr
     diverged_step = None
     if status == "diverged":
-        frame.loc[frame.index[-1], ["train_loss", "val_loss", "rho_qk", "rho_ov", "beta_qk", "beta_ov"]] = np.nan
+        frame.loc[frame.index[-1], ["train_loss", "val_loss", "rho_qk", "rho_ov", "beta_qk", "beta_ov"]] = (
+            np.nan
+        )
         diverged_step = int(step[-1])
     frame.to_csv(run_dir / "metrics.csv", index=False)
     summary = {
-        "status": status, "case": case, "lr": lr, "seed": seed, "steps_completed": int(step[-1]),
+        "status": status,
+        "case": case,
+        "lr": lr,
+        "seed": seed,
+        "steps_completed": int(step[-1]),
         "diverged_step": diverged_step,
         "final_train_loss": None if status == "diverged" else final_val_loss - 0.1,
         "final_val_loss": None if status == "diverged" else final_val_loss,
-        "wall_time_s": 4.0, "device": "cpu", "dtype": dtype, "initial_imbalance_scale": {"qk": 0.5, "ov": 0.7},
-        "config": {"case": case, "lr": lr, "seed": seed, "max_iters": steps, "weight_decay": weight_decay,
-                   "warmup_iters": 0, "lr_decay_iters": steps, "min_lr": lr, "rebalance_every": rebalance_every},
+        "wall_time_s": 4.0,
+        "device": "cpu",
+        "dtype": dtype,
+        "initial_imbalance_scale": {"qk": 0.5, "ov": 0.7},
+        "config": {
+            "case": case,
+            "lr": lr,
+            "seed": seed,
+            "max_iters": steps,
+            "weight_decay": weight_decay,
+            "warmup_iters": 0,
+            "lr_decay_iters": steps,
+            "min_lr": lr,
+            "rebalance_every": rebalance_every,
+        },
     }
     (run_dir / "run.json").write_text(json.dumps(summary))
     return run_dir
@@ -66,18 +117,75 @@ def write_study(root: Path, sgd_dtype: str = "float64") -> tuple[Path, Path]:
     cases in float32. Returns (runs_dir, sweep_dir)."""
     runs, sweep = root / "runs", root / "sweep"
     for seed in range(3):
-        write_run(runs / "sgd" / f"seed{seed}", "sgd", seed, 0.5, rho_qk=1e-27 * (seed + 1), rho_ov=1e-28,
-                  final_val_loss=1.0 + seed, drift1=1e-17 * (seed + 1), drift2=1e-3, dtype=sgd_dtype)
-        write_run(runs / "sgd_wd" / f"seed{seed}", "sgd_wd", seed, 0.5, rho_qk=0.2, final_beta=0.4,
-                  weight_decay=0.1, drift1=0.4, drift2=0.01, drift1_pred_relerr=1e-12 * (seed + 1), dtype=sgd_dtype)
-        write_run(runs / "adamw" / f"seed{seed}", "adamw", seed, 1e-3, rho_qk=0.05 + 0.01 * seed, final_beta=0.2,
-                  drift1=0.2 + 0.1 * seed, drift2=0.01, dtype="float32")
-        write_run(runs / "adamw_rebalance" / f"seed{seed}", "adamw_rebalance", seed, 1e-3, rho_qk=0.06,
-                  final_beta=0.2, rebalance_every=20, drift1=0.2, drift2=0.01, dtype="float32")
+        write_run(
+            runs / "sgd" / f"seed{seed}",
+            "sgd",
+            seed,
+            0.5,
+            rho_qk=1e-27 * (seed + 1),
+            rho_ov=1e-28,
+            final_val_loss=1.0 + seed,
+            drift1=1e-17 * (seed + 1),
+            drift2=1e-3,
+            dtype=sgd_dtype,
+        )
+        write_run(
+            runs / "sgd_wd" / f"seed{seed}",
+            "sgd_wd",
+            seed,
+            0.5,
+            rho_qk=0.2,
+            final_beta=0.4,
+            weight_decay=0.1,
+            drift1=0.4,
+            drift2=0.01,
+            drift1_pred_relerr=1e-12 * (seed + 1),
+            dtype=sgd_dtype,
+        )
+        write_run(
+            runs / "adamw" / f"seed{seed}",
+            "adamw",
+            seed,
+            1e-3,
+            rho_qk=0.05 + 0.01 * seed,
+            final_beta=0.2,
+            drift1=0.2 + 0.1 * seed,
+            drift2=0.01,
+            dtype="float32",
+        )
+        write_run(
+            runs / "adamw_rebalance" / f"seed{seed}",
+            "adamw_rebalance",
+            seed,
+            1e-3,
+            rho_qk=0.06,
+            final_beta=0.2,
+            rebalance_every=20,
+            drift1=0.2,
+            drift2=0.01,
+            dtype="float32",
+        )
     for lr in (0.01, 0.1, 1.0):
-        write_run(sweep / "sgd" / f"lr{lr:g}" / "seed0", "sgd", 0, lr, final_beta=0.5 * lr ** 2, rho_qk=1e-27,
-                  rho_ov=1e-27, dtype=sgd_dtype)
-        write_run(sweep / "adamw" / f"lr{lr / 100:g}" / "seed0", "adamw", 0, lr / 100, rho_qk=0.05,
-                  final_beta=0.3 * lr / 100, drift1=0.3 * lr / 100, drift2=0.01 * lr / 100, dtype="float32")
+        write_run(
+            sweep / "sgd" / f"lr{lr:g}" / "seed0",
+            "sgd",
+            0,
+            lr,
+            final_beta=0.5 * lr**2,
+            rho_qk=1e-27,
+            rho_ov=1e-27,
+            dtype=sgd_dtype,
+        )
+        write_run(
+            sweep / "adamw" / f"lr{lr / 100:g}" / "seed0",
+            "adamw",
+            0,
+            lr / 100,
+            rho_qk=0.05,
+            final_beta=0.3 * lr / 100,
+            drift1=0.3 * lr / 100,
+            drift2=0.01 * lr / 100,
+            dtype="float32",
+        )
     write_run(sweep / "sgd" / "lr1000" / "seed0", "sgd", 0, 1000.0, status="diverged", dtype=sgd_dtype)
     return runs, sweep

@@ -7,53 +7,97 @@ import shutil
 import subprocess
 import tomllib
 
+import jinja2
 import pandas as pd
 import pytest
+from synthetic_runs import write_run, write_study
 
-from attnid.reports import figures, latex
-from attnid.theory import nullity
 from attnid.cli import main
 from attnid.common.files import write_csv_atomic
-from synthetic_runs import write_run, write_study
+from attnid.reports import figures, latex
+from attnid.theory import nullity
 
 # Figure 6's caption numbers of a build with every arm (attnid.reports.figures.interventions_caption).
 SAMPLE_FIG6_NUMBERS = {
     "n_seeds": 5,
-    "final": [{"label": label, "baseline": baseline, "delta_mean": delta, "ci_low": delta - 0.004,
-               "ci_high": delta + 0.004, "verdict": verdict}
-              for label, baseline, delta, verdict in (
-                  ("AdamW + rebalancing", "adamw", -0.0031, "no detectable difference"),
-                  ("AdamW + rebalancing, transport", "adamw", 0.0123, "worse"),
-                  ("AdamW + rebalancing, transport", "adamw_rebalance", 0.0154, "worse"),
-                  ("AdamW, projected", "adamw", -0.0007, "no detectable difference"),
-                  ("AdamW, gauge fixed", "adamw", -0.0211, "better"))],
-    "identity_steps": 200, "identity_rho_max": 1.6e-28, "identity_drift_ratio_max": 2.9e-14,
-    "projected_rho_max": 8.1e-11, "projected_dtype": "float32", "adamw_rho_mean": 0.033,
+    "final": [
+        {
+            "label": label,
+            "baseline": baseline,
+            "delta_mean": delta,
+            "ci_low": delta - 0.004,
+            "ci_high": delta + 0.004,
+            "verdict": verdict,
+        }
+        for label, baseline, delta, verdict in (
+            ("AdamW + rebalancing", "adamw", -0.0031, "no detectable difference"),
+            ("AdamW + rebalancing, transport", "adamw", 0.0123, "worse"),
+            ("AdamW + rebalancing, transport", "adamw_rebalance", 0.0154, "worse"),
+            ("AdamW, projected", "adamw", -0.0007, "no detectable difference"),
+            ("AdamW, gauge fixed", "adamw", -0.0211, "better"),
+        )
+    ],
+    "identity_steps": 200,
+    "identity_rho_max": 1.6e-28,
+    "identity_drift_ratio_max": 2.9e-14,
+    "projected_rho_max": 8.1e-11,
+    "projected_dtype": "float32",
+    "adamw_rho_mean": 0.033,
 }
 
 
 @pytest.fixture(scope="module")
 def theory_csvs(tmp_path_factory, repo_root):
     folder = tmp_path_factory.mktemp("theory")
-    assert main(["counts", "--architectures", str(repo_root / "config" / "architectures.yaml"),
-                 "--out", str(folder / "counts.csv"), "--single-head-out", str(folder / "single_head.csv")]) == 0
-    cases = [c for c in nullity.default_cases() if c.kind == "pair" or c.name in
-             {"attention E=12 H=2", "RoPE half+bias E=12 H=3", "GQA E=12 H=4 G=1 D=3"}]
+    assert (
+        main(
+            [
+                "counts",
+                "--architectures",
+                str(repo_root / "config" / "architectures.yaml"),
+                "--out",
+                str(folder / "counts.csv"),
+                "--single-head-out",
+                str(folder / "single_head.csv"),
+            ]
+        )
+        == 0
+    )
+    cases = [
+        c
+        for c in nullity.default_cases()
+        if c.kind == "pair"
+        or c.name in {"attention E=12 H=2", "RoPE half+bias E=12 H=3", "GQA E=12 H=4 G=1 D=3"}
+    ]
     write_csv_atomic(folder / "nullity.csv", nullity.verify(cases))
     return folder
 
 
 def _render(theory_csvs, out, *extra) -> int:
-    return main(["appendix", "--counts", str(theory_csvs / "counts.csv"), "--nullity", str(theory_csvs / "nullity.csv"),
-                 "--single-head", str(theory_csvs / "single_head.csv"), "--out", str(out), *extra])
+    return main(
+        [
+            "appendix",
+            "--counts",
+            str(theory_csvs / "counts.csv"),
+            "--nullity",
+            str(theory_csvs / "nullity.csv"),
+            "--single-head",
+            str(theory_csvs / "single_head.csv"),
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def _table_rows(tex: str, label: str) -> list[list[str]]:
     """Body cells of the booktabs table labelled ``label``."""
-    block = tex[tex.index(rf"\label{{{label}}}"):]
-    body = block[block.index(r"\midrule") + len(r"\midrule"): block.index(r"\bottomrule")]
-    return [[cell.strip() for cell in line.strip().removesuffix(r"\\").split("&")]
-            for line in body.strip().splitlines()]
+    block = tex[tex.index(rf"\label{{{label}}}") :]
+    body = block[block.index(r"\midrule") + len(r"\midrule") : block.index(r"\bottomrule")]
+    return [
+        [cell.strip() for cell in line.strip().removesuffix(r"\\").split("&")]
+        for line in body.strip().splitlines()
+    ]
 
 
 def _integer(cell: str) -> int:
@@ -62,7 +106,12 @@ def _integer(cell: str) -> int:
 
 
 def _unescape(cell: str) -> str:
-    return cell.replace(r"\textless{}", "<").replace(r"\textgreater{}", ">").replace(r"\_", "_").replace(r"\&", "&")
+    return (
+        cell.replace(r"\textless{}", "<")
+        .replace(r"\textgreater{}", ">")
+        .replace(r"\_", "_")
+        .replace(r"\&", "&")
+    )
 
 
 def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
@@ -81,12 +130,21 @@ def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
         assert [_integer(c) for c in cells[1:6]] == [row[c] for c in integer_columns]
         bias = {(True, True): "yes", (True, False): "qkv", (False, True): "out", (False, False): "no"}
         assert cells[6:8] == ["yes" if row.rope else "no", bias[bool(row.bias), bool(row.out_bias)]]
-        assert [_integer(c) for c in cells[8:12]] == [row.attn_params_per_layer, row.unidentified_qk_per_layer,
-                                                     row.unidentified_ov_per_layer, row.unidentified_bias_per_layer]
+        assert [_integer(c) for c in cells[8:12]] == [
+            row.attn_params_per_layer,
+            row.unidentified_qk_per_layer,
+            row.unidentified_ov_per_layer,
+            row.unidentified_bias_per_layer,
+        ]
         assert float(cells[12]) == pytest.approx(row.identified_fraction, abs=5e-5)
-        assert [_integer(c) for c in cells_b[1:]] == [row.qk_if_mha_per_layer, row.qk_with_gqa_only_per_layer,
-                                                      row.qk_with_rope_only_per_layer, row.unidentified_qk_per_layer,
-                                                      row.total_attn_params, row.total_unidentified]
+        assert [_integer(c) for c in cells_b[1:]] == [
+            row.qk_if_mha_per_layer,
+            row.qk_with_gqa_only_per_layer,
+            row.qk_with_rope_only_per_layer,
+            row.unidentified_qk_per_layer,
+            row.total_attn_params,
+            row.total_unidentified,
+        ]
 
     null = pd.read_csv(theory_csvs / "nullity.csv")
     a2 = _table_rows(tex, "tab:a2-nullity")
@@ -112,8 +170,14 @@ def test_every_number_in_the_tables_equals_the_csv(theory_csvs, tmp_path):
         assert cells[0] == row.label
         assert [_integer(c) for c in cells[1:3]] == [row.n_embd, row.n_head]
         numbers = [float(c) for c in cells[3:]]
-        expected = [row.e0_equal_identified, row.e0_ratio_equal_identified, row.param_ratio_equal_identified,
-                    row.e0_half_identified, row.e0_ratio_half_identified, row.param_ratio_half_identified]
+        expected = [
+            row.e0_equal_identified,
+            row.e0_ratio_equal_identified,
+            row.param_ratio_equal_identified,
+            row.e0_half_identified,
+            row.e0_ratio_half_identified,
+            row.param_ratio_half_identified,
+        ]
         assert numbers == pytest.approx(expected, abs=0.051)
 
 
@@ -121,7 +185,9 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     tables, figures = tmp_path / "tables", tmp_path / "figs"
     tables.mkdir()
     figures.mkdir()
-    (tables / "runs.tex").write_text("\\begin{tabular}{l}\\toprule runs-marker\\\\ \\bottomrule\\end{tabular}\n")
+    (tables / "runs.tex").write_text(
+        "\\begin{tabular}{l}\\toprule runs-marker\\\\ \\bottomrule\\end{tabular}\n"
+    )
     (tables / "sweep.tex").write_text("sweep-marker\n")  # cases.tex absent: skipped
     for k in range(1, 5):
         (figures / f"fig{k}.pdf").write_bytes(b"%PDF-1.4 placeholder")
@@ -130,8 +196,8 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     tex = out.read_text()
     assert "runs-marker" in tex and "sweep-marker" in tex and "cases.tex" not in tex
     # the portrait sweep table follows the section's text; the wide per-run table gets a landscape page
-    landscape = tex[tex.index(r"\section{Experiments}"):]
-    landscape = landscape[landscape.index(r"\begin{landscape}"):landscape.index(r"\end{landscape}")]
+    landscape = tex[tex.index(r"\section{Experiments}") :]
+    landscape = landscape[landscape.index(r"\begin{landscape}") : landscape.index(r"\end{landscape}")]
     assert "runs-marker" in landscape and "sweep-marker" not in landscape
     assert tex.index("sweep-marker") < tex.index("runs-marker")
     assert r"Table~\ref{tab:experiment-runs} lists every training run." in tex  # no cases table to mention
@@ -139,7 +205,10 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
         size = r"width=\linewidth,height=0.62\textheight,keepaspectratio"
         assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
         title = latex.figure_caption(f"fig{k}")["title"]
-        assert rf"\caption[{title}]{{\textbf{{{title}.}}" in tex and rf"Figure~\ref{{fig:fig{k}}}, {title}" in tex
+        assert (
+            rf"\caption[{title}]{{\textbf{{{title}.}}" in tex
+            and rf"Figure~\ref{{fig:fig{k}}}, {title}" in tex
+        )
 
 
 def test_missing_inputs_are_one_line_errors(theory_csvs, tmp_path, capsys):
@@ -201,28 +270,51 @@ def _font_types(pdffonts_output: str) -> set[str]:
     return {line[start:end].strip() for line in lines[2:] if line.strip()}
 
 
-@pytest.mark.skipif(shutil.which("latexmk") is None or shutil.which("pdffonts") is None,
-                    reason="needs TeX (latexmk) and poppler-utils (pdffonts)")
+@pytest.mark.skipif(
+    shutil.which("latexmk") is None or shutil.which("pdffonts") is None,
+    reason="needs TeX (latexmk) and poppler-utils (pdffonts)",
+)
 def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
     """The whole document (theory tables, experiment tables of a synthetic study, figures with
     their captions) compiles with no box more than 5 pt too wide, no float too tall, and no
     Type 3 (bitmap) font."""
     runs, sweep = write_study(tmp_path / "study")
     for seed in range(3):  # every cell a mean +- sd in scientific notation: the widest the tables get
-        write_run(runs / "sgd_momentum" / f"seed{seed}", "sgd_momentum", seed, 0.05, rho_qk=1.3e-9 * (seed + 1),
-                  rho_ov=2.7e-13 * (seed + 1), final_beta=1.1e-5 * (seed + 1), tau=1.7e-7 * (seed + 1),
-                  mu=0.147 + 0.0043 * seed, final_val_loss=3.14 + 0.022 * seed)
+        write_run(
+            runs / "sgd_momentum" / f"seed{seed}",
+            "sgd_momentum",
+            seed,
+            0.05,
+            rho_qk=1.3e-9 * (seed + 1),
+            rho_ov=2.7e-13 * (seed + 1),
+            final_beta=1.1e-5 * (seed + 1),
+            tau=1.7e-7 * (seed + 1),
+            mu=0.147 + 0.0043 * seed,
+            final_val_loss=3.14 + 0.022 * seed,
+        )
     tables, figures, paper = tmp_path / "tables", tmp_path / "figures", tmp_path / "paper"
     assert main(["tables", "--runs-dir", str(runs), "--sweep-dir", str(sweep), "--out-dir", str(tables)]) == 0
     _figure_pdfs(figures)
     paper.mkdir()
     shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
-    assert _render(theory_csvs, paper / "appendix.tex", "--experiment-tables", str(tables),
-                   "--figures", str(figures), "--pdf") == 0
+    assert (
+        _render(
+            theory_csvs,
+            paper / "appendix.tex",
+            "--experiment-tables",
+            str(tables),
+            "--figures",
+            str(figures),
+            "--pdf",
+        )
+        == 0
+    )
     log = (paper / "main.log").read_text(errors="replace")
     assert "Overfull" not in log or max(_overfull_boxes(log)) <= 5.0, re.findall(r"Overfull.*", log)
     assert "Float too large" not in log and "undefined" not in log.lower().replace("undefined references", "")
-    fonts = subprocess.run(["pdffonts", str(paper / "main.pdf")], capture_output=True, text=True, check=True).stdout
+    fonts = subprocess.run(
+        ["pdffonts", str(paper / "main.pdf")], capture_output=True, text=True, check=True
+    ).stdout
     kinds = _font_types(fonts)
     assert kinds and "Type 3" not in kinds, fonts
     assert kinds <= {"Type 1", "Type 1C", "TrueType", "CID Type 0C", "CID TrueType"}, fonts
@@ -233,16 +325,18 @@ def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
 def test_log_and_font_parsers():
     log = "Overfull \\hbox (17.59224pt too wide) in paragraph\nOverfull \\vbox (3.0pt too high) has occurred"
     assert _overfull_boxes(log) == [17.59224, 3.0]
-    fonts = ("name                                 type              encoding         emb sub uni object ID\n"
-             "------------------------------------ ----------------- ---------------- --- --- --- ---------\n"
-             "ULCCWF+LMRoman17-Regular             Type 1            Custom           yes yes yes      4  0\n"
-             "FTUMPH+DejaVuSans-Oblique            Type 3            Custom           yes yes yes     19  0\n")
+    fonts = (
+        "name                                 type              encoding         emb sub uni object ID\n"
+        "------------------------------------ ----------------- ---------------- --- --- --- ---------\n"
+        "ULCCWF+LMRoman17-Regular             Type 1            Custom           yes yes yes      4  0\n"
+        "FTUMPH+DejaVuSans-Oblique            Type 3            Custom           yes yes yes     19  0\n"
+    )
     assert _font_types(fonts) == {"Type 1", "Type 3"}
 
 
 def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
     report_rules = (repo_root / "workflow" / "rules" / "report.smk").read_text()
-    assert 'caption_file(f"fig{i}")' in report_rules and 'caption=FIGURE_CAPTIONS[i]' in report_rules
+    assert 'caption_file(f"fig{i}")' in report_rules and "caption=FIGURE_CAPTIONS[i]" in report_rules
     for name in latex.FIGURES:
         source = latex.caption_file(name)
         text = open(source, encoding="utf-8").read()
@@ -251,7 +345,8 @@ def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
         assert caption["caption"].startswith(rf"\textbf{{{caption['title']}.}} ")
         assert all(ord(char) < 128 for char in caption["caption"]), name  # pdflatex-safe
     assert latex.rst_to_tex("the drift :math:`\\beta` of ``run.json`` is *small* — 50% off") == (
-        r"the drift $\beta$ of \texttt{run.\allowbreak{}json} is \emph{small} --- 50\% off")
+        r"the drift $\beta$ of \texttt{run.\allowbreak{}json} is \emph{small} --- 50\% off"
+    )
     with pytest.raises(ValueError, match="ρ"):
         latex.rst_to_tex("a bare ρ")
 
@@ -259,7 +354,9 @@ def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
 def test_templates_are_package_data(repo_root):
     """Every shipped template and caption matches a package-data glob, so a wheel has them;
     they are found through importlib.resources, not through the source tree."""
-    patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["attnid"]
+    patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"
+    ]["attnid"]
     package = repo_root / "src" / "attnid"
     shipped = {path for pattern in patterns for path in package.glob(pattern)}
     templates = {path for path in (package / "reports" / "templates").rglob("*") if path.is_file()}
@@ -275,10 +372,12 @@ def test_helpers_escape_and_format():
     assert latex.tex_escape("beta ~ 0") == r"beta $\sim$ 0"  # "about", not a raised tilde
     assert latex.fixed(0.9375, 3) == "0.938" or latex.fixed(0.9375, 3) == "0.937"
     assert latex.scientific(2.8e13) == r"$2.8\times10^{13}$"
-    text = latex.render_table("\\BLOCK{for row in rows}\\VAR{row.name | tex} & \\VAR{row.n | thousands} \\\\\n"
-                              "\\BLOCK{endfor}", [{"name": "x_1", "n": 12345}, {"name": "y", "n": 7}])
+    text = latex.render_table(
+        "\\BLOCK{for row in rows}\\VAR{row.name | tex} & \\VAR{row.n | thousands} \\\\\n\\BLOCK{endfor}",
+        [{"name": "x_1", "n": 12345}, {"name": "y", "n": 7}],
+    )
     assert text == "x\\_1 & 12,345 \\\\\ny & 7 \\\\\n"
-    with pytest.raises(Exception):
+    with pytest.raises(jinja2.UndefinedError, match="missing"):
         latex.render_table("\\VAR{missing}\n", [])
 
 

@@ -16,13 +16,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnid.theory import census
-from attnid.theory import counts
-from attnid.reports import latex
-from attnid.reports import tables
-from attnid.theory import whole_model as theory
 from attnid.cli import main
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.reports import latex, tables
+from attnid.theory import census, counts
+from attnid.theory import whole_model as theory
 from attnid.theory.rope import ROPE_BASE
 
 # ---------------------------------------------------------------------------------------------

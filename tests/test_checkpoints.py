@@ -1,4 +1,5 @@
-"""attnid prune-biases / balance on nanoGPT checkpoints, and weights-only loading of every checkpoint a user hands us.
+"""attnid prune-biases / balance on nanoGPT checkpoints, and weights-only loading of every checkpoint a
+user hands us.
 
 The edits are exact (docs/design.md §9): the edited checkpoint, loaded back with
 ``load_nanogpt_checkpoint``, gives the original logits to float32 round-off.
@@ -13,16 +14,16 @@ import pickle
 
 import pytest
 import torch
+from test_model import reference_logits  # an independent nanoGPT forward
 
-from attnid.model.layout import model_pairs
-from attnid.theory import counts
-from attnid.theory import factor_pairs
-from attnid.common.files import load_weights_only
 from attnid.cli import main
 from attnid.common.errors import UserError
+from attnid.common.files import load_weights_only
+from attnid.edits.checkpoints import load_checkpoint
 from attnid.measure.inspect import inspect_model
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
-from test_model import reference_logits  # an independent nanoGPT forward
+from attnid.model.layout import model_pairs
+from attnid.theory import counts, factor_pairs
 
 TINY = GPTConfig(block_size=32, vocab_size=65, n_layer=2, n_head=2, n_embd=16, dropout=0.0, bias=True)
 TOLERANCE = 1e-5  # max |logit change| / max |logit|, float32
@@ -48,13 +49,23 @@ def trained_model(bias: bool = True, seed: int = 0, **variant) -> GPT:
 def save_nanogpt(model: GPT, path, compiled: bool = True) -> None:
     """nanoGPT's train.py checkpoint: model_args, model (with torch.compile's prefix), optimizer, config."""
     prefix = "_orig_mod." if compiled else ""
-    torch.save({"model": {prefix + k: v for k, v in model.state_dict().items()}, "optimizer": {},
-                "model_args": model.config.model_args(), "iter_num": 5, "best_val_loss": torch.tensor(4.1),
-                "config": {"dataset": "shakespeare_char", "compile": compiled}}, path)
+    torch.save(
+        {
+            "model": {prefix + k: v for k, v in model.state_dict().items()},
+            "optimizer": {},
+            "model_args": model.config.model_args(),
+            "iter_num": 5,
+            "best_val_loss": torch.tensor(4.1),
+            "config": {"dataset": "shakespeare_char", "compile": compiled},
+        },
+        path,
+    )
 
 
 def probe_ids() -> torch.Tensor:
-    return torch.randint(0, TINY.vocab_size, (3, TINY.block_size), generator=torch.Generator().manual_seed(11))
+    return torch.randint(
+        0, TINY.vocab_size, (3, TINY.block_size), generator=torch.Generator().manual_seed(11)
+    )
 
 
 @torch.no_grad()
@@ -72,8 +83,19 @@ def test_prune_biases_is_exact_and_counts_the_redundant_biases(tmp_path, shakesp
     model = trained_model()
     save_nanogpt(model, tmp_path / "ckpt.pt")
     report_path = tmp_path / "prune.json"
-    assert run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "pruned.pt", "--text", shakespeare_path,
-               "--json", report_path) == 0
+    assert (
+        run(
+            "prune-biases",
+            tmp_path / "ckpt.pt",
+            "--out",
+            tmp_path / "pruned.pt",
+            "--text",
+            shakespeare_path,
+            "--json",
+            report_path,
+        )
+        == 0
+    )
 
     pruned = load_nanogpt_checkpoint(tmp_path / "pruned.pt")
     assert relative_logit_change(pruned, model) <= TOLERANCE
@@ -83,7 +105,7 @@ def test_prune_biases_is_exact_and_counts_the_redundant_biases(tmp_path, shakesp
         assert old_bias[n_embd:].abs().min() > 0  # training moved every key and value bias
         assert torch.equal(bias[n_embd:], torch.zeros(2 * n_embd))  # key and value biases gone
         assert torch.equal(bias[:n_embd], old_bias[:n_embd])  # query biases are identified: kept
-        folded = original.attn.c_proj.bias + original.attn.c_proj.weight @ old_bias[2 * n_embd:]
+        folded = original.attn.c_proj.bias + original.attn.c_proj.weight @ old_bias[2 * n_embd :]
         torch.testing.assert_close(edited.attn.c_proj.bias, folded, rtol=1e-6, atol=1e-7)
 
     report = json.loads(report_path.read_text())
@@ -91,7 +113,9 @@ def test_prune_biases_is_exact_and_counts_the_redundant_biases(tmp_path, shakesp
     assert report["redundant_params"] == TINY.n_layer * 2 * n_embd  # G D key + G C value biases per layer
     assert report["attention_params"] == TINY.n_layer * counts.attention_params_per_layer(shape)
     assert report["redundant_share"] == pytest.approx(report["redundant_params"] / report["attention_params"])
-    assert report["nonzero_key_biases_zeroed"] == report["nonzero_value_biases_folded"] == TINY.n_layer * n_embd
+    assert (
+        report["nonzero_key_biases_zeroed"] == report["nonzero_value_biases_folded"] == TINY.n_layer * n_embd
+    )
     assert report["max_rel_logit_change"] <= TOLERANCE and abs(report["loss_change"]) < 1e-5
     assert str(shakespeare_path) in report["tokens"]
 
@@ -110,7 +134,10 @@ def pair_imbalances(model: GPT, circuit: str) -> list[torch.Tensor]:
 def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
     model = trained_model(seed=1)
     save_nanogpt(model, tmp_path / "ckpt.pt", compiled=False)
-    assert run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "balanced.pt", "--json", tmp_path / "b.json") == 0
+    assert (
+        run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "balanced.pt", "--json", tmp_path / "b.json")
+        == 0
+    )
     assert "mu_qk" in capsys.readouterr().out
 
     balanced = load_nanogpt_checkpoint(tmp_path / "balanced.pt")
@@ -135,7 +162,7 @@ def test_prune_then_balance_keeps_the_function(tmp_path):
     assert run("balance", tmp_path / "pruned.pt", "--out", tmp_path / "both.pt") == 0
     both = load_nanogpt_checkpoint(tmp_path / "both.pt")
     assert relative_logit_change(both, model) <= TOLERANCE
-    assert torch.equal(both.transformer.h[0].attn.c_attn.bias[TINY.n_embd:], torch.zeros(2 * TINY.n_embd))
+    assert torch.equal(both.transformer.h[0].attn.c_attn.bias[TINY.n_embd :], torch.zeros(2 * TINY.n_embd))
     written = torch.load(tmp_path / "both.pt", weights_only=True)
     assert len(written["attnid_edits"]) == 2
 
@@ -150,7 +177,10 @@ def test_prune_then_balance_keeps_the_function(tmp_path):
 def test_prune_without_biases_changes_nothing(tmp_path):
     model = trained_model(bias=False)
     save_nanogpt(model, tmp_path / "ckpt.pt")
-    assert run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", "--json", tmp_path / "r.json") == 0
+    assert (
+        run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", "--json", tmp_path / "r.json")
+        == 0
+    )
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["redundant_params"] == 0 and report["bias"] is False
     written = torch.load(tmp_path / "out.pt", weights_only=True)["model"]
@@ -159,15 +189,57 @@ def test_prune_without_biases_changes_nothing(tmp_path):
 
 
 def test_balance_to_the_runs_initial_imbalance(prepared_data_dir, tmp_path):
-    """An attnid run keeps I_0 in its checkpoint: --target initial restores it, and the held-out batch is val.bin."""
+    """An attnid run keeps I_0 in its checkpoint: --target initial restores it, and the held-out batch
+    is val.bin."""
     run_dir = tmp_path / "run"
-    assert run("train", "--data", prepared_data_dir, "--out", run_dir, "--case", "adamw", "--max-iters", "6",
-               "--n-layer", "2", "--n-head", "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "4",
-               "--bias", "--eval-iters", "1", "--log-every", "3", "--eval-every", "6", "--progress-every", "1000") == 0
+    assert (
+        run(
+            "train",
+            "--data",
+            prepared_data_dir,
+            "--out",
+            run_dir,
+            "--case",
+            "adamw",
+            "--max-iters",
+            "6",
+            "--n-layer",
+            "2",
+            "--n-head",
+            "2",
+            "--n-embd",
+            "16",
+            "--block-size",
+            "16",
+            "--batch-size",
+            "4",
+            "--bias",
+            "--eval-iters",
+            "1",
+            "--log-every",
+            "3",
+            "--eval-every",
+            "6",
+            "--progress-every",
+            "1000",
+        )
+        == 0
+    )
     trained = load_nanogpt_checkpoint(run_dir / "ckpt.pt")  # our own checkpoints load weights-only
     assert run("inspect", run_dir / "ckpt.pt") == 0
-    assert run("balance", run_dir / "ckpt.pt", "--out", tmp_path / "i0.pt", "--target", "initial",
-               "--json", tmp_path / "r.json") == 0
+    assert (
+        run(
+            "balance",
+            run_dir / "ckpt.pt",
+            "--out",
+            tmp_path / "i0.pt",
+            "--target",
+            "initial",
+            "--json",
+            tmp_path / "r.json",
+        )
+        == 0
+    )
     restored = load_nanogpt_checkpoint(tmp_path / "i0.pt")
     assert relative_logit_change_on(restored, trained) <= TOLERANCE
     initial = load_weights_only(run_dir / "ckpt.pt")["attnid"]["tracker"]["initial_imbalance"]
@@ -181,8 +253,12 @@ def test_balance_to_the_runs_initial_imbalance(prepared_data_dir, tmp_path):
 
 
 def relative_logit_change_on(edited: GPT, original: GPT) -> float:
-    ids = torch.randint(0, original.config.vocab_size, (3, original.config.block_size),
-                        generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(
+        0,
+        original.config.vocab_size,
+        (3, original.config.block_size),
+        generator=torch.Generator().manual_seed(5),
+    )
     with torch.no_grad():
         before, after = original(ids, full_logits=True)[0], edited(ids, full_logits=True)[0]
     return float((after - before).abs().max() / before.abs().max())
@@ -201,6 +277,7 @@ def test_initial_target_without_i0_and_in_place_output_are_one_line_errors(tmp_p
 # --------------------------------------------------------------------------------------
 # checkpoints that carry code are refused, and their code never runs
 # --------------------------------------------------------------------------------------
+
 
 class RunsShell:
     """Unpickling this calls ``os.system``."""
@@ -225,8 +302,11 @@ class RunsPython:
 def code_carrying_checkpoint(path, payload_class, marker, as_torch_zip: bool) -> None:
     """A nanoGPT-shaped checkpoint with one object whose unpickling runs code that creates ``marker``."""
     model = trained_model()
-    checkpoint = {"model": model.state_dict(), "model_args": model.config.model_args(),
-                  "config": payload_class(marker)}
+    checkpoint = {
+        "model": model.state_dict(),
+        "model_args": model.config.model_args(),
+        "config": payload_class(marker),
+    }
     if as_torch_zip:
         torch.save(checkpoint, path)
     else:
@@ -235,7 +315,9 @@ def code_carrying_checkpoint(path, payload_class, marker, as_torch_zip: bool) ->
 
 @pytest.mark.parametrize("payload_class", [RunsShell, RunsPython])
 @pytest.mark.parametrize("as_torch_zip", [True, False])
-def test_code_carrying_checkpoints_are_refused_before_the_code_runs(tmp_path, capsys, payload_class, as_torch_zip):
+def test_code_carrying_checkpoints_are_refused_before_the_code_runs(
+    tmp_path, capsys, payload_class, as_torch_zip
+):
     # the payload is live: plain unpickling does run it
     control = tmp_path / "control"
     pickle.loads(pickle.dumps(payload_class(control)))
@@ -244,8 +326,11 @@ def test_code_carrying_checkpoints_are_refused_before_the_code_runs(tmp_path, ca
     marker = tmp_path / "marker"
     path = tmp_path / "evil.pt"
     code_carrying_checkpoint(path, payload_class, marker, as_torch_zip)
-    for command in (["inspect", path], ["prune-biases", path, "--out", tmp_path / "p.pt"],
-                    ["balance", path, "--out", tmp_path / "b.pt"]):
+    for command in (
+        ["inspect", path],
+        ["prune-biases", path, "--out", tmp_path / "p.pt"],
+        ["balance", path, "--out", tmp_path / "b.pt"],
+    ):
         assert run(*command) == 2
         err = capsys.readouterr().err
         assert "refused" in err and len(err.strip().splitlines()) == 1
@@ -255,24 +340,50 @@ def test_code_carrying_checkpoints_are_refused_before_the_code_runs(tmp_path, ca
     assert not (tmp_path / "p.pt").exists() and not (tmp_path / "b.pt").exists()
 
 
-@pytest.mark.parametrize("variant, command", [({"n_kv_head": 1}, ["prune-biases"]),
-                                             ({"rope": True}, ["balance", "--target", "initial"])])
+@pytest.mark.parametrize(
+    "variant, command",
+    [({"n_kv_head": 1}, ["prune-biases"]), ({"rope": True}, ["balance", "--target", "initial"])],
+)
 def test_variants_outside_the_edits_are_one_line_errors(tmp_path, capsys, variant, command):
-    """GQA layouts are not (3E, E) for prune-biases; I_0 targets are stored for plain multi-head pairs only."""
+    """GQA layouts are not (3E, E) for prune-biases; I_0 targets are stored for plain multi-head pairs
+    only."""
     save_nanogpt(trained_model(**variant), tmp_path / "ckpt.pt", compiled=False)
     assert run(*command[:1], tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", *command[1:]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.pt").exists()
 
 
-@pytest.mark.parametrize("variant", [{"n_kv_head": 1}, {"rope": True}, {"rope": True, "n_kv_head": 1},
-                                     {"n_kv_head": 1, "head_dim": 6}])
+def test_a_layer_without_its_output_projection_is_a_one_line_error(tmp_path, capsys):
+    """nanoGPT checkpoints are read with shapes checked but keys optional: a layer lacking
+    ``attn.c_proj.weight`` is refused in one line by the command, nothing written, and by
+    ``Checkpoint.attention_layer`` itself (a UserError, not a layer holding None)."""
+    model = trained_model()
+    save_nanogpt(model, tmp_path / "ckpt.pt", compiled=False)
+    checkpoint = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    last = model.config.n_layer - 1
+    del checkpoint["model"][f"transformer.h.{last}.attn.c_proj.weight"]
+    torch.save(checkpoint, tmp_path / "ckpt.pt")
+    assert run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt") == 2
+    err = capsys.readouterr().err
+    assert "attn.c_proj.weight" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out.pt").exists()
+    with pytest.raises(UserError, match=f"h.{last}.attn.c_proj.weight"):
+        load_checkpoint(tmp_path / "ckpt.pt").attention_layer(last)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"n_kv_head": 1}, {"rope": True}, {"rope": True, "n_kv_head": 1}, {"n_kv_head": 1, "head_dim": 6}],
+)
 def test_balance_moves_gqa_and_rope_checkpoints_on_their_own_orbits(tmp_path, variant):
     """μ = 0 on the architecture's own orbit (docs/design.md §8), the function unchanged: a full GL_D move
     of a RoPE pair would change it, so the logit check tests the restriction."""
     model = trained_model(seed=2, **variant)
     save_nanogpt(model, tmp_path / "ckpt.pt")
-    assert run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "balanced.pt", "--json", tmp_path / "b.json") == 0
+    assert (
+        run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "balanced.pt", "--json", tmp_path / "b.json")
+        == 0
+    )
     balanced = load_nanogpt_checkpoint(tmp_path / "balanced.pt")
     assert relative_logit_change(balanced, model) <= TOLERANCE
     before, after = inspect_model(model)["total"], inspect_model(balanced)["total"]

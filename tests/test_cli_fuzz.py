@@ -52,17 +52,32 @@ def _gpt2_folder(folder: Path, wrong_shape: bool = False) -> None:
     E, V, P = 8, 65, 16
     folder.mkdir()
     (folder / "config.json").write_text(
-        '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8, "vocab_size": 65, "n_positions": 16}')
+        '{"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 8, "vocab_size": 65, "n_positions": 16}'
+    )
     generator = torch.Generator().manual_seed(0)
-    shapes = {"wte.weight": (V, E), "wpe.weight": (P, E), "ln_f.weight": (E,), "ln_f.bias": (E,),
-              "h.0.ln_1.weight": (E,), "h.0.ln_1.bias": (E,), "h.0.ln_2.weight": (E,), "h.0.ln_2.bias": (E,),
-              "h.0.attn.c_attn.weight": (E, 3 * E if not wrong_shape else 2 * E),
-              "h.0.attn.c_attn.bias": (3 * E,),
-              "h.0.attn.c_proj.weight": (E, E), "h.0.attn.c_proj.bias": (E,),
-              "h.0.mlp.c_fc.weight": (E, 4 * E), "h.0.mlp.c_fc.bias": (4 * E,),
-              "h.0.mlp.c_proj.weight": (4 * E, E), "h.0.mlp.c_proj.bias": (E,)}
-    save_file({name: torch.randn(shape, generator=generator) for name, shape in shapes.items()},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    shapes = {
+        "wte.weight": (V, E),
+        "wpe.weight": (P, E),
+        "ln_f.weight": (E,),
+        "ln_f.bias": (E,),
+        "h.0.ln_1.weight": (E,),
+        "h.0.ln_1.bias": (E,),
+        "h.0.ln_2.weight": (E,),
+        "h.0.ln_2.bias": (E,),
+        "h.0.attn.c_attn.weight": (E, 3 * E if not wrong_shape else 2 * E),
+        "h.0.attn.c_attn.bias": (3 * E,),
+        "h.0.attn.c_proj.weight": (E, E),
+        "h.0.attn.c_proj.bias": (E,),
+        "h.0.mlp.c_fc.weight": (E, 4 * E),
+        "h.0.mlp.c_fc.bias": (4 * E,),
+        "h.0.mlp.c_proj.weight": (4 * E, E),
+        "h.0.mlp.c_proj.bias": (E,),
+    }
+    save_file(
+        {name: torch.randn(shape, generator=generator) for name, shape in shapes.items()},
+        str(folder / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +107,9 @@ def workspace(tmp_path_factory, shakespeare_path) -> Path:
     (w / "list.yaml").write_text("- 1\n- 2\n")
     (w / "arch.yaml").write_text("architectures:\n  tiny: {n_layer: 1, n_embd: 8, n_head: 2, source: test}\n")
     (w / "counts.csv").write_text("architecture,n_layer,unidentified_qk_per_layer\ntiny,1,8\n")
-    (w / "nullity.csv").write_text("case,n_params,n_outputs,theory,measured,gap,passed\n"
-                                   "pair,30,30,9,9,1e15,True\n")
+    (w / "nullity.csv").write_text(
+        "case,n_params,n_outputs,theory,measured,gap,passed\npair,30,30,9,9,1e15,True\n"
+    )
     (w / "single_head.csv").write_text("label,e0_equal_identified\nE=6,36\n")
     (w / "folder").mkdir()
     (w / "link.pt").symlink_to(w / "ckpt.pt")
@@ -106,13 +122,15 @@ def workspace(tmp_path_factory, shakespeare_path) -> Path:
     (w / "nanogpt_data").mkdir()  # nanoGPT's own prepared data: no meta.json of ours
     (w / "nanogpt_data" / "train.bin").write_bytes(np.arange(100, dtype=np.uint16).tobytes())
     (w / "nanogpt_data" / "meta.pkl").write_bytes(b"\x80\x04N.")
-    for run, name, content in (("foreign_run", "run.json", '{"mine": 1}\n'),
-                               ("foreign_ckpt_run", "ckpt.pt", "a note, not a checkpoint\n"),
-                               ("runs/bad", "run.json", "{oops"),
-                               ("runs/bad", "metrics.csv", "step,lr\n0,1\n"),
-                               ("runs/garbled", "run.json", '{"status": "completed", "case": "sgd"}'),
-                               ("runs/garbled", "metrics.csv", "step,lr\nx,y\n"),
-                               ("foreign_tables", "sweep.csv", "a,b\n1,2\n")):
+    for run, name, content in (
+        ("foreign_run", "run.json", '{"mine": 1}\n'),
+        ("foreign_ckpt_run", "ckpt.pt", "a note, not a checkpoint\n"),
+        ("runs/bad", "run.json", "{oops"),
+        ("runs/bad", "metrics.csv", "step,lr\n0,1\n"),
+        ("runs/garbled", "run.json", '{"status": "completed", "case": "sgd"}'),
+        ("runs/garbled", "metrics.csv", "step,lr\nx,y\n"),
+        ("foreign_tables", "sweep.csv", "a,b\n1,2\n"),
+    ):
         (w / run).mkdir(parents=True, exist_ok=True)
         (w / run / name).write_text(content)
     return w
@@ -130,19 +148,27 @@ CASES = [
     # fetch
     ("fetch-out-is-a-directory", FETCH + " --out {w}/folder", "is a directory"),
     ("fetch-out-is-the-source", FETCH + " --out {w}/text.txt", INPUT),
-    ("fetch-out-is-a-symlink-to-the-source",
-     "fetch --url file://{w}/text.txt --sha256 {sha} --out {w}/link_text.txt",
-     "same file as the input {w}/text.txt"),
+    (
+        "fetch-out-is-a-symlink-to-the-source",
+        "fetch --url file://{w}/text.txt --sha256 {sha} --out {w}/link_text.txt",
+        "same file as the input {w}/text.txt",
+    ),
     ("fetch-out-is-a-foreign-file", FETCH + " --out {w}/notes.txt", "--force"),
     ("fetch-out-under-a-file", FETCH + " --out {w}/notes.txt/input.txt", "not a directory"),
     ("fetch-out-unwritable", FETCH + f" --out {UNWRITABLE}/input.txt", "cannot write"),
     ("fetch-sha256-not-hex", "fetch --url {w}/text.txt --sha256 xyz --out {w}/new.txt", "64 hex digits"),
-    ("fetch-sha256-mismatch", "fetch --url {w}/text.txt --sha256 " + "0" * 64 + " --out {w}/new.txt",
-     "checksum mismatch"),
+    (
+        "fetch-sha256-mismatch",
+        "fetch --url {w}/text.txt --sha256 " + "0" * 64 + " --out {w}/new.txt",
+        "checksum mismatch",
+    ),
     ("fetch-url-missing", "fetch --url {w}/missing.txt --sha256 {sha} --out {w}/new.txt", "not a file"),
     ("fetch-url-is-a-directory", "fetch --url {w}/folder --sha256 {sha} --out {w}/new.txt", "not a file"),
-    ("fetch-url-scheme", "fetch --url ftp://example.org/x --sha256 {sha} --out {w}/new.txt",
-     "unsupported URL"),
+    (
+        "fetch-url-scheme",
+        "fetch --url ftp://example.org/x --sha256 {sha} --out {w}/new.txt",
+        "unsupported URL",
+    ),
     ("fetch-timeout-negative", FETCH + " --out {w}/new.txt --timeout -1", "--timeout"),
     ("fetch-timeout-not-a-number", FETCH + " --out {w}/new.txt --timeout soon", "invalid float"),
     # prepare
@@ -171,9 +197,11 @@ CASES = [
     ("train-steps-not-an-integer", TRAIN + " --max-iters 1.5", "invalid int"),
     ("train-case-unknown", TRAIN + " --case sdg", "unknown case"),
     ("train-over-a-foreign-run-json", "train --data {w}/data --out {w}/foreign_run --max-iters 1", "--force"),
-    ("train-fresh-over-a-foreign-ckpt",
-     "train --data {w}/data --out {w}/foreign_ckpt_run --max-iters 1 --fresh",
-     "--force"),
+    (
+        "train-fresh-over-a-foreign-ckpt",
+        "train --data {w}/data --out {w}/foreign_ckpt_run --max-iters 1 --fresh",
+        "--force",
+    ),
     # inspect: checkpoints broken in every way
     ("inspect-missing", "inspect {w}/missing.pt", "does not exist"),
     ("inspect-directory", "inspect {w}/folder", "not a Hugging Face model folder"),
@@ -183,26 +211,43 @@ CASES = [
     ("inspect-truncated", "inspect {w}/truncated.pt", "truncated or corrupt"),
     ("inspect-random-bytes", "inspect {w}/noise.bin", "not a checkpoint"),
     ("inspect-code-carrying", "inspect {w}/evil.pt", "can run code"),
-    ("inspect-wrong-shape", "inspect {w}/wrong_shape.pt",
-     "c_attn.weight has shape (20, 8), expected (24, 8)"),
+    (
+        "inspect-wrong-shape",
+        "inspect {w}/wrong_shape.pt",
+        "c_attn.weight has shape (20, 8), expected (24, 8)",
+    ),
     ("inspect-not-nanogpt", "inspect {w}/not_nanogpt.pt", "model_args"),
     # prune-biases and balance: outputs that would lose data, broken inputs, bad values
     ("prune-json-is-the-input", "prune-biases " + EDIT + " --out {w}/o.pt --json {w}/ckpt.pt", INPUT),
     ("balance-json-is-the-input", "balance " + EDIT + " --out {w}/o.pt --json {w}/ckpt.pt", INPUT),
     ("prune-out-is-the-input", "prune-biases " + EDIT + " --out {w}/ckpt.pt", INPUT),
-    ("prune-out-is-a-symlink-to-the-input", "prune-biases " + EDIT + " --out {w}/link.pt",
-     "same file as the input {w}/ckpt.pt"),
-    ("prune-out-is-a-hard-link-to-the-input", "prune-biases " + EDIT + " --out {w}/hard.pt",
-     "same file as the input {w}/ckpt.pt"),
-    ("prune-json-is-the-held-out-data", "prune-biases " + EDIT + " --out {w}/o.pt --json {w}/data/val.bin",
-     INPUT),
-    ("prune-json-is-the-text",
-     "prune-biases {w}/ckpt.pt --text {w}/text.txt --out {w}/o.pt --json {w}/text.txt",
-     INPUT),
+    (
+        "prune-out-is-a-symlink-to-the-input",
+        "prune-biases " + EDIT + " --out {w}/link.pt",
+        "same file as the input {w}/ckpt.pt",
+    ),
+    (
+        "prune-out-is-a-hard-link-to-the-input",
+        "prune-biases " + EDIT + " --out {w}/hard.pt",
+        "same file as the input {w}/ckpt.pt",
+    ),
+    (
+        "prune-json-is-the-held-out-data",
+        "prune-biases " + EDIT + " --out {w}/o.pt --json {w}/data/val.bin",
+        INPUT,
+    ),
+    (
+        "prune-json-is-the-text",
+        "prune-biases {w}/ckpt.pt --text {w}/text.txt --out {w}/o.pt --json {w}/text.txt",
+        INPUT,
+    ),
     ("prune-out-and-json-one-path", "prune-biases " + EDIT + " --out {w}/o.pt --json {w}/o.pt", "same path"),
     ("prune-out-is-a-foreign-file", "prune-biases " + EDIT + " --out {w}/notes.txt", "--force"),
-    ("balance-json-is-a-foreign-json", "balance " + EDIT + " --out {w}/b.pt --json {w}/report.json",
-     "--force"),
+    (
+        "balance-json-is-a-foreign-json",
+        "balance " + EDIT + " --out {w}/b.pt --json {w}/report.json",
+        "--force",
+    ),
     ("prune-out-is-a-directory", "prune-biases " + EDIT + " --out {w}/folder", "is a directory"),
     ("prune-out-under-a-file", "prune-biases " + EDIT + " --out {w}/notes.txt/o.pt", "not a directory"),
     ("prune-out-unwritable", "prune-biases " + EDIT + f" --out {UNWRITABLE}/o.pt", "cannot write"),
@@ -210,27 +255,38 @@ CASES = [
     ("prune-truncated-checkpoint", "prune-biases {w}/truncated.pt --out {w}/o.pt", "truncated or corrupt"),
     ("balance-code-carrying", "balance {w}/evil.pt --out {w}/o.pt", "can run code"),
     ("prune-folder-not-hf", "prune-biases {w}/folder --out {w}/o", "not a Hugging Face model folder"),
-    ("prune-hf-wrong-shape", "prune-biases {w}/hf_wrong --out {w}/o",
-     "h.0.attn.c_attn.weight has shape (8, 16), expected (8, 24) from config.json"),
+    (
+        "prune-hf-wrong-shape",
+        "prune-biases {w}/hf_wrong --out {w}/o",
+        "h.0.attn.c_attn.weight has shape (8, 16), expected (8, 24) from config.json",
+    ),
     ("prune-hf-config-not-json", "prune-biases {w}/hf_badjson --out {w}/o", "not valid JSON"),
     ("prune-hf-out-is-a-file", "prune-biases {w}/hf --out {w}/notes.txt", "is a file"),
     ("prune-hf-out-is-the-input", "prune-biases {w}/hf --out {w}/hf", INPUT),
     ("prune-hf-json-inside-the-input", "prune-biases {w}/hf --out {w}/o --json {w}/hf/config.json", INPUT),
     ("prune-sequences-zero", "prune-biases " + EDIT + " --out {w}/o.pt --sequences 0", "must be positive"),
-    ("prune-sequences-exceed-memory", "prune-biases " + EDIT + " --out {w}/o.pt --sequences 1000000000000",
-     "needs about"),
+    (
+        "prune-sequences-exceed-memory",
+        "prune-biases " + EDIT + " --out {w}/o.pt --sequences 1000000000000",
+        "needs about",
+    ),
     ("prune-text-binary", "prune-biases {w}/ckpt.pt --text {w}/noise.bin --out {w}/o.pt", "not UTF-8"),
     ("balance-target-unknown", "balance " + EDIT + " --out {w}/o.pt --target sideways", "invalid choice"),
     # counts and verify
     ("counts-architectures-missing", "counts --architectures {w}/missing.yaml --out {w}/c.csv", "not found"),
     ("counts-architectures-directory", "counts --architectures {w}/folder --out {w}/c.csv", "is a directory"),
-    ("counts-architectures-yaml-syntax", "counts --architectures {w}/bad.yaml --out {w}/c.csv",
-     "not valid YAML (line 2, column 1)"),
+    (
+        "counts-architectures-yaml-syntax",
+        "counts --architectures {w}/bad.yaml --out {w}/c.csv",
+        "not valid YAML (line 2, column 1)",
+    ),
     ("counts-architectures-binary", "counts --architectures {w}/noise.bin --out {w}/c.csv", "not UTF-8"),
     ("counts-out-is-the-input", "counts --architectures {w}/arch.yaml --out {w}/arch.yaml", INPUT),
-    ("counts-two-outputs-one-path",
-     "counts --architectures {w}/arch.yaml --out {w}/c.csv --single-head-out {w}/c.csv",
-     "same path"),
+    (
+        "counts-two-outputs-one-path",
+        "counts --architectures {w}/arch.yaml --out {w}/c.csv --single-head-out {w}/c.csv",
+        "same path",
+    ),
     ("counts-out-is-a-foreign-file", "counts --architectures {w}/arch.yaml --out {w}/notes.txt", "--force"),
     ("counts-hf-config-binary", "counts --hf-config {w}/noise.bin", "not valid JSON"),
     ("counts-hf-config-folder-without-config", "counts --hf-config {w}/folder", "not found"),
@@ -246,22 +302,32 @@ CASES = [
     ("tables-run-json-corrupt", "tables --runs {w}/runs/bad --out-dir {w}/t", "cannot read"),
     ("tables-out-dir-is-a-file", "tables --runs {w}/runs/bad --out-dir {w}/notes.txt", "is a file"),
     ("tables-metrics-not-numbers", "tables --runs {w}/runs/garbled --out-dir {w}/t", "not what attnid train"),
-    ("figures-tables-foreign",
-     "figures --tables {w}/foreign_tables --runs {w}/runs/garbled --theory-dir {w} --out-dir {w}/f",
-     "not what"),
-    ("figures-tables-missing",
-     "figures --tables {w}/nope --runs-dir {w}/runs --theory-dir {w}/nope --out-dir {w}/f",
-     "not found"),
+    (
+        "figures-tables-foreign",
+        "figures --tables {w}/foreign_tables --runs {w}/runs/garbled --theory-dir {w} --out-dir {w}/f",
+        "not what",
+    ),
+    (
+        "figures-tables-missing",
+        "figures --tables {w}/nope --runs-dir {w}/runs --theory-dir {w}/nope --out-dir {w}/f",
+        "not found",
+    ),
     ("studies-no-runs", "studies --out-dir {w}/s", "say which runs"),
     ("interventions-table-no-runs", "interventions-table --out-dir {w}/i", "say which runs"),
     ("interventions-table-run-missing", "interventions-table --runs {w}/nope --out-dir {w}/i", "no run.json"),
-    ("interventions-table-no-baseline", "interventions-table --runs {w}/runs/garbled --out-dir {w}/i",
-     "no adamw runs"),
+    (
+        "interventions-table-no-baseline",
+        "interventions-table --runs {w}/runs/garbled --out-dir {w}/i",
+        "no adamw runs",
+    ),
     ("edits-table-report-missing", "edits-table --json {w}/nope.json --out-dir {w}/t", "nope.json"),
     ("edits-table-report-is-text", "edits-table --json {w}/notes.txt --out-dir {w}/t", "notes.txt"),
     ("edits-table-report-is-a-checkpoint", "edits-table --json {w}/ckpt.pt --out-dir {w}/t", "ckpt.pt"),
-    ("edits-table-report-is-foreign-json", "edits-table --json {w}/report.json --out-dir {w}/t",
-     "report.json"),
+    (
+        "edits-table-report-is-foreign-json",
+        "edits-table --json {w}/report.json --out-dir {w}/t",
+        "report.json",
+    ),
     ("appendix-counts-missing", "appendix --counts {w}/nope.csv --out {w}/a.tex", "nope.csv"),
     ("appendix-counts-lack-columns", APPENDIX + " --out {w}/a.tex", "lacks"),
     ("appendix-out-is-an-input", APPENDIX + " --out {w}/nullity.csv", INPUT),
@@ -272,8 +338,11 @@ CASES = [
 
 def _snapshot(root: Path) -> dict[str, str]:
     """Every file below ``root`` (symlinks as their target's path), by content."""
-    return {str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else _sha256(p))
-            for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()}
+    return {
+        str(p.relative_to(root)): (f"-> {os.readlink(p)}" if p.is_symlink() else _sha256(p))
+        for p in sorted(root.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
 
 
 def test_the_table_is_large_and_names_are_unique():
@@ -309,8 +378,9 @@ def _copy_workspace(workspace: Path, copy: Path) -> None:
 
 
 @pytest.mark.parametrize("name, command, expected", CASES, ids=[case[0] for case in CASES])
-def test_bad_input_is_one_line_and_loses_nothing(name, command, expected, workspace, shared_copy, capsys,
-                                                 monkeypatch):
+def test_bad_input_is_one_line_and_loses_nothing(
+    name, command, expected, workspace, shared_copy, capsys, monkeypatch
+):
     w, before = shared_copy
     monkeypatch.chdir(w)  # default output paths (results/...) land in the copy
     argv = shlex.split(command.format(w=w, sha=_sha256(w / "text.txt")))
@@ -336,6 +406,7 @@ def test_bad_input_is_one_line_and_loses_nothing(name, command, expected, worksp
 # what is not refused: a command's own earlier outputs, and --force
 # --------------------------------------------------------------------------------------
 
+
 def _run(*argv) -> int:
     return main([str(a) for a in argv])
 
@@ -346,20 +417,67 @@ def test_reruns_overwrite_their_own_outputs(workspace, tmp_path, capsys, monkeyp
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     for _ in range(2):
-        assert _run("fetch", "--url", w / "text.txt", "--sha256", _sha256(w / "text.txt"),
-                    "--out", out / "t.txt") == 0
+        assert (
+            _run(
+                "fetch", "--url", w / "text.txt", "--sha256", _sha256(w / "text.txt"), "--out", out / "t.txt"
+            )
+            == 0
+        )
         assert _run("prepare", "--text", out / "t.txt", "--out-dir", out / "data") == 0
-        assert _run("prune-biases", w / "ckpt.pt", "--data", out / "data", "--out", out / "p.pt",
-                    "--json", out / "p.json") == 0
-        assert _run("balance", w / "hf", "--out", out / "hf", "--json", out / "b.json",
-                    "--sequences", "2") == 0
-        assert _run("counts", "--architectures", w / "arch.yaml", "--out", out / "c.csv",
-                    "--single-head-out", out / "s.csv") == 0
+        assert (
+            _run(
+                "prune-biases",
+                w / "ckpt.pt",
+                "--data",
+                out / "data",
+                "--out",
+                out / "p.pt",
+                "--json",
+                out / "p.json",
+            )
+            == 0
+        )
+        assert (
+            _run("balance", w / "hf", "--out", out / "hf", "--json", out / "b.json", "--sequences", "2") == 0
+        )
+        assert (
+            _run(
+                "counts",
+                "--architectures",
+                w / "arch.yaml",
+                "--out",
+                out / "c.csv",
+                "--single-head-out",
+                out / "s.csv",
+            )
+            == 0
+        )
         assert _run("edits-table", "--json", out / "p.json", out / "b.json", "--out-dir", out / "tables") == 0
-        assert _run("train", "--data", out / "data", "--out", out / "run", "--max-iters", "2",
-                    "--n-layer", "1", "--n-embd", "8", "--n-head", "2", "--block-size", "8",
-                    "--batch-size", "2",
-                    "--eval-iters", "1", "--fresh") == 0
+        assert (
+            _run(
+                "train",
+                "--data",
+                out / "data",
+                "--out",
+                out / "run",
+                "--max-iters",
+                "2",
+                "--n-layer",
+                "1",
+                "--n-embd",
+                "8",
+                "--n-head",
+                "2",
+                "--block-size",
+                "8",
+                "--batch-size",
+                "2",
+                "--eval-iters",
+                "1",
+                "--fresh",
+            )
+            == 0
+        )
     assert "error" not in capsys.readouterr().err
 
 
@@ -372,8 +490,20 @@ def test_force_replaces_a_foreign_file_but_never_an_input(workspace, tmp_path, c
     assert _run("prune-biases", w / "ckpt.pt", "--data", w / "data", "--out", w / "notes.txt", "--force") == 0
     assert (w / "notes.txt").read_bytes().startswith(b"PK")  # now the edited checkpoint
     before = (w / "ckpt.pt").read_bytes()
-    assert _run("prune-biases", w / "ckpt.pt", "--data", w / "data", "--out", w / "o.pt",
-                "--json", w / "ckpt.pt", "--force") == 2
+    assert (
+        _run(
+            "prune-biases",
+            w / "ckpt.pt",
+            "--data",
+            w / "data",
+            "--out",
+            w / "o.pt",
+            "--json",
+            w / "ckpt.pt",
+            "--force",
+        )
+        == 2
+    )
     assert (w / "ckpt.pt").read_bytes() == before and "input" in capsys.readouterr().err
 
 
@@ -392,6 +522,7 @@ def test_an_interrupted_prepare_is_refused_by_training_and_rerun_without_force(w
 # --------------------------------------------------------------------------------------
 # the one-line rule itself: OSErrors, bugs, ATTNID_DEBUG, progress
 # --------------------------------------------------------------------------------------
+
 
 def test_an_oserror_is_one_line_naming_the_path_and_a_bug_keeps_its_traceback(monkeypatch, capsys, tmp_path):
     import attnid.cli.theory as theory
@@ -431,5 +562,6 @@ def test_a_silent_command_reports_progress(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(theory, "run_verify", slow)
     assert _run("verify", "--out", tmp_path / "x.csv") == 0
     lines = capsys.readouterr().err.splitlines()
-    assert 1 <= len(lines) <= 3 and all("attnid verify: still working: measuring something slow" in line
-                                        for line in lines), lines
+    assert 1 <= len(lines) <= 3 and all(
+        "attnid verify: still working: measuring something slow" in line for line in lines
+    ), lines

@@ -1,5 +1,5 @@
-"""The options of ``attnid train`` (attnid.training.config), the case registry (attnid.training.cases), and the
-workflow schema, whose case names come from the registry."""
+"""The options of ``attnid train`` (attnid.training.config), the case registry
+(attnid.training.cases), and the workflow schema, whose case names come from the registry."""
 
 from __future__ import annotations
 
@@ -23,10 +23,16 @@ def schema(repo_root) -> dict:
 
 
 def schema_training_options(document: dict) -> dict[str, dict]:
-    """Every training option the pipeline config may set, with its schema, from every section that holds them."""
+    """Every training option the pipeline config may set, with its schema, from every section that
+    holds them."""
     defs, properties = document["$defs"], document["properties"]
-    sections = [defs["run_settings"], defs["case"]["properties"], defs["sweep"]["properties"],
-                properties["model"]["properties"], properties["training"]["properties"]]
+    sections = [
+        defs["run_settings"],
+        defs["case"]["properties"],
+        defs["sweep"]["properties"],
+        properties["model"]["properties"],
+        properties["training"]["properties"],
+    ]
     options: dict[str, dict] = {}
     for section in sections:
         for name, spec in section.items():
@@ -50,9 +56,12 @@ def test_schema_options_are_train_options_of_the_same_type(repo_root):
     assert set(options) <= set(config.option_names()), set(options) - set(config.option_names())
     for name, spec in options.items():
         if "enum" in spec:
-            allowed = {"rebalance_target": moves.REBALANCE_TARGETS, "device": config.DEVICES,
-                       "rebalance_moments": moments.REBALANCE_MOMENTS,
-                       "dtype": ("auto", *precision.DTYPES)}[name]
+            allowed = {
+                "rebalance_target": moves.REBALANCE_TARGETS,
+                "device": config.DEVICES,
+                "rebalance_moments": moments.REBALANCE_MOMENTS,
+                "dtype": ("auto", *precision.DTYPES),
+            }[name]
             assert tuple(spec["enum"]) == allowed, name
         else:
             assert spec["type"] == JSON_TYPES[config.option_type(name)], name
@@ -61,36 +70,67 @@ def test_schema_options_are_train_options_of_the_same_type(repo_root):
 def test_every_option_has_a_type_and_help():
     hints = {f.name: config.option_type(f.name) for f in fields(config.TrainConfig)}
     assert set(hints.values()) <= {int, float, bool, str}
-    assert hints["lr"] is float and hints["warmup_iters"] is int and hints["bias"] is bool and hints["case"] is str
+    assert (
+        hints["lr"] is float
+        and hints["warmup_iters"] is int
+        and hints["bias"] is bool
+        and hints["case"] is str
+    )
     hidden = [f.name for f in fields(config.TrainConfig) if config.help_text(f.name) is None]
     assert hidden == ["stop_after"]
-    assert set(config.resume_free_keys()) == {"data", "out", "threads", "metrics_threads", "fresh", "stop_after",
-                                              "progress_every"}
+    assert set(config.resume_free_keys()) == {
+        "data",
+        "out",
+        "threads",
+        "metrics_threads",
+        "fresh",
+        "stop_after",
+        "progress_every",
+    }
 
 
 def test_help_lists_cases_and_their_default_lrs():
     parser = build_parser("train")
-    train_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
+    train_parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "train"
+    ]
     text = " ".join(train_parser.format_help().split())
-    assert ("optimizer case: sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance, adamw_projected, "
-            "adamw_gauge_fixed") in text
+    assert (
+        "optimizer case: sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance, adamw_projected, "
+        "adamw_gauge_fixed"
+    ) in text
     for case in cases.CASES.values():
         assert f"{case.name} {case.default_lr:g}" in text
     assert "--stop-after" not in text
 
 
 def test_cases_are_one_record_each():
-    assert list(cases.CASES) == ["sgd", "sgd_wd", "sgd_momentum", "adamw", "adamw_rebalance",
-                                 "adamw_projected", "adamw_gauge_fixed"]
+    assert list(cases.CASES) == [
+        "sgd",
+        "sgd_wd",
+        "sgd_momentum",
+        "adamw",
+        "adamw_rebalance",
+        "adamw_projected",
+        "adamw_gauge_fixed",
+    ]
     assert cases.rebalancing_cases() == ["adamw_rebalance"]
     assert [c.name for c in cases.CASES.values() if c.projects_steps] == ["adamw_projected"]
     assert [c.name for c in cases.CASES.values() if c.gauge_fixed] == ["adamw_gauge_fixed"]
     assert {c.name: c.default_lr for c in cases.CASES.values()} == {
-        "sgd": 0.1, "sgd_wd": 0.1, "sgd_momentum": 0.01, "adamw": 1e-3, "adamw_rebalance": 1e-3,
-        "adamw_projected": 1e-3, "adamw_gauge_fixed": 1e-3}
+        "sgd": 0.1,
+        "sgd_wd": 0.1,
+        "sgd_momentum": 0.01,
+        "adamw": 1e-3,
+        "adamw_rebalance": 1e-3,
+        "adamw_projected": 1e-3,
+        "adamw_gauge_fixed": 1e-3,
+    }
     # the interventions train adamw's optimizer (docs/design.md §13, §14)
-    assert {cases.CASES[name].make_optimizer for name in ("adamw_rebalance", "adamw_projected",
-                                                          "adamw_gauge_fixed")} == {cases.adamw}
+    assert {
+        cases.CASES[name].make_optimizer
+        for name in ("adamw_rebalance", "adamw_projected", "adamw_gauge_fixed")
+    } == {cases.adamw}
     styles = [(c.color, c.linestyle, c.marker) for c in cases.CASES.values()]
     assert len({color for color, _, _ in styles}) == len(styles)
     with pytest.raises(ValueError, match="already registered"):

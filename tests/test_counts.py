@@ -10,16 +10,42 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnid.theory import counts
-from attnid.theory import nullity
 from attnid.cli import main
+from attnid.theory import counts, nullity
 
-REQUIRED_ARCHITECTURES = {"nanoGPT shakespeare-char", "GPT-2 124M", "GPT-2 355M", "GPT-2 774M", "GPT-2 1.5B",
-                          "Llama-2 7B", "Llama-2 13B", "Llama-2 70B", "Llama-3 8B", "Llama-3 70B", "Mistral-7B"}
-REQUIRED_COLUMNS = {"architecture", "n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias",
-                    "attn_weights_per_layer", "unidentified_qk_per_layer", "unidentified_ov_per_layer",
-                    "unidentified_bias_per_layer", "identified_fraction", "unidentified_per_layer",
-                    "total_attn_params", "total_unidentified", "qk_if_mha_per_layer", "qk_with_gqa_only_per_layer"}
+REQUIRED_ARCHITECTURES = {
+    "nanoGPT shakespeare-char",
+    "GPT-2 124M",
+    "GPT-2 355M",
+    "GPT-2 774M",
+    "GPT-2 1.5B",
+    "Llama-2 7B",
+    "Llama-2 13B",
+    "Llama-2 70B",
+    "Llama-3 8B",
+    "Llama-3 70B",
+    "Mistral-7B",
+}
+REQUIRED_COLUMNS = {
+    "architecture",
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_kv_head",
+    "head_dim",
+    "rope",
+    "bias",
+    "attn_weights_per_layer",
+    "unidentified_qk_per_layer",
+    "unidentified_ov_per_layer",
+    "unidentified_bias_per_layer",
+    "identified_fraction",
+    "unidentified_per_layer",
+    "total_attn_params",
+    "total_unidentified",
+    "qk_if_mha_per_layer",
+    "qk_with_gqa_only_per_layer",
+}
 
 
 def _exact_unidentified_share(shape: counts.LayerShape) -> Fraction:
@@ -29,7 +55,7 @@ def _exact_unidentified_share(shape: counts.LayerShape) -> Fraction:
 @pytest.mark.parametrize("n_head", [1, 2, 3, 4, 8, 12, 16, 25, 64])
 def test_t3_identified_share_is_one_minus_one_over_2h(n_head):
     shape = counts.layer_shape(n_embd=64 * n_head, n_head=n_head)
-    assert counts.attention_weights_per_layer(shape) == 4 * shape.n_embd ** 2
+    assert counts.attention_weights_per_layer(shape) == 4 * shape.n_embd**2
     assert _exact_unidentified_share(shape) == Fraction(1, 2 * n_head)
     assert counts.identified_fraction(64 * n_head, n_head) == pytest.approx(1 - 1 / (2 * n_head), abs=1e-15)
 
@@ -86,16 +112,23 @@ def test_counts_properties_over_random_shapes(shape):
     unidentified = counts.unidentified_params_per_layer(shape)
     assert 0 < unidentified < params
     row = counts.layer_counts(shape)
-    assert row["unidentified_per_layer"] == (row["unidentified_qk_per_layer"] + row["unidentified_ov_per_layer"]
-                                             + row["unidentified_bias_per_layer"])
+    assert row["unidentified_per_layer"] == (
+        row["unidentified_qk_per_layer"]
+        + row["unidentified_ov_per_layer"]
+        + row["unidentified_bias_per_layer"]
+    )
     # GQA divides the plain-MHA query-key count by H/G; RoPE replaces D^2 by D.
     heads_per_group = shape.n_head // shape.n_kv_head
     assert row["qk_if_mha_per_layer"] == heads_per_group * row["qk_with_gqa_only_per_layer"]
     if shape.rope:
         assert row["unidentified_qk_per_layer"] * shape.head_dim == row["qk_with_gqa_only_per_layer"]
     else:
-        assert row["unidentified_qk_per_layer"] == row["qk_with_gqa_only_per_layer"] == shape.n_kv_head * shape.head_dim ** 2
-    assert row["unidentified_ov_per_layer"] == shape.n_kv_head * shape.value_dim ** 2
+        assert (
+            row["unidentified_qk_per_layer"]
+            == row["qk_with_gqa_only_per_layer"]
+            == shape.n_kv_head * shape.head_dim**2
+        )
+    assert row["unidentified_ov_per_layer"] == shape.n_kv_head * shape.value_dim**2
     assert 0 < row["identified_fraction"] < 1
 
 
@@ -115,8 +148,18 @@ def tiny_cases(draw):
     head_dim = 2 * draw(st.integers(1, n_embd // 2)) if rope else draw(st.integers(1, n_embd))
     value_dim = draw(st.integers(1, n_embd))
     bias, out_bias = draw(st.booleans()), draw(st.booleans())
-    return nullity.NullityCase("hypothesis", "random", n_embd=n_embd, n_head=n_head, n_kv_head=n_kv_head, head_dim=head_dim,
-                        value_dim=value_dim, rope=rope, bias=bias, out_bias=out_bias)
+    return nullity.NullityCase(
+        "hypothesis",
+        "random",
+        n_embd=n_embd,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        head_dim=head_dim,
+        value_dim=value_dim,
+        rope=rope,
+        bias=bias,
+        out_bias=out_bias,
+    )
 
 
 @given(tiny_cases())
@@ -136,16 +179,16 @@ def _multi_head_identified(n_embd: int, n_head: int) -> int:
 def test_t6_single_head_readings_are_exact(n_head):
     """§4.10 with the paper's single head (3 E_0^2 parameters, E_0^2 unidentified), in exact fractions."""
     n_embd = 64 * n_head
-    multi = Fraction(_multi_head_identified(n_embd, n_head), n_embd ** 2)  # 4 - 2/H, from the layer counts
+    multi = Fraction(_multi_head_identified(n_embd, n_head), n_embd**2)  # 4 - 2/H, from the layer counts
     assert counts.multi_head_identified_share(n_head) == multi
     # The single head's identified share per E_0^2, from its own counts (E_0 = 5 is any width).
-    single = Fraction(counts.single_head_params(5) - counts.single_head_unidentified_params(5), 5 ** 2)
-    assert single == 2 and Fraction(counts.single_head_params(5), 5 ** 2) == 3
+    single = Fraction(counts.single_head_params(5) - counts.single_head_unidentified_params(5), 5**2)
+    assert single == 2 and Fraction(counts.single_head_params(5), 5**2) == 3
     equal_identified = counts.single_head_ratio_sq_equal_identified(n_head)
     assert single * equal_identified == multi
     # The paper's "roughly 60 %" reading: half of the 3 E_0^2 counted as identified.
     half_identified = counts.single_head_ratio_sq_half_identified(n_head)
-    assert Fraction(counts.single_head_params(5), 2 * 5 ** 2) * half_identified == multi
+    assert Fraction(counts.single_head_params(5), 2 * 5**2) * half_identified == multi
     row = counts.single_head_row(n_embd, n_head)
     assert row["identified_multi_head"] == _multi_head_identified(n_embd, n_head)
     assert row["params_multi_head"] == counts.attention_weights_per_layer(counts.layer_shape(n_embd, n_head))
@@ -154,8 +197,11 @@ def test_t6_single_head_readings_are_exact(n_head):
     assert row["e0_ratio_half_identified"] ** 2 == pytest.approx(float(half_identified), rel=1e-14)
     assert row["e0_half_identified"] == pytest.approx(n_embd * row["e0_ratio_half_identified"], rel=1e-14)
     for reading, ratio_sq in (("equal_identified", equal_identified), ("half_identified", half_identified)):
-        params_ratio = Fraction(counts.single_head_params(1), 1) * ratio_sq / Fraction(
-            counts.attention_weights_per_layer(counts.layer_shape(n_embd, n_head)), n_embd ** 2)
+        params_ratio = (
+            Fraction(counts.single_head_params(1), 1)
+            * ratio_sq
+            / Fraction(counts.attention_weights_per_layer(counts.layer_shape(n_embd, n_head)), n_embd**2)
+        )
         assert row[f"param_ratio_{reading}"] == pytest.approx(float(params_ratio), rel=1e-14)
 
 
@@ -185,7 +231,12 @@ def test_t6_single_head_unidentified_count_is_the_jacobian_nullity():
     case = next(c for c in nullity.default_cases() if c.kind == "single_head")
     row = nullity.measure_case(case)
     assert row["n_params"] == counts.single_head_params(case.n_embd)
-    assert row["measured"] == row["theory"] == counts.single_head_unidentified_params(case.n_embd) == case.n_embd ** 2
+    assert (
+        row["measured"]
+        == row["theory"]
+        == counts.single_head_unidentified_params(case.n_embd)
+        == case.n_embd**2
+    )
     assert row["gap"] >= nullity.GAP_REQUIRED
 
 
@@ -193,34 +244,60 @@ def test_architectures_file_has_required_models_with_sources(repo_root):
     architectures = counts.load_architectures(repo_root / "config" / "architectures.yaml")
     assert REQUIRED_ARCHITECTURES <= set(architectures)
     assert len(architectures) >= 12
-    assert any(s.get("rope") and s.get("bias") and s.get("n_kv_head", s["n_head"]) < s["n_head"]
-               for s in architectures.values()), "need one with biases + RoPE + GQA"
+    assert any(
+        s.get("rope") and s.get("bias") and s.get("n_kv_head", s["n_head"]) < s["n_head"]
+        for s in architectures.values()
+    ), "need one with biases + RoPE + GQA"
     for name, spec in architectures.items():
         assert len(spec["source"]) > 10, name
 
 
 def test_counts_cli_writes_csv(tmp_path, repo_root):
     out, single = tmp_path / "t" / "counts.csv", tmp_path / "t" / "single_head.csv"
-    assert main(["counts", "--architectures", str(repo_root / "config" / "architectures.yaml"), "--out", str(out),
-                 "--single-head-out", str(single)]) == 0
+    assert (
+        main(
+            [
+                "counts",
+                "--architectures",
+                str(repo_root / "config" / "architectures.yaml"),
+                "--out",
+                str(out),
+                "--single-head-out",
+                str(single),
+            ]
+        )
+        == 0
+    )
     frame = pd.read_csv(out)
     assert REQUIRED_COLUMNS <= set(frame.columns)
     assert set(out.read_text().split("\n")[1].split(",")) & {"True", "False"}
     gpt2 = frame.set_index("architecture").loc["GPT-2 124M"]
-    assert gpt2["total_attn_params"] == 12 * (4 * 768 ** 2 + 4 * 768)
+    assert gpt2["total_attn_params"] == 12 * (4 * 768**2 + 4 * 768)
     assert gpt2["total_unidentified"] == 12 * gpt2["unidentified_per_layer"]
-    assert math.isclose(gpt2["identified_fraction"], 1 - gpt2["unidentified_per_layer"] / gpt2["attn_params_per_layer"])
-    assert {"e0_equal_identified", "param_ratio_equal_identified", "e0_half_identified",
-            "param_ratio_half_identified"} <= set(pd.read_csv(single).columns)
+    assert math.isclose(
+        gpt2["identified_fraction"], 1 - gpt2["unidentified_per_layer"] / gpt2["attn_params_per_layer"]
+    )
+    assert {
+        "e0_equal_identified",
+        "param_ratio_equal_identified",
+        "e0_half_identified",
+        "param_ratio_half_identified",
+    } <= set(pd.read_csv(single).columns)
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("architectures: {}\n", "non-empty"),
-    ("architectures:\n  x: {n_layer: 1, n_embd: 10, n_head: 3, source: s}\n", "multiple of n_head"),
-    ("architectures:\n  x: {n_layer: 1, n_embd: 8, n_head: 2, rope: maybe, source: s}\n", "true or false"),
-    ("architectures:\n  x: {n_layer: 1, n_embd: 8, n_head: 2, heads: 3, source: s}\n", "unknown field"),
-    ("architectures: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("architectures: {}\n", "non-empty"),
+        ("architectures:\n  x: {n_layer: 1, n_embd: 10, n_head: 3, source: s}\n", "multiple of n_head"),
+        (
+            "architectures:\n  x: {n_layer: 1, n_embd: 8, n_head: 2, rope: maybe, source: s}\n",
+            "true or false",
+        ),
+        ("architectures:\n  x: {n_layer: 1, n_embd: 8, n_head: 2, heads: 3, source: s}\n", "unknown field"),
+        ("architectures: [\n", "not valid YAML"),
+    ],
+)
 def test_counts_cli_bad_config_is_one_line_error(tmp_path, capsys, text, fragment):
     config = tmp_path / "arch.yaml"
     config.write_text(text)
@@ -231,5 +308,8 @@ def test_counts_cli_bad_config_is_one_line_error(tmp_path, capsys, text, fragmen
 
 
 def test_counts_cli_missing_file(tmp_path, capsys):
-    assert main(["counts", "--architectures", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "c.csv")]) == 2
+    assert (
+        main(["counts", "--architectures", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "c.csv")])
+        == 2
+    )
     assert "not found" in capsys.readouterr().err

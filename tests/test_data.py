@@ -16,14 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from attnid.training import data
-from attnid.cli import main
-from attnid.common.errors import UserError
 from pipeline_helpers import copy_pipeline, snakemake_env
 
-SHAKESPEARE_SHA256 = data.SHAKESPEARE_SHA256
+from attnid.cli import main
+from attnid.common.errors import UserError
+from attnid.training import data
 
+SHAKESPEARE_SHA256 = data.SHAKESPEARE_SHA256
 
 
 @pytest.fixture
@@ -36,7 +35,9 @@ def http_server(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -105,29 +106,54 @@ def test_fetch_copies_a_relative_local_path(shakespeare_path, tmp_path, monkeypa
     (tmp_path / "assets").mkdir()
     (tmp_path / "assets" / "tinyshakespeare.txt").write_bytes(shakespeare_path.read_bytes())
     monkeypatch.chdir(tmp_path)
-    assert main(["fetch", "--url", "assets/tinyshakespeare.txt", "--sha256", SHAKESPEARE_SHA256,
-                 "--out", "data/input.txt"]) == 0
+    assert (
+        main(
+            [
+                "fetch",
+                "--url",
+                "assets/tinyshakespeare.txt",
+                "--sha256",
+                SHAKESPEARE_SHA256,
+                "--out",
+                "data/input.txt",
+            ]
+        )
+        == 0
+    )
     assert data.sha256_of_file(tmp_path / "data" / "input.txt") == SHAKESPEARE_SHA256
 
 
 def test_offline_pipeline_command_fetches_the_shipped_copy(repo_root, tmp_path):
-    """The README's offline spelling, ``--config data_url=file://$PWD/assets/tinyshakespeare.txt``, in a bare copy."""
+    """The README's offline spelling, ``--config data_url=file://$PWD/assets/tinyshakespeare.txt``, in a
+    bare copy."""
     workdir = copy_pipeline(tmp_path / "clone")
     (workdir / "assets").mkdir()
     shutil.copy2(repo_root / "assets" / "tinyshakespeare.txt", workdir / "assets")
-    command = ('snakemake --cores 1 data/tinyshakespeare/input.txt --configfile config/smoke.yaml '
-               '--config data_url=file://$PWD/assets/tinyshakespeare.txt')
-    proc = subprocess.run(["bash", "-c", command], cwd=workdir, capture_output=True, text=True, timeout=600,
-                          env=snakemake_env())
+    command = (
+        "snakemake --cores 1 data/tinyshakespeare/input.txt --configfile config/smoke.yaml "
+        "--config data_url=file://$PWD/assets/tinyshakespeare.txt"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=workdir, capture_output=True, text=True, timeout=600, env=snakemake_env()
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert data.sha256_of_file(workdir / "data" / "tinyshakespeare" / "input.txt") == SHAKESPEARE_SHA256
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:9/nothing-listens-here", "file:///no/such/file.txt",
-                                 "ftp://example.org/x", "no/such/local.txt"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:9/nothing-listens-here",
+        "file:///no/such/file.txt",
+        "ftp://example.org/x",
+        "no/such/local.txt",
+    ],
+)
 def test_unreachable_or_unsupported_url_is_one_line(url, tmp_path, capsys):
     out = tmp_path / "input.txt"
-    status = main(["fetch", "--url", url, "--sha256", SHAKESPEARE_SHA256, "--out", str(out), "--timeout", "5"])
+    status = main(
+        ["fetch", "--url", url, "--sha256", SHAKESPEARE_SHA256, "--out", str(out), "--timeout", "5"]
+    )
     err = capsys.readouterr().err
     assert status == 2
     assert err.count("\n") == 1 and err.startswith("attnid fetch: error:") and "file://" in err
@@ -162,7 +188,9 @@ def test_prepare_small_text_splits_ninety_ten(tmp_path):
     (tmp_path / "t.txt").write_text(text)
     meta = data.prepare(tmp_path / "t.txt", tmp_path / "d")
     assert meta["vocab_size"] == 4 and (meta["train_tokens"], meta["val_tokens"]) == (27, 3)
-    assert data.load_split(tmp_path / "d", "val").tolist() == [data.build_vocabulary(text)[0][c] for c in text[27:]]
+    assert data.load_split(tmp_path / "d", "val").tolist() == [
+        data.build_vocabulary(text)[0][c] for c in text[27:]
+    ]
 
 
 def _copy_prepared(src: Path, dst: Path) -> Path:
@@ -205,6 +233,19 @@ def test_missing_or_damaged_files_say_rerun_prepare(prepared_data_dir, tmp_path)
 
 
 def test_prepare_cli_missing_text_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "attnid", "prepare", "--text", str(tmp_path / "nope.txt"),
-                             "--out-dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnid",
+            "prepare",
+            "--text",
+            str(tmp_path / "nope.txt"),
+            "--out-dir",
+            str(tmp_path / "d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "attnid fetch" in result.stderr

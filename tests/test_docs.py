@@ -10,9 +10,9 @@ import re
 
 import pandas as pd
 import pytest
+from pipeline_helpers import REPO
 
 from attnid.reports import statistics, studies
-from pipeline_helpers import REPO
 
 README = (REPO / "README.md").read_text()
 FIGURES = REPO / "docs" / "figures"
@@ -50,8 +50,13 @@ def test_readme_claims_table_is_the_kept_default_build():
 def kept_points() -> tuple[pd.DataFrame, pd.DataFrame]:
     """The kept build's heads points and the two studies' points pooled as `attnid studies` pools them."""
     heads, variants = (pd.read_csv(FIGURES / f"{study}.csv") for study in studies.STUDIES)
-    points = pd.concat([heads.assign(point="heads/" + heads["point"]),
-                        variants.assign(point="variants/" + variants["point"])], ignore_index=True)
+    points = pd.concat(
+        [
+            heads.assign(point="heads/" + heads["point"]),
+            variants.assign(point="variants/" + variants["point"]),
+        ],
+        ignore_index=True,
+    )
     _, pooled = studies.pooled_points(pd.DataFrame({"point": []}), points)
     return heads, pooled
 
@@ -71,9 +76,12 @@ def test_readme_study_correlations_are_those_of_the_kept_point_means():
     table = pd.read_csv(FIGURES / "identification_correlation.csv")
     kept = table[(table["study"] == "all") & (table["quantity"] == "final_val_loss")].iloc[0]
     heads, pooled = kept_points()
-    match = re.search(r"Across the (\d+) distinct points the rank correlation between identified fraction "
-                      r"and val loss is −(\d\.\d+) over the point means, permutation p = (\d\.\d+): no "
-                      r"detectable correlation", text)
+    match = re.search(
+        r"Across the (\d+) distinct points the rank correlation between identified fraction "
+        r"and val loss is −(\d\.\d+) over the point means, permutation p = (\d\.\d+): no "
+        r"detectable correlation",
+        text,
+    )
     assert match, "the README states the pooled correlation of the study with its p-value"
     r_pooled, p_pooled = correlation(pooled)
     assert int(match.group(1)) == kept.n_points == len(pooled)
@@ -83,8 +91,11 @@ def test_readme_study_correlations_are_those_of_the_kept_point_means():
 
     rope = pooled["rope"].astype(str).str.lower() == "true"
     matched = pooled["point"].isin("heads/" + heads.loc[~studies.head_sweep(heads), "point"])
-    match = re.search(r"Without the RoPE points, .*? it is −(\d\.\d+) \(p = (\d\.\d+)\); without the wider "
-                      r"matched single head, −(\d\.\d+) \(p = (\d\.\d+)\)", text)
+    match = re.search(
+        r"Without the RoPE points, .*? it is −(\d\.\d+) \(p = (\d\.\d+)\); without the wider "
+        r"matched single head, −(\d\.\d+) \(p = (\d\.\d+)\)",
+        text,
+    )
     assert match, "the README states the confound splits"
     shown = (match.group(1, 2), match.group(3, 4))
     for (r_shown, p_shown), subset in zip(shown, (pooled[~rope], pooled[~matched])):
@@ -92,8 +103,11 @@ def test_readme_study_correlations_are_those_of_the_kept_point_means():
         assert agrees_to_shown_digits("-" + r_shown, r_value) and agrees_to_shown_digits(p_shown, p_value)
 
     sweep = heads[studies.head_sweep(heads)]
-    match = re.search(r"The head sweep alone is ordered exactly \(−(\d\.\d+), p = (\d\.\d+) over its (\d+) "
-                      r"points\), but its whole range is one seed spread", text)
+    match = re.search(
+        r"The head sweep alone is ordered exactly \(−(\d\.\d+), p = (\d\.\d+) over its (\d+) "
+        r"points\), but its whole range is one seed spread",
+        text,
+    )
     assert match, "the README states the head sweep's own correlation"
     r_sweep, p_sweep = correlation(sweep)
     assert agrees_to_shown_digits("-" + match.group(1), r_sweep)
@@ -102,8 +116,11 @@ def test_readme_study_correlations_are_those_of_the_kept_point_means():
     spread = sweep["final_val_loss_mean"].max() - sweep["final_val_loss_mean"].min()
     assert spread <= sweep["final_val_loss_sd"].max()  # "a range no larger than the seeds' spread"
 
-    match = re.search(r"\(Spearman −(\d\.\d+) against the identified fraction, p = (\d\.\d+) over the "
-                      r"study's (\d+) points\)", text)
+    match = re.search(
+        r"\(Spearman −(\d\.\d+) against the identified fraction, p = (\d\.\d+) over the "
+        r"study's (\d+) points\)",
+        text,
+    )
     assert match, "the README states the correlation of rho with the identified fraction"
     r_rho, p_rho = correlation(heads, "rho_qk_mean_mean")
     assert agrees_to_shown_digits("-" + match.group(1), r_rho)
@@ -111,7 +128,9 @@ def test_readme_study_correlations_are_those_of_the_kept_point_means():
     assert int(match.group(3)) == len(heads)
 
 
-@pytest.mark.parametrize("shown, value, expected", [("7e-15", 6.96e-15, True), ("7e-15", 7.6e-15, False),
-                                                     ("0.0315", 0.031514, True), ("21.2", 21.3, False)])
+@pytest.mark.parametrize(
+    "shown, value, expected",
+    [("7e-15", 6.96e-15, True), ("7e-15", 7.6e-15, False), ("0.0315", 0.031514, True), ("21.2", 21.3, False)],
+)
 def test_digit_agreement(shown, value, expected):
     assert agrees_to_shown_digits(shown, value) is expected

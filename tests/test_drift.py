@@ -1,4 +1,5 @@
-"""The exact drift split I_t - I_ref = D1 + D2 (attnid.measure.drift) on tiny nanoGPTs, optimizers driven directly."""
+"""The exact drift split I_t - I_ref = D1 + D2 (attnid.measure.drift) on tiny nanoGPTs, optimizers
+driven directly."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import io
 import pytest
 import torch
 
-from attnid.model.layout import layout_of
-from attnid.measure import rebalancing
-from attnid.theory import factor_pairs
-from attnid.measure.drift import (DriftTracker, attention_snapshot, coupled_decay_first_order, imbalance_step_terms,
-                          stacked_pairs)
 from attnid.common.errors import UserError
+from attnid.measure import rebalancing
+from attnid.measure.drift import (
+    DriftTracker,
+    attention_snapshot,
+    coupled_decay_first_order,
+    imbalance_step_terms,
+    stacked_pairs,
+)
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.layout import layout_of
+from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
 
 VOCAB, BLOCK, WEIGHT_DECAY = 11, 8, 0.1
@@ -24,7 +30,9 @@ CASES = ("sgd", "sgd_wd", "sgd_momentum", "adamw")
 
 def tiny_gpt(dtype=torch.float64, n_layer: int = 2, bias: bool = False, sharpen: float = 1.0) -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=BLOCK, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_embd=16, bias=bias))
+    model = GPT(
+        GPTConfig(block_size=BLOCK, vocab_size=VOCAB, n_layer=n_layer, n_head=2, n_embd=16, bias=bias)
+    )
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias"):  # nanoGPT zero-inits biases; nonzero ones exercise the bias columns
@@ -47,10 +55,15 @@ def make_optimizer(case: str, model: GPT, lr: float | None = None) -> torch.opti
 def batches(seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     while True:
-        yield torch.randint(0, VOCAB, (4, BLOCK), generator=gen), torch.randint(0, VOCAB, (4, BLOCK), generator=gen)
+        yield (
+            torch.randint(0, VOCAB, (4, BLOCK), generator=gen),
+            torch.randint(0, VOCAB, (4, BLOCK), generator=gen),
+        )
 
 
-def train(model, optimizer, tracker: DriftTracker, data, steps: int, clip: float = 1.0, on_step=None) -> list[float]:
+def train(
+    model, optimizer, tracker: DriftTracker, data, steps: int, clip: float = 1.0, on_step=None
+) -> list[float]:
     """``steps`` optimizer steps with the tracker around each; returns the pre-clip gradient norms."""
     grad_norms = []
     for _ in range(steps):
@@ -75,6 +88,7 @@ def tracked_run(case: str, dtype, steps: int = 30, **model_kwargs):
 
 
 # ----- the identity itself ----------------------------------------------------------------
+
 
 def test_step_terms_are_the_exact_change_and_first_order_vanishes_for_a_gradient():
     gen = torch.Generator().manual_seed(3)
@@ -101,13 +115,15 @@ def test_coupled_decay_prediction_uses_the_decaying_columns_only():
     masked_a, masked_b = step_a.clone(), step_b.clone()
     masked_a[..., -1] = masked_b[..., -1] = 0  # non-decaying (bias) columns
     first_masked, _ = imbalance_step_terms(pair_a, pair_b, masked_a, masked_b)
-    predicted = coupled_decay_first_order(pair_a, pair_b, 0.01, 0.1,
-                                          weight_columns=(torch.arange(5), torch.arange(5)))
+    predicted = coupled_decay_first_order(
+        pair_a, pair_b, 0.01, 0.1, weight_columns=(torch.arange(5), torch.arange(5))
+    )
     assert torch.allclose(predicted, first_masked, rtol=0, atol=1e-15)
     assert not torch.allclose(predicted, first, rtol=0, atol=1e-6)
 
 
 # ----- (a) closure, whatever the optimizer and training precision ----------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("case", CASES)
@@ -124,12 +140,15 @@ def test_row_has_per_layer_columns_and_starts_at_zero():
     tracker = DriftTracker(model)
     row = tracker.row(model)
     expected = {f"{name}_{c}" for name in ("drift1", "drift2", "closure") for c in CIRCUITS}
-    expected |= {f"{name}_{c}_l{layer}" for name in ("drift1", "drift2") for c in CIRCUITS for layer in (0, 1)}
+    expected |= {
+        f"{name}_{c}_l{layer}" for name in ("drift1", "drift2") for c in CIRCUITS for layer in (0, 1)
+    }
     assert set(row) == expected
     assert all(value == 0.0 for value in row.values())
 
 
 # ----- (b) plain SGD: all drift is second order (E1 as an identity) ----------------------
+
 
 def test_plain_sgd_with_clipping_has_no_first_order_drift():
     model = tiny_gpt(sharpen=10.0)
@@ -162,6 +181,7 @@ def test_plain_sgd_with_clipping_has_no_first_order_drift():
 
 # ----- (c) SGD with coupled L2 decay: the first-order drift is -2 eta lambda I ---------------
 
+
 @pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
 def test_sgd_wd_first_order_drift_equals_its_prediction(bias):
     model, tracker = tracked_run("sgd_wd", torch.float64, bias=bias)
@@ -173,7 +193,8 @@ def test_sgd_wd_first_order_drift_equals_its_prediction(bias):
 
 
 def test_sgd_wd_prediction_from_the_full_imbalance_misses_the_undecayed_biases():
-    """Biases do not decay (nanoGPT's groups): -2 eta lambda I with I's bias columns is off by their outer products."""
+    """Biases do not decay (nanoGPT's groups): -2 eta lambda I with I's bias columns is off by their
+    outer products."""
     model = tiny_gpt(bias=True)
     optimizer = make_optimizer("sgd_wd", model)
     tracker = DriftTracker(model, coupled_weight_decay=WEIGHT_DECAY)
@@ -182,7 +203,8 @@ def test_sgd_wd_prediction_from_the_full_imbalance_misses_the_undecayed_biases()
     def add_full_prediction(pre):
         for circuit in CIRCUITS:
             full_prediction[circuit] = full_prediction[circuit] + coupled_decay_first_order(
-                *stacked_pairs(pre, layout_of(model), circuit), optimizer.param_groups[0]["lr"], WEIGHT_DECAY)
+                *stacked_pairs(pre, layout_of(model), circuit), optimizer.param_groups[0]["lr"], WEIGHT_DECAY
+            )
 
     train(model, optimizer, tracker, batches(), 10, on_step=add_full_prediction)
     for circuit in CIRCUITS:
@@ -193,6 +215,7 @@ def test_sgd_wd_prediction_from_the_full_imbalance_misses_the_undecayed_biases()
 
 # ----- (d) AdamW moves along the orbit at first order (E2) --------------------------------
 
+
 def test_adamw_drift_is_first_order():
     model, tracker = tracked_run("adamw", torch.float64)
     row = tracker.row(model)
@@ -201,6 +224,7 @@ def test_adamw_drift_is_first_order():
 
 
 # ----- (e) checkpointing, and rebalancing resets the reference -------------------------------
+
 
 def test_state_dict_round_trip_continues_identically():
     model = tiny_gpt()
@@ -213,7 +237,11 @@ def test_state_dict_round_trip_continues_identically():
     torch.save(tracker.state_dict(), buffer)
     buffer.seek(0)
     state = torch.load(buffer, weights_only=True)
-    tensors = [t for key in ("norm_sq", "reference", "first", "second", "predicted_first") for t in state[key].values()]
+    tensors = [
+        t
+        for key in ("norm_sq", "reference", "first", "second", "predicted_first")
+        for t in state[key].values()
+    ]
     assert all(t.device.type == "cpu" and t.dtype == torch.float64 for t in tensors)
 
     resumed_model = copy.deepcopy(model)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from pipeline_helpers import copy_pipeline, run_snakemake, shared_smoke_run, smoke_config
 
 from attnid.training.rundir import TIMING_COLUMNS
-from pipeline_helpers import copy_pipeline, run_snakemake, shared_smoke_run, smoke_config
 
 SMOKE = smoke_config()["results_dir"]
 RUN = f"{SMOKE}/runs/sgd/seed0"
@@ -42,7 +42,10 @@ def _drill_workdir(tmp_path: Path, shakespeare_url: str, smoke_dir: Path, **trai
     """
     workdir = copy_pipeline(tmp_path / "wf")
     shutil.copytree(smoke_dir / "data", workdir / "data")
-    settings = {"data_url": shakespeare_url, "training": {**smoke_config()["training"], "ckpt_every": 5, **training}}
+    settings = {
+        "data_url": shakespeare_url,
+        "training": {**smoke_config()["training"], "ckpt_every": 5, **training},
+    }
     (workdir / DRILL_CONFIG).write_text(yaml.safe_dump(settings))
     return workdir
 
@@ -63,8 +66,13 @@ def _training_pids(workdir: Path, out_dir: str) -> list[int]:
         except OSError:
             continue
         words = [a.decode(errors="replace") for a in argv]
-        if cwd == str(workdir) and "train" in words and out_dir in words and "--out" in words \
-                and not any(w.endswith("snakemake") or w == "-c" for w in words):
+        if (
+            cwd == str(workdir)
+            and "train" in words
+            and out_dir in words
+            and "--out" in words
+            and not any(w.endswith("snakemake") or w == "-c" for w in words)
+        ):
             pids.append(int(proc.name))
     return pids
 
@@ -76,15 +84,20 @@ def _comparable(path: Path) -> pd.DataFrame:
 @pytest.mark.slow
 @pytest.mark.parametrize("metrics_threads", [0, 1], ids=["metrics-on-training-thread", "metrics-thread"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, metrics_threads, tmp_path, shakespeare_url,
-                                                                 smoke_dir):
+def test_killed_training_job_resumes_to_the_uninterrupted_result(
+    signum, metrics_threads, tmp_path, shakespeare_url, smoke_dir
+):
     """Killed between a checkpoint and the end, rerun by Snakemake: the rows of the uninterrupted run (trained
     with the metrics on the training thread), also when a metrics thread was behind at the kill."""
     workdir = _drill_workdir(tmp_path, shakespeare_url, smoke_dir, metrics_threads=metrics_threads)
     ckpt = workdir / RUN / "ckpt.pt"
     command = [sys.executable, "-m", "snakemake", "--cores", "1", *_snakemake_args(f"{RUN}/run.json")]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1")
-    first = subprocess.Popen(command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = dict(
+        os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1"
+    )
+    first = subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     victim = None
     try:
         deadline = time.monotonic() + 300
@@ -100,7 +113,8 @@ def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, metrics
                         break
             time.sleep(0.02)
         assert victim is not None, "never saw the training job write its first checkpoint:\n" + (
-            first.communicate(timeout=60)[0] if first.poll() is not None else "")
+            first.communicate(timeout=60)[0] if first.poll() is not None else ""
+        )
         assert not (workdir / RUN / "run.json").exists(), "the run finished before the drill could kill it"
         os.kill(victim, signum)
         if signum != signal.SIGKILL:
@@ -122,14 +136,19 @@ def test_killed_training_job_resumes_to_the_uninterrupted_result(signum, metrics
     assert 0 < run["resumed_at"][0] < run["max_iters"]
     if signum == signal.SIGKILL:  # no chance to save: resumes from the last periodic checkpoint
         assert run["resumed_at"][0] % 5 == 0, run["resumed_at"]
-    resumed, reference = _comparable(workdir / RUN / "metrics.csv"), _comparable(smoke_dir / RUN / "metrics.csv")
+    resumed, reference = (
+        _comparable(workdir / RUN / "metrics.csv"),
+        _comparable(smoke_dir / RUN / "metrics.csv"),
+    )
     # The training trajectory is bit-identical; the float64 diagnostics (rho, beta, ...) agree to
     # round-off (their eigen-solves are not bitwise reproducible across processes).
     trajectory = [c for c in ("step", "lr", "train_loss", "eval_train_loss", "val_loss") if c in reference]
     pd.testing.assert_frame_equal(resumed[trajectory], reference[trajectory], check_exact=True)
     # tau is itself a round-off measurement (~1e-7 in float32): compare it on that scale.
     round_off = [c for c in reference if c.startswith("tau")]
-    pd.testing.assert_frame_equal(resumed[round_off], reference[round_off], check_exact=False, rtol=0, atol=1e-5)
+    pd.testing.assert_frame_equal(
+        resumed[round_off], reference[round_off], check_exact=False, rtol=0, atol=1e-5
+    )
     rest = resumed.drop(columns=round_off), reference.drop(columns=round_off)
     pd.testing.assert_frame_equal(*rest, check_exact=False, rtol=1e-9, atol=1e-300)
 
@@ -162,21 +181,58 @@ def test_truncated_train_bin_stops_training_before_it_starts(tmp_path, prepared_
         (data_dir / name).write_bytes((prepared_data_dir / name).read_bytes())
     (data_dir / "train.bin").write_bytes((prepared_data_dir / "train.bin").read_bytes()[:-4096])
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "attnid", "train", "--data", str(data_dir), "--case", "sgd",
-                           "--out", str(out), "--max-iters", "5", "--device", "cpu", "--threads", "1"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnid",
+            "train",
+            "--data",
+            str(data_dir),
+            "--case",
+            "sgd",
+            "--out",
+            str(out),
+            "--max-iters",
+            "5",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "truncated" in proc.stderr and "attnid prepare" in proc.stderr
     assert not out.exists() or not any(out.iterdir()), "training started on a truncated train.bin"
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--case", "sdg"], "sdg"),
-    (["--case", "sgd", "--lr", "-1"], "lr"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--case", "sdg"], "sdg"),
+        (["--case", "sgd", "--lr", "-1"], "lr"),
+    ],
+)
 def test_unknown_case_or_bad_value_in_attnid_train_is_one_line(argv, expected, tmp_path, prepared_data_dir):
-    proc = subprocess.run([sys.executable, "-m", "attnid", "train", "--data", str(prepared_data_dir),
-                           "--out", str(tmp_path / "run"), *argv], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnid",
+            "train",
+            "--data",
+            str(prepared_data_dir),
+            "--out",
+            str(tmp_path / "run"),
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and expected in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -15,10 +15,10 @@ import subprocess
 import pandas as pd
 import pytest
 import yaml
-
-from attnid.theory import counts
-from attnid.cli import main
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, shared_smoke_run, smoke_config, stderr_lines
+
+from attnid.cli import main
+from attnid.theory import counts
 
 TOLERANCE = 1e-5  # max |logit change| / max |logit|, float32 (as tests/test_checkpoints.py)
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 16}
@@ -44,13 +44,59 @@ def edit_reports(prepared_data_dir, tmp_path_factory):
     reports = []
     for seed in SEEDS:
         run_dir = root / "edits" / "adamw" / f"seed{seed}"
-        assert run("train", "--data", prepared_data_dir, "--out", run_dir, "--case", "adamw", "--seed", seed,
-                   "--max-iters", "8", "--n-layer", TINY["n_layer"], "--n-head", TINY["n_head"],
-                   "--n-embd", TINY["n_embd"], "--block-size", "16", "--batch-size", "4", "--bias",
-                   "--eval-iters", "1", "--log-every", "4", "--eval-every", "8", "--progress-every", "1000") == 0
-        for command, name, extra in (("prune-biases", "prune", []), ("balance", "balance", ["--target", "balanced"])):
-            assert run(command, run_dir / "ckpt.pt", "--out", run_dir / f"{name}.pt", "--data", prepared_data_dir,
-                       "--json", run_dir / f"{name}.json", *extra) == 0
+        assert (
+            run(
+                "train",
+                "--data",
+                prepared_data_dir,
+                "--out",
+                run_dir,
+                "--case",
+                "adamw",
+                "--seed",
+                seed,
+                "--max-iters",
+                "8",
+                "--n-layer",
+                TINY["n_layer"],
+                "--n-head",
+                TINY["n_head"],
+                "--n-embd",
+                TINY["n_embd"],
+                "--block-size",
+                "16",
+                "--batch-size",
+                "4",
+                "--bias",
+                "--eval-iters",
+                "1",
+                "--log-every",
+                "4",
+                "--eval-every",
+                "8",
+                "--progress-every",
+                "1000",
+            )
+            == 0
+        )
+        for command, name, extra in (
+            ("prune-biases", "prune", []),
+            ("balance", "balance", ["--target", "balanced"]),
+        ):
+            assert (
+                run(
+                    command,
+                    run_dir / "ckpt.pt",
+                    "--out",
+                    run_dir / f"{name}.pt",
+                    "--data",
+                    prepared_data_dir,
+                    "--json",
+                    run_dir / f"{name}.json",
+                    *extra,
+                )
+                == 0
+            )
             reports.append(run_dir / f"{name}.json")
     return reports
 
@@ -92,7 +138,9 @@ def test_summary_is_mean_sd_and_max_over_seeds(edit_reports, tmp_path):
         assert row["max_abs_loss_change"] == max(abs(r["loss_change"]) for r in mine)
     balance = [r for r in reports if r["command"] == "balance"]
     for key in ("mu_qk_before", "mu_ov_before", "attn_norm_after"):
-        assert summary.loc["balance", f"{key}_mean"] == pytest.approx(statistics.mean(r[key] for r in balance))
+        assert summary.loc["balance", f"{key}_mean"] == pytest.approx(
+            statistics.mean(r[key] for r in balance)
+        )
     reduction = [1 - r["attn_norm_after"] / r["attn_norm_before"] for r in balance]
     assert summary.loc["balance", "attn_norm_reduction_mean"] == pytest.approx(statistics.mean(reduction))
     redundant, attention = redundant_bias_closed_form(**TINY)
@@ -106,11 +154,30 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     tables = tmp_path / "tables"
     assert run("edits-table", "--json", *edit_reports, "--out-dir", tables) == 0
     theory = tmp_path / "theory"
-    assert run("counts", "--architectures", repo_root / "config" / "architectures.yaml", "--out",
-               theory / "counts.csv", "--single-head-out", theory / "single_head.csv") == 0
-    (theory / "nullity.csv").write_text("case,n_params,n_outputs,theory,measured,gap,passed\nx,4,4,1,1,1e15,True\n")
-    common = ["appendix", "--counts", theory / "counts.csv", "--nullity", theory / "nullity.csv",
-              "--single-head", theory / "single_head.csv"]
+    assert (
+        run(
+            "counts",
+            "--architectures",
+            repo_root / "config" / "architectures.yaml",
+            "--out",
+            theory / "counts.csv",
+            "--single-head-out",
+            theory / "single_head.csv",
+        )
+        == 0
+    )
+    (theory / "nullity.csv").write_text(
+        "case,n_params,n_outputs,theory,measured,gap,passed\nx,4,4,1,1,1e15,True\n"
+    )
+    common = [
+        "appendix",
+        "--counts",
+        theory / "counts.csv",
+        "--nullity",
+        theory / "nullity.csv",
+        "--single-head",
+        theory / "single_head.csv",
+    ]
     assert run(*common, "--out", tmp_path / "with.tex", "--experiment-tables", tables) == 0
     tex = (tmp_path / "with.tex").read_text()
     assert r"\label{tab:prune}" in tex and r"Table~\ref{tab:prune}" in tex
@@ -133,8 +200,13 @@ def test_prune_table_fits_the_text_width(edit_reports, tmp_path, repo_root):
     assert run("edits-table", "--json", *wide, "--out-dir", tmp_path) == 0
     shutil.copy(repo_root / "paper" / "main.tex", tmp_path / "main.tex")
     shutil.copy(tmp_path / "prune.tex", tmp_path / "appendix.tex")
-    proc = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "main.tex"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error", "main.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     log = (tmp_path / "main.log").read_text(errors="replace")
     assert proc.returncode == 0, log[-3000:]
     assert "Overfull \\hbox" not in log, re.findall(r"Overfull.*", log)
@@ -167,21 +239,30 @@ def test_smoke_plan_has_the_edit_jobs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = job_counts(proc.stdout)
     n_seeds = len(config["edits"]["seeds"])
-    assert jobs["train_edits"] == jobs["prune_biases"] == jobs["balance"] == n_seeds and jobs["edits_table"] == 1
+    assert (
+        jobs["train_edits"] == jobs["prune_biases"] == jobs["balance"] == n_seeds and jobs["edits_table"] == 1
+    )
     out, case = config["results_dir"], config["edits"]["case"]
     lr = config["cases"][case]["lr"]
     for seed in config["edits"]["seeds"]:
         run_dir = f"{out}/edits/{case}/seed{seed}"
-        assert re.search(rf"attnid train [^\n]*--case {case} [^\n]*--bias [^\n]*--lr {lr:g} [^\n]*--seed {seed} "
-                         rf"[^\n]*--out {run_dir} ", proc.stdout), proc.stdout[-3000:]
+        assert re.search(
+            rf"attnid train [^\n]*--case {case} [^\n]*--bias [^\n]*--lr {lr:g} [^\n]*--seed {seed} "
+            rf"[^\n]*--out {run_dir} ",
+            proc.stdout,
+        ), proc.stdout[-3000:]
         for command, name in (("prune-biases", "pruned.pt"), ("balance --target balanced", "balanced.pt")):
-            assert f"attnid {command} {run_dir}/ckpt.pt --out {run_dir}/{name} --data data/tinyshakespeare " \
-                   in proc.stdout
+            assert (
+                f"attnid {command} {run_dir}/ckpt.pt --out {run_dir}/{name} --data data/tinyshakespeare "
+                in proc.stdout
+            )
     assert f"attnid edits-table --json {out}/edits/{case}/seed" in proc.stdout
     # the section's own step count overrides the case's, for these runs only
     proc = run_snakemake(tmp_path, "-n", "-p", config={"edits": {"max_iters": 7}})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(rf"attnid train [^\n]*--case {case} [^\n]*--max-iters 7 [^\n]*--out {out}/edits/", proc.stdout)
+    assert re.search(
+        rf"attnid train [^\n]*--case {case} [^\n]*--max-iters 7 [^\n]*--out {out}/edits/", proc.stdout
+    )
     assert not re.search(rf"attnid train [^\n]*--max-iters 7 [^\n]*--out {out}/runs/", proc.stdout)
 
 
@@ -199,7 +280,9 @@ def test_edits_section_is_optional_and_its_case_must_exist(tmp_path):
     (tmp_path / "config/mine.yaml").write_text(yaml.safe_dump(config))
     proc = run_snakemake(tmp_path, "-n", configfile="config/mine.yaml")
     lines = stderr_lines(proc)
-    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("config error: edits/case"), proc.stderr
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("config error: edits/case"), (
+        proc.stderr
+    )
 
 
 def test_default_config_trains_three_bias_seeds(tmp_path):

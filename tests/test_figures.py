@@ -9,21 +9,28 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-
-from attnid.reports import figures
-from attnid.training import rundir
-from attnid.reports import tables
-from attnid.training.cases import CASES
 from synthetic_runs import write_run, write_study
+
+from attnid.reports import figures, tables
+from attnid.training import rundir
+from attnid.training.cases import CASES
 
 
 def write_theory(theory_dir):
     theory_dir.mkdir(parents=True)
-    pd.DataFrame({"architecture": ["toy A", "toy B"], "n_head": [4, 16], "identified_fraction": [0.875, 0.96875]}
-                 ).to_csv(theory_dir / "counts.csv", index=False)
-    pd.DataFrame({"case": ["h1", "h2", "pair"], "kind": ["attention", "attention", "pair"], "n_embd": [12, 12, 4],
-                  "n_head": [1, 2, 1], "n_params": [576, 576, 32], "measured": [288, 144, 16]}
-                 ).to_csv(theory_dir / "nullity.csv", index=False)
+    pd.DataFrame(
+        {"architecture": ["toy A", "toy B"], "n_head": [4, 16], "identified_fraction": [0.875, 0.96875]}
+    ).to_csv(theory_dir / "counts.csv", index=False)
+    pd.DataFrame(
+        {
+            "case": ["h1", "h2", "pair"],
+            "kind": ["attention", "attention", "pair"],
+            "n_embd": [12, 12, 4],
+            "n_head": [1, 2, 1],
+            "n_params": [576, 576, 32],
+            "measured": [288, 144, 16],
+        }
+    ).to_csv(theory_dir / "nullity.csv", index=False)
 
 
 @pytest.mark.slow  # ~12 s idle, ~35 s on a loaded machine (matplotlib text layout)
@@ -36,7 +43,9 @@ def test_all_four_figures_are_written_as_png_and_pdf(tmp_path):
     switched = ("backend", "backend_fallback")  # the figures draw with Agg, headless
     before = {key: value for key, value in matplotlib.rcParams.items() if key not in switched}
     paths = figures.make_figures(tmp_path / "tables", runs_dir, tmp_path / "theory", tmp_path / "figs")
-    assert sorted(p.name for p in paths) == sorted(f"fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf"))
+    assert sorted(p.name for p in paths) == sorted(
+        f"fig{i}.{ext}" for i in range(1, 5) for ext in ("png", "pdf")
+    )
     # the figures' style stays with the figures: the caller's matplotlib settings are unchanged
     assert {key: value for key, value in matplotlib.rcParams.items() if key not in switched} == before
     for path in paths:
@@ -57,12 +66,14 @@ def test_sgd_wd_factor_with_constant_lr_is_a_power():
 def test_sgd_wd_factor_follows_the_schedule():
     # lr 0 for the first 5 steps (no decay), then 0.1: the product only counts the steps taken
     factor = figures.sgd_wd_imbalance_factor(np.array([5, 7]), lambda s: 0.0 if s < 5 else 0.1, 1.0)
-    np.testing.assert_allclose(factor, [1.0, 0.9 ** 4])
+    np.testing.assert_allclose(factor, [1.0, 0.9**4])
 
 
 def test_seed_band_is_mean_min_max_per_step(tmp_path):
-    runs = [rundir.load_run(write_run(tmp_path / f"s{seed}", "sgd", seed, 0.5, rho_qk=10.0 ** -(seed + 8)))
-            for seed in range(3)]
+    runs = [
+        rundir.load_run(write_run(tmp_path / f"s{seed}", "sgd", seed, 0.5, rho_qk=10.0 ** -(seed + 8)))
+        for seed in range(3)
+    ]
     band = figures.seed_band(runs, "rho_qk", positive=True).set_index("step")
     assert 0 not in band.index  # step 0 has no step to measure
     assert band.loc[10, "mean"] == pytest.approx((1e-8 + 1e-9 + 1e-10) / 3)
@@ -106,8 +117,9 @@ def test_sgd_wd_prediction_scale_comes_from_run_json(tmp_path):
     (line,) = ax.get_lines()
     info, frame = sgd_wd[0]
     steps = frame["step"].to_numpy()
-    expected = figures.predicted_beta_sgd_wd(steps, figures.lr_schedule(info["config"]), 0.1,
-                                             scale=info["initial_imbalance_scale"]["ov"])
+    expected = figures.predicted_beta_sgd_wd(
+        steps, figures.lr_schedule(info["config"]), 0.1, scale=info["initial_imbalance_scale"]["ov"]
+    )
     np.testing.assert_allclose(line.get_ydata(), expected[expected > 0], rtol=1e-12)
     assert "fitted" not in line.get_label()
 
@@ -115,7 +127,9 @@ def test_sgd_wd_prediction_scale_comes_from_run_json(tmp_path):
     no_metrics = [({**info, "initial_imbalance_scale": None}, frame) for info, frame in sgd_wd]
     figures._overlay_sgd_wd_prediction(ax, no_metrics, "qk")  # trained with --no-metrics: nothing to predict
     assert not ax.get_lines()
-    older = [({k: v for k, v in info.items() if k != "initial_imbalance_scale"}, frame) for info, frame in sgd_wd]
+    older = [
+        ({k: v for k, v in info.items() if k != "initial_imbalance_scale"}, frame) for info, frame in sgd_wd
+    ]
     with pytest.raises(UserError, match="initial_imbalance_scale"):
         figures._overlay_sgd_wd_prediction(ax, older, "qk")
     plt.close(fig)
@@ -134,9 +148,19 @@ def _texts(ax) -> list[str]:
 
 def test_round_off_series_in_the_sweep_are_a_floor_band_never_a_fit():
     lrs = np.array([0.01, 0.1, 1.0])
-    sweep = pd.DataFrame({"optimizer": "sgd", "lr": lrs, "status": "ok", "dtype": "float32",
-                          "beta_qk_final": [1e-8, 3e-8, 2e-8], "beta_ov_final": lrs ** 2,
-                          "rho_qk_mean": [2e-9, 1e-9, 5e-10], "rho_ov_mean": 1e-9, "final_val_loss": 2.0})
+    sweep = pd.DataFrame(
+        {
+            "optimizer": "sgd",
+            "lr": lrs,
+            "status": "ok",
+            "dtype": "float32",
+            "beta_qk_final": [1e-8, 3e-8, 2e-8],
+            "beta_ov_final": lrs**2,
+            "rho_qk_mean": [2e-9, 1e-9, 5e-10],
+            "rho_ov_mean": 1e-9,
+            "final_val_loss": 2.0,
+        }
+    )
     fig = figures.draw_sweep(sweep, tables.sweep_slopes_table(sweep))
     beta_qk, beta_ov, rho_qk = fig.axes[:3]
     for ax in (beta_qk, rho_qk):  # float32 round-off: no points, no fitted line, no slope label
@@ -159,11 +183,11 @@ def test_a_sum_of_rounded_steps_has_a_floor_that_grows_like_the_root_of_its_leng
     # float64 SGD's first-order drift after 1,500 steps (the default build: ~1.5e-15) is round-off,
     # though a single rounded quantity that large would not be
     unit = tables.UNIT_ROUND_OFF
-    assert figures.round_off_ceiling("float64", 1500) == pytest.approx(10 * unit["float64"] * 1500 ** 0.5)
+    assert figures.round_off_ceiling("float64", 1500) == pytest.approx(10 * unit["float64"] * 1500**0.5)
     assert figures.at_round_off([1e-16, 8e-16, 1.5e-15], "float64", steps=1500)
     assert not figures.at_round_off([1e-16, 8e-16, 1.5e-15], "float64")
     assert not figures.at_round_off([1e-3, 0.2], "float64", steps=1500)  # a real drift is never a floor
-    float32_ceiling = 10 * unit["float32"] * 1500 ** 0.5  # 2.3e-5
+    float32_ceiling = 10 * unit["float32"] * 1500**0.5  # 2.3e-5
     assert not figures.at_round_off([1.1 * float32_ceiling], "float32", steps=1500)
     assert figures.at_round_off([0.9 * float32_ceiling], "float32", steps=1500)
 
@@ -193,7 +217,9 @@ def test_figure_3_splits_beta_with_the_sgd_wd_prediction_on_its_first_order_part
     sgd_qk, sgd_wd_qk = grid[0][columns.index("sgd")], grid[0][columns.index("sgd_wd")]
     assert sgd_qk.get_title() == "SGD" and sgd_qk.get_yscale() == "log"
     # SGD's first-order part sits at the floor of a sum of per-step round-off
-    assert any(re.fullmatch(r"float64 round-off, summed over [\d,]+ steps: drift1", text) for text in _texts(sgd_qk))
+    assert any(
+        re.fullmatch(r"float64 round-off, summed over [\d,]+ steps: drift1", text) for text in _texts(sgd_qk)
+    )
     styles = {line.get_linestyle() for line in sgd_qk.get_lines()}
     assert {"-", "--", ":"} <= styles  # beta, drift1, drift2
     predicted = [line for line in sgd_wd_qk.get_lines() if line.get_color() == figures.PREDICTION_COLOR]

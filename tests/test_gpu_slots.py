@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import attnid
-from attnid.training import gpu_slots
 from attnid.common.errors import UserError
+from attnid.training import gpu_slots
 
 SRC = str(Path(attnid.__file__).resolve().parents[1])
 
@@ -32,8 +32,14 @@ sys.stdin.read()
 def start_holder(n_slots: int, slot_dir: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", gpu_slots.SLOTS_ENV)}
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(n_slots), str(slot_dir)], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(n_slots), str(slot_dir)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def read_slot(proc: subprocess.Popen, timeout: float) -> tuple[int, str] | None:
@@ -42,7 +48,9 @@ def read_slot(proc: subprocess.Popen, timeout: float) -> tuple[int, str] | None:
     if not ready:
         return None
     line = proc.stdout.readline().split()
-    assert len(line) == 2, f"holder printed {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+    assert len(line) == 2, (
+        f"holder printed {line!r}; stderr: {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
     return int(line[0]), line[1]
 
 

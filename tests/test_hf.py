@@ -15,11 +15,10 @@ import pytest
 import torch
 import transformers
 
-from attnid.model.layout import AttentionLayout, pairs_from_tensors
-from attnid.theory import counts
-from attnid.theory import factor_pairs
 from attnid.cli import main
 from attnid.common.errors import UserError
+from attnid.model.layout import AttentionLayout, pairs_from_tensors
+from attnid.theory import counts, factor_pairs
 from attnid.theory.hf_config import architecture_from_hf_config
 
 TOLERANCE = 1e-5
@@ -27,26 +26,77 @@ TINY = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=70, n_positions=32, bos_t
 
 # config.json fields as published on the Hugging Face hub (attention-relevant ones, plus a few others)
 PUBLISHED_CONFIGS = {
-    "GPT-2 124M": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_head": 12,
-                   "n_layer": 12, "n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257,
-                   "activation_function": "gelu_new"},
-    "Llama-2 70B": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8192,
-                    "intermediate_size": 28672, "num_attention_heads": 64, "num_hidden_layers": 80,
-                    "num_key_value_heads": 8, "max_position_embeddings": 4096, "rope_theta": 10000.0,
-                    "vocab_size": 32000},
-    "Mistral-7B": {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 4096,
-                   "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
-                   "num_key_value_heads": 8, "rope_theta": 10000.0, "sliding_window": 4096, "vocab_size": 32000},
-    "Qwen2-7B": {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584,
-                 "intermediate_size": 18944, "num_attention_heads": 28, "num_hidden_layers": 28,
-                 "num_key_value_heads": 4, "rope_theta": 1000000.0, "vocab_size": 152064},
-    "Falcon-7B": {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 4544,
-                  "num_attention_heads": 71, "num_hidden_layers": 32, "multi_query": True,
-                  "new_decoder_architecture": False, "alibi": False, "bias": False, "parallel_attn": True,
-                  "vocab_size": 65024},
-    "Gemma-7B": {"model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 3072,
-                 "intermediate_size": 24576, "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256,
-                 "num_hidden_layers": 28, "rope_theta": 10000.0, "vocab_size": 256000},
+    "GPT-2 124M": {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 12,
+        "n_positions": 1024,
+        "n_ctx": 1024,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+    },
+    "Llama-2 70B": {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 8192,
+        "intermediate_size": 28672,
+        "num_attention_heads": 64,
+        "num_hidden_layers": 80,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "vocab_size": 32000,
+    },
+    "Mistral-7B": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "vocab_size": 32000,
+    },
+    "Qwen2-7B": {
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "rope_theta": 1000000.0,
+        "vocab_size": 152064,
+    },
+    "Falcon-7B": {
+        "model_type": "falcon",
+        "architectures": ["FalconForCausalLM"],
+        "hidden_size": 4544,
+        "num_attention_heads": 71,
+        "num_hidden_layers": 32,
+        "multi_query": True,
+        "new_decoder_architecture": False,
+        "alibi": False,
+        "bias": False,
+        "parallel_attn": True,
+        "vocab_size": 65024,
+    },
+    "Gemma-7B": {
+        "model_type": "gemma",
+        "architectures": ["GemmaForCausalLM"],
+        "hidden_size": 3072,
+        "intermediate_size": 24576,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "head_dim": 256,
+        "num_hidden_layers": 28,
+        "rope_theta": 10000.0,
+        "vocab_size": 256000,
+    },
 }
 
 
@@ -65,12 +115,23 @@ def test_hf_config_counts_equal_the_architecture_table(name, tmp_path, repo_root
 
 
 def test_hf_config_variants():
-    falcon_40b = {"model_type": "falcon", "hidden_size": 8192, "num_attention_heads": 128, "num_hidden_layers": 60,
-                  "new_decoder_architecture": True, "num_kv_heads": 8}
+    falcon_40b = {
+        "model_type": "falcon",
+        "hidden_size": 8192,
+        "num_attention_heads": 128,
+        "num_hidden_layers": 60,
+        "new_decoder_architecture": True,
+        "num_kv_heads": 8,
+    }
     assert architecture_from_hf_config(falcon_40b)["n_kv_head"] == 8
     assert architecture_from_hf_config({**falcon_40b, "alibi": True})["rope"] is False
-    llama_bias = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-                  "attention_bias": True}
+    llama_bias = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "attention_bias": True,
+    }
     spec = architecture_from_hf_config(llama_bias)
     assert spec["bias"] and spec["out_bias"] and spec["n_kv_head"] == 4 and spec["rope"]
     qwen = architecture_from_hf_config({**llama_bias, "model_type": "qwen2", "attention_bias": None})
@@ -91,6 +152,7 @@ def test_hf_config_that_cannot_be_mapped_is_one_line(tmp_path, capsys):
 # --------------------------------------------------------------------------------------
 # GPT-2 folders
 # --------------------------------------------------------------------------------------
+
 
 def tiny_gpt2(folder, weights: str = "safetensors"):
     """A random tiny GPT-2 with non-zero biases, saved with save_pretrained (or as pytorch_model.bin)."""
@@ -115,7 +177,9 @@ def load_gpt2(folder):
 
 @torch.no_grad()
 def relative_logit_change(edited, original) -> float:
-    ids = torch.randint(0, TINY["vocab_size"], (3, TINY["n_positions"]), generator=torch.Generator().manual_seed(3))
+    ids = torch.randint(
+        0, TINY["vocab_size"], (3, TINY["n_positions"]), generator=torch.Generator().manual_seed(3)
+    )
     before, after = original(input_ids=ids).logits, edited(input_ids=ids).logits
     return float((after - before).abs().max() / before.abs().max())
 
@@ -123,8 +187,19 @@ def relative_logit_change(edited, original) -> float:
 @pytest.mark.parametrize("weights", ["safetensors", "bin"])
 def test_prune_biases_on_a_gpt2_folder(tmp_path, weights):
     original = tiny_gpt2(tmp_path / "gpt2", weights)
-    assert main(["prune-biases", str(tmp_path / "gpt2"), "--out", str(tmp_path / "pruned"),
-                 "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(
+            [
+                "prune-biases",
+                str(tmp_path / "gpt2"),
+                "--out",
+                str(tmp_path / "pruned"),
+                "--json",
+                str(tmp_path / "r.json"),
+            ]
+        )
+        == 0
+    )
     assert sorted(os.listdir(tmp_path / "pruned")) == sorted(os.listdir(tmp_path / "gpt2"))
     pruned = load_gpt2(tmp_path / "pruned")
     assert relative_logit_change(pruned, original) <= TOLERANCE
@@ -132,7 +207,7 @@ def test_prune_biases_on_a_gpt2_folder(tmp_path, weights):
     for edited, before in zip(pruned.transformer.h, original.transformer.h):
         assert torch.equal(edited.attn.c_attn.bias[n_embd:], torch.zeros(2 * n_embd))
         # Conv1D computes x W + b, so the value bias reaches the output as b_V W_O
-        folded = before.attn.c_proj.bias + before.attn.c_attn.bias[2 * n_embd:] @ before.attn.c_proj.weight
+        folded = before.attn.c_proj.bias + before.attn.c_attn.bias[2 * n_embd :] @ before.attn.c_proj.weight
         torch.testing.assert_close(edited.attn.c_proj.bias, folded, rtol=1e-6, atol=1e-7)
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["format"] == "hf-gpt2" and report["redundant_params"] == TINY["n_layer"] * 2 * n_embd
@@ -144,9 +219,16 @@ def pairs_of(model, circuit):
     """Pairs in nanoGPT's layout: Conv1D weights are the transposes."""
     n_embd, n_head = TINY["n_embd"], TINY["n_head"]
     layout = AttentionLayout(n_embd, n_head, n_head, n_embd // n_head, rope=False, bias=True)
-    return [pairs_from_tensors(block.attn.c_attn.weight.t(), block.attn.c_attn.bias, block.attn.c_proj.weight.t(),
-                               layout, circuit)
-            for block in model.transformer.h]
+    return [
+        pairs_from_tensors(
+            block.attn.c_attn.weight.t(),
+            block.attn.c_attn.bias,
+            block.attn.c_proj.weight.t(),
+            layout,
+            circuit,
+        )
+        for block in model.transformer.h
+    ]
 
 
 def test_balance_and_prune_on_a_gpt2_folder(tmp_path):
@@ -183,7 +265,9 @@ def test_code_carrying_pytorch_model_bin_is_refused(tmp_path, capsys):
     capsys.readouterr()  # save_pretrained's progress bar (shown unless an earlier test turned it off)
     state = torch.load(tmp_path / "gpt2" / "pytorch_model.bin", weights_only=True)
     marker = tmp_path / "marker"
-    (tmp_path / "gpt2" / "pytorch_model.bin").write_bytes(pickle.dumps({**state, "payload": RunsShell(marker)}))
+    (tmp_path / "gpt2" / "pytorch_model.bin").write_bytes(
+        pickle.dumps({**state, "payload": RunsShell(marker)})
+    )
     for command in ("prune-biases", "balance"):
         assert main([command, str(tmp_path / "gpt2"), "--out", str(tmp_path / command)]) == 2
         err = capsys.readouterr().err

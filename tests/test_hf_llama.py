@@ -34,8 +34,16 @@ transformers.logging.disable_progress_bar()
 
 TOLERANCE = 1e-5  # max |logit change| / max |logit| of a float32 folder (docs/design.md §9)
 BALANCED = 1e-6  # mu on the own orbit after balance
-TINY = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2)
+TINY = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    initializer_range=0.2,
+)
 FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),
@@ -82,8 +90,9 @@ def save_tiny(family: str, folder, dtype: str = "float32", sharded: bool = False
 def load(folder, dtype=torch.float32):
     """transformers' own model for a folder, built in ``dtype`` (a bfloat16 weight is exact in float32; built
     in bfloat16, Gemma would round its embedding scale)."""
-    return transformers.AutoModelForCausalLM.from_pretrained(str(folder), local_files_only=True, dtype=dtype,
-                                                             attn_implementation="eager").eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), local_files_only=True, dtype=dtype, attn_implementation="eager"
+    ).eval()
 
 
 @torch.no_grad()
@@ -96,8 +105,12 @@ def relative_logit_change(edited, original) -> float:
 def stored_tensors(folder) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    return {k: v for name in sorted(os.listdir(folder)) if name.endswith(".safetensors")
-            for k, v in load_file(folder / name).items()}
+    return {
+        k: v
+        for name in sorted(os.listdir(folder))
+        if name.endswith(".safetensors")
+        for k, v in load_file(folder / name).items()
+    }
 
 
 def run_json(capsys, *argv) -> dict:
@@ -123,6 +136,7 @@ def closed_forms(tmp_path, capsys, folder) -> dict:
 # reading and writing
 # --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_layers_are_the_stacked_projections_and_write_back_is_lossless(tmp_path, family):
     folder = save_tiny(family, tmp_path / "in", "bfloat16", sharded=True)
@@ -140,8 +154,9 @@ def test_layers_are_the_stacked_projections_and_write_back_is_lossless(tmp_path,
     checkpoint.set_attention_layers(checkpoint.attention_layers())
     save_checkpoint(checkpoint, tmp_path / "out")
     assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(folder))
-    assert (tmp_path / "out" / "model.safetensors.index.json").read_text() == \
-        (folder / "model.safetensors.index.json").read_text()
+    assert (tmp_path / "out" / "model.safetensors.index.json").read_text() == (
+        folder / "model.safetensors.index.json"
+    ).read_text()
     before, after = stored_tensors(folder), stored_tensors(tmp_path / "out")
     assert before.keys() == after.keys()
     assert all(after[k].dtype == before[k].dtype and torch.equal(after[k], before[k]) for k in before)
@@ -163,6 +178,7 @@ def test_a_pytorch_model_bin_folder_is_balanced_and_written_as_one(tmp_path, cap
 # the convention: our orbit groups are transformers' symmetries
 # --------------------------------------------------------------------------------------
 
+
 def moved_copy(folder, out, qk_orbit=None, seed: int = 1):
     """Apply a random element of each circuit's own orbit group (or ``qk_orbit`` for the query-key pairs)
     to every pair of every layer; write the folder to ``out``."""
@@ -181,9 +197,17 @@ def moved_copy(folder, out, qk_orbit=None, seed: int = 1):
     return out
 
 
-@pytest.mark.parametrize("family, overrides", [("llama", {}), ("llama", {"num_key_value_heads": 1}),
-                                               ("llama", {"attention_bias": True}), ("mistral", {}),
-                                               ("qwen2", {}), ("gemma", {})])
+@pytest.mark.parametrize(
+    "family, overrides",
+    [
+        ("llama", {}),
+        ("llama", {"num_key_value_heads": 1}),
+        ("llama", {"attention_bias": True}),
+        ("mistral", {}),
+        ("qwen2", {}),
+        ("gemma", {}),
+    ],
+)
 def test_a_random_orbit_element_keeps_the_transformers_logits(tmp_path, family, overrides):
     """float64 folders, so the orbit move is exact to float64 round-off; transformers' RMSNorm computes in
     float32 whatever the model's dtype, which bounds the unchanged logits at float32 resolution."""
@@ -204,8 +228,13 @@ def test_a_random_orbit_element_keeps_the_transformers_logits(tmp_path, family, 
 # inspect
 # --------------------------------------------------------------------------------------
 
-INSPECT_CASES = [("llama", "float32", False), ("mistral", "bfloat16", True), ("qwen2", "float32", True),
-                 ("gemma", "bfloat16", False), ("qwen2", "bfloat16", False)]
+INSPECT_CASES = [
+    ("llama", "float32", False),
+    ("mistral", "bfloat16", True),
+    ("qwen2", "float32", True),
+    ("gemma", "bfloat16", False),
+    ("qwen2", "bfloat16", False),
+]
 
 
 @pytest.mark.parametrize("family, dtype, sharded", INSPECT_CASES)
@@ -219,7 +248,7 @@ def test_inspect_orbit_dimensions_equal_the_closed_forms(tmp_path, capsys, famil
         assert row["orbit_qk"] == "rope" and row["orbit_ov"] == "gl"
         head_dim = row["head_dim"]
         assert row["orbit_dim_qk"] == expected["unidentified_qk_per_layer"] == 2 * head_dim  # G D
-        assert row["orbit_dim_ov"] == expected["unidentified_ov_per_layer"] == 2 * head_dim ** 2  # G D^2
+        assert row["orbit_dim_ov"] == expected["unidentified_ov_per_layer"] == 2 * head_dim**2  # G D^2
         assert row["identified_fraction"] == pytest.approx(expected["identified_fraction"], rel=1e-12)
         assert row["mu_qk"] > 1 and row["mu_ov"] > 1e-2  # the tiny models are built off balance
     assert report["total"]["orbit_matches_closed_form"] is True
@@ -237,7 +266,7 @@ def test_inspect_a_gpt2_folder_on_gl_d(tmp_path, capsys):
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     report = run_json(capsys, "inspect", tmp_path / "gpt2", "--json")
     assert report["format"] == "hf-gpt2" and report["rope"] is False
-    assert [r["orbit_dim_qk"] for r in report["layers"]] == [2 * 8 ** 2] * 2  # H D^2
+    assert [r["orbit_dim_qk"] for r in report["layers"]] == [2 * 8**2] * 2  # H D^2
     assert report["total"]["orbit_matches_closed_form"] is True
 
 
@@ -245,10 +274,15 @@ def test_inspect_a_gpt2_folder_on_gl_d(tmp_path, capsys):
 # balance
 # --------------------------------------------------------------------------------------
 
-BALANCE_CASES = [(family, dtype, sharded, overrides) for family in sorted(FAMILIES)
-                 for dtype, sharded in (("float32", False), ("bfloat16", True))
-                 for overrides in [{}]] + [("llama", "float32", True, {"num_key_value_heads": 1}),
-                                           ("llama", "float32", False, {"attention_bias": True})]
+BALANCE_CASES = [
+    (family, dtype, sharded, overrides)
+    for family in sorted(FAMILIES)
+    for dtype, sharded in (("float32", False), ("bfloat16", True))
+    for overrides in [{}]
+] + [
+    ("llama", "float32", True, {"num_key_value_heads": 1}),
+    ("llama", "float32", False, {"attention_bias": True}),
+]
 
 
 @pytest.mark.parametrize("family, dtype, sharded, overrides", BALANCE_CASES)
@@ -278,7 +312,7 @@ def test_balance_reaches_mu_zero_on_the_own_orbit(tmp_path, capsys, family, dtyp
         assert max(change, report["max_rel_logit_change"]) <= TOLERANCE
         assert report["write_back_rel_error"] < 1e-7
     else:  # every moved weight rounded to bfloat16 (unit round-off 2^-8): the logits move with it
-        assert 2 ** -12 < report["write_back_rel_error"] < 2 ** -8
+        assert 2**-12 < report["write_back_rel_error"] < 2**-8
         assert min(change, report["max_rel_logit_change"]) > TOLERANCE
         # ... as much as rounding the float32 model's attention weights to bfloat16 once does
         original = tiny_model(family, **overrides)
@@ -297,20 +331,28 @@ def test_balance_a_bfloat16_folder_in_float32(tmp_path, capsys, family):
     assert config.get("dtype", config.get("torch_dtype")) == "float32"
     stored = stored_tensors(tmp_path / "out")
     assert all(t.dtype == torch.float32 for t in stored.values())
-    index, original_index = (json.loads((f / "model.safetensors.index.json").read_text())
-                             for f in (tmp_path / "out", folder))
+    index, original_index = (
+        json.loads((f / "model.safetensors.index.json").read_text()) for f in (tmp_path / "out", folder)
+    )
     assert index["metadata"]["total_size"] == sum(t.numel() * 4 for t in stored.values())
     assert index["weight_map"] == original_index["weight_map"]
     inputs = stored_tensors(folder)  # the untouched tensors are the bfloat16 ones, exactly
     assert all(torch.equal(stored[k], inputs[k].float()) for k in stored if ".self_attn." not in k)
     assert relative_logit_change(load(tmp_path / "out"), load(folder)) <= TOLERANCE
-    assert max(abs(v) for k, v in run_json(capsys, "inspect", tmp_path / "out", "--json")["total"].items()
-               if k.startswith("mu_")) <= BALANCED
+    assert (
+        max(
+            abs(v)
+            for k, v in run_json(capsys, "inspect", tmp_path / "out", "--json")["total"].items()
+            if k.startswith("mu_")
+        )
+        <= BALANCED
+    )
 
 
 # --------------------------------------------------------------------------------------
 # prune-biases
 # --------------------------------------------------------------------------------------
+
 
 def test_prune_biases_on_qwen2_removes_what_counts_says(tmp_path, capsys):
     """RoPE: key biases identified, kept; no o_proj bias: value biases cannot be folded, kept."""
@@ -350,6 +392,7 @@ def test_prune_biases_folds_grouped_value_biases_into_o_proj(tmp_path, capsys):
 # one-line errors
 # --------------------------------------------------------------------------------------
 
+
 def _one_line_error(capsys, *argv) -> str:
     assert main([str(a) for a in argv]) == 2
     err = capsys.readouterr().err
@@ -373,8 +416,9 @@ def test_bad_folders_are_one_line_errors(tmp_path, capsys):
     folder = save_tiny("llama", tmp_path / "in")
     capsys.readouterr()
     config = json.loads((folder / "config.json").read_text())
-    assert "--target initial" in _one_line_error(capsys, "balance", folder, "--out", tmp_path / "o",
-                                                 "--target", "initial")
+    assert "--target initial" in _one_line_error(
+        capsys, "balance", folder, "--out", tmp_path / "o", "--target", "initial"
+    )
     assert "is also an input" in _one_line_error(capsys, "balance", folder, "--out", folder)
     (folder / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 4}))
     assert "k_proj" in _one_line_error(capsys, "inspect", folder)
@@ -394,5 +438,6 @@ def test_dtype_is_for_llama_family_folders_only(tmp_path, capsys):
     config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=70, n_positions=32)
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     capsys.readouterr()
-    assert "Llama-family" in _one_line_error(capsys, "balance", tmp_path / "gpt2", "--out", tmp_path / "o",
-                                             "--dtype", "float32")
+    assert "Llama-family" in _one_line_error(
+        capsys, "balance", tmp_path / "gpt2", "--out", tmp_path / "o", "--dtype", "float32"
+    )

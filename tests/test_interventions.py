@@ -10,7 +10,9 @@ import json
 import pandas as pd
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from variant_models import TINY
 
 from attnid.cli import main
 from attnid.measure.drift import attention_snapshot, imbalance_step_terms
@@ -23,12 +25,25 @@ from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT
 from attnid.training import moments
-from variant_models import TINY
 
 F64 = torch.float64
 PROPERTY = settings(max_examples=40, deadline=None, database=None, derandomize=True)
-TRAIN = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
-         "--eval-iters", "2", "--progress-every", "1000"]
+TRAIN = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "4",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--progress-every",
+    "1000",
+]
 
 
 def train(data_dir, out, *flags) -> int:
@@ -56,13 +71,18 @@ def adamw_step(model, optimizer) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-VARIANTS = {"mha": {}, "gqa G=2": {"n_kv_head": 2}, "rope": {"rope": True}, "rope+gqa G=2": {"rope": True,
-                                                                                             "n_kv_head": 2}}
+VARIANTS = {
+    "mha": {},
+    "gqa G=2": {"n_kv_head": 2},
+    "rope": {"rope": True},
+    "rope+gqa G=2": {"rope": True, "n_kv_head": 2},
+}
 
 
 # --------------------------------------------------------------------------------------
 # §13: the projected step
 # --------------------------------------------------------------------------------------
+
 
 @st.composite
 def pairs_and_steps(draw):
@@ -73,8 +93,10 @@ def pairs_and_steps(draw):
     scale_a, scale_b = 10.0 ** draw(st.floats(-1, 1)), 10.0 ** draw(st.floats(-1, 1))
     pair_a = scale_a * torch.randn(pairs, dim, n_a, generator=gen, dtype=F64)
     pair_b = scale_b * torch.randn(pairs, dim, n_b, generator=gen, dtype=F64)
-    step = (scale_a * torch.randn(pair_a.shape, generator=gen, dtype=F64),
-            scale_b * torch.randn(pair_b.shape, generator=gen, dtype=F64))
+    step = (
+        scale_a * torch.randn(pair_a.shape, generator=gen, dtype=F64),
+        scale_b * torch.randn(pair_b.shape, generator=gen, dtype=F64),
+    )
     return pair_a, pair_b, step
 
 
@@ -88,12 +110,15 @@ def test_a_step_orthogonal_to_the_orbit_has_no_first_order_imbalance_drift(sampl
     along_a, along_b = orbit.tangent_projection(pair_a, pair_b, step_a, step_b)
     kept_a, kept_b = step_a - along_a, step_b - along_b
     scale = (pair_a.square().sum((-1, -2)) + pair_b.square().sum((-1, -2))) * (
-        step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2)))  # (P,) ||(A, B)||^2 ||(dA, dB)||^2
+        step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2))
+    )  # (P,) ||(A, B)||^2 ||(dA, dB)||^2
     first, _ = imbalance_step_terms(pair_a, pair_b, kept_a, kept_b)
     residual = orbit.project_to_algebra(first).square().sum((-1, -2))
     assert (residual <= 1e-24 * scale).all()
-    assert (orbit.unidentified_sq_norm(pair_a, pair_b, kept_a, kept_b)[0]
-            <= 1e-24 * (kept_a.square().sum((-1, -2)) + kept_b.square().sum((-1, -2)))).all()
+    assert (
+        orbit.unidentified_sq_norm(pair_a, pair_b, kept_a, kept_b)[0]
+        <= 1e-24 * (kept_a.square().sum((-1, -2)) + kept_b.square().sum((-1, -2)))
+    ).all()
     if kind == "gl":
         orthogonality = kept_a @ pair_a.transpose(-1, -2) - pair_b @ kept_b.transpose(-1, -2)  # R
         assert (orthogonality.square().sum((-1, -2)) <= 1e-24 * scale).all()
@@ -166,8 +191,21 @@ def test_projected_adamw_conserves_the_imbalance_in_float64(prepared_data_dir, t
 def test_projected_rope_gqa_run_and_no_metrics_run(prepared_data_dir, tmp_path):
     """On a RoPE + GQA model the projection is the commutant's (rho on that orbit at round-off in float64);
     with --no-metrics the projection still runs (it takes its own snapshot) and trains the same weights."""
-    flags = ["--case", "adamw_projected", "--max-iters", "20", "--log-every", "10", "--eval-every", "20",
-             "--dtype", "float64", "--rope", "--n-kv-head", "2"]
+    flags = [
+        "--case",
+        "adamw_projected",
+        "--max-iters",
+        "20",
+        "--log-every",
+        "10",
+        "--eval-every",
+        "20",
+        "--dtype",
+        "float64",
+        "--rope",
+        "--n-kv-head",
+        "2",
+    ]
     assert train(prepared_data_dir, tmp_path / "rope", *flags) == 0
     _, frame = run_outputs(tmp_path / "rope")
     stepped = frame[frame.step > 0]
@@ -182,8 +220,16 @@ def test_projected_rope_gqa_run_and_no_metrics_run(prepared_data_dir, tmp_path):
 # §14: the gauge-fixed parametrisation
 # --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("variant, bias", [({}, False), ({"n_kv_head": 2}, False), ({"n_kv_head": 1}, True),
-                                           ({"head_dim": 12, "n_kv_head": 2}, True)])
+
+@pytest.mark.parametrize(
+    "variant, bias",
+    [
+        ({}, False),
+        ({"n_kv_head": 2}, False),
+        ({"n_kv_head": 1}, True),
+        ({"head_dim": 12, "n_kv_head": 2}, True),
+    ],
+)
 def test_gauge_fixing_drops_exactly_the_closed_form_and_keeps_the_function(variant, bias):
     """Trained attention entries drop by 2 L G D^2 = L (unidentified_qk + unidentified_ov) of counts.py
     (docs/design.md §5, §14); the fixed blocks are no optimizer parameter; the logits are unchanged."""
@@ -201,8 +247,11 @@ def test_gauge_fixing_drops_exactly_the_closed_form_and_keeps_the_function(varia
     per_layer = counts.unidentified_qk_params(shape) + counts.unidentified_ov_params(shape)
     closed_form = stock.config.n_layer * per_layer
     layout = layout_of(stock)
-    assert closed_form == stock.config.n_layer * gauge.fixed_entries_per_layer(layout) == \
-        2 * stock.config.n_layer * layout.n_kv_head * layout.head_dim ** 2
+    assert (
+        closed_form
+        == stock.config.n_layer * gauge.fixed_entries_per_layer(layout)
+        == 2 * stock.config.n_layer * layout.n_kv_head * layout.head_dim**2
+    )
     assert gauge.trainable_attention_params(stock) - gauge.trainable_attention_params(fixed) == closed_form
     assert stock.get_num_params() - fixed.get_num_params() == closed_form
     optimizer = torch.optim.AdamW(fixed.optimizer_groups(0.1), lr=1e-3)
@@ -265,12 +314,13 @@ def test_gauge_move_is_the_balanced_scaled_gauge():
         starts = gauge.best_windows(gauged, 6)
         assert (starts <= 2).all()
         new_a, new_b, condition = gauge.gauge_move(pair_a, pair_b, circuit, starts)
-        assert torch.allclose(new_a.transpose(-1, -2) @ new_b, pair_a.transpose(-1, -2) @ pair_b, rtol=0,
-                              atol=1e-12)
+        assert torch.allclose(
+            new_a.transpose(-1, -2) @ new_b, pair_a.transpose(-1, -2) @ pair_b, rtol=0, atol=1e-12
+        )
         assert torch.allclose(new_a.norm(dim=(-1, -2)), new_b.norm(dim=(-1, -2)), rtol=1e-12)
         new_gauged = new_b if circuit == "qk" else new_a
         for g, start in enumerate(starts.tolist()):
-            block = new_gauged[g, :, start:start + 4]
+            block = new_gauged[g, :, start : start + 4]
             assert torch.equal(block, block[0, 0] * torch.eye(4, dtype=F64)) and block[0, 0] > 0
         assert (condition >= 1).all()
 
@@ -279,15 +329,25 @@ def test_gauge_fixed_run_same_start_loads_in_gpt_and_resumes(prepared_data_dir, 
     """attnid train --case adamw_gauge_fixed: step 0 has adamw's val loss (same seed, same function),
     run.json counts the closed form's fewer trained entries, the checkpoint loads in the stock GPT with the
     trained function, and a stopped run resumes to the uninterrupted one's metrics."""
-    flags = ["--max-iters", "20", "--log-every", "5", "--eval-every", "10", "--ckpt-every", "10",
-             "--seed", "3"]
+    flags = [
+        "--max-iters",
+        "20",
+        "--log-every",
+        "5",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "10",
+        "--seed",
+        "3",
+    ]
     assert train(prepared_data_dir, tmp_path / "adamw", "--case", "adamw", *flags) == 0
     assert train(prepared_data_dir, tmp_path / "fixed", "--case", "adamw_gauge_fixed", *flags) == 0
     (plain_info, plain), (info, frame) = run_outputs(tmp_path / "adamw"), run_outputs(tmp_path / "fixed")
     assert frame.val_loss[0] == pytest.approx(plain.val_loss[0], rel=1e-6)
     assert info["gauge"]["logit_change"] < 1e-5 and info["gauge"]["condition"] >= 1
     n_layer, n_head, head_dim = 2, 4, 8
-    closed_form = 2 * n_layer * n_head * head_dim ** 2
+    closed_form = 2 * n_layer * n_head * head_dim**2
     assert plain_info["trained_attention_params"] - info["trained_attention_params"] == closed_form
     assert plain_info["n_params"] - info["n_params"] == closed_form
     assert info["gauge"] is not None and plain_info["gauge"] is None
@@ -303,15 +363,27 @@ def test_gauge_fixed_run_same_start_loads_in_gpt_and_resumes(prepared_data_dir, 
     start = GPT(loaded.config)
     gauge.fix_gauge(start)
     for layer_trained, layer_start in zip(gauge.gauge_fixed_layers(trained), gauge.gauge_fixed_layers(start)):
-        assert all(torch.equal(a, b) for a, b in zip(layer_trained.fixed_blocks(), layer_start.fixed_blocks(),
-                                                     strict=True))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(layer_trained.fixed_blocks(), layer_start.fixed_blocks(), strict=True)
+        )
     idx, _ = batch()
     trained.eval()
     with torch.no_grad():
         assert torch.equal(loaded(idx, full_logits=True)[0], trained(idx, full_logits=True)[0])
 
-    assert train(prepared_data_dir, tmp_path / "stopped", "--case", "adamw_gauge_fixed", *flags,
-                 "--stop-after", "10") != 0
+    assert (
+        train(
+            prepared_data_dir,
+            tmp_path / "stopped",
+            "--case",
+            "adamw_gauge_fixed",
+            *flags,
+            "--stop-after",
+            "10",
+        )
+        != 0
+    )
     assert train(prepared_data_dir, tmp_path / "stopped", "--case", "adamw_gauge_fixed", *flags) == 0
     _, resumed = run_outputs(tmp_path / "stopped")
     timing = ["tokens_per_s", "wall_s"]
@@ -332,6 +404,7 @@ def test_gauge_fixed_refuses_what_it_cannot_fix(tmp_path):
 # --------------------------------------------------------------------------------------
 # §15: AdamW's moments across a rebalance
 # --------------------------------------------------------------------------------------
+
 
 def _gradients(model) -> dict[torch.Tensor, torch.Tensor]:
     model.zero_grad(set_to_none=True)
@@ -382,8 +455,18 @@ def test_move_element_reads_the_group_element_off_a_move():
 def test_rebalance_moments_options_in_training(prepared_data_dir, tmp_path):
     """keep, transport and reset all keep the function across each rebalance (tau < 1e-5); they give three
     different trajectories after the first rebalance and the same one before it."""
-    flags = ["--case", "adamw_rebalance", "--max-iters", "20", "--log-every", "5", "--rebalance-every", "10",
-             "--eval-every", "20"]
+    flags = [
+        "--case",
+        "adamw_rebalance",
+        "--max-iters",
+        "20",
+        "--log-every",
+        "5",
+        "--rebalance-every",
+        "10",
+        "--eval-every",
+        "20",
+    ]
     frames = {}
     for option in moments.REBALANCE_MOMENTS:
         assert train(prepared_data_dir, tmp_path / option, *flags, "--rebalance-moments", option) == 0

@@ -11,23 +11,35 @@ import re
 import pandas as pd
 import pytest
 import yaml
-from pipeline_helpers import (REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines,
-                              trained_intervention_runs)
+from pipeline_helpers import (
+    REPO,
+    copy_pipeline,
+    run_snakemake,
+    smoke_config,
+    stderr_lines,
+    trained_intervention_runs,
+)
+from synthetic_runs import write_run
 
 from attnid.reports import figures, interventions, tables
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
 from attnid.training.rundir import load_run
-from synthetic_runs import write_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 
 
 # ---------------------------------------------------------------------------- the plan
 
+
 def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
     arms = interventions.intervention_arms(DEFAULT)
-    assert [arm.name for arm in arms] == ["adamw", "adamw_projected", "adamw_gauge_fixed", "adamw_rebalance",
-                                          "adamw_rebalance_transport"]
+    assert [arm.name for arm in arms] == [
+        "adamw",
+        "adamw_projected",
+        "adamw_gauge_fixed",
+        "adamw_rebalance",
+        "adamw_rebalance_transport",
+    ]
     assert len(DEFAULT["interventions"]["seeds"]) >= 5
     paper = yaml.safe_load((REPO / "config/paper.yaml").read_text())
     assert len(paper["interventions"]["seeds"]) >= 10
@@ -44,13 +56,24 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
     assert interventions.intervention_arms({**DEFAULT, "interventions": None}) == []
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"arms": [{"case": "adamw"}]}, "'adamw' is the baseline of every arm"),
-    ({"arms": [{"case": "adamw_projected", "rebalance_moments": "transport"}]}, "needs a rebalancing case"),
-    ({"arms": [{"case": "adamw_projected"}, {"case": "adamw_projected"}]}, "adamw_projected listed twice"),
-    ({"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
-     "adamw_rebalance listed twice"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"arms": [{"case": "adamw"}]}, "'adamw' is the baseline of every arm"),
+        (
+            {"arms": [{"case": "adamw_projected", "rebalance_moments": "transport"}]},
+            "needs a rebalancing case",
+        ),
+        (
+            {"arms": [{"case": "adamw_projected"}, {"case": "adamw_projected"}]},
+            "adamw_projected listed twice",
+        ),
+        (
+            {"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
+            "adamw_rebalance listed twice",
+        ),
+    ],
+)
 def test_a_bad_interventions_section_is_one_problem(change, message):
     config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], **change}}
     problems = interventions.check_interventions_config(config)
@@ -94,8 +117,11 @@ def test_interventions_null_turns_the_stage_off(tmp_path):
     proc = run_snakemake(tmp_path, "-n", "-p", config={"interventions": "null"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "interventions/" not in proc.stdout and "interventions-table" not in proc.stdout
-    assert "fig6" not in proc.stdout and "--omit" in proc.stdout and "interventions" in \
-        re.search(r"attnid appendix [^\n]*", proc.stdout).group(0)
+    assert (
+        "fig6" not in proc.stdout
+        and "--omit" in proc.stdout
+        and "interventions" in re.search(r"attnid appendix [^\n]*", proc.stdout).group(0)
+    )
     smoke = smoke_config()
     smoke["interventions"]["arms"].append({"case": "adamw_gauge_fixed"})
     (tmp_path / "config/twice.yaml").write_text(yaml.safe_dump(smoke))
@@ -107,9 +133,11 @@ def test_interventions_null_turns_the_stage_off(tmp_path):
 
 # ---------------------------------------------------------------------------- gathering
 
+
 def _run(root, arm_dir: str, case: str, seed: int, final: float, *, moments: str | None = None, **kwargs):
-    run_dir = write_run(root / arm_dir / f"seed{seed}", case, seed, 1e-3, final_val_loss=final,
-                        dtype="float32", **kwargs)
+    run_dir = write_run(
+        root / arm_dir / f"seed{seed}", case, seed, 1e-3, final_val_loss=final, dtype="float32", **kwargs
+    )
     info = json.loads((run_dir / "run.json").read_text())
     if moments is not None:
         info["config"]["rebalance_moments"] = moments
@@ -125,12 +153,33 @@ def study_runs(root, gauge_drop: int = 1024, rho_identity: float = 1e-29, transp
     for seed in range(3):
         base = 2.0 + 0.01 * seed
         dirs.append(_run(root, "adamw", "adamw", seed, base))
-        dirs.append(_run(root, "adamw_projected", "adamw_projected", seed, base - 0.002, rho_qk=1e-12,
-                         rho_ov=1e-12, drift1=1e-8, drift2=1e-3))
+        dirs.append(
+            _run(
+                root,
+                "adamw_projected",
+                "adamw_projected",
+                seed,
+                base - 0.002,
+                rho_qk=1e-12,
+                rho_ov=1e-12,
+                drift1=1e-8,
+                drift2=1e-3,
+            )
+        )
         dirs.append(_run(root, "adamw_gauge_fixed", "adamw_gauge_fixed", seed, base - 0.05))
         dirs.append(_run(root, "adamw_rebalance", "adamw_rebalance", seed, base + 0.001, rebalance_every=20))
-        dirs.append(_run(root, "adamw_rebalance_transport", "adamw_rebalance", seed, base + 0.03,
-                         moments="transport", rebalance_every=20, tau=transported_tau))
+        dirs.append(
+            _run(
+                root,
+                "adamw_rebalance_transport",
+                "adamw_rebalance",
+                seed,
+                base + 0.03,
+                moments="transport",
+                rebalance_every=20,
+                tau=transported_tau,
+            )
+        )
     for run_dir in dirs:
         info = json.loads((run_dir / "run.json").read_text())
         info["trained_attention_params"] = 8192 - (gauge_drop if info["case"] == "adamw_gauge_fixed" else 0)
@@ -140,29 +189,48 @@ def study_runs(root, gauge_drop: int = 1024, rho_identity: float = 1e-29, transp
             metrics.loc[0, "val_loss"] = 3.0 + 0.01 * info["seed"]
             metrics.to_csv(run_dir / "metrics.csv", index=False)
         (run_dir / "run.json").write_text(json.dumps(info))
-    identity = write_run(root / "identity" / "seed0", "adamw_projected", 0, 1e-3, rho_qk=rho_identity,
-                         rho_ov=rho_identity, drift1=1e-17, drift2=1e-4, dtype="float64")
+    identity = write_run(
+        root / "identity" / "seed0",
+        "adamw_projected",
+        0,
+        1e-3,
+        rho_qk=rho_identity,
+        rho_ov=rho_identity,
+        drift1=1e-17,
+        drift2=1e-4,
+        dtype="float64",
+    )
     return [str(d) for d in dirs], [str(identity)]
 
 
 def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path):
     arm_dirs, _ = study_runs(tmp_path)
     by_arm = load_runs_by_arm(None, arm_dirs)
-    assert list(by_arm) == ["adamw", "adamw_rebalance", "adamw_rebalance_transport", "adamw_projected",
-                            "adamw_gauge_fixed"]
+    assert list(by_arm) == [
+        "adamw",
+        "adamw_rebalance",
+        "adamw_rebalance_transport",
+        "adamw_projected",
+        "adamw_gauge_fixed",
+    ]
     table, notes = interventions_table(by_arm)
     final = table[table["metric"] == "final_val_loss"].set_index(["arm", "baseline"])
-    assert set(final.index) == {("adamw_rebalance", "adamw"), ("adamw_rebalance_transport", "adamw"),
-                                ("adamw_rebalance_transport", "adamw_rebalance"),
-                                ("adamw_projected", "adamw"), ("adamw_gauge_fixed", "adamw")}
+    assert set(final.index) == {
+        ("adamw_rebalance", "adamw"),
+        ("adamw_rebalance_transport", "adamw"),
+        ("adamw_rebalance_transport", "adamw_rebalance"),
+        ("adamw_projected", "adamw"),
+        ("adamw_gauge_fixed", "adamw"),
+    }
     assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "delta_mean"] == pytest.approx(0.029)
     assert final.loc[("adamw_gauge_fixed", "adamw"), "verdict"] == "better" and not notes
 
 
 def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     arm_dirs, identity = study_runs(tmp_path / "good")
-    good = tables.intervention_claims(tables.runs_table([_path(d) for d in arm_dirs]),
-                                      tables.runs_table([_path(d) for d in identity]))
+    good = tables.intervention_claims(
+        tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity])
+    )
     results = {row["claim"]: row for row in good}
     assert [row["result"] for row in good] == ["pass"] * 6, good
     assert results["interventions: projected rho max < 1e-20"]["measured"] == pytest.approx(1e-29)
@@ -170,19 +238,27 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     assert results["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 0
     assert results["interventions: transported rebalance tau max < 1e-5"]["measured"] == pytest.approx(2e-7)
     # a wrong count, a projected step that moved along the orbit, a move that changed the function: fail
-    arm_dirs, identity = study_runs(tmp_path / "bad", gauge_drop=1012, rho_identity=1e-12,
-                                    transported_tau=1e-3)
-    bad = {row["claim"]: row for row in tables.intervention_claims(
-        tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity]))}
+    arm_dirs, identity = study_runs(
+        tmp_path / "bad", gauge_drop=1012, rho_identity=1e-12, transported_tau=1e-3
+    )
+    bad = {
+        row["claim"]: row
+        for row in tables.intervention_claims(
+            tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity])
+        )
+    }
     assert bad["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 12
-    for claim in ("interventions: projected rho max < 1e-20",
-                  "interventions: transported rebalance tau max < 1e-5",
-                  "interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"):
+    for claim in (
+        "interventions: projected rho max < 1e-20",
+        "interventions: transported rebalance tau max < 1e-5",
+        "interventions: gauge-fixed trains 2 L G D^2 fewer attention entries",
+    ):
         assert bad[claim]["result"] == "fail", bad[claim]
     # an identity run in float32 cannot resolve the float64 thresholds
     float32 = write_run(tmp_path / "f32" / "seed0", "adamw_projected", 0, 1e-3, rho_qk=1e-12, dtype="float32")
-    rows = {row["claim"]: row for row in tables.intervention_claims(pd.DataFrame(),
-                                                                     tables.runs_table([float32]))}
+    rows = {
+        row["claim"]: row for row in tables.intervention_claims(pd.DataFrame(), tables.runs_table([float32]))
+    }
     assert rows["interventions: projected rho max < 1e-20"]["result"] == tables.NOT_APPLICABLE
     assert rows["interventions: gauge-fixed initial logits = adamw's (< 1e-5)"]["result"] == "missing"
 

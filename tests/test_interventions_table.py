@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-
-from attnid.reports import interventions_table, latex
-from attnid.cli import main
 from synthetic_runs import write_run
+
+from attnid.cli import main
+from attnid.reports import interventions_table, latex
 
 SEEDS = range(5)
 BASELINE_SECONDS_PER_STEP = 0.1  # evaluations at steps 0, 20, 40: wall 0, 2 and 4 s
@@ -41,12 +41,28 @@ ARMS = {
 }
 
 
-def write_arm_run(root, case: str, seed: int, evals: dict[int, float], seconds_per_step: float, *,
-                  status: str = "completed", steps: int = 40):
+def write_arm_run(
+    root,
+    case: str,
+    seed: int,
+    evals: dict[int, float],
+    seconds_per_step: float,
+    *,
+    status: str = "completed",
+    steps: int = 40,
+):
     """A synthetic run (synthetic_runs.write_run) whose evaluations log exactly ``evals`` and whose wall clock
     runs at ``seconds_per_step``; the rows between evaluations (steps 10, 30) log no val loss."""
-    run_dir = write_run(root / case / f"seed{seed}", case, seed, 1e-3, steps=steps, log_every=10,
-                        status=status, dtype="float32")
+    run_dir = write_run(
+        root / case / f"seed{seed}",
+        case,
+        seed,
+        1e-3,
+        steps=steps,
+        log_every=10,
+        status=status,
+        dtype="float32",
+    )
     metrics = pd.read_csv(run_dir / "metrics.csv")
     metrics["val_loss"] = metrics["step"].map(evals)
     metrics["wall_s"] = metrics["step"] * seconds_per_step
@@ -99,14 +115,24 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
     out = tmp_path / "tables"
     assert main(["interventions-table", "--runs-dir", str(intervention_runs), "--out-dir", str(out)]) == 0
     table = pd.read_csv(out / "interventions.csv")
-    assert list(table.columns) == ["arm", "baseline", "n_seeds", "metric", "delta_mean", "ci_low", "ci_high",
-                                   "p_value", "verdict"]
+    assert list(table.columns) == [
+        "arm",
+        "baseline",
+        "n_seeds",
+        "metric",
+        "delta_mean",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "verdict",
+    ]
     assert set(table["arm"]) == set(ARMS) and set(table["baseline"]) == {"adamw"}
     assert len(table) == len(ARMS) * 3
     for row in table.itertuples():
         differences = expected_differences(row.arm, row.metric)
-        ci = stats.bootstrap((differences,), np.mean, n_resamples=9_999, method="percentile",
-                             random_state=0).confidence_interval
+        ci = stats.bootstrap(
+            (differences,), np.mean, n_resamples=9_999, method="percentile", random_state=0
+        ).confidence_interval
         assert row.n_seeds == len(SEEDS)
         assert row.delta_mean == pytest.approx(differences.mean(), abs=1e-12)
         assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-12)
@@ -123,7 +149,7 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
     assert verdicts[("arm_slow", "val_loss_at_equal_wall_time")] == "worse"
     # one sign on all five seeds: the smallest p five seeds can give
     p_values = table.set_index(["arm", "metric"])["p_value"]
-    assert p_values[("arm_lower", "final_val_loss")] == pytest.approx(2 / 2 ** 5)
+    assert p_values[("arm_lower", "final_val_loss")] == pytest.approx(2 / 2**5)
     printed = capsys.readouterr().out
     assert "arm_higher - adamw, final_val_loss: mean +0.046" in printed and ": worse" in printed
 
@@ -134,16 +160,23 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
 
 
 def test_equal_wall_time_reads_the_last_evaluation_by_then():
-    evals = interventions_table.eval_rows(pd.DataFrame({
-        "step": [0, 10, 20, 30, 40], "wall_s": [0.0, 1.5, 3.0, 4.5, 6.0],
-        "val_loss": [4.0, np.nan, 3.0, np.nan, 2.0]}))
+    evals = interventions_table.eval_rows(
+        pd.DataFrame(
+            {
+                "step": [0, 10, 20, 30, 40],
+                "wall_s": [0.0, 1.5, 3.0, 4.5, 6.0],
+                "val_loss": [4.0, np.nan, 3.0, np.nan, 2.0],
+            }
+        )
+    )
     assert evals["step"].tolist() == [0, 20, 40]  # the rows between evaluations log no val loss
     assert interventions_table.val_loss_reached_by(evals, 4.4) == 3.0
     assert interventions_table.val_loss_reached_by(evals, 6.0) == 2.0
     assert interventions_table.val_loss_reached_by(evals, 2.99) == 4.0
     assert math.isnan(interventions_table.val_loss_reached_by(evals, -1.0))
-    shorter = interventions_table.eval_rows(pd.DataFrame({"step": [0, 20], "wall_s": [0.0, 4.0],
-                                                          "val_loss": [4.1, 2.9]}))
+    shorter = interventions_table.eval_rows(
+        pd.DataFrame({"step": [0, 20], "wall_s": [0.0, 4.0], "val_loss": [4.1, 2.9]})
+    )
     assert interventions_table.equal_wall_time_losses(evals, shorter) == (3.0, 2.9)
     assert interventions_table.equal_wall_time_losses(shorter, evals) == (2.9, 3.0)
 
@@ -153,25 +186,35 @@ def test_a_seed_without_a_baseline_run_is_a_one_line_error(intervention_runs, tm
     command = ["interventions-table", "--runs-dir", str(intervention_runs), "--out-dir", str(tmp_path)]
     assert main(command) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert errors == ["attnid interventions-table: error: arm arm_lower: seed(s) 7 have no adamw run to pair "
-                      "with; pass the adamw runs of the same seeds (or leave those arm_lower runs out)"]
+    assert errors == [
+        "attnid interventions-table: error: arm arm_lower: seed(s) 7 have no adamw run to pair "
+        "with; pass the adamw runs of the same seeds (or leave those arm_lower runs out)"
+    ]
     assert not (tmp_path / "interventions.csv").exists()
 
 
-@pytest.mark.parametrize("mistake, message", [
-    ("twice", "two runs of case arm_lower with seed 0"),
-    ("longer", "arm arm_lower seed 0 trains 60 steps, adamw seed 0 40"),
-    ("no baseline", "no adamw runs among the runs given"),
-    ("only baseline", "only adamw runs given: nothing to compare"),
-])
+@pytest.mark.parametrize(
+    "mistake, message",
+    [
+        ("twice", "two runs of case arm_lower with seed 0"),
+        ("longer", "arm arm_lower seed 0 trains 60 steps, adamw seed 0 40"),
+        ("no baseline", "no adamw runs among the runs given"),
+        ("only baseline", "only adamw runs given: nothing to compare"),
+    ],
+)
 def test_other_selection_mistakes_are_one_line_errors(intervention_runs, tmp_path, capsys, mistake, message):
     runs = sorted(str(path.parent) for path in intervention_runs.rglob("run.json"))
     if mistake == "twice":
         runs.append(str(write_arm_run(tmp_path / "copy", "arm_lower", 0, baseline_losses(0), 0.1)))
     elif mistake == "longer":
         runs = [r for r in runs if not r.endswith("arm_lower/seed0")]
-        runs.append(str(write_arm_run(tmp_path / "long", "arm_lower", 0, baseline_losses(0) | {60: 2.2}, 0.1,
-                                      steps=60)))
+        runs.append(
+            str(
+                write_arm_run(
+                    tmp_path / "long", "arm_lower", 0, baseline_losses(0) | {60: 2.2}, 0.1, steps=60
+                )
+            )
+        )
     elif mistake == "no baseline":
         runs = [r for r in runs if "/adamw/" not in r]
     else:
@@ -185,15 +228,16 @@ def test_a_diverged_run_leaves_its_pair_out_and_says_so(intervention_runs, tmp_p
     losses, seconds = ARMS["arm_lower"]
     write_arm_run(intervention_runs, "arm_lower", 2, losses(2), seconds, status="diverged")
     for seed in (0, 1, 2, 3):  # arm_higher: only seed 4 left, too few for a CI
-        write_arm_run(intervention_runs, "arm_higher", seed, ARMS["arm_higher"][0](seed), 0.1,
-                      status="diverged")
+        write_arm_run(
+            intervention_runs, "arm_higher", seed, ARMS["arm_higher"][0](seed), 0.1, status="diverged"
+        )
     out = tmp_path / "tables"
     assert main(["interventions-table", "--runs-dir", str(intervention_runs), "--out-dir", str(out)]) == 0
     table = pd.read_csv(out / "interventions.csv").set_index(["arm", "metric"])
     lower = table.loc[("arm_lower", "final_val_loss")]
     kept = np.delete(expected_differences("arm_lower", "final_val_loss"), 2)
     assert lower.n_seeds == 4 and lower.delta_mean == pytest.approx(kept.mean())
-    assert lower.p_value == pytest.approx(2 / 2 ** 4)
+    assert lower.p_value == pytest.approx(2 / 2**4)
     higher = table.loc[("arm_higher", "best_val_loss")]
     assert higher.n_seeds == 1 and higher.verdict == interventions_table.TOO_FEW_SEEDS
     assert math.isnan(higher.ci_low) and math.isnan(higher.p_value)
@@ -233,8 +277,9 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
     interventions_table.write_interventions_table(root, tables)
     paper.mkdir()
     shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
-    (paper / "appendix.tex").write_text(latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex",
-                                                              experiment_tables=tables))
+    (paper / "appendix.tex").write_text(
+        latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+    )
     latex.compile_pdf(paper / "main.tex")
     log = (paper / "main.log").read_text(errors="replace")
     widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]

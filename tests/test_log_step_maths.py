@@ -8,7 +8,8 @@ Oracles: ρ's numerator from the pairs themselves (the projection, formed), the 
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnid.measure.products import CircuitPairs, CircuitStep
 from attnid.theory import factor_pairs, rope
@@ -53,8 +54,12 @@ def test_rho_from_shared_products_is_the_projection_norm(batch, kind):
     scale = step.step_sq_norm()
     assert ((derived - expected).abs() <= 1e-10 * scale).all()
     assert ((direct - expected).abs() <= 1e-10 * scale).all()
-    assert ((step.step_sq_norm() - (step.step_a.square().sum((-1, -2)) + step.step_b.square().sum((-1, -2))))
-            .abs() <= 1e-13 * scale).all()
+    assert (
+        (
+            step.step_sq_norm() - (step.step_a.square().sum((-1, -2)) + step.step_b.square().sum((-1, -2)))
+        ).abs()
+        <= 1e-13 * scale
+    ).all()
 
 
 @PROPERTY
@@ -74,8 +79,11 @@ def test_rope_rho_from_products_equals_rho_from_the_pairs(batch):
     pair_a, pair_b, step_a, step_b = batch
     from_pairs, singular_pairs = rope.rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b)
     from_products, singular_products = rope.rope_unidentified_sq_norm_from_products(
-        factor_pairs.gram(pair_a), factor_pairs.gram(pair_b), step_a @ pair_a.transpose(-1, -2),
-        step_b @ pair_b.transpose(-1, -2))
+        factor_pairs.gram(pair_a),
+        factor_pairs.gram(pair_b),
+        step_a @ pair_a.transpose(-1, -2),
+        step_b @ pair_b.transpose(-1, -2),
+    )
     scale = step_a.square().sum((-1, -2)) + step_b.square().sum((-1, -2))
     assert ((from_products - from_pairs).abs() <= 1e-12 * scale).all()
     assert torch.equal(singular_pairs, singular_products)

@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-from attnid.model.layout import model_pairs, write_pairs_back
-from attnid.theory.circuits import CIRCUITS
-from attnid.measure import rebalancing
-from attnid.theory import factor_pairs
 from attnid.cli import main
+from attnid.measure import rebalancing
 from attnid.measure.inspect import inspect_model
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.layout import model_pairs, write_pairs_back
+from attnid.theory import factor_pairs
+from attnid.theory.circuits import CIRCUITS
 
 VOCAB, BLOCK = 13, 8
 
@@ -32,7 +32,9 @@ def tiny_gpt(dtype=torch.float64, bias: bool = True, seed: int = 0) -> GPT:
 
 def probe(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, VOCAB, (4, BLOCK), generator=gen), torch.randint(0, VOCAB, (4, BLOCK), generator=gen)
+    return torch.randint(0, VOCAB, (4, BLOCK), generator=gen), torch.randint(
+        0, VOCAB, (4, BLOCK), generator=gen
+    )
 
 
 def optimizer_step(model, optimizer, batch) -> None:
@@ -174,12 +176,21 @@ def test_bias_free_model_and_metric_keys():
 
 # ------------------------------------------------------------------------------ attnid inspect
 
+
 def save_nanogpt_checkpoint(model: GPT, path, compiled_prefix: bool = False) -> None:
     state = model.state_dict()
     if compiled_prefix:
         state = {f"_orig_mod.{k}": v for k, v in state.items()}
-    torch.save({"model": state, "model_args": model.config.model_args(), "iter_num": 0,
-                "best_val_loss": 1e9, "config": {}}, path)
+    torch.save(
+        {
+            "model": state,
+            "model_args": model.config.model_args(),
+            "iter_num": 0,
+            "best_val_loss": 1e9,
+            "config": {},
+        },
+        path,
+    )
 
 
 def test_inspect_reports_per_layer_mu_imbalance_and_counts(tmp_path, capsys):
@@ -198,7 +209,9 @@ def test_inspect_reports_per_layer_mu_imbalance_and_counts(tmp_path, capsys):
             assert row[f"imbalance_norm_{circuit}"] == pytest.approx(float(norm), rel=1e-12)
         # E=12, H=3, D=4 with biases: the design notes' Jacobian check gives 120 of 624
         assert (row["unidentified"], row["attention_params"]) == (120, 624)
-        assert row["unidentified_qk"] + row["unidentified_ov"] + row["unidentified_bias"] == row["unidentified"]
+        assert (
+            row["unidentified_qk"] + row["unidentified_ov"] + row["unidentified_bias"] == row["unidentified"]
+        )
     assert report["total"]["mu_qk"] == pytest.approx(expected["mu_qk"], rel=1e-12)
 
     assert main(["inspect", str(path)]) == 0
@@ -236,5 +249,7 @@ def test_tracker_sees_through_a_ddp_style_wrapper():
     batch = probe()
     plain, through = MetricTracker(model, batch), MetricTracker(wrapped, batch)
     assert through.state_metrics(wrapped) == plain.state_metrics(model)
-    assert rebalancing.rebalance(wrapped, through, "balanced") == rebalancing.rebalance(model, plain, "balanced")
+    assert rebalancing.rebalance(wrapped, through, "balanced") == rebalancing.rebalance(
+        model, plain, "balanced"
+    )
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in wrapped.module.state_dict().items())

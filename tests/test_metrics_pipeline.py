@@ -22,8 +22,22 @@ from attnid.training import precision
 from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
 from attnid.training.rundir import TIMING_COLUMNS
 
-TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--progress-every", "1000"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "4",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--progress-every",
+    "1000",
+]
 # the tolerance the issue states for "identical": every metric column to 1e-12 (they are bit-identical)
 RTOL = 1e-12
 
@@ -51,14 +65,60 @@ def assert_same_rows(actual: pd.DataFrame, expected: pd.DataFrame, rtol: float =
 
 
 CASES = {
-    "adamw": ["--case", "adamw", "--max-iters", "30", "--log-every", "3", "--eval-every", "10",
-              "--tau-every", "2"],
-    "sgd_wd float64": ["--case", "sgd_wd", "--lr", "0.3", "--dtype", "float64", "--max-iters", "20",
-                       "--log-every", "2", "--eval-every", "10"],
-    "adamw_rebalance": ["--case", "adamw_rebalance", "--max-iters", "30", "--log-every", "3",
-                        "--rebalance-every", "10", "--dropout", "0.1", "--eval-every", "15"],
-    "rope gqa": ["--case", "sgd_momentum", "--rope", "--n-kv-head", "2", "--bias", "--max-iters", "20",
-                 "--log-every", "1", "--eval-every", "10"],
+    "adamw": [
+        "--case",
+        "adamw",
+        "--max-iters",
+        "30",
+        "--log-every",
+        "3",
+        "--eval-every",
+        "10",
+        "--tau-every",
+        "2",
+    ],
+    "sgd_wd float64": [
+        "--case",
+        "sgd_wd",
+        "--lr",
+        "0.3",
+        "--dtype",
+        "float64",
+        "--max-iters",
+        "20",
+        "--log-every",
+        "2",
+        "--eval-every",
+        "10",
+    ],
+    "adamw_rebalance": [
+        "--case",
+        "adamw_rebalance",
+        "--max-iters",
+        "30",
+        "--log-every",
+        "3",
+        "--rebalance-every",
+        "10",
+        "--dropout",
+        "0.1",
+        "--eval-every",
+        "15",
+    ],
+    "rope gqa": [
+        "--case",
+        "sgd_momentum",
+        "--rope",
+        "--n-kv-head",
+        "2",
+        "--bias",
+        "--max-iters",
+        "20",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "10",
+    ],
 }
 
 
@@ -80,26 +140,57 @@ def test_rows_with_metric_threads_equal_the_synchronous_rows(prepared_data_dir, 
 
 
 @pytest.mark.parametrize("stop_after", [7, 10])  # between rows; at a row, a rebalance and a checkpoint
-def test_resume_with_metric_threads_equals_the_uninterrupted_synchronous_run(prepared_data_dir, tmp_path,
-                                                                            stop_after):
+def test_resume_with_metric_threads_equals_the_uninterrupted_synchronous_run(
+    prepared_data_dir, tmp_path, stop_after
+):
     """Stopped (as on SIGTERM) while the workers may be behind, resumed with another thread count: the rows
     are those of the uninterrupted run on the training thread (the checkpoint waits for the queue)."""
-    flags = ["--case", "adamw_rebalance", "--rebalance-every", "10", "--max-iters", "20", "--log-every", "2",
-             "--eval-every", "10", "--ckpt-every", "4", "--seed", "3"]
+    flags = [
+        "--case",
+        "adamw_rebalance",
+        "--rebalance-every",
+        "10",
+        "--max-iters",
+        "20",
+        "--log-every",
+        "2",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "4",
+        "--seed",
+        "3",
+    ]
     assert train(prepared_data_dir, tmp_path / "straight", *flags) == 0
     stopped = tmp_path / "stopped"
-    assert train(prepared_data_dir, stopped, *flags, "--metrics-threads", "2",
-                 "--stop-after", stop_after) == 128 + signal.SIGTERM
+    assert (
+        train(prepared_data_dir, stopped, *flags, "--metrics-threads", "2", "--stop-after", stop_after)
+        == 128 + signal.SIGTERM
+    )
     assert train(prepared_data_dir, stopped, *flags, "--metrics-threads", "1") == 0
     assert run_json(stopped)["resumed_at"] == [stop_after]
     assert_same_rows(rows(stopped), rows(tmp_path / "straight"))
 
-    plain = ["--case", "adamw", "--max-iters", "12", "--log-every", "1", "--eval-every", "6",
-             "--ckpt-every", "5", "--tau-every", "4"]
+    plain = [
+        "--case",
+        "adamw",
+        "--max-iters",
+        "12",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "6",
+        "--ckpt-every",
+        "5",
+        "--tau-every",
+        "4",
+    ]
     assert train(prepared_data_dir, tmp_path / "plain", *plain) == 0
     resumed = tmp_path / "resumed"
-    assert train(prepared_data_dir, resumed, *plain, "--metrics-threads", "1", "--stop-after",
-                 stop_after) == 128 + signal.SIGTERM
+    assert (
+        train(prepared_data_dir, resumed, *plain, "--metrics-threads", "1", "--stop-after", stop_after)
+        == 128 + signal.SIGTERM
+    )
     assert train(prepared_data_dir, resumed, *plain, "--metrics-threads", "1") == 0
     assert_same_rows(rows(resumed), rows(tmp_path / "plain"))
 
@@ -115,8 +206,10 @@ def test_tau_every_probes_every_nth_row_and_changes_nothing_else(prepared_data_d
     assert every.tau.notna().all()
     # tau (and skipped_pairs) on the probed rows are the every-row run's; the training is the same
     probe_columns = ["tau", "tau_logits", "skipped_pairs"]
-    assert_same_rows(third[probed][probe_columns].reset_index(drop=True),
-                     every[probed][probe_columns].reset_index(drop=True))
+    assert_same_rows(
+        third[probed][probe_columns].reset_index(drop=True),
+        every[probed][probe_columns].reset_index(drop=True),
+    )
     # mu takes its orbit minimum from the probe's move on probed rows and from the Gram matrices on the
     # others: the same number to round-off
     assert_same_rows(third.drop(columns=probe_columns), every.drop(columns=probe_columns), rtol=1e-12)
@@ -127,6 +220,7 @@ def test_tau_every_probes_every_nth_row_and_changes_nothing_else(prepared_data_d
 # The pipeline on its own
 # --------------------------------------------------------------------------------------
 
+
 def tiny_model() -> GPT:
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=17, n_layer=2, n_head=2, n_embd=16, block_size=8, dropout=0.0, bias=False)
@@ -135,8 +229,15 @@ def tiny_model() -> GPT:
 
 def pipeline_for(model, threads: int, queue_steps: int) -> MetricsPipeline:
     batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
-    pipeline = MetricsPipeline(model, MetricTracker(model, batch), DriftTracker(model), threads=threads,
-                               queue_steps=queue_steps, tf32_training=False, probes=True)
+    pipeline = MetricsPipeline(
+        model,
+        MetricTracker(model, batch),
+        DriftTracker(model),
+        threads=threads,
+        queue_steps=queue_steps,
+        tf32_training=False,
+        probes=True,
+    )
     pipeline.restart(model, 0)
     return pipeline
 
@@ -222,14 +323,24 @@ def test_queue_bound_and_bad_values():
     with pytest.raises(RuntimeError, match="restart"):
         model = tiny_model()
         batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
-        MetricsPipeline(model, MetricTracker(model, batch), DriftTracker(model), threads=0, queue_steps=1,
-                        tf32_training=False, probes=False).after_step(model, 1, 1e-3, None)
+        MetricsPipeline(
+            model,
+            MetricTracker(model, batch),
+            DriftTracker(model),
+            threads=0,
+            queue_steps=1,
+            tf32_training=False,
+            probes=False,
+        ).after_step(model, 1, 1e-3, None)
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--metrics-threads", "-1"], "--metrics-threads must be >= 0"),
-    (["--tau-every", "0"], "--tau-every must be positive"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--metrics-threads", "-1"], "--metrics-threads must be >= 0"),
+        (["--tau-every", "0"], "--tau-every must be positive"),
+    ],
+)
 def test_bad_pipeline_flags_are_one_line(prepared_data_dir, tmp_path, capsys, flags, expected):
     assert train(prepared_data_dir, tmp_path / "run", "--max-iters", "2", *flags) == 2
     err = capsys.readouterr().err
@@ -244,8 +355,15 @@ def test_probes_leave_the_training_thread_only_when_training_has_tf32_off():
     model = tiny_model()
     batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
     for threads, tf32, on_worker in ((0, False, False), (1, False, True), (1, True, False)):
-        pipeline = MetricsPipeline(model, MetricTracker(model, batch), DriftTracker(model), threads=threads,
-                                   queue_steps=2, tf32_training=tf32, probes=True)
+        pipeline = MetricsPipeline(
+            model,
+            MetricTracker(model, batch),
+            DriftTracker(model),
+            threads=threads,
+            queue_steps=2,
+            tf32_training=tf32,
+            probes=True,
+        )
         assert pipeline.probe_on_worker is on_worker
         pipeline.restart(model, 0)
         nudge(model, 1)

@@ -55,8 +55,13 @@ def reference_logits(sd: dict, args: dict, idx: torch.Tensor) -> torch.Tensor:
 def test_parameter_names_are_nanogpts():
     model = _tiny(bias=True)
     names = set(model.state_dict())
-    expected = {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias",
-                "lm_head.weight"}
+    expected = {
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+        "lm_head.weight",
+    }
     for i in range(2):
         for part in ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"):
             expected |= {f"transformer.h.{i}.{part}.weight", f"transformer.h.{i}.{part}.bias"}
@@ -111,7 +116,10 @@ def test_nanogpt_checkpoint_round_trip(tmp_path, bias):
     raw = {k: v.clone() for k, v in model.state_dict().items()}
     checkpoint = {
         "model": {"_orig_mod." + k: v for k, v in raw.items()},
-        "optimizer": {}, "model_args": dict(args), "iter_num": 5000, "best_val_loss": torch.tensor(1.47),
+        "optimizer": {},
+        "model_args": dict(args),
+        "iter_num": 5000,
+        "best_val_loss": torch.tensor(1.47),
         "config": {"dataset": "shakespeare_char", "compile": True},
     }
     path = tmp_path / "ckpt.pt"
@@ -147,15 +155,27 @@ def test_bad_checkpoints_are_user_errors(tmp_path):
     wrong = dict(model.config.model_args(), n_embd=64, n_head=4)
     torch.save({"model": model.state_dict(), "model_args": wrong}, tmp_path / "wrong.pt")
     # the first tensor that disagrees, its shape and the shape model_args imply (before any model is built)
-    with pytest.raises(UserError, match=r"tensor transformer\.wte\.weight has shape \(23, 32\), "
-                                        r"expected \(23, 64\) from its model_args; 15 more"):
+    with pytest.raises(
+        UserError,
+        match=r"tensor transformer\.wte\.weight has shape \(23, 32\), "
+        r"expected \(23, 64\) from its model_args; 15 more",
+    ):
         load_nanogpt_checkpoint(tmp_path / "wrong.pt")
     with pytest.raises(UserError, match="is a directory"):
         load_nanogpt_checkpoint(tmp_path)
 
 
-@pytest.mark.parametrize("variant", [{}, {"bias": False}, {"rope": True}, {"n_kv_head": 2}, {"head_dim": 6},
-                                     {"rope": True, "n_kv_head": 1, "bias": False, "head_dim": 4}])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"bias": False},
+        {"rope": True},
+        {"n_kv_head": 2},
+        {"head_dim": 6},
+        {"rope": True, "n_kv_head": 1, "bias": False, "head_dim": 4},
+    ],
+)
 def test_expected_state_shapes_are_the_built_models(variant):
     """The shapes the checkpoint readers check against (without building a model) are a built model's."""
     from attnid.model.gpt import expected_state_shapes, parameter_count

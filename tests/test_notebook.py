@@ -8,7 +8,6 @@ import os
 import nbformat
 import pytest
 from nbclient import NotebookClient
-
 from pipeline_helpers import REPO, shared_smoke_run, smoke_config
 
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -26,25 +25,40 @@ def _block_ipywidgets(folder) -> str:
 def _widget_outputs(notebook) -> list[dict]:
     """What the kernel drew into the notebook's Output widgets (nbclient stores their state)."""
     state = notebook.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
-    return [output for model in state.values() if model["model_name"] == "OutputModel"
-            for output in model["state"].get("outputs", [])]
+    return [
+        output
+        for model in state.values()
+        if model["model_name"] == "OutputModel"
+        for output in model["state"].get("outputs", [])
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ipywidgets", ["installed", "missing"])
-def test_explore_notebook_runs_on_the_smoke_outputs(ipywidgets, tmp_path_factory, shakespeare_url, monkeypatch):
+def test_explore_notebook_runs_on_the_smoke_outputs(
+    ipywidgets, tmp_path_factory, shakespeare_url, monkeypatch
+):
     workdir = shared_smoke_run(tmp_path_factory, shakespeare_url)
     monkeypatch.setenv("ATTNID_WORKDIR", str(workdir))
     monkeypatch.setenv("ATTNID_RESULTS_DIR", smoke_config()["results_dir"])
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend, as in Jupyter
     if ipywidgets == "missing":
         blocker = _block_ipywidgets(tmp_path_factory.mktemp("no_ipywidgets"))
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [blocker, os.environ.get("PYTHONPATH")])))
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [blocker, os.environ.get("PYTHONPATH")]))
+        )
     notebook = nbformat.read(REPO / "notebooks" / "explore.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path_factory.mktemp("nb"))}}).execute()
-    outputs = ["".join(o.get("text", "") for o in cell.get("outputs", [])) for cell in notebook.cells
-               if cell.cell_type == "code"]
+    NotebookClient(
+        notebook,
+        timeout=300,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path_factory.mktemp("nb"))}},
+    ).execute()
+    outputs = [
+        "".join(o.get("text", "") for o in cell.get("outputs", []))
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+    ]
     drawn = next(text for text in outputs if "cases drawn from" in text)
     assert drawn.startswith("3 cases drawn from 10 runs"), drawn  # smoke: 5 cases x 2 seeds, 3 chosen
     claims_cell = notebook.cells[3]

@@ -9,12 +9,24 @@ import pandas as pd
 import pytest
 import torch
 
-from attnid.theory import counts
-from attnid.theory import nullity
 from attnid.cli import main
+from attnid.theory import counts, nullity
 
-NULLITY_COLUMNS = ["case", "kind", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias", "n_params", "theory",
-                   "measured", "gap", "passed"]
+NULLITY_COLUMNS = [
+    "case",
+    "kind",
+    "n_embd",
+    "n_head",
+    "n_kv_head",
+    "head_dim",
+    "rope",
+    "bias",
+    "n_params",
+    "theory",
+    "measured",
+    "gap",
+    "passed",
+]
 
 
 def _random_params(case: nullity.NullityCase, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -32,10 +44,17 @@ def test_attention_layer_matches_torch_causal_attention(n_head, bias):
     ours = nullity.attention_layer(x, p, shape)
     e, d = 12, shape.head_dim
     # nanoGPT's CausalSelfAttention with c_attn = [W_Q; W_K; W_V], c_proj = W_O.
-    qkv = torch.nn.functional.linear(x, torch.cat([p["w_q"], p["w_k"], p["w_v"]]),
-                                     torch.cat([p["b_q"], p["b_k"], p["b_v"]]) if bias else None)
+    qkv = torch.nn.functional.linear(
+        x,
+        torch.cat([p["w_q"], p["w_k"], p["w_v"]]),
+        torch.cat([p["b_q"], p["b_k"], p["b_v"]]) if bias else None,
+    )
     q, k, v = (t.view(2, 5, n_head, d).transpose(1, 2) for t in qkv.split(e, dim=2))
-    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 5, e)
+    y = (
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        .transpose(1, 2)
+        .reshape(2, 5, e)
+    )
     reference = torch.nn.functional.linear(y, p["w_o"], p["b_o"] if bias else None)
     torch.testing.assert_close(ours, reference)
 
@@ -44,11 +63,15 @@ def test_gqa_layer_equals_mha_with_repeated_keys_and_values():
     gqa = nullity.NullityCase("gqa", "gqa", n_embd=12, n_head=4, n_kv_head=2, head_dim=3)
     p = _random_params(gqa)
     mha = nullity.NullityCase("mha", "attention", n_embd=12, n_head=4, head_dim=3)
-    repeated = dict(p, w_k=p["w_k"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12),
-                    w_v=p["w_v"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12))
+    repeated = dict(
+        p,
+        w_k=p["w_k"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12),
+        w_v=p["w_v"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12),
+    )
     x = torch.randn(3, 6, 12, dtype=torch.float64)
-    torch.testing.assert_close(nullity.attention_layer(x, p, gqa.shape()),
-                               nullity.attention_layer(x, repeated, mha.shape()))
+    torch.testing.assert_close(
+        nullity.attention_layer(x, p, gqa.shape()), nullity.attention_layer(x, repeated, mha.shape())
+    )
 
 
 @pytest.mark.parametrize("pairing", ["interleaved", "half"])
@@ -67,8 +90,10 @@ def test_rope_scores_depend_only_on_relative_position(pairing):
 def test_half_split_is_interleaved_after_a_permutation():
     x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
     to_interleaved = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7])  # half-split pairs (m, m+4) become (2m, 2m+1)
-    torch.testing.assert_close(nullity.rope_rotate(x, "half", 10.0)[..., to_interleaved],
-                               nullity.rope_rotate(x[..., to_interleaved], "interleaved", 10.0))
+    torch.testing.assert_close(
+        nullity.rope_rotate(x, "half", 10.0)[..., to_interleaved],
+        nullity.rope_rotate(x[..., to_interleaved], "interleaved", 10.0),
+    )
 
 
 def test_rope_key_bias_is_identified_and_plain_key_bias_is_not():
@@ -84,8 +109,8 @@ def test_rope_key_bias_is_identified_and_plain_key_bias_is_not():
 def test_gqa_value_output_symmetry_is_per_group_not_per_head():
     case = nullity.NullityCase("gqa", "gqa", n_embd=8, n_head=4, n_kv_head=1, head_dim=2)
     row = nullity.measure_case(case)
-    per_head_count = 4 * 2 ** 2 + 1 * 2 ** 2  # OV counted per head, QK per group
-    assert row["measured"] == row["theory"] == 2 * 2 ** 2 != per_head_count
+    per_head_count = 4 * 2**2 + 1 * 2**2  # OV counted per head, QK per group
+    assert row["measured"] == row["theory"] == 2 * 2**2 != per_head_count
 
 
 def test_rank_gap_reported_and_too_few_rows_would_be_caught(monkeypatch):
@@ -102,12 +127,18 @@ def test_verify_cli_every_case_passes(tmp_path, capsys):
     assert main(["verify", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     table = pd.read_csv(out)
-    assert list(table.columns[: len(NULLITY_COLUMNS)]) == NULLITY_COLUMNS or set(NULLITY_COLUMNS) <= set(table.columns)
-    assert table["passed"].all() and (table["theory"] == table["measured"]).all() and (table["gap"] >= 1e6).all()
+    assert list(table.columns[: len(NULLITY_COLUMNS)]) == NULLITY_COLUMNS or set(NULLITY_COLUMNS) <= set(
+        table.columns
+    )
+    assert (
+        table["passed"].all() and (table["theory"] == table["measured"]).all() and (table["gap"] >= 1e6).all()
+    )
     assert err.count("\n") == len(table) + 1  # one progress line per case, one summary
     # Required cases.
     pairs = table[table.kind == "pair"]
-    assert {"<", "="} <= {("<" if d < e else "=" if d == e else ">") for d, e in zip(pairs.head_dim, pairs.n_embd)}
+    assert {"<", "="} <= {
+        ("<" if d < e else "=" if d == e else ">") for d, e in zip(pairs.head_dim, pairs.n_embd)
+    }
     plain = table[(table.kind == "attention") & ~table.bias & ~table.rope & (table.n_kv_head == table.n_head)]
     assert {1, 2, 3, 4} <= set(plain.n_head)
     for _, row in plain.iterrows():
@@ -145,7 +176,11 @@ def test_project_nanogpt_attention_has_the_closed_form_nullity(bias):
     from attnid.model.gpt import CausalSelfAttention, GPTConfig
 
     torch.manual_seed(0)
-    layer = CausalSelfAttention(GPTConfig(block_size=8, n_embd=12, n_head=3, bias=bias, dropout=0.0)).double().eval()
+    layer = (
+        CausalSelfAttention(GPTConfig(block_size=8, n_embd=12, n_head=3, bias=bias, dropout=0.0))
+        .double()
+        .eval()
+    )
     names = [name for name, _ in layer.named_parameters()]
     shapes = [p.shape for _, p in layer.named_parameters()]
     flat = torch.cat([p.detach().reshape(-1) for _, p in layer.named_parameters()]) * 3  # O(1) scores

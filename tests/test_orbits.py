@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from attnid.model.layout import layer_pairs, layer_shape_of, model_pairs, orbit_of, write_pairs_back
-from attnid.model.moves import (initial_conserved, orbit_dimension, orbit_dimension_rows, prepared_target,
-                                rebalance_model)
-from attnid.theory.rope import rope_plane_traces
-from attnid.theory.orbits import GENERAL_LINEAR, ORBITS, ROPE_COMMUTANT, Orbit
-from attnid.theory.circuits import CIRCUITS
-from attnid.theory import counts
-from attnid.theory import factor_pairs
-from attnid.model.gpt import GPT, GPTConfig
 from variant_models import TINY, VARIANTS
+
+from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.layout import layer_pairs, layer_shape_of, model_pairs, orbit_of, write_pairs_back
+from attnid.model.moves import (
+    initial_conserved,
+    orbit_dimension,
+    orbit_dimension_rows,
+    prepared_target,
+    rebalance_model,
+)
+from attnid.theory import counts, factor_pairs
+from attnid.theory.circuits import CIRCUITS
+from attnid.theory.orbits import GENERAL_LINEAR, ORBITS, ROPE_COMMUTANT, Orbit
+from attnid.theory.rope import rope_plane_traces
 
 ROPE_VARIANTS = [name for name, variant in VARIANTS.items() if variant.get("rope")]
 
@@ -49,21 +53,27 @@ def _move(model, transform) -> None:
 
 
 def test_mha_pairs_are_the_heads_rows_of_c_attn_and_columns_of_c_proj():
-    """With G = H every pair is one head's (docs/design.md §2.1): A = [W_Q^h | b_Q^h], B = [W_K^h | b_K^h]
-    (query-key) and A = [W_V^h | b_V^h], B = (W_O^h)^T (output-value): nanoGPT's c_attn rows, c_proj columns."""
+    """With G = H every pair is one head's (docs/design.md §2.1): A = [W_Q^h | b_Q^h],
+    B = [W_K^h | b_K^h] (query-key) and A = [W_V^h | b_V^h], B = (W_O^h)^T (output-value): nanoGPT's
+    c_attn rows, c_proj columns."""
     model = _model({})
     n_embd, n_head = model.config.n_embd, model.config.n_head
     d = n_embd // n_head
-    for block, (query, key), (value, output) in zip(model.transformer.h, model_pairs(model, "qk"),
-                                                    model_pairs(model, "ov"), strict=True):
+    for block, (query, key), (value, output) in zip(
+        model.transformer.h, model_pairs(model, "qk"), model_pairs(model, "ov"), strict=True
+    ):
         weight, out = block.attn.c_attn.weight.double(), block.attn.c_proj.weight.double()
         if block.attn.c_attn.bias is not None:  # the bias is one more column of A and B (§2.1)
             weight = torch.cat([weight, block.attn.c_attn.bias.double()[:, None]], dim=1)
         weight = weight.detach()
         for h in range(n_head):
             rows = slice(h * d, (h + 1) * d)
-            assert torch.equal(query[h], weight[:n_embd][rows]) and torch.equal(key[h], weight[n_embd:2 * n_embd][rows])
-            assert torch.equal(value[h], weight[2 * n_embd:][rows]) and torch.equal(output[h], out[:, rows].t().detach())
+            assert torch.equal(query[h], weight[:n_embd][rows]) and torch.equal(
+                key[h], weight[n_embd : 2 * n_embd][rows]
+            )
+            assert torch.equal(value[h], weight[2 * n_embd :][rows]) and torch.equal(
+                output[h], out[:, rows].t().detach()
+            )
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -82,8 +92,8 @@ def test_pairs_shapes_products_and_write_back(name, bias):
     w_q, w_k, _ = attn.c_attn.weight.detach().split([h * d, g * d, g * d])
     head = h - 1  # the last query head belongs to the last group
     product = query[-1].T @ key[-1]  # ((H/G) n, n)
-    block = product[(h // g - 1) * columns:(h // g) * columns, :e]
-    torch.testing.assert_close(block[:e], w_q[head * d:(head + 1) * d].T @ w_k[(g - 1) * d:g * d])
+    block = product[(h // g - 1) * columns : (h // g) * columns, :e]
+    torch.testing.assert_close(block[:e], w_q[head * d : (head + 1) * d].T @ w_k[(g - 1) * d : g * d])
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scaled = {c: [(2 * a, 3 * b) for a, b in model_pairs(model, c)] for c in CIRCUITS}
     for circuit in CIRCUITS:
@@ -131,8 +141,9 @@ def test_full_gl_move_of_a_rope_query_key_pair_changes_logits(name):
 def test_rebalance_to_balance_and_back_keeps_logits_and_hits_the_target(name):
     model = _model(VARIANTS[name])
     before = _logits(model)
-    initial = {c: [orbit_of(model, c).conserved_imbalance(a, b) for a, b in model_pairs(model, c)]
-               for c in CIRCUITS}
+    initial = {
+        c: [orbit_of(model, c).conserved_imbalance(a, b) for a, b in model_pairs(model, c)] for c in CIRCUITS
+    }
 
     def balance(kind, a, b):
         moved = ORBITS[kind].rebalance(a, b)
@@ -156,8 +167,12 @@ def test_rebalance_to_balance_and_back_keeps_logits_and_hits_the_target(name):
             moved = ORBITS[kind].rebalance(a, b, ORBITS[kind].rebalance_target(target))
             new_a, new_b = moved.pair_a, moved.pair_b
             assert moved.done.all()
-            torch.testing.assert_close(ORBITS[kind].conserved_imbalance(new_a, new_b), target,
-                                       rtol=0, atol=1e-10 * target.abs().max().item())
+            torch.testing.assert_close(
+                ORBITS[kind].conserved_imbalance(new_a, new_b),
+                target,
+                rtol=0,
+                atol=1e-10 * target.abs().max().item(),
+            )
             restored.append((new_a, new_b))
         write_pairs_back(model, circuit, restored)
     assert _relative_change(_logits(model), before) < 1e-12
@@ -174,8 +189,12 @@ def test_rebalance_model_restores_the_initial_conserved_imbalance(name):
     for circuit in CIRCUITS:
         target = prepared_target(orbit_of(model, circuit), initial[circuit], "initial")
         assert rebalance_model(model, circuit, target).skipped == 0  # and back
-        torch.testing.assert_close(initial_conserved(model, circuit), initial[circuit],
-                                   rtol=0, atol=1e-10 * initial[circuit].abs().max().item())
+        torch.testing.assert_close(
+            initial_conserved(model, circuit),
+            initial[circuit],
+            rtol=0,
+            atol=1e-10 * initial[circuit].abs().max().item(),
+        )
     assert _relative_change(_logits(model), before) < 1e-12
 
 
@@ -192,7 +211,7 @@ def _rope_tangent(a, b, generator):
     """(X A, -X^T B) for a random X in the RoPE algebra (blocks x I + y J per plane)."""
     d = a.shape[-2]
     coefficients = torch.randn(*a.shape[:-2], d, generator=generator, dtype=torch.float64)
-    x, y = coefficients[..., : d // 2], coefficients[..., d // 2:]
+    x, y = coefficients[..., : d // 2], coefficients[..., d // 2 :]
     generator_matrix = torch.diag_embed(torch.cat([x, x], -1))
     idx = torch.arange(d // 2)
     generator_matrix[..., idx, idx + d // 2] = -y
@@ -259,8 +278,12 @@ def test_rope_conserved_imbalance_is_the_plane_traces_and_gradient_flow_keeps_it
     _, _, da, db = _rope_pair(seed=3)
     pa, pb = ORBITS["rope"].tangent_projection(a, b, da, db)
     na, nb = da - pa, db - pb
-    derivative = rope_plane_traces(na @ a.transpose(-1, -2) + a @ na.transpose(-1, -2)
-                                          - nb @ b.transpose(-1, -2) - b @ nb.transpose(-1, -2))
+    derivative = rope_plane_traces(
+        na @ a.transpose(-1, -2)
+        + a @ na.transpose(-1, -2)
+        - nb @ b.transpose(-1, -2)
+        - b @ nb.transpose(-1, -2)
+    )
     assert derivative.abs().max() < 1e-12 * (a.norm() * da.norm()).item()
 
 
@@ -318,7 +341,11 @@ def test_orbit_dimension_equals_the_closed_form(variant, bias):
 def test_orbit_dimension_rows_for_inspect():
     rows = orbit_dimension_rows(_model(dict(rope=True, n_kv_head=1)))
     assert [(r["layer"], r["circuit"], r["orbit"]) for r in rows] == [
-        (0, "qk", "rope"), (0, "ov", "gl"), (1, "qk", "rope"), (1, "ov", "gl")]
+        (0, "qk", "rope"),
+        (0, "ov", "gl"),
+        (1, "qk", "rope"),
+        (1, "ov", "gl"),
+    ]
     assert all(r["orbit_dimension"] == r["closed_form"] for r in rows)
     assert [r["closed_form"] for r in rows[:2]] == [8, 64]  # G D and G D^2 with G = 1, D = 8
 
@@ -345,7 +372,9 @@ def test_orbit_of_each_circuit_and_bad_arguments():
     assert orbit_of(GPTConfig(**TINY, rope=True), "ov") is GENERAL_LINEAR
     assert orbit_of(GPTConfig(**TINY), "qk") is GENERAL_LINEAR
     assert {name: type(orbit).__name__ for name, orbit in ORBITS.items()} == {
-        "gl": "GeneralLinearOrbit", "rope": "RopeCommutantOrbit"}
+        "gl": "GeneralLinearOrbit",
+        "rope": "RopeCommutantOrbit",
+    }
     with pytest.raises(ValueError, match="circuit"):
         orbit_of(GPTConfig(**TINY), "vo")
     with pytest.raises(ValueError, match="out of range"):
@@ -358,9 +387,12 @@ def test_orbit_dimensions_add_up_to_the_jacobian_nullity(rope):
     architecture's orbits account for every unidentified direction."""
     from attnid.theory import nullity
 
-    case = nullity.NullityCase("mqa", "rope_gqa" if rope else "gqa", n_embd=8, n_head=2, n_kv_head=1,
-                        rope="half" if rope else None)
+    case = nullity.NullityCase(
+        "mqa", "rope_gqa" if rope else "gqa", n_embd=8, n_head=2, n_kv_head=1, rope="half" if rope else None
+    )
     measured = nullity.measure_case(case)
-    config = GPTConfig(block_size=8, vocab_size=5, n_layer=1, n_head=2, n_kv_head=1, n_embd=8, rope=rope, bias=False)
+    config = GPTConfig(
+        block_size=8, vocab_size=5, n_layer=1, n_head=2, n_kv_head=1, n_embd=8, rope=rope, bias=False
+    )
     assert measured["gap"] >= nullity.GAP_REQUIRED
     assert measured["measured"] == sum(orbit_dimension(config, 0, c) for c in CIRCUITS)

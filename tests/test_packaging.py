@@ -29,8 +29,14 @@ def test_environment_yml_matches_pyproject(repo_root):
     missing = sorted(set(wanted) - set(conda))
     assert not missing, f"environment.yml lacks {missing}"
     for name, requirement in wanted.items():
-        bound = requirement[len(_name(requirement)):].strip() if name != "pytorch" else requirement[len("torch"):]
-        assert conda[name].endswith(bound), f"{name}: pyproject says {requirement!r}, environment.yml {conda[name]!r}"
+        bound = (
+            requirement[len(_name(requirement)) :].strip()
+            if name != "pytorch"
+            else requirement[len("torch") :]
+        )
+        assert conda[name].endswith(bound), (
+            f"{name}: pyproject says {requirement!r}, environment.yml {conda[name]!r}"
+        )
     pip_section = [d for d in env["dependencies"] if isinstance(d, dict)][0]["pip"]
     assert "-e ." in pip_section
 
@@ -40,7 +46,7 @@ def test_torch_range_admits_cpu_build(repo_root):
     torch_req = next(r for r in project["dependencies"] if _name(r) == "torch")
     from packaging.specifiers import SpecifierSet
 
-    assert "2.13.0" in SpecifierSet(torch_req[len("torch"):])
+    assert "2.13.0" in SpecifierSet(torch_req[len("torch") :])
 
 
 def test_ci_runs_the_readme_test_command(repo_root):
@@ -51,6 +57,22 @@ def test_ci_runs_the_readme_test_command(repo_root):
     test_command = first_block[1].split("#")[0].strip()
     ci = (repo_root / ".ci" / "run").read_text()
     assert any(line.strip() == test_command for line in ci.splitlines()), f"{test_command!r} not in .ci/run"
+
+
+def test_ci_and_the_hooks_run_the_gates_of_the_development_guide(repo_root):
+    """docs/development.md's "Before you commit" block is what .ci/run runs, in that order, and what
+    .pre-commit-config.yaml's hooks run."""
+    guide = (repo_root / "docs" / "development.md").read_text()
+    block = re.search(r"## Before you commit\n.*?```bash\n(.*?)```", guide, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
+    assert {"ruff check .", "ruff format --check .", "mypy src", "lint-imports"} <= set(commands)
+    ci = [line.strip() for line in (repo_root / ".ci" / "run").read_text().splitlines()]
+    missing = [command for command in commands if command not in ci]
+    assert not missing, f".ci/run does not run {missing}"
+    positions = [ci.index(command) for command in commands]
+    assert positions == sorted(positions), ".ci/run runs the gates in another order than the guide"
+    hooks = yaml.safe_load((repo_root / ".pre-commit-config.yaml").read_text())["repos"][0]["hooks"]
+    assert sorted(hook["entry"] for hook in hooks) == sorted(commands)
 
 
 def test_cli_lists_every_command(capsys):
@@ -71,8 +93,10 @@ def test_unknown_command_is_one_line():
 
 
 def test_repository_needs_no_sibling_folder(repo_root):
-    """Code, tests, notebooks, benchmarks and CI find everything inside the clone (the data ships in assets/)."""
-    # a path into a sibling folder ("<that>/..." or "<that>" / ...), spelled in parts so this file does not match itself
+    """Code, tests, notebooks, benchmarks and CI find everything inside the clone (the data ships in
+    assets/)."""
+    # a path into a sibling folder ("<that>/..." or "<that>" / ...), spelled in parts so this file does
+    # not match itself
     sibling = re.compile(r"\b" + "sha" + r"red\b\W{0,4}/")
     offenders = []
     for folder in ("src", "tests", "notebooks", ".ci", "workflow", "config", "benchmarks"):
@@ -80,6 +104,9 @@ def test_repository_needs_no_sibling_folder(repo_root):
             built = any(part == "__pycache__" or part.endswith(".egg-info") for part in path.parts)
             if path.is_file() and not built:
                 text = path.read_text(encoding="utf-8", errors="replace")
-                offenders += [f"{path.relative_to(repo_root)}:{n}" for n, line in enumerate(text.splitlines(), 1)
-                              if sibling.search(line)]
+                offenders += [
+                    f"{path.relative_to(repo_root)}:{n}"
+                    for n, line in enumerate(text.splitlines(), 1)
+                    if sibling.search(line)
+                ]
     assert not offenders, f"paths into a folder beside the clone: {offenders}"

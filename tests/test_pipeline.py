@@ -14,9 +14,17 @@ import sys
 import pandas as pd
 import pytest
 import yaml
-
-from pipeline_helpers import (REPO, copy_pipeline, expected_outputs, lr_label, run_snakemake, run_smoke_dag,
-                              shared_smoke_run, smoke_config, snakemake_env, stderr_lines)
+from pipeline_helpers import (
+    REPO,
+    copy_pipeline,
+    expected_outputs,
+    lr_label,
+    run_smoke_dag,
+    run_snakemake,
+    shared_smoke_run,
+    smoke_config,
+    stderr_lines,
+)
 
 SMOKE = smoke_config()["results_dir"]
 
@@ -91,7 +99,8 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
 
 @pytest.mark.slow
 def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
-    """The smoke config trains sgd, sgd_wd and the SGD sweep in float64: E1 and E2 hold as identities there."""
+    """The smoke config trains sgd, sgd_wd and the SGD sweep in float64: E1 and E2 hold as identities
+    there."""
     config = smoke_config()
     assert all(config["cases"][case]["dtype"] == "float64" for case in ("sgd", "sgd_wd"))
     assert config["sweep"]["sgd"]["dtype"] == "float64"
@@ -124,13 +133,19 @@ def test_report_has_all_six_figures(smoke_dir, shakespeare_url, tmp_path):
     assert "identification by design" in html and "learning-rate sweep" in html  # the .rst captions
 
 
-@pytest.mark.parametrize("setting, where", [
-    ("threads=0", "threads"),            # range
-    ("modle=3", "modle"),                # unknown key
-    ("cases={sdg: {lr: 0.1}}", "sdg"),   # case name not in the enum
-    ("cases={sgd: {lr: -0.1}}", "cases/sgd/lr: -0.1 is less than or equal to the minimum of 0"),  # nested, typed
-    ("results_dir=results/{case}", "results_dir"),  # braces would be wildcards in every output path
-])
+@pytest.mark.parametrize(
+    "setting, where",
+    [
+        ("threads=0", "threads"),  # range
+        ("modle=3", "modle"),  # unknown key
+        ("cases={sdg: {lr: 0.1}}", "sdg"),  # case name not in the enum
+        (
+            "cases={sgd: {lr: -0.1}}",
+            "cases/sgd/lr: -0.1 is less than or equal to the minimum of 0",
+        ),  # nested, typed
+        ("results_dir=results/{case}", "results_dir"),  # braces would be wildcards in every output path
+    ],
+)
 def test_bad_config_value_fails_with_one_line(tmp_path, setting, where):
     copy_pipeline(tmp_path)
     key, value = setting.split("=", 1)
@@ -194,9 +209,18 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
     """--config values are YAML: numbers and booleans inside mappings validate; a nested
     mapping changes only the keys it names (the other cases and SGD's weight decay stay)."""
     copy_pipeline(tmp_path)
-    proc = run_snakemake(tmp_path, "-n", "-p", configfile=None,
-                         config={"cases": "{sgd: {lr: 0.1}, adamw: {lr: 1e-3}}", "paper_pdf": "true",
-                                 "seeds": "[0]", "training": "{max_iters: 7}"})
+    proc = run_snakemake(
+        tmp_path,
+        "-n",
+        "-p",
+        configfile=None,
+        config={
+            "cases": "{sgd: {lr: 0.1}, adamw: {lr: 1e-3}}",
+            "paper_pdf": "true",
+            "seeds": "[0]",
+            "training": "{max_iters: 7}",
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert job_counts(proc.stdout)["train_case"] == len(default["cases"])  # every case, one seed
@@ -213,8 +237,12 @@ def test_failed_job_reason_reaches_the_terminal(tmp_path, shakespeare_path):
     """profiles/default turns on --show-failed-logs: the command's one-line reason is on stderr."""
     copy_pipeline(tmp_path)
     target = ("data/tinyshakespeare/input.txt", "--configfile", "config/smoke.yaml")  # target before nargs=+
-    proc = run_snakemake(tmp_path, *target, configfile=None,
-                         config={"data_url": shakespeare_path.as_uri(), "data_sha256": "ab" * 32})
+    proc = run_snakemake(
+        tmp_path,
+        *target,
+        configfile=None,
+        config={"data_url": shakespeare_path.as_uri(), "data_sha256": "ab" * 32},
+    )
     assert proc.returncode != 0
     log = (tmp_path / "data/logs/fetch_data.log").read_text().strip()
     assert "checksum mismatch" in log and log in proc.stderr, proc.stderr[-3000:]
@@ -227,14 +255,22 @@ def test_workflow_has_no_lint_and_is_snakefmt_formatted(tmp_path):
     assert "Lints for" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr
     files = [REPO / "Snakefile", *sorted((REPO / "workflow/rules").glob("*.smk"))]
-    fmt = subprocess.run([sys.executable, "-m", "snakefmt", "--check", *map(str, files)],
-                         capture_output=True, text=True, timeout=120)
+    fmt = subprocess.run(
+        [sys.executable, "-m", "snakefmt", "--check", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
 def _snapshot(root):
     """{path: (size, mtime_ns)} of every file under ``root``."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
 
 
 @pytest.mark.slow
@@ -250,24 +286,40 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         "training": {"max_iters": 6, "eval_every": 3, "log_every": 2, "warmup_iters": 1},
         "cases": {"adamw_rebalance": {"rebalance_every": 3}},
         "seeds": [0],
-        "sweep": {"sgd": {"lrs": [0.01, 0.1], "seeds": [0], "max_iters": 4, "warmup_iters": 1},
-                  "adamw": {"lrs": [1e-3, 1e-2], "seeds": [0], "max_iters": 4}},
+        "sweep": {
+            "sgd": {"lrs": [0.01, 0.1], "seeds": [0], "max_iters": 4, "warmup_iters": 1},
+            "adamw": {"lrs": [1e-3, 1e-2], "seeds": [0], "max_iters": 4},
+        },
         "heads": {"n_heads": [1, 2], "seeds": [0], "max_iters": 4, "eval_every": 2, "warmup_iters": 1},
-        "variants": {"seeds": [0], "max_iters": 4, "eval_every": 2, "warmup_iters": 1},  # the default's points
-        "interventions": {"seeds": [0], "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2,
-                                                     "log_every": 2}},  # the default's arms
+        "variants": {
+            "seeds": [0],
+            "max_iters": 4,
+            "eval_every": 2,
+            "warmup_iters": 1,
+        },  # the default's points
+        "interventions": {
+            "seeds": [0],
+            "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
+        },  # the default's arms
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert default["results_dir"] != SMOKE
     proc = run_snakemake(workdir, configfile=None, config=shortened, timeout=1800)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    merged = {**default, "seeds": [0], "sweep": shortened["sweep"], "model": shortened["model"],
-              "heads": {**default["heads"], **shortened["heads"]},
-              "variants": {**default["variants"], **shortened["variants"]},
-              "interventions": {**default["interventions"], "seeds": [0],
-                                "identity": {**default["interventions"]["identity"],
-                                             **shortened["interventions"]["identity"]}}}
+    merged = {
+        **default,
+        "seeds": [0],
+        "sweep": shortened["sweep"],
+        "model": shortened["model"],
+        "heads": {**default["heads"], **shortened["heads"]},
+        "variants": {**default["variants"], **shortened["variants"]},
+        "interventions": {
+            **default["interventions"],
+            "seeds": [0],
+            "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
+        },
+    }
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing
     runs = pd.read_csv(workdir / default["results_dir"] / "tables/runs.csv")

@@ -1,4 +1,5 @@
-"""The --dtype policy (attnid.training.precision), on CPU; CUDA properties are stubbed where a decision depends on them."""
+"""The --dtype policy (attnid.training.precision), on CPU; CUDA properties are stubbed where a decision
+depends on them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import warnings
 import pytest
 import torch
 
-from attnid.training import precision
 from attnid.common.errors import UserError
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.training import precision
 
 
 @pytest.fixture(autouse=True)
@@ -25,6 +26,7 @@ def tf32_flags() -> tuple[bool, bool]:
 
 
 # ----- resolve_dtype -------------------------------------------------------------------------
+
 
 def test_defaults_are_float32_on_cpu_and_bf16_on_cuda(monkeypatch):
     assert precision.resolve_dtype(None, "cpu") == "float32"
@@ -57,6 +59,7 @@ def test_unresolved_names_are_refused_by_the_helpers():
 
 
 # ----- model dtype, autocast, scaler ------------------------------------------------------------
+
 
 def tiny_model() -> GPT:
     torch.manual_seed(0)
@@ -103,10 +106,15 @@ def test_grad_scaler_is_a_pass_through_except_for_fp16(dtype):
 
 def test_describe_names_every_resolved_dtype():
     assert {precision.describe(d) for d in precision.RESOLVED_DTYPES} == {
-        "bf16 autocast, TF32", "fp16 autocast + grad scaler, TF32", "float32", "float64"}
+        "bf16 autocast, TF32",
+        "fp16 autocast + grad scaler, TF32",
+        "float32",
+        "float64",
+    }
 
 
 # ----- TF32 ----------------------------------------------------------------------------------
+
 
 def test_configure_tf32_follows_the_policy():
     precision.configure_tf32("bf16")
@@ -136,20 +144,24 @@ def test_no_tf32_switches_off_and_restores_even_on_error():
 
 # ----- slow float64 warning --------------------------------------------------------------------
 
+
 def fake_gpu(monkeypatch, capability, name):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
 
 
-@pytest.mark.parametrize("capability, name, slow", [
-    ((8, 6), "NVIDIA GeForce RTX 3090", True),
-    ((8, 9), "NVIDIA L4", True),
-    ((7, 5), "Tesla T4", True),
-    ((8, 0), "NVIDIA A100-SXM4-80GB", False),
-    ((9, 0), "NVIDIA H100 80GB HBM3", False),
-    ((7, 0), "Tesla V100-SXM2-16GB", False),
-    ((6, 0), "Tesla P100-PCIE-16GB", False),
-])
+@pytest.mark.parametrize(
+    "capability, name, slow",
+    [
+        ((8, 6), "NVIDIA GeForce RTX 3090", True),
+        ((8, 9), "NVIDIA L4", True),
+        ((7, 5), "Tesla T4", True),
+        ((8, 0), "NVIDIA A100-SXM4-80GB", False),
+        ((9, 0), "NVIDIA H100 80GB HBM3", False),
+        ((7, 0), "Tesla V100-SXM2-16GB", False),
+        ((6, 0), "Tesla P100-PCIE-16GB", False),
+    ],
+)
 def test_slow_float64_warning_is_one_line_on_consumer_gpus(monkeypatch, capsys, capability, name, slow):
     fake_gpu(monkeypatch, capability, name)
     assert precision.warn_if_slow_float64("cuda") is slow

@@ -26,9 +26,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-from pipeline_helpers import REPO, TABLES, copy_pipeline, expected_outputs, reused_study_runs, shared_smoke_run, \
-    smoke_config, snakemake_env
+from pipeline_helpers import (
+    REPO,
+    TABLES,
+    copy_pipeline,
+    expected_outputs,
+    reused_study_runs,
+    shared_smoke_run,
+    smoke_config,
+    snakemake_env,
+)
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 
 PROFILE = REPO / "profiles" / "slurm"
@@ -49,8 +56,11 @@ def declared_rules() -> tuple[tuple[str, ...], tuple[str, ...]]:
     text = "\n".join(path.read_text() for path in sorted((REPO / "workflow" / "rules").glob("*.smk")))
     text += (REPO / "Snakefile").read_text()
     training = ("train_case", *re.findall(r"^\s*use rule train_case as (\w+) with:", text, re.MULTILINE))
-    others = tuple(rule for rule in re.findall(r"^\s*rule (\w+):", text, re.MULTILINE)
-                   if rule not in training and rule not in COUNTED_RULES)
+    others = tuple(
+        rule
+        for rule in re.findall(r"^\s*rule (\w+):", text, re.MULTILINE)
+        if rule not in training and rule not in COUNTED_RULES
+    )
     return training, others
 
 
@@ -58,7 +68,9 @@ TRAINING_RULES, OTHER_RULES = declared_rules()
 
 
 def test_the_rule_lists_are_read_from_the_workflow():
-    assert {"train_case", "train_sweep", "train_study", "train_edits", "train_intervention"} <= set(TRAINING_RULES)
+    assert {"train_case", "train_sweep", "train_study", "train_edits", "train_intervention"} <= set(
+        TRAINING_RULES
+    )
     assert {"fetch_data", "census", "intervention_table", "appendix"} <= set(OTHER_RULES)
     assert not set(OTHER_RULES) & set(COUNTED_RULES)
 
@@ -85,31 +97,59 @@ def slurm_snakemake_command(shakespeare_url: str) -> list[str]:
     profile = profile_settings()
     default_resources = [f"{k}={v}" for k, v in profile["default-resources"].items()]
     default_resources.append(f"slurm_partition={PARTITION}")
-    set_resources = [f"{rule}:{k}={v}" for rule, res in profile["set-resources"].items() for k, v in res.items()]
+    set_resources = [
+        f"{rule}:{k}={v}" for rule, res in profile["set-resources"].items() for k, v in res.items()
+    ]
     # The smoke config trains on the CPU; ask for the (fake) GPU anyway, as config/paper.yaml does.
     set_resources += [f"{rule}:gpu=1" for rule in TRAINING_RULES]
     return [
-        "timeout", "-k", "20", str(SNAKEMAKE_TIMEOUT_S),
-        sys.executable, "-m", "snakemake", "--profile", str(PROFILE), "--configfile", "config/smoke.yaml",
+        "timeout",
+        "-k",
+        "20",
+        str(SNAKEMAKE_TIMEOUT_S),
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--profile",
+        str(PROFILE),
+        "--configfile",
+        "config/smoke.yaml",
         "--slurm-no-account",
-        "--default-resources", *default_resources,
-        "--set-resources", *set_resources,
-        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
-        "--jobs", "6",
-        "--config", f"data_url={shakespeare_url}",
+        "--default-resources",
+        *default_resources,
+        "--set-resources",
+        *set_resources,
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--seconds-between-status-checks",
+        "2",
+        "--jobs",
+        "6",
+        "--config",
+        f"data_url={shakespeare_url}",
     ]
 
 
 def preempt_first_training_job(cluster: SlurmCluster, stop: threading.Event, preempted: list[str]) -> None:
     """Requeue (as a preemption would) the first training job seen RUNNING for a few seconds."""
     while not stop.is_set():
-        result = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%M"], capture_output=True,
-                                text=True, env=cluster.env, timeout=30)
+        result = subprocess.run(
+            ["squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%M"],
+            capture_output=True,
+            text=True,
+            env=cluster.env,
+            timeout=30,
+        )
         for line in result.stdout.splitlines():
             job_id, comment, elapsed = line.split("|")
             if comment.startswith("rule_train_case") and elapsed not in ("0:00", "0:01", "0:02"):
-                requeue = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                                         env=cluster.env, timeout=30)
+                requeue = subprocess.run(
+                    ["scontrol", "requeue", job_id],
+                    capture_output=True,
+                    text=True,
+                    env=cluster.env,
+                    timeout=30,
+                )
                 if requeue.returncode == 0:
                     preempted.append(job_id)
                     return
@@ -118,7 +158,9 @@ def preempt_first_training_job(cluster: SlurmCluster, stop: threading.Event, pre
 
 def _numeric_equal(a: pd.Series, b: pd.Series, atol: float) -> bool:
     pairs = zip(a.astype(float), b.astype(float))
-    return all((math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=atol) for x, y in pairs)
+    return all(
+        (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=atol) for x, y in pairs
+    )
 
 
 def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
@@ -133,14 +175,17 @@ def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
                 round_off = column.startswith("tau") or (name == "claims.csv" and column == "measured")
                 tau_rows = want["claim"].str.contains("tau") if name == "claims.csv" else None
                 if tau_rows is not None and round_off:
-                    ok = _numeric_equal(got[column][~tau_rows], want[column][~tau_rows], 0.0) and \
-                        _numeric_equal(got[column][tau_rows], want[column][tau_rows], 1e-5)
+                    ok = _numeric_equal(
+                        got[column][~tau_rows], want[column][~tau_rows], 0.0
+                    ) and _numeric_equal(got[column][tau_rows], want[column][tau_rows], 1e-5)
                 else:
                     ok = _numeric_equal(got[column], want[column], 1e-5 if round_off else 0.0)
                 assert ok, f"{name}: column {column} differs:\n{got[column]}\n{want[column]}"
             else:
-                assert got[column].fillna("").astype(str).tolist() == want[column].fillna("").astype(str).tolist(), \
-                    f"{name}: column {column} differs"
+                assert (
+                    got[column].fillna("").astype(str).tolist()
+                    == want[column].fillna("").astype(str).tolist()
+                ), f"{name}: column {column} differs"
 
 
 @pytest.mark.slow
@@ -148,9 +193,13 @@ def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
 def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_path_factory):
     missing = missing_requirements()
     if missing:
-        pytest.fail("the SLURM test needs " + ", ".join(missing) + ": run it as root after .ci/run installed "
-                    "slurmctld slurmd slurm-client slurmdbd munge mariadb-server")
-    local_dir = shared_smoke_run(tmp_path_factory, shakespeare_url)  # the local reference (shared, built once)
+        pytest.fail(
+            "the SLURM test needs " + ", ".join(missing) + ": run it as root after .ci/run installed "
+            "slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
+        )
+    local_dir = shared_smoke_run(
+        tmp_path_factory, shakespeare_url
+    )  # the local reference (shared, built once)
     workdir = copy_pipeline(tmp_path / "wf")
     config = smoke_config()
     runs = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
@@ -160,22 +209,32 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
         env = snakemake_env()
         env.update(SLURM_CONF=cluster.env["SLURM_CONF"], PATH=f"{cluster.bin}:{env['PATH']}")
         stop, preempted = threading.Event(), []
-        watcher = threading.Thread(target=preempt_first_training_job, args=(cluster, stop, preempted), daemon=True)
+        watcher = threading.Thread(
+            target=preempt_first_training_job, args=(cluster, stop, preempted), daemon=True
+        )
         watcher.start()
         started = time.monotonic()
         try:
-            proc = subprocess.run(slurm_snakemake_command(shakespeare_url), cwd=workdir, env=env,
-                                  capture_output=True, text=True, timeout=SNAKEMAKE_TIMEOUT_S + 60)
+            proc = subprocess.run(
+                slurm_snakemake_command(shakespeare_url),
+                cwd=workdir,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=SNAKEMAKE_TIMEOUT_S + 60,
+            )
         finally:
             stop.set()
             watcher.join(timeout=60)
         elapsed = time.monotonic() - started
-        diagnostics = f"\n--- snakemake ---\n{(proc.stdout + proc.stderr)[-5000:]}\n--- daemons ---\n{cluster.logs()}"
+        diagnostics = (
+            f"\n--- snakemake ---\n{(proc.stdout + proc.stderr)[-5000:]}\n--- daemons ---\n{cluster.logs()}"
+        )
         assert proc.returncode == 0, f"snakemake exited {proc.returncode} after {elapsed:.0f} s" + diagnostics
         print(f"smoke DAG through SLURM: {elapsed:.0f} s")
 
         fields = ["JobID", "JobName", "State", "Comment", "AllocTRES", "ReqTRES", "ExitCode"]
-        jobs = cluster.sacct(fields)                       # the last record of every job
+        jobs = cluster.sacct(fields)  # the last record of every job
         attempts = cluster.sacct(fields, duplicates=True)  # every run of every job (requeues too)
 
     training = [job for job in jobs if job["Comment"].startswith(tuple(f"rule_{r}_" for r in TRAINING_RULES))]

@@ -1,6 +1,6 @@
-"""attnid.reports.statistics (docs/design.md §11): the paired comparison and the rank correlation, checked against
-their definitions: brute-force enumeration of the permutation nulls, the bootstrap's symmetries, the
-verdict's consistency with the CI, and the smallest p a few seeds can give."""
+"""attnid.reports.statistics (docs/design.md §11): the paired comparison and the rank correlation,
+checked against their definitions: brute-force enumeration of the permutation nulls, the bootstrap's
+symmetries, the verdict's consistency with the CI, and the smallest p a few seeds can give."""
 
 from __future__ import annotations
 
@@ -24,12 +24,14 @@ FAST = settings(max_examples=40, deadline=None)
 
 # ---------------------------------------------------------------------------- paired comparison
 
+
 def brute_force_sign_flip_p(values) -> float:
     """P(|mean of sign-flipped values| >= |observed mean|) over all 2^n sign vectors, counted directly."""
     values = np.asarray(values, dtype=float)
     observed = abs(values.sum())
-    count = sum(abs(np.dot(signs, values)) >= observed
-                for signs in itertools.product((1.0, -1.0), repeat=len(values)))
+    count = sum(
+        abs(np.dot(signs, values)) >= observed for signs in itertools.product((1.0, -1.0), repeat=len(values))
+    )
     return count / 2 ** len(values)
 
 
@@ -47,7 +49,7 @@ def test_one_sign_everywhere_gives_the_smallest_p_there_is(n_seeds):
     rng = np.random.default_rng(n_seeds)
     values = rng.uniform(0.01, 0.2, size=n_seeds)
     smallest = statistics.smallest_sign_flip_p_value(n_seeds)
-    assert smallest == 2 / 2 ** n_seeds
+    assert smallest == 2 / 2**n_seeds
     assert statistics.sign_flip_p_value(values) == pytest.approx(smallest)
     assert statistics.sign_flip_p_value(-values) == pytest.approx(smallest)
     assert statistics.smallest_sign_flip_p_value(5) == 0.0625  # the default config's 5 seeds never reach 0.05
@@ -93,8 +95,11 @@ def test_negating_the_differences_mirrors_everything(values):
     assert backward.ci_low == pytest.approx(-forward.ci_high, abs=1e-9)
     assert backward.ci_high == pytest.approx(-forward.ci_low, abs=1e-9)
     assert backward.p_value == pytest.approx(forward.p_value, abs=1e-12)
-    mirror = {statistics.BETTER: statistics.WORSE, statistics.WORSE: statistics.BETTER,
-              statistics.NO_DIFFERENCE: statistics.NO_DIFFERENCE}
+    mirror = {
+        statistics.BETTER: statistics.WORSE,
+        statistics.WORSE: statistics.BETTER,
+        statistics.NO_DIFFERENCE: statistics.NO_DIFFERENCE,
+    }
     if min(abs(forward.ci_low), abs(forward.ci_high)) > 1e-9:  # not on the edge of round-off
         assert backward.verdict == mirror[forward.verdict]
 
@@ -115,8 +120,9 @@ def test_the_verdict_is_read_off_the_ci(values):
 
 def test_the_ci_is_scipys_percentile_bootstrap_of_the_mean():
     values = np.array([-0.031, -0.012, -0.02, 0.004, -0.027])
-    expected = scipy_stats.bootstrap((values,), np.mean, n_resamples=9_999, method="percentile",
-                                     random_state=0).confidence_interval
+    expected = scipy_stats.bootstrap(
+        (values,), np.mean, n_resamples=9_999, method="percentile", random_state=0
+    ).confidence_interval
     assert statistics.mean_confidence_interval(values) == pytest.approx((expected.low, expected.high))
     result = statistics.compare_paired(values)
     assert result.verdict == statistics.BETTER and result.ci_high < 0
@@ -146,6 +152,7 @@ def test_differences_are_matched_by_seed():
 
 # ---------------------------------------------------------------------------- rank correlation
 
+
 def brute_force_rank_correlation_p(x, y) -> float:
     """Twice the smaller share of the n! orderings of y whose r_s is at most / at least the observed one."""
     observed = scipy_stats.spearmanr(x, y).statistic
@@ -155,8 +162,12 @@ def brute_force_rank_correlation_p(x, y) -> float:
     return min(1.0, 2 * min(at_most, at_least))
 
 
-small_points = st.integers(3, 6).flatmap(lambda n: st.tuples(
-    st.lists(st.integers(0, 4), min_size=n, max_size=n), st.lists(st.integers(0, 9), min_size=n, max_size=n)))
+small_points = st.integers(3, 6).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 4), min_size=n, max_size=n),
+        st.lists(st.integers(0, 9), min_size=n, max_size=n),
+    )
+)
 
 
 @FAST
@@ -196,8 +207,10 @@ def test_seed_bootstrap_ci_of_two_seeds_spans_the_three_seed_draws():
     the percentile CI runs from the smallest of the three correlations to the largest."""
     x = np.array([0.5, 0.75, 0.875, 0.9375])
     per_seed = np.array([[2.40, 2.52], [2.47, 2.45], [2.44, 2.48], [2.50, 2.41]])
-    draws = [statistics.rank_correlation(x, per_seed[:, list(pair)].mean(axis=1))
-             for pair in ((0, 0), (0, 1), (1, 1))]
+    draws = [
+        statistics.rank_correlation(x, per_seed[:, list(pair)].mean(axis=1))
+        for pair in ((0, 0), (0, 1), (1, 1))
+    ]
     low, high = statistics.rank_correlation_ci_over_seeds(x, per_seed)
     assert low == pytest.approx(min(draws)) and high == pytest.approx(max(draws))
     assert min(draws) < max(draws)

@@ -13,18 +13,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from scipy import stats
-
-from attnid.theory import counts
-from attnid.reports import figures
-from attnid.reports import latex
-from attnid.reports import studies
-from attnid.cli import main
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines
+from scipy import stats
 from synthetic_runs import write_run
 
+from attnid.cli import main
+from attnid.reports import figures, latex, studies
+from attnid.theory import counts
 
 # ---------------------------------------------------------------------------- planning
+
 
 @pytest.mark.parametrize("n_embd, reference", [(128, 4), (32, 2), (384, 6), (768, 12), (100, 1)])
 def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_form(n_embd, reference):
@@ -32,8 +30,9 @@ def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_fo
     e0 = studies.matched_single_head_embd(n_embd, reference)
     assert e0 % 2 == 0 and abs(e0 - exact) <= 1
     assert abs(e0 - exact) == min(abs(even - exact) for even in range(0, 2 * n_embd + 4, 2))
-    # the single head's identified count 2 E0^2 matches the H_ref-head layer's (4 - 2/H) E^2 up to the rounding
-    identified_multi = float(counts.multi_head_identified_share(reference)) * n_embd ** 2
+    # the single head's identified count 2 E0^2 matches the H_ref-head layer's (4 - 2/H) E^2 up to the
+    # rounding
+    identified_multi = float(counts.multi_head_identified_share(reference)) * n_embd**2
     single = counts.single_head_params(e0) - counts.single_head_unidentified_params(e0)
     assert single == pytest.approx(identified_multi, rel=2.5 / exact)
 
@@ -41,16 +40,24 @@ def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_fo
 def test_default_config_plans_the_issue_points():
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     plan = studies.study_points(config)
-    e0 = studies.matched_single_head_embd(config["model"]["n_embd"], config["heads"]["matched_reference_heads"])
+    e0 = studies.matched_single_head_embd(
+        config["model"]["n_embd"], config["heads"]["matched_reference_heads"]
+    )
     heads = {point.name: point for point in plan["heads"]}
     assert list(heads) == [f"h{h}" for h in (1, 2, 4, 8, 16)] + [f"h1_e{e0}"]
     assert all(point.head_dim * point.n_head == point.n_embd for point in heads.values())
     assert (heads[f"h1_e{e0}"].n_embd, heads[f"h1_e{e0}"].n_head, heads[f"h1_e{e0}"].head_dim) == (e0, 1, e0)
     n_head = config["model"]["n_head"]
     variants = {point.name: (point.n_kv_head, point.rope, point.n_head) for point in plan["variants"]}
-    assert sorted(variants.values()) == sorted([(n_head, False, n_head), (n_head // 2, False, n_head),
-                                                (1, False, n_head), (n_head, True, n_head),
-                                                (n_head // 2, True, n_head)])
+    assert sorted(variants.values()) == sorted(
+        [
+            (n_head, False, n_head),
+            (n_head // 2, False, n_head),
+            (1, False, n_head),
+            (n_head, True, n_head),
+            (n_head // 2, True, n_head),
+        ]
+    )
     assert studies.check_study_config(config) == []
     for section in ("heads", "variants"):  # the same token budget for every point of a study
         assert "max_iters" in config[section] and "batch_size" not in config[section]
@@ -85,11 +92,30 @@ def test_shapes_the_model_cannot_build_are_config_problems():
 
 # ---------------------------------------------------------------------------- synthetic study
 
-def write_study_run(root, study, point, seed, arch: dict, val_loss: float, rho: float, n_params: int = 1000,
-                    status: str = "completed"):
+
+def write_study_run(
+    root,
+    study,
+    point,
+    seed,
+    arch: dict,
+    val_loss: float,
+    rho: float,
+    n_params: int = 1000,
+    status: str = "completed",
+):
     """A synthetic run of a study point: synthetic_runs.write_run plus the architecture in run.json."""
-    run_dir = write_run(root / study / point / f"seed{seed}", "adamw", seed, 1e-3, rho_qk=rho, rho_ov=2 * rho,
-                        final_val_loss=val_loss, mu=0.1 * (seed + 1), status=status)
+    run_dir = write_run(
+        root / study / point / f"seed{seed}",
+        "adamw",
+        seed,
+        1e-3,
+        rho_qk=rho,
+        rho_ov=2 * rho,
+        final_val_loss=val_loss,
+        mu=0.1 * (seed + 1),
+        status=status,
+    )
     info = json.loads((run_dir / "run.json").read_text())
     info["config"].update({"n_layer": 2, "bias": False, **arch})
     info["n_params"] = n_params
@@ -100,8 +126,12 @@ def write_study_run(root, study, point, seed, arch: dict, val_loss: float, rho: 
 HEADS = {"h1": 1, "h2": 2, "h4": 4, "h8": 8}
 # val loss per point and seed: falls with H on seeds 0 and 1; seed 2 swaps h4 and h8
 LOSSES = {"h1": (2.4, 2.5, 2.45), "h2": (2.3, 2.35, 2.3), "h4": (2.2, 2.25, 2.1), "h8": (2.1, 2.15, 2.15)}
-VARIANTS = {"mha": {"n_head": 4}, "gqa2": {"n_head": 4, "n_kv_head": 2}, "mqa": {"n_head": 4, "n_kv_head": 1},
-            "rope": {"n_head": 4, "rope": True}}
+VARIANTS = {
+    "mha": {"n_head": 4},
+    "gqa2": {"n_head": 4, "n_kv_head": 2},
+    "mqa": {"n_head": 4, "n_kv_head": 1},
+    "rope": {"n_head": 4, "rope": True},
+}
 
 
 @pytest.fixture()
@@ -109,15 +139,38 @@ def synthetic_study(tmp_path):
     root = tmp_path / "studies"
     for point, n_head in HEADS.items():
         for seed in range(3):
-            write_study_run(root, "heads", point, seed, {"n_embd": 32, "n_head": n_head}, LOSSES[point][seed],
-                            rho=0.1 / n_head, n_params=1000 + n_head)
+            write_study_run(
+                root,
+                "heads",
+                point,
+                seed,
+                {"n_embd": 32, "n_head": n_head},
+                LOSSES[point][seed],
+                rho=0.1 / n_head,
+                n_params=1000 + n_head,
+            )
     for seed in range(3):
-        write_study_run(root, "heads", "h1_e40", seed, {"n_embd": 40, "n_head": 1, "head_dim": 40}, 2.0 + seed / 10,
-                        rho=0.2)
+        write_study_run(
+            root,
+            "heads",
+            "h1_e40",
+            seed,
+            {"n_embd": 40, "n_head": 1, "head_dim": 40},
+            2.0 + seed / 10,
+            rho=0.2,
+        )
     for index, (point, arch) in enumerate(VARIANTS.items()):
         for seed in range(2):
-            write_study_run(root, "variants", point, seed, {"n_embd": 32, **arch}, 2.0 - index / 10 + seed / 100,
-                            rho=0.01 * (index + 1), status="diverged" if (point, seed) == ("mqa", 1) else "completed")
+            write_study_run(
+                root,
+                "variants",
+                point,
+                seed,
+                {"n_embd": 32, **arch},
+                2.0 - index / 10 + seed / 100,
+                rho=0.01 * (index + 1),
+                status="diverged" if (point, seed) == ("mqa", 1) else "completed",
+            )
     return root
 
 
@@ -132,9 +185,13 @@ def test_gathering_summarizes_every_point_over_its_seeds(synthetic_study, tmp_pa
         assert row.identified_fraction == pytest.approx(1 - 1 / (2 * n_head))  # T3 for D = E/H
         assert row.final_val_loss_mean == pytest.approx(np.mean(LOSSES[point]))
         assert row.final_val_loss_sd == pytest.approx(np.std(LOSSES[point], ddof=1))
-        assert row.rho_qk_mean_mean == pytest.approx(0.1 / n_head) and row.rho_ov_mean_mean == pytest.approx(0.2 / n_head)
+        assert row.rho_qk_mean_mean == pytest.approx(0.1 / n_head) and row.rho_ov_mean_mean == pytest.approx(
+            0.2 / n_head
+        )
         shape = counts.layer_shape(32, n_head)
-        assert row.attn_params == 2 * counts.attention_params_per_layer(shape) and row.n_params == 1000 + n_head
+        assert (
+            row.attn_params == 2 * counts.attention_params_per_layer(shape) and row.n_params == 1000 + n_head
+        )
         assert row.n_seeds == 3 and row.tokens_per_s_mean == pytest.approx(1000.0)
     assert heads.loc["h1_e40", "identified_fraction"] == pytest.approx(0.5)
     assert heads.loc["h1_e40", "n_embd"] == 40 and heads.loc["h1_e40", "label"] == "H=1"
@@ -144,7 +201,9 @@ def test_gathering_summarizes_every_point_over_its_seeds(synthetic_study, tmp_pa
     for point, arch in VARIANTS.items():
         expected = counts.identified_fraction(32, 4, arch.get("n_kv_head"), rope=arch.get("rope", False))
         assert variants.loc[point, "identified_fraction"] == pytest.approx(expected)
-    assert variants.loc["gqa2", "identified_fraction"] == pytest.approx(1 - 2 * 2 * 8 ** 2 / (32 * (32 + 16 + 16 + 32)))
+    assert variants.loc["gqa2", "identified_fraction"] == pytest.approx(
+        1 - 2 * 2 * 8**2 / (32 * (32 + 16 + 16 + 32))
+    )
     assert variants.loc["mqa", "n_diverged"] == 1  # counted, not averaged
     assert variants.loc["mqa", "final_val_loss_mean"] == pytest.approx(2.0 - 2 / 10)
     assert variants.loc["rope", "label"] == "H=4, RoPE" and variants.loc["mqa", "label"] == "H=4, MQA"
@@ -167,8 +226,10 @@ def seed_draw_range(x, per_seed: dict) -> tuple[float, float]:
     this range."""
     points = list(per_seed)
     n_seeds = len(per_seed[points[0]])
-    values = [stats.spearmanr(x, [np.mean([per_seed[p][s] for s in draw]) for p in points]).statistic
-              for draw in itertools.combinations_with_replacement(range(n_seeds), n_seeds)]
+    values = [
+        stats.spearmanr(x, [np.mean([per_seed[p][s] for s in draw]) for p in points]).statistic
+        for draw in itertools.combinations_with_replacement(range(n_seeds), n_seeds)
+    ]
     return min(values), max(values)
 
 
@@ -184,7 +245,9 @@ def test_rank_correlation_with_its_p_value_and_seed_bootstrap(synthetic_study, t
     per_seed = [stats.spearmanr(x, [losses[p][s] for p in losses]).statistic for s in range(3)]
     row = rows.loc[("heads", "all points")]
     assert row.spearman_per_seed_mean == pytest.approx(np.mean(per_seed))
-    assert row.spearman_per_seed_sd == pytest.approx(np.std(per_seed, ddof=1)) and row.spearman_per_seed_sd > 0
+    assert (
+        row.spearman_per_seed_sd == pytest.approx(np.std(per_seed, ddof=1)) and row.spearman_per_seed_sd > 0
+    )
     assert row.spearman_of_means == pytest.approx(stats.spearmanr(x, means).statistic)
     assert row.n_seed_correlations == 3 and row.n_points == 5 and row.n_ci_seeds == 3
     assert row.p_value == pytest.approx(brute_force_permutation_p(x, means))  # 5! orderings, exact
@@ -210,17 +273,26 @@ def test_rank_correlation_with_its_p_value_and_seed_bootstrap(synthetic_study, t
     assert rows.loc[("all", "without RoPE")].n_points == pooled.n_points - 1
     assert rows.loc[("all", "without matched single head")].n_points == pooled.n_points - 1
     pooled_losses = {f"heads/{p}": np.mean(v) for p, v in losses.items()}
-    pooled_losses |= {f"variants/{p}": 2.0 - i / 10 + (0.005 if p != "mqa" else 0.0)
-                      for i, p in enumerate(VARIANTS) if p != "mha"}
+    pooled_losses |= {
+        f"variants/{p}": 2.0 - i / 10 + (0.005 if p != "mqa" else 0.0)
+        for i, p in enumerate(VARIANTS)
+        if p != "mha"
+    }
     pooled_x = {f"heads/{p}": f for p, f in fractions.items()}
-    pooled_x |= {f"variants/{p}": counts.identified_fraction(32, 4, a.get("n_kv_head"),
-                                                            rope=a.get("rope", False))
-                 for p, a in VARIANTS.items() if p != "mha"}
+    pooled_x |= {
+        f"variants/{p}": counts.identified_fraction(32, 4, a.get("n_kv_head"), rope=a.get("rope", False))
+        for p, a in VARIANTS.items()
+        if p != "mha"
+    }
     without_rope = [p for p in pooled_losses if p != "variants/rope"]
     expected = stats.spearmanr([pooled_x[p] for p in without_rope], [pooled_losses[p] for p in without_rope])
     assert rows.loc[("all", "without RoPE")].spearman_of_means == pytest.approx(expected.statistic)
-    assert set(table["subset"]) == {"all points", "head sweep alone", "without RoPE",
-                                    "without matched single head"}
+    assert set(table["subset"]) == {
+        "all points",
+        "head sweep alone",
+        "without RoPE",
+        "without matched single head",
+    }
     assert table["p_value"].between(0, 1, inclusive="right").all()
 
     tex = (out / "identification_correlation.tex").read_text()
@@ -232,14 +304,19 @@ def test_rank_correlation_with_its_p_value_and_seed_bootstrap(synthetic_study, t
 
 
 def test_one_study_alone_gets_its_own_confound_split(synthetic_study, tmp_path):
-    heads = studies.write_study_tables({"heads": sorted((synthetic_study / "heads").glob("*/seed*"))},
-                                       tmp_path / "heads_only")["correlation"]
-    assert set(zip(heads["study"], heads["subset"])) == {("heads", "all points"),
-                                                         ("heads", "head sweep alone")}
+    heads = studies.write_study_tables(
+        {"heads": sorted((synthetic_study / "heads").glob("*/seed*"))}, tmp_path / "heads_only"
+    )["correlation"]
+    assert set(zip(heads["study"], heads["subset"])) == {
+        ("heads", "all points"),
+        ("heads", "head sweep alone"),
+    }
     variant_runs = sorted((synthetic_study / "variants").glob("*/seed*"))
     variants = studies.write_study_tables({"variants": variant_runs}, tmp_path / "variants")["correlation"]
-    assert set(zip(variants["study"], variants["subset"])) == {("variants", "all points"),
-                                                               ("variants", "without RoPE")}
+    assert set(zip(variants["study"], variants["subset"])) == {
+        ("variants", "all points"),
+        ("variants", "without RoPE"),
+    }
     assert (variants.loc[variants["subset"] == "without RoPE", "n_points"] == len(VARIANTS) - 1).all()
 
 
@@ -252,14 +329,19 @@ def test_no_runs_is_one_line(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------- figure 5 and the appendix
 
+
 @pytest.mark.slow  # matplotlib layout, a few seconds
 def test_figure_5_is_drawn_and_included_in_the_appendix(synthetic_study, tmp_path):
     tables = tmp_path / "tables"
-    studies.write_study_tables({s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables)
+    studies.write_study_tables(
+        {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
+    )
     paths = figures.figure_identification_study(tables, tmp_path / "figs")
     assert sorted(p.name for p in paths) == ["fig5.pdf", "fig5.png"]
     assert all(p.stat().st_size > 5_000 for p in paths)
-    fig = figures.draw_identification_study(pd.read_csv(tables / "heads.csv"), pd.read_csv(tables / "variants.csv"))
+    fig = figures.draw_identification_study(
+        pd.read_csv(tables / "heads.csv"), pd.read_csv(tables / "variants.csv")
+    )
     fraction_axis = fig.axes[0]
     curve = fraction_axis.get_lines()[0]
     h = curve.get_xdata()
@@ -271,14 +353,25 @@ def test_figure_5_is_drawn_and_included_in_the_appendix(synthetic_study, tmp_pat
 
 def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_study):
     tables = tmp_path / "tables"
-    studies.write_study_tables({s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables)
-    text = latex.render_appendix(*_theory(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables)
+    studies.write_study_tables(
+        {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
+    )
+    text = latex.render_appendix(
+        *_theory(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables
+    )
     assert r"\section{Does identification buy anything?}" in text
     assert r"\label{tab:study-heads}" in text and r"\label{tab:study-variants}" in text
 
 
-@pytest.mark.parametrize("values, gap", [([0.5], 0.1), ([0.90, 0.91, 0.95, 0.953, 0.957], 0.02),
-                                         ([0.1, 0.5, 0.9], 0.05), ([0.3, 0.3, 0.3], 0.01)])
+@pytest.mark.parametrize(
+    "values, gap",
+    [
+        ([0.5], 0.1),
+        ([0.90, 0.91, 0.95, 0.953, 0.957], 0.02),
+        ([0.1, 0.5, 0.9], 0.05),
+        ([0.3, 0.3, 0.3], 0.01),
+    ],
+)
 def test_figure_5_labels_are_spread_at_least_a_gap_apart_and_stay_near_their_points(values, gap):
     positions = figures.spread_positions(values, gap)
     assert len(positions) == len(values)
@@ -291,7 +384,9 @@ def test_figure_5_labels_are_spread_at_least_a_gap_apart_and_stay_near_their_poi
 def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synthetic_study, monkeypatch):
     """Study tables, Figure 5 and prune.tex of an earlier build sit in the folders; --omit leaves them out."""
     tables = tmp_path / "tables"
-    studies.write_study_tables({s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables)
+    studies.write_study_tables(
+        {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
+    )
     (tables / "prune.tex").write_text("\\begin{table}PRUNE-LEFTOVER\\end{table}\n")
     figs = tmp_path / "figs"
     figs.mkdir()
@@ -300,10 +395,16 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     out = tmp_path / "paper" / "appendix.tex"
     full = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
     assert "fig5.pdf" in full and r"\label{tab:study-heads}" in full and "PRUNE-LEFTOVER" in full
-    lean = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs,
-                                 omit=("studies", "edits"))
-    for leftover in ("fig5.pdf", "tab:study-heads", "tab:study-variants", "Does identification buy anything",
-                     "PRUNE-LEFTOVER"):
+    lean = latex.render_appendix(
+        *_theory(tmp_path), out, experiment_tables=tables, figures=figs, omit=("studies", "edits")
+    )
+    for leftover in (
+        "fig5.pdf",
+        "tab:study-heads",
+        "tab:study-variants",
+        "Does identification buy anything",
+        "PRUNE-LEFTOVER",
+    ):
         assert leftover not in lean, leftover
     assert "fig4.pdf" in lean
     # the figures command: no Figure 5 from the leftover study tables with --no-studies
@@ -314,25 +415,77 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     monkeypatch.setattr(figures, "figure_identification_study", lambda *args: drawn.append("fig5") or [])
     monkeypatch.setattr(figures, "load_runs_by_case", lambda *args: {"adamw": ["a run"]})
     theory = _theory(tmp_path)[0].parent
-    assert main(["figures", "--tables", str(tables), "--runs", "r", "--theory-dir", str(theory), "--out-dir",
-                 str(figs), "--no-studies"]) == 0
+    assert (
+        main(
+            [
+                "figures",
+                "--tables",
+                str(tables),
+                "--runs",
+                "r",
+                "--theory-dir",
+                str(theory),
+                "--out-dir",
+                str(figs),
+                "--no-studies",
+            ]
+        )
+        == 0
+    )
     assert drawn == []
-    assert main(["figures", "--tables", str(tables), "--runs", "r", "--theory-dir", str(theory), "--out-dir",
-                 str(figs)]) == 0
+    assert (
+        main(
+            [
+                "figures",
+                "--tables",
+                str(tables),
+                "--runs",
+                "r",
+                "--theory-dir",
+                str(theory),
+                "--out-dir",
+                str(figs),
+            ]
+        )
+        == 0
+    )
     assert drawn == ["fig5"]
 
 
 def _theory(tmp_path):
     """The three theory CSVs of `attnid counts` and a tiny `attnid verify`-shaped nullity table."""
     theory = tmp_path / "theory"
-    assert main(["counts", "--architectures", str(REPO / "config/architectures.yaml"),
-                 "--out", str(theory / "counts.csv"), "--single-head-out", str(theory / "single_head.csv")]) == 0
-    pd.DataFrame({"case": ["h1"], "kind": ["attention"], "n_params": [576], "n_outputs": [600], "theory": [288],
-                  "measured": [288], "gap": [1e12], "passed": [True]}).to_csv(theory / "nullity.csv", index=False)
+    assert (
+        main(
+            [
+                "counts",
+                "--architectures",
+                str(REPO / "config/architectures.yaml"),
+                "--out",
+                str(theory / "counts.csv"),
+                "--single-head-out",
+                str(theory / "single_head.csv"),
+            ]
+        )
+        == 0
+    )
+    pd.DataFrame(
+        {
+            "case": ["h1"],
+            "kind": ["attention"],
+            "n_params": [576],
+            "n_outputs": [600],
+            "theory": [288],
+            "measured": [288],
+            "gap": [1e12],
+            "passed": [True],
+        }
+    ).to_csv(theory / "nullity.csv", index=False)
     return theory / "counts.csv", theory / "nullity.csv", theory / "single_head.csv"
 
 
 # ---------------------------------------------------------------------------- the rules
+
 
 def test_smoke_plan_lists_one_training_job_per_point_and_seed(tmp_path):
     copy_pipeline(tmp_path)
@@ -340,22 +493,34 @@ def test_smoke_plan_lists_one_training_job_per_point_and_seed(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = smoke_config()
     plan = studies.study_points(config)
-    expected = {f"{config['results_dir']}/studies/{study}/{point.name}/seed{seed}"
-                for study, points in plan.items() for point in points for seed in config[study]["seeds"]}
+    expected = {
+        f"{config['results_dir']}/studies/{study}/{point.name}/seed{seed}"
+        for study, points in plan.items()
+        for point in points
+        for seed in config[study]["seeds"]
+    }
     planned = set(re.findall(r"attnid train [^\n]*--out (\S+/studies/\S+)", proc.stdout))
-    reused = {f"{config['results_dir']}/studies/{study}/{point}/seed{seed}": (source_study, source_point)
-              for (study, point), (source_study, source_point) in studies.reused_points(config).items()
-              for seed in config[study]["seeds"]}
+    reused = {
+        f"{config['results_dir']}/studies/{study}/{point}/seed{seed}": (source_study, source_point)
+        for (study, point), (source_study, source_point) in studies.reused_points(config).items()
+        for seed in config[study]["seeds"]
+    }
     assert reused and planned == expected - set(reused)
     for run_dir, (source_study, source_point) in reused.items():  # copied from the point it repeats
         seed = run_dir.rsplit("/seed", 1)[1]
         source = f"{config['results_dir']}/studies/{source_study}/{source_point}/seed{seed}"
-        assert re.search(rf"cp {re.escape(source)}/metrics.csv {re.escape(run_dir)}/metrics.csv.tmp", proc.stdout)
-    rope_mqa = re.search(r"attnid train [^\n]*--out \S+/studies/variants/rope_mqa/seed0", proc.stdout).group(0)
+        assert re.search(
+            rf"cp {re.escape(source)}/metrics.csv {re.escape(run_dir)}/metrics.csv.tmp", proc.stdout
+        )
+    rope_mqa = re.search(r"attnid train [^\n]*--out \S+/studies/variants/rope_mqa/seed0", proc.stdout).group(
+        0
+    )
     assert "--case adamw " in rope_mqa and "--n-kv-head 1 " in rope_mqa and "--rope " in rope_mqa
     assert f"--max-iters {config['variants']['max_iters']} " in rope_mqa
     assert f"--lr {config['cases']['adamw']['lr']} " in rope_mqa
-    e0 = studies.matched_single_head_embd(config["model"]["n_embd"], config["heads"]["matched_reference_heads"])
+    e0 = studies.matched_single_head_embd(
+        config["model"]["n_embd"], config["heads"]["matched_reference_heads"]
+    )
     matched = re.search(rf"attnid train [^\n]*--out \S+/studies/heads/h1_e{e0}/seed0", proc.stdout).group(0)
     assert "--n-head 1 " in matched and f"--n-embd {e0} " in matched and f"--head-dim {e0} " in matched
     assert "attnid studies --heads-runs" in proc.stdout and "fig5.pdf" in proc.stdout
@@ -366,15 +531,25 @@ def test_the_stages_beyond_the_paper_are_optional(tmp_path):
     # null turns a section off from the command line (a config file may simply leave it out)
     proc = run_snakemake(tmp_path, "-n", "-p", config={"heads": "null", "variants": "null", "edits": "null"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for absent in ("rule train_study", "rule study_tables", "rule train_edits", "rule edits_table", "fig5.p",
-                   "attnid studies"):
+    for absent in (
+        "rule train_study",
+        "rule study_tables",
+        "rule train_edits",
+        "rule edits_table",
+        "fig5.p",
+        "attnid studies",
+    ):
         assert absent not in proc.stdout, absent
     assert "rule train_case" in proc.stdout and "fig4.pdf" in proc.stdout and "rule appendix" in proc.stdout
     # one study alone: its own table, no reuse (the repeated point's source is not planned), Figure 5
     proc = run_snakemake(tmp_path, "-n", "-p", config={"heads": "null"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "attnid studies --variants-runs" in proc.stdout and "--heads-runs" not in proc.stdout
-    assert "rule reuse_study_run" not in proc.stdout and "variants.csv" in proc.stdout and "heads.csv" not in proc.stdout
+    assert (
+        "rule reuse_study_run" not in proc.stdout
+        and "variants.csv" in proc.stdout
+        and "heads.csv" not in proc.stdout
+    )
     assert "fig5.pdf" in proc.stdout
 
 
@@ -386,7 +561,9 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
     proc = run_snakemake(tmp_path, "-n", configfile="config/mine.yaml")
     assert proc.returncode != 0
     lines = stderr_lines(proc)
-    assert len(lines) == 1 and lines[0].startswith("config error: heads/h3: n_head 3 does not divide"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("config error: heads/h3: n_head 3 does not divide"), (
+        proc.stderr
+    )
 
 
 @pytest.mark.slow
@@ -394,12 +571,23 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
 def test_study_tables_fit_the_page(tmp_path):
     """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
     parameters) compile at 9 pt with no box more than 5 pt too wide."""
-    arches = {"h16": {"n_embd": 128, "n_head": 16}, "h1_e170": {"n_embd": 170, "n_head": 1, "head_dim": 170},
-              "rope_gqa2": {"n_embd": 128, "n_head": 4, "n_kv_head": 2, "rope": True}}
+    arches = {
+        "h16": {"n_embd": 128, "n_head": 16},
+        "h1_e170": {"n_embd": 170, "n_head": 1, "head_dim": 170},
+        "rope_gqa2": {"n_embd": 128, "n_head": 4, "n_kv_head": 2, "rope": True},
+    }
     for point, arch in arches.items():
         for seed in range(3):
-            write_study_run(tmp_path / "studies", "variants", point, seed, arch, 2.0345 + 0.0123 * seed,
-                            rho=1.3e-9 * (seed + 1), n_params=12_345_678)
+            write_study_run(
+                tmp_path / "studies",
+                "variants",
+                point,
+                seed,
+                arch,
+                2.0345 + 0.0123 * seed,
+                rho=1.3e-9 * (seed + 1),
+                n_params=12_345_678,
+            )
     tables, paper = tmp_path / "tables", tmp_path / "paper"
     studies.write_study_tables({"variants": sorted((tmp_path / "studies/variants").glob("*/seed*"))}, tables)
     paper.mkdir()

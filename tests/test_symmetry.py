@@ -7,12 +7,13 @@ drawn with random shapes and with A and B at independent scales 10^[-2, 2].
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from attnid.model.layout import layout_of, model_pairs, pairs_from_tensors, write_pairs_back
-from attnid.theory.circuits import CIRCUITS
-from attnid.theory import factor_pairs
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.layout import layout_of, model_pairs, pairs_from_tensors, write_pairs_back
+from attnid.theory import factor_pairs
+from attnid.theory.circuits import CIRCUITS
 
 F64 = torch.float64
 # derandomized and without an example database: the same examples on every run (CI is reproducible,
@@ -43,8 +44,10 @@ def norm(x) -> torch.Tensor:
 
 
 def random_step(pair_a, pair_b, gen):
-    return (torch.randn(pair_a.shape, generator=gen, dtype=F64) * pair_a.abs().mean(),
-            torch.randn(pair_b.shape, generator=gen, dtype=F64) * pair_b.abs().mean())
+    return (
+        torch.randn(pair_a.shape, generator=gen, dtype=F64) * pair_a.abs().mean(),
+        torch.randn(pair_b.shape, generator=gen, dtype=F64) * pair_b.abs().mean(),
+    )
 
 
 def brute_force_projection(pair_a, pair_b, step_a, step_b):
@@ -61,7 +64,9 @@ def brute_force_projection(pair_a, pair_b, step_a, step_b):
     target = torch.cat([step_a.flatten(), step_b.flatten()])
     coeffs = torch.linalg.lstsq(tangent, target, driver="gelsd").solution
     projected = tangent @ coeffs
-    return projected[: step_a.numel()].reshape(step_a.shape), projected[step_a.numel():].reshape(step_b.shape)
+    return projected[: step_a.numel()].reshape(step_a.shape), projected[step_a.numel() :].reshape(
+        step_b.shape
+    )
 
 
 @PROPERTY
@@ -110,12 +115,15 @@ def test_projection_matches_least_squares_oracle(batch):
     projected = factor_pairs.tangent_projection(pair_a, pair_b, *step)
     for head in range(pair_a.shape[0]):
         expected = brute_force_projection(pair_a[head], pair_b[head], step[0][head], step[1][head])
-        error = norm((projected[0][head:head + 1] - expected[0], projected[1][head:head + 1] - expected[1]))
-        assert float(error) <= 1e-9 * float(norm((step[0][head:head + 1], step[1][head:head + 1])))
+        error = norm(
+            (projected[0][head : head + 1] - expected[0], projected[1][head : head + 1] - expected[1])
+        )
+        assert float(error) <= 1e-9 * float(norm((step[0][head : head + 1], step[1][head : head + 1])))
 
 
 def test_singular_pair_is_counted_and_still_projected_exactly():
-    """A, B sharing a null row: A A^T + B B^T is singular; the pseudo-inverse solve is still the projection."""
+    """A, B sharing a null row: A A^T + B B^T is singular; the pseudo-inverse solve is still the
+    projection."""
     gen = torch.Generator().manual_seed(3)
     pair_a = torch.randn(1, 3, 5, generator=gen, dtype=F64)
     pair_b = torch.randn(1, 3, 4, generator=gen, dtype=F64)
@@ -183,18 +191,26 @@ def test_rebalancing_keeps_the_product_and_hits_the_target(batch, target_kind, l
         # a target on the scale of the product's singular values (times 10^[-2, 2]): a target far
         # larger makes A' huge and B' tiny, and A'^T B' then carries eps * ||A'|| ||B'|| >> eps ||A^T B||
         product_scale = float(torch.linalg.matrix_norm(pair_a.transpose(-1, -2) @ pair_b, ord=2).max())
-        target = random_symmetric(dim, heads, gen, 10.0 ** log_target_scale * product_scale / dim)
+        target = random_symmetric(dim, heads, gen, 10.0**log_target_scale * product_scale / dim)
     new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, target)
     assert bool(done.all())  # random pairs have well-conditioned products
     product = pair_a.transpose(-1, -2) @ pair_b
     new_product = new_a.transpose(-1, -2) @ new_b
     # product relative to its own size, and relative to the factors' sizes (what float64 guarantees)
-    assert torch.all(torch.linalg.matrix_norm(new_product - product)
-                     <= 1e-13 * torch.linalg.matrix_norm(new_a) * torch.linalg.matrix_norm(new_b))
-    assert torch.all(torch.linalg.matrix_norm(new_product - product) <= 1e-12 * torch.linalg.matrix_norm(product))
+    assert torch.all(
+        torch.linalg.matrix_norm(new_product - product)
+        <= 1e-13 * torch.linalg.matrix_norm(new_a) * torch.linalg.matrix_norm(new_b)
+    )
+    assert torch.all(
+        torch.linalg.matrix_norm(new_product - product) <= 1e-12 * torch.linalg.matrix_norm(product)
+    )
     # imbalance relative to the size of the two Gram matrices it is the difference of
-    gram_scale = torch.linalg.matrix_norm(factor_pairs.gram(new_a)) + torch.linalg.matrix_norm(factor_pairs.gram(new_b))
-    assert torch.all(torch.linalg.matrix_norm(factor_pairs.imbalance(new_a, new_b) - target) <= 1e-10 * gram_scale)
+    gram_scale = torch.linalg.matrix_norm(factor_pairs.gram(new_a)) + torch.linalg.matrix_norm(
+        factor_pairs.gram(new_b)
+    )
+    assert torch.all(
+        torch.linalg.matrix_norm(factor_pairs.imbalance(new_a, new_b) - target) <= 1e-10 * gram_scale
+    )
 
 
 @PROPERTY
@@ -226,6 +242,7 @@ def test_rank_deficient_product_is_skipped():
 
 # ------------------------------------------------------------------ pairs in a real model
 
+
 def tiny_gpt(bias: bool, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     model = GPT(GPTConfig(block_size=8, vocab_size=13, n_layer=2, n_head=3, n_embd=12, bias=bias)).double()
@@ -244,7 +261,7 @@ def test_pairs_reproduce_the_attention_products():
     with torch.no_grad():
         q, _, v = attn.c_attn(x).split(12)  # query and value of token x: (E,) each
         k = attn.c_attn(y).split(12)[1]  # key of token y
-        projected_values = [attn.c_proj.weight[:, 4 * h:4 * h + 4] @ v[4 * h:4 * h + 4] for h in range(3)]
+        projected_values = [attn.c_proj.weight[:, 4 * h : 4 * h + 4] @ v[4 * h : 4 * h + 4] for h in range(3)]
     tensors, layout = (attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight), layout_of(model)
     query, key = pairs_from_tensors(*tensors, layout, "qk")
     value, output = pairs_from_tensors(*tensors, layout, "ov")
@@ -252,7 +269,9 @@ def test_pairs_reproduce_the_attention_products():
     for head in range(3):
         rows = slice(4 * head, 4 * head + 4)
         assert torch.allclose(x1 @ query[head].T @ key[head] @ y1, q[rows] @ k[rows], rtol=1e-12, atol=1e-14)
-        assert torch.allclose(output[head].T @ value[head] @ x1, projected_values[head], rtol=1e-12, atol=1e-14)
+        assert torch.allclose(
+            output[head].T @ value[head] @ x1, projected_values[head], rtol=1e-12, atol=1e-14
+        )
 
 
 def test_write_back_is_the_inverse_of_extraction_and_the_orbit_is_a_symmetry():
@@ -274,7 +293,11 @@ def test_write_back_is_the_inverse_of_extraction_and_the_orbit_is_a_symmetry():
                 moved.append((group @ pair_a, torch.linalg.inv(group).transpose(-1, -2) @ pair_b))
             write_pairs_back(model, circuit, moved)
         changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
-        assert sorted(changed) == sorted(k for k in before if ".attn.c_attn." in k or k.endswith("attn.c_proj.weight"))
+        assert sorted(changed) == sorted(
+            k for k in before if ".attn.c_attn." in k or k.endswith("attn.c_proj.weight")
+        )
         with torch.no_grad():
             logits_after, _ = model(idx, idx)
-        assert torch.allclose(logits_after, logits_before, rtol=0, atol=1e-12 * float(logits_before.abs().max()))
+        assert torch.allclose(
+            logits_after, logits_before, rtol=0, atol=1e-12 * float(logits_before.abs().max())
+        )

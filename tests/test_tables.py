@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
-from attnid.training import rundir
-from attnid.reports import latex, tables
 from synthetic_runs import write_run, write_study
+
+from attnid.reports import latex, tables
+from attnid.training import rundir
 
 
 @pytest.fixture()
@@ -24,7 +24,7 @@ def study(tmp_path):
 
 def test_loglog_slope_of_beta_proportional_to_lr_squared_is_two():
     lr = np.array([1e-3, 1e-2, 3e-2, 1e-1])
-    fit = tables.fit_loglog_slope(lr, 7.0 * lr ** 2)
+    fit = tables.fit_loglog_slope(lr, 7.0 * lr**2)
     assert fit["slope"] == pytest.approx(2.0, abs=1e-12)
     assert fit["intercept"] == pytest.approx(math.log10(7.0), abs=1e-12)
     assert fit["r2"] == pytest.approx(1.0) and fit["n_points"] == 4
@@ -43,7 +43,9 @@ def test_per_run_summary_is_exact(study):
     assert sgd0["rho_qk_mean"] == pytest.approx(1e-27) and sgd0["rho_qk_max"] == pytest.approx(1e-27)
     assert sgd0["dtype"] == "float64" and sgd0["closure_max"] == pytest.approx(1e-16)
     assert sgd0["drift1_ov_final"] == pytest.approx(2e-17) and sgd0["drift2_ov_final"] == pytest.approx(2e-3)
-    assert sgd0["drift_ratio_qk_final"] == pytest.approx(1e-14) and sgd0["drift_ratio_ov_final"] == pytest.approx(1e-14)
+    assert sgd0["drift_ratio_qk_final"] == pytest.approx(1e-14) and sgd0[
+        "drift_ratio_ov_final"
+    ] == pytest.approx(1e-14)
     assert sgd0["beta_qk_final"] == pytest.approx(1e-3) and sgd0["beta_ov_final"] == pytest.approx(2e-3)
     assert sgd0["tau_max"] == pytest.approx(1e-7) and sgd0["tau_logits_max"] == pytest.approx(3e-7)
     assert sgd0["mu_qk_final"] == pytest.approx(0.1) and sgd0["final_val_loss"] == pytest.approx(1.0)
@@ -97,14 +99,23 @@ def test_round_off_claims_on_float32_runs_are_not_applicable(tmp_path):
     """float32 cannot resolve E1's and E2's identities at their thresholds: neither pass nor fail."""
     runs_dir, sweep_dir = write_study(tmp_path, sgd_dtype="float32")
     claims = tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")["claims"].set_index("claim")
-    float64_only = ["E1 sgd drift1/drift2 < 1e-9", "E1 sgd rho max < 1e-20", "E1 sgd sweep beta_qk slope in [1.8, 2.2]",
-                    "E1 sgd sweep beta_ov slope in [1.8, 2.2]", "E2 sgd_wd drift1 = prediction (rel. error < 1e-6)"]
+    float64_only = [
+        "E1 sgd drift1/drift2 < 1e-9",
+        "E1 sgd rho max < 1e-20",
+        "E1 sgd sweep beta_qk slope in [1.8, 2.2]",
+        "E1 sgd sweep beta_ov slope in [1.8, 2.2]",
+        "E2 sgd_wd drift1 = prediction (rel. error < 1e-6)",
+    ]
     assert (claims.loc[float64_only, "result"] == tables.NOT_APPLICABLE).all(), claims.loc[float64_only]
     assert (claims.loc[float64_only, "dtype"] == "float32").all()
     others = claims.drop(index=float64_only)
     assert (others["result"] == "pass").all(), others[["measured", "result"]]
-    assert pd.read_csv(tmp_path / "tables" / "claims.csv").set_index("claim").loc[
-        "E1 sgd rho max < 1e-20", "result"] == "not applicable (dtype)"
+    assert (
+        pd.read_csv(tmp_path / "tables" / "claims.csv")
+        .set_index("claim")
+        .loc["E1 sgd rho max < 1e-20", "result"]
+        == "not applicable (dtype)"
+    )
 
 
 def test_runs_from_before_the_dtype_field_read_as_their_devices_default():
@@ -112,15 +123,17 @@ def test_runs_from_before_the_dtype_field_read_as_their_devices_default():
     assert tables.run_dtype({"device": "cuda"}) == "bf16"
     assert tables.run_dtype({"device": "cuda", "dtype": "bfloat16"}) == "bf16"
     assert tables.run_dtype({"device": "cpu", "dtype": "float64"}) == "float64"
-    assert tables.resolves("float64", tables.FLOAT64_ONLY) and not tables.resolves("float32+float64",
-                                                                                  tables.FLOAT64_ONLY)
+    assert tables.resolves("float64", tables.FLOAT64_ONLY) and not tables.resolves(
+        "float32+float64", tables.FLOAT64_ONLY
+    )
     assert not tables.resolves("", tables.FLOAT64_ONLY) and tables.resolves("bf16", None)
 
 
 def test_claims_fail_or_go_missing_when_the_runs_do_not_show_them(tmp_path):
     runs = tmp_path / "runs"
-    write_run(runs / "sgd" / "seed0", "sgd", 0, 0.5, rho_qk=1e-3, tau=1e-3, drift1=1e-4, drift2=1e-3,
-              closure=1e-8)
+    write_run(
+        runs / "sgd" / "seed0", "sgd", 0, 0.5, rho_qk=1e-3, tau=1e-3, drift1=1e-4, drift2=1e-3, closure=1e-8
+    )
     frames = tables.write_tables(runs, tmp_path / "no_sweep", tmp_path / "out")
     result = frames["claims"].set_index("claim")["result"]
     assert result["E1 sgd rho max < 1e-20"] == "fail"
@@ -145,8 +158,16 @@ def test_diverged_main_run_is_listed_but_not_averaged(tmp_path):
 
 def test_every_file_is_written_and_latex_is_escaped(study):
     _, out = study
-    for name in ("runs.csv", "runs.tex", "cases.csv", "cases.tex", "sweep.csv", "sweep.tex",
-                 "sweep_slopes.csv", "claims.csv"):
+    for name in (
+        "runs.csv",
+        "runs.tex",
+        "cases.csv",
+        "cases.tex",
+        "sweep.csv",
+        "sweep.tex",
+        "sweep_slopes.csv",
+        "claims.csv",
+    ):
         assert (out / name).stat().st_size > 0, name
     cases_tex = (out / "cases.tex").read_text()
     assert r"sgd\_wd" in cases_tex and r"$\pm$" in cases_tex and "\\begin{tabular}" in cases_tex
@@ -164,8 +185,20 @@ def test_tex_number_formats():
 
 
 def test_cli_without_runs_is_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "attnid", "tables", "--runs-dir", str(tmp_path / "none"),
-                           "--out-dir", str(tmp_path / "out")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attnid",
+            "tables",
+            "--runs-dir",
+            str(tmp_path / "none"),
+            "--out-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "no runs" in proc.stderr
 

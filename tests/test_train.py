@@ -19,16 +19,30 @@ import pytest
 import torch
 
 from attnid.cli import build_parser, main
+from attnid.cli.train import config_from_args
 from attnid.common.errors import UserError
 from attnid.model.gpt import load_nanogpt_checkpoint
 from attnid.training.cases import CASES
-from attnid.cli.train import config_from_args
 from attnid.training.config import resolve_config
-from attnid.training.rundir import BASE_COLUMNS, TIMING_COLUMNS
 from attnid.training.loop import get_lr
+from attnid.training.rundir import BASE_COLUMNS, TIMING_COLUMNS
 
-TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--progress-every", "1000"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "4",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--progress-every",
+    "1000",
+]
 
 
 def train(data_dir, out, *flags) -> int:
@@ -60,13 +74,43 @@ def test_lr_schedule_is_nanogpts():
 
 def test_sgd_step_is_identified_adamw_is_not(prepared_data_dir, tmp_path):
     """E1/E2: plain SGD puts ~no weight in unidentified directions; AdamW clearly does."""
-    assert train(prepared_data_dir, tmp_path / "sgd", "--case", "sgd", "--lr", "0.2", "--max-iters", "40",
-                 "--log-every", "10", "--eval-every", "20") == 0
-    assert train(prepared_data_dir, tmp_path / "adamw", "--case", "adamw", "--lr", "1e-3", "--max-iters", "40",
-                 "--log-every", "10", "--eval-every", "20") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            tmp_path / "sgd",
+            "--case",
+            "sgd",
+            "--lr",
+            "0.2",
+            "--max-iters",
+            "40",
+            "--log-every",
+            "10",
+            "--eval-every",
+            "20",
+        )
+        == 0
+    )
+    assert (
+        train(
+            prepared_data_dir,
+            tmp_path / "adamw",
+            "--case",
+            "adamw",
+            "--lr",
+            "1e-3",
+            "--max-iters",
+            "40",
+            "--log-every",
+            "10",
+            "--eval-every",
+            "20",
+        )
+        == 0
+    )
     sgd, adamw = metrics(tmp_path / "sgd"), metrics(tmp_path / "adamw")
 
-    assert list(sgd.columns[:len(BASE_COLUMNS)]) == list(BASE_COLUMNS)
+    assert list(sgd.columns[: len(BASE_COLUMNS)]) == list(BASE_COLUMNS)
     assert {"rho_qk_l0", "rho_qk_l1", "beta_ov_l1", "mu_qk_l0"} <= set(sgd.columns)
     assert sgd.step.tolist() == [0, 10, 20, 30, 40]
     stepped = sgd[sgd.step > 0]
@@ -96,8 +140,23 @@ def test_sgd_imbalance_drift_scales_like_lr_squared(prepared_data_dir, tmp_path)
     """
     betas = {}
     for lr in (0.002, 0.001):
-        assert train(prepared_data_dir, tmp_path / str(lr), "--case", "sgd", "--lr", lr, "--max-iters", "40",
-                     "--log-every", "40", "--eval-every", "1000") == 0
+        assert (
+            train(
+                prepared_data_dir,
+                tmp_path / str(lr),
+                "--case",
+                "sgd",
+                "--lr",
+                lr,
+                "--max-iters",
+                "40",
+                "--log-every",
+                "40",
+                "--eval-every",
+                "1000",
+            )
+            == 0
+        )
         betas[lr] = metrics(tmp_path / str(lr)).beta_ov.iloc[-1]
     assert 3.0 <= betas[0.002] / betas[0.001] <= 5.3
 
@@ -105,8 +164,25 @@ def test_sgd_imbalance_drift_scales_like_lr_squared(prepared_data_dir, tmp_path)
 def test_rebalancing_keeps_the_function_and_resets_beta(prepared_data_dir, tmp_path):
     """E3: every rebalance leaves the probe loss unchanged (tau) and brings I back to I_0 (beta ~ 0)."""
     out = tmp_path / "rebalance"
-    assert train(prepared_data_dir, out, "--case", "adamw_rebalance", "--lr", "3e-3", "--max-iters", "40",
-                 "--log-every", "5", "--rebalance-every", "10", "--eval-every", "1000") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            out,
+            "--case",
+            "adamw_rebalance",
+            "--lr",
+            "3e-3",
+            "--max-iters",
+            "40",
+            "--log-every",
+            "5",
+            "--rebalance-every",
+            "10",
+            "--eval-every",
+            "1000",
+        )
+        == 0
+    )
     frame = metrics(out)
     rebalanced = frame[frame.rebalanced == 1]
     assert rebalanced.step.tolist() == [10, 20, 30, 40]
@@ -119,9 +195,27 @@ def test_rebalancing_keeps_the_function_and_resets_beta(prepared_data_dir, tmp_p
         assert after.beta_qk < 0.01 * before.beta_qk and after.beta_ov < 0.01 * before.beta_ov
 
     balanced = tmp_path / "balanced"
-    assert train(prepared_data_dir, balanced, "--case", "adamw_rebalance", "--max-iters", "20", "--log-every", "10",
-                 "--rebalance-every", "10", "--rebalance-target", "balanced", "--rebalance-moments", "reset",
-                 "--eval-every", "1000") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            balanced,
+            "--case",
+            "adamw_rebalance",
+            "--max-iters",
+            "20",
+            "--log-every",
+            "10",
+            "--rebalance-every",
+            "10",
+            "--rebalance-target",
+            "balanced",
+            "--rebalance-moments",
+            "reset",
+            "--eval-every",
+            "1000",
+        )
+        == 0
+    )
     rows = metrics(balanced)
     assert (rows[rows.rebalanced == 1].mu_qk < 1e-6).all() and (rows[rows.rebalanced == 1].mu_ov < 1e-6).all()
     assert (rows[rows.rebalanced == 1].tau < 1e-5).all()
@@ -130,8 +224,24 @@ def test_rebalancing_keeps_the_function_and_resets_beta(prepared_data_dir, tmp_p
 
 def test_resume_after_stop_equals_uninterrupted_run(prepared_data_dir, tmp_path, capsys):
     """Stopped at step 15 (as on SIGTERM) and rerun: metrics.csv equals the uninterrupted run's."""
-    flags = ["--case", "adamw_rebalance", "--rebalance-every", "10", "--dropout", "0.1", "--max-iters", "30",
-             "--log-every", "5", "--eval-every", "10", "--ckpt-every", "10", "--seed", "7"]
+    flags = [
+        "--case",
+        "adamw_rebalance",
+        "--rebalance-every",
+        "10",
+        "--dropout",
+        "0.1",
+        "--max-iters",
+        "30",
+        "--log-every",
+        "5",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "10",
+        "--seed",
+        "7",
+    ]
     assert train(prepared_data_dir, tmp_path / "straight", *flags) == 0
 
     stopped = tmp_path / "stopped"
@@ -143,8 +253,9 @@ def test_resume_after_stop_equals_uninterrupted_run(prepared_data_dir, tmp_path,
     assert "--fresh" in capsys.readouterr().err
     assert train(prepared_data_dir, stopped, *flags) == 0
     assert run_json(stopped)["resumed_at"] == [15]
-    pd.testing.assert_frame_equal(without_timing(metrics(stopped)), without_timing(metrics(tmp_path / "straight")),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        without_timing(metrics(stopped)), without_timing(metrics(tmp_path / "straight")), check_exact=True
+    )
 
     # a finished run's outputs come back from ckpt.pt without training again
     expected = (stopped / "metrics.csv").read_text()
@@ -156,8 +267,25 @@ def test_resume_after_stop_equals_uninterrupted_run(prepared_data_dir, tmp_path,
 
 def test_sigterm_checkpoints_and_exits_nonzero(prepared_data_dir, tmp_path):
     out = tmp_path / "killed"
-    command = [sys.executable, "-m", "attnid", "train", "--data", str(prepared_data_dir), "--out", str(out), *TINY,
-               "--case", "sgd", "--max-iters", "1000000", "--ckpt-every", "1000000", "--log-every", "1000"]
+    command = [
+        sys.executable,
+        "-m",
+        "attnid",
+        "train",
+        "--data",
+        str(prepared_data_dir),
+        "--out",
+        str(out),
+        *TINY,
+        "--case",
+        "sgd",
+        "--max-iters",
+        "1000000",
+        "--ckpt-every",
+        "1000000",
+        "--log-every",
+        "1000",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     started = process.stderr.readline()  # printed once the model is built and training begins
@@ -176,8 +304,25 @@ def test_sigterm_checkpoints_and_exits_nonzero(prepared_data_dir, tmp_path):
 
 def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
     out = tmp_path / "diverged"
-    assert train(prepared_data_dir, out, "--case", "sgd", "--lr", "1000", "--max-iters", "50", "--log-every", "1",
-                 "--eval-every", "1000", "--warmup-iters", "0") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            out,
+            "--case",
+            "sgd",
+            "--lr",
+            "1000",
+            "--max-iters",
+            "50",
+            "--log-every",
+            "1",
+            "--eval-every",
+            "1000",
+            "--warmup-iters",
+            "0",
+        )
+        == 0
+    )
     info = run_json(out)
     assert info["status"] == "diverged"
     assert 1 < info["diverged_step"] <= 50 and info["steps_completed"] == info["diverged_step"] - 1
@@ -188,8 +333,24 @@ def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
 
 def test_no_metrics_logs_losses_only_and_progress_lines(prepared_data_dir, tmp_path, capsys):
     out = tmp_path / "plain"
-    assert train(prepared_data_dir, out, "--case", "sgd_momentum", "--no-metrics", "--max-iters", "20",
-                 "--log-every", "10", "--eval-every", "10", "--progress-every", "1e-6") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            out,
+            "--case",
+            "sgd_momentum",
+            "--no-metrics",
+            "--max-iters",
+            "20",
+            "--log-every",
+            "10",
+            "--eval-every",
+            "10",
+            "--progress-every",
+            "1e-6",
+        )
+        == 0
+    )
     frame = metrics(out)
     assert frame.step.tolist() == [0, 10, 20] and frame.val_loss.notna().all()
     assert frame[["rho_qk", "beta_qk", "tau", "mu_ov"]].isna().all().all()
@@ -199,7 +360,9 @@ def test_no_metrics_logs_losses_only_and_progress_lines(prepared_data_dir, tmp_p
 
 def test_config_file_and_flag_precedence(tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text("data: /some/data\ncase: sgd_wd\nlr: 0.05\nweight_decay: 0.01\nbias: true\nmax_iters: 300\n")
+    config.write_text(
+        "data: /some/data\ncase: sgd_wd\nlr: 0.05\nweight_decay: 0.01\nbias: true\nmax_iters: 300\n"
+    )
     parser = build_parser("train")
     args = parser.parse_args(["train", "--config", str(config), "--lr", "0.2", "--out", str(tmp_path / "o")])
     cfg = config_from_args(args)
@@ -214,17 +377,23 @@ def test_config_file_and_flag_precedence(tmp_path):
         config_from_args(parser.parse_args(["train", "--config", str(config), "--out", "o"]))
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--data", "d", "--out", "o", "--lr", "abc"], "--lr"),
-    (["--data", "d", "--out", "o", "--case", "adamm"], "sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance"),
-    (["--out", "o"], "missing --data"),
-    (["--data", "d", "--out", "o", "--n-embd", "30", "--n-head", "4"], "multiple"),
-    (["--data", "d", "--out", "o", "--rebalance-target", "zero"], "initial or balanced"),
-    (["--data", "d", "--out", "o", "--rebalance-moments", "rotate"], "keep, transport or reset"),
-    (["--data", "d", "--out", "o", "--reset-optimizer-state"], "--rebalance-moments reset"),
-    (["--data", "d", "--out", "o", "--case", "adamw_gauge_fixed", "--rope"], "does not support --rope"),
-    (["--data", "{tmp}/nowhere", "--out", "{tmp}/o"], "meta.json not found"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--data", "d", "--out", "o", "--lr", "abc"], "--lr"),
+        (
+            ["--data", "d", "--out", "o", "--case", "adamm"],
+            "sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance",
+        ),
+        (["--out", "o"], "missing --data"),
+        (["--data", "d", "--out", "o", "--n-embd", "30", "--n-head", "4"], "multiple"),
+        (["--data", "d", "--out", "o", "--rebalance-target", "zero"], "initial or balanced"),
+        (["--data", "d", "--out", "o", "--rebalance-moments", "rotate"], "keep, transport or reset"),
+        (["--data", "d", "--out", "o", "--reset-optimizer-state"], "--rebalance-moments reset"),
+        (["--data", "d", "--out", "o", "--case", "adamw_gauge_fixed", "--rope"], "does not support --rope"),
+        (["--data", "{tmp}/nowhere", "--out", "{tmp}/o"], "meta.json not found"),
+    ],
+)
 def test_bad_flags_give_one_clear_line(tmp_path, capsys, flags, expected):
     flags = [f.format(tmp=tmp_path) for f in flags]
     try:
@@ -240,8 +409,23 @@ def test_bad_flags_give_one_clear_line(tmp_path, capsys, flags, expected):
 def test_every_case_is_documented_and_runs(prepared_data_dir, tmp_path):
     for case in CASES:
         out = tmp_path / case
-        assert train(prepared_data_dir, out, "--case", case, "--max-iters", "4", "--log-every", "2",
-                     "--eval-every", "4", "--rebalance-every", "2") == 0, case
+        assert (
+            train(
+                prepared_data_dir,
+                out,
+                "--case",
+                case,
+                "--max-iters",
+                "4",
+                "--log-every",
+                "2",
+                "--eval-every",
+                "4",
+                "--rebalance-every",
+                "2",
+            )
+            == 0
+        ), case
         info = run_json(out)
         assert info["status"] == "completed" and info["config"]["case"] == case
         assert math.isfinite(info["final_val_loss"])
@@ -260,8 +444,18 @@ def test_checkpoints_load_with_weights_only(prepared_data_dir, tmp_path):
     """Mid-run and final checkpoints (plain and rebalancing cases) hold only plain types."""
     for case in ("sgd_momentum", "adamw_rebalance"):
         out = tmp_path / case
-        flags = ["--case", case, "--max-iters", "10", "--log-every", "5", "--eval-every", "10",
-                 "--rebalance-every", "5"]
+        flags = [
+            "--case",
+            case,
+            "--max-iters",
+            "10",
+            "--log-every",
+            "5",
+            "--eval-every",
+            "10",
+            "--rebalance-every",
+            "5",
+        ]
         assert train(prepared_data_dir, out, *flags, "--stop-after", "5") == 128 + signal.SIGTERM
         mid = torch.load(out / "ckpt.pt", weights_only=True)
         assert mid["iter_num"] == 5 and mid["attnid"]["summary"] is None and len(mid["attnid"]["rows"]) == 2
@@ -293,26 +487,51 @@ def test_corrupt_checkpoint_is_moved_aside_with_one_line(prepared_data_dir, tmp_
 
 def test_a_registered_case_trains_through_the_normal_code_path(prepared_data_dir, tmp_path, capsys):
     """Adding a case is one Case record: the flags, the help, training, run.json and the plot style follow."""
-    from attnid.training import cases
     from attnid.reports import figures
+    from attnid.training import cases
 
     def nesterov(model, cfg, device_type):
         return torch.optim.SGD(model.optimizer_groups(0.0), lr=cfg.lr, momentum=cfg.momentum, nesterov=True)
 
-    cases.register(cases.Case("sgd_nesterov", "SGD + Nesterov", "SGD with Nesterov momentum", 0.02, nesterov,
-                              color="#56B4E9", linestyle=":", marker="P"))
+    cases.register(
+        cases.Case(
+            "sgd_nesterov",
+            "SGD + Nesterov",
+            "SGD with Nesterov momentum",
+            0.02,
+            nesterov,
+            color="#56B4E9",
+            linestyle=":",
+            marker="P",
+        )
+    )
     try:
         with pytest.raises(SystemExit):
             main(["train", "--help"])
         assert "sgd_nesterov 0.02" in " ".join(capsys.readouterr().out.split())
         out = tmp_path / "nesterov"
-        assert train(prepared_data_dir, out, "--case", "sgd_nesterov", "--max-iters", "6", "--log-every", "3",
-                     "--eval-every", "6") == 0
+        assert (
+            train(
+                prepared_data_dir,
+                out,
+                "--case",
+                "sgd_nesterov",
+                "--max-iters",
+                "6",
+                "--log-every",
+                "3",
+                "--eval-every",
+                "6",
+            )
+            == 0
+        )
         info = run_json(out)
         assert info["status"] == "completed" and info["case"] == "sgd_nesterov" and info["lr"] == 0.02
         assert math.isfinite(info["final_val_loss"])
         frame = metrics(out)
-        assert frame.step.tolist() == [0, 3, 6] and frame.tau.notna().all()  # a non-rebalancing case: tau probed
+        assert (
+            frame.step.tolist() == [0, 3, 6] and frame.tau.notna().all()
+        )  # a non-rebalancing case: tau probed
         groups = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
         assert all(group["nesterov"] and group["momentum"] == 0.9 for group in groups)
         assert figures.case_style("sgd_nesterov")["color"] == "#56B4E9"

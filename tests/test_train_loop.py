@@ -18,17 +18,30 @@ import pytest
 import torch
 
 import attnid
-from attnid.training import gpu_slots
-from attnid.training import loop
-from attnid.measure import rebalancing
 from attnid.cli import main
+from attnid.measure import rebalancing
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.training import gpu_slots, loop
 from attnid.training.rundir import TIMING_COLUMNS
 from attnid.training.train import Run
 
-TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--progress-every", "1000"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "4",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--progress-every",
+    "1000",
+]
 SOURCE = Path(attnid.__file__).resolve().parent
 
 
@@ -47,6 +60,7 @@ def metrics_without_timing(out) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------
 # --metrics-device: host and device give the same metrics
 # --------------------------------------------------------------------------------------
+
 
 def _variant_gpt(**variant) -> GPT:
     torch.manual_seed(3)
@@ -73,7 +87,9 @@ def test_metrics_on_the_host_equal_metrics_on_the_device(variant):
     device = MetricTracker(model, batch, metrics_device="device")
     live = model.transformer.h[0].attn.c_attn.weight
     # the host path really copies, the device path reads the live tensors
-    assert host.read(model)[0][0].data_ptr() != live.data_ptr() and host.read(model)[0][0].dtype == torch.float64
+    assert (
+        host.read(model)[0][0].data_ptr() != live.data_ptr() and host.read(model)[0][0].dtype == torch.float64
+    )
     assert device.read(model)[0][0].data_ptr() == live.data_ptr()
     assert host.compute_device == torch.device("cpu") and device.compute_device is None
 
@@ -88,7 +104,9 @@ def test_metrics_on_the_host_equal_metrics_on_the_device(variant):
     _assert_rows_match(rebalancing.tau_probe(model, host), rebalancing.tau_probe(model, device))
 
     moved_on_host, moved_on_device = copy.deepcopy(model), copy.deepcopy(model)
-    _assert_rows_match(rebalancing.rebalance(moved_on_host, host), rebalancing.rebalance(moved_on_device, device))
+    _assert_rows_match(
+        rebalancing.rebalance(moved_on_host, host), rebalancing.rebalance(moved_on_device, device)
+    )
     for (name, a), b in zip(moved_on_host.named_parameters(), moved_on_device.parameters()):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), name
     _assert_rows_match(host.state_metrics(moved_on_host), device.state_metrics(moved_on_device))
@@ -96,9 +114,19 @@ def test_metrics_on_the_host_equal_metrics_on_the_device(variant):
 
 def test_metrics_device_and_compile_defaults():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert loop.resolve_metrics_device("auto", cuda) == "host" and loop.resolve_metrics_device("auto", cpu) == "device"
-    assert loop.resolve_metrics_device("device", cuda) == "device" and loop.resolve_metrics_device("host", cpu) == "host"
-    assert loop.resolve_compile(None, cuda) and not loop.resolve_compile(None, cpu) and loop.resolve_compile(True, cpu)
+    assert (
+        loop.resolve_metrics_device("auto", cuda) == "host"
+        and loop.resolve_metrics_device("auto", cpu) == "device"
+    )
+    assert (
+        loop.resolve_metrics_device("device", cuda) == "device"
+        and loop.resolve_metrics_device("host", cpu) == "host"
+    )
+    assert (
+        loop.resolve_compile(None, cuda)
+        and not loop.resolve_compile(None, cpu)
+        and loop.resolve_compile(True, cpu)
+    )
 
 
 def test_bad_metrics_device_is_one_line(prepared_data_dir, tmp_path, capsys):
@@ -142,6 +170,7 @@ def test_no_host_sync_on_steps_without_a_row(prepared_data_dir, tmp_path, monkey
                 if caller is not None:
                     calls[current["step"]].append(f"{name} from {caller}")
             return original(self, *args, **kwargs)
+
         return wrapper
 
     for name in (*SYNCING, "to"):
@@ -153,8 +182,25 @@ def test_no_host_sync_on_steps_without_a_row(prepared_data_dir, tmp_path, monkey
         return train_step(self)
 
     monkeypatch.setattr(Run, "train_step", numbered_train_step)
-    assert train(prepared_data_dir, tmp_path / "run", "--case", "adamw", "--max-iters", "20", "--log-every", "10",
-                 "--eval-every", "100", "--ckpt-every", "100", "--metrics-device", metrics_device) == 0
+    assert (
+        train(
+            prepared_data_dir,
+            tmp_path / "run",
+            "--case",
+            "adamw",
+            "--max-iters",
+            "20",
+            "--log-every",
+            "10",
+            "--eval-every",
+            "100",
+            "--ckpt-every",
+            "100",
+            "--metrics-device",
+            metrics_device,
+        )
+        == 0
+    )
     silent = [step for step in [*range(2, 10), *range(11, 20)] if calls[step]]
     assert not silent, {step: calls[step] for step in silent}
     assert len(calls[1]) == 1 and calls[1][0].startswith("tolist from loop.py"), calls[1]  # the first loss
@@ -166,10 +212,22 @@ def test_no_host_sync_on_steps_without_a_row(prepared_data_dir, tmp_path, monkey
 # divergence between syncs, resume with prefetch
 # --------------------------------------------------------------------------------------
 
+
 def test_divergence_between_syncs_is_found_at_the_step_it_happened(prepared_data_dir, tmp_path):
     """A loss that blows up between two rows: the same diverged_step, diverged_loss, steps and rows as
     with a sync at every step."""
-    flags = ["--case", "sgd_momentum", "--lr", "4", "--max-iters", "80", "--eval-every", "20", "--warmup-iters", "0"]
+    flags = [
+        "--case",
+        "sgd_momentum",
+        "--lr",
+        "4",
+        "--max-iters",
+        "80",
+        "--eval-every",
+        "20",
+        "--warmup-iters",
+        "0",
+    ]
     assert train(prepared_data_dir, tmp_path / "every", *flags, "--log-every", "1") == 0
     assert train(prepared_data_dir, tmp_path / "tenth", *flags, "--log-every", "10") == 0
     every, tenth = run_json(tmp_path / "every"), run_json(tmp_path / "tenth")
@@ -180,7 +238,9 @@ def test_divergence_between_syncs_is_found_at_the_step_it_happened(prepared_data
     rows_every = pd.read_csv(tmp_path / "every" / "metrics.csv").set_index("step")
     rows_tenth = pd.read_csv(tmp_path / "tenth" / "metrics.csv").set_index("step")
     assert rows_tenth.index.max() < tenth["diverged_step"]
-    assert rows_tenth.train_loss.dropna().equals(rows_every.train_loss.loc[rows_tenth.train_loss.dropna().index])
+    assert rows_tenth.train_loss.dropna().equals(
+        rows_every.train_loss.loc[rows_tenth.train_loss.dropna().index]
+    )
 
 
 def test_prefetched_batches_are_the_batches_drawn_in_turn_and_resume_redraws_the_waiting_one():
@@ -207,20 +267,36 @@ def test_prefetched_batches_are_the_batches_drawn_in_turn_and_resume_redraws_the
 
 def test_resume_between_rows_is_exact_with_prefetch(prepared_data_dir, tmp_path):
     """Stopped at step 13 (no row there: a prefetched batch and unread losses are pending) and resumed."""
-    flags = ["--case", "adamw", "--dropout", "0.1", "--max-iters", "30", "--log-every", "10", "--eval-every", "10",
-             "--ckpt-every", "100", "--seed", "11"]
+    flags = [
+        "--case",
+        "adamw",
+        "--dropout",
+        "0.1",
+        "--max-iters",
+        "30",
+        "--log-every",
+        "10",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "100",
+        "--seed",
+        "11",
+    ]
     assert train(prepared_data_dir, tmp_path / "straight", *flags) == 0
     stopped = tmp_path / "stopped"
     assert train(prepared_data_dir, stopped, *flags, "--stop-after", "13") == 128 + signal.SIGTERM
     assert train(prepared_data_dir, stopped, *flags) == 0
     assert run_json(stopped)["resumed_at"] == [13]
-    pd.testing.assert_frame_equal(metrics_without_timing(stopped), metrics_without_timing(tmp_path / "straight"),
-                                  check_exact=True)
+    pd.testing.assert_frame_equal(
+        metrics_without_timing(stopped), metrics_without_timing(tmp_path / "straight"), check_exact=True
+    )
 
 
 # --------------------------------------------------------------------------------------
 # --compile, the GPU slot, the device name
 # --------------------------------------------------------------------------------------
+
 
 def test_compiled_training_saves_nanogpt_keys(prepared_data_dir, tmp_path, monkeypatch):
     """--compile trains through torch.compile (eager backend here: the wiring, not inductor) and the
@@ -234,8 +310,22 @@ def test_compiled_training_saves_nanogpt_keys(prepared_data_dir, tmp_path, monke
 
     monkeypatch.setattr(torch, "compile", eager_compile)
     out = tmp_path / "compiled"
-    assert train(prepared_data_dir, out, "--case", "adamw", "--compile", "--max-iters", "10", "--log-every", "5",
-                 "--eval-every", "10") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            out,
+            "--case",
+            "adamw",
+            "--compile",
+            "--max-iters",
+            "10",
+            "--log-every",
+            "5",
+            "--eval-every",
+            "10",
+        )
+        == 0
+    )
     assert len(compiled) == 1 and run_json(out)["compiled"] is True
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
     assert not [key for key in checkpoint["model"] if "_orig_mod" in key]
@@ -247,7 +337,9 @@ def test_compiled_training_saves_nanogpt_keys(prepared_data_dir, tmp_path, monke
 def test_train_takes_a_gpu_slot_unless_on_the_cpu(prepared_data_dir, tmp_path, monkeypatch, device, acquires):
     taken = []
     monkeypatch.setattr(gpu_slots, "acquire_gpu_slot", lambda: taken.append(True))
-    assert train(prepared_data_dir, tmp_path / "r", "--device", device, "--max-iters", "2", "--no-metrics") == 0
+    assert (
+        train(prepared_data_dir, tmp_path / "r", "--device", device, "--max-iters", "2", "--no-metrics") == 0
+    )
     assert bool(taken) == acquires
 
 

@@ -14,20 +14,33 @@ import pandas as pd
 import pytest
 import torch
 
-from attnid.model.layout import attention_tensors, layout_of, model_pairs, stacked_pairs, write_pairs_back
-from attnid.model.moves import orbit_dimension
-from attnid.theory.rope import planes, rope_plane_traces, rope_unidentified_sq_norm
-from attnid.theory.orbits import ORBITS
-from attnid.theory import counts
-from attnid.measure import rebalancing
-from attnid.theory import factor_pairs
 from attnid.cli import main
+from attnid.measure import rebalancing
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.model.layout import attention_tensors, layout_of, model_pairs, stacked_pairs, write_pairs_back
+from attnid.model.moves import orbit_dimension
+from attnid.theory import counts, factor_pairs
+from attnid.theory.orbits import ORBITS
+from attnid.theory.rope import planes, rope_plane_traces, rope_unidentified_sq_norm
 from attnid.training.rundir import TIMING_COLUMNS
 
-TINY = ["--n-layer", "2", "--n-head", "4", "--n-embd", "32", "--block-size", "32", "--batch-size", "8",
-        "--eval-iters", "2", "--progress-every", "1000"]
+TINY = [
+    "--n-layer",
+    "2",
+    "--n-head",
+    "4",
+    "--n-embd",
+    "32",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "8",
+    "--eval-iters",
+    "2",
+    "--progress-every",
+    "1000",
+]
 VARIANT_FLAGS = {
     "mha": [],
     "gqa G=2": ["--n-kv-head", "2"],
@@ -47,8 +60,23 @@ def metrics(out) -> pd.DataFrame:
 
 @pytest.mark.parametrize("name", ["gqa G=2", "mqa G=1", "rope+gqa G=2"])
 def test_variant_trains_resumes_exactly_and_logs_its_own_orbit(prepared_data_dir, tmp_path, name):
-    flags = [*VARIANT_FLAGS[name], "--case", "adamw", "--max-iters", "20", "--log-every", "5", "--eval-every", "10",
-             "--ckpt-every", "10", "--dropout", "0.1", "--seed", "3"]
+    flags = [
+        *VARIANT_FLAGS[name],
+        "--case",
+        "adamw",
+        "--max-iters",
+        "20",
+        "--log-every",
+        "5",
+        "--eval-every",
+        "10",
+        "--ckpt-every",
+        "10",
+        "--dropout",
+        "0.1",
+        "--seed",
+        "3",
+    ]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert train(prepared_data_dir, straight, *flags) == 0
     assert train(prepared_data_dir, stopped, *flags, "--stop-after", "10") == 128 + signal.SIGTERM
@@ -75,8 +103,26 @@ def test_rope_rebalancing_moves_on_the_restricted_orbit(prepared_data_dir, tmp_p
     """Rebalancing a RoPE + GQA model restores the conserved projection of I_0 (beta ~ 0) and keeps the
     function; the full GL_D balance of the same query-key pairs would change it."""
     out = tmp_path / "rope_rebalance"
-    assert train(prepared_data_dir, out, *VARIANT_FLAGS["rope+gqa G=2"], "--case", "adamw_rebalance", "--lr", "3e-3",
-                 "--max-iters", "20", "--log-every", "5", "--rebalance-every", "10", "--eval-every", "1000") == 0
+    assert (
+        train(
+            prepared_data_dir,
+            out,
+            *VARIANT_FLAGS["rope+gqa G=2"],
+            "--case",
+            "adamw_rebalance",
+            "--lr",
+            "3e-3",
+            "--max-iters",
+            "20",
+            "--log-every",
+            "5",
+            "--rebalance-every",
+            "10",
+            "--eval-every",
+            "1000",
+        )
+        == 0
+    )
     frame = metrics(out)
     rebalanced = frame[frame.rebalanced == 1]
     assert rebalanced.step.tolist() == [10, 20]
@@ -92,8 +138,9 @@ def test_rope_rebalancing_moves_on_the_restricted_orbit(prepared_data_dir, tmp_p
     pairs = model_pairs(model, "qk")
     full_gl = []
     for pair_a, pair_b in pairs:
-        new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, torch.zeros(pair_a.shape[0], 8, 8,
-                                                                                  dtype=torch.float64))
+        new_a, new_b, done = factor_pairs.rebalance_pairs(
+            pair_a, pair_b, torch.zeros(pair_a.shape[0], 8, 8, dtype=torch.float64)
+        )
         assert done.all()
         full_gl.append((new_a, new_b))
     write_pairs_back(model, "qk", full_gl)
@@ -104,8 +151,11 @@ def test_rope_rebalancing_moves_on_the_restricted_orbit(prepared_data_dir, tmp_p
 
 def _rope_model(seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(block_size=16, vocab_size=23, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, rope=True,
-                          bias=False))
+    model = GPT(
+        GPTConfig(
+            block_size=16, vocab_size=23, n_layer=2, n_head=4, n_kv_head=2, n_embd=32, rope=True, bias=False
+        )
+    )
     with torch.no_grad():  # queries and keys large enough that their gradients are well above round-off
         for block in model.transformer.h:
             block.attn.c_attn.weight.mul_(10)
@@ -136,8 +186,10 @@ def test_rope_rho_beta_mu_use_the_restricted_orbit():
     assert 1e-6 < row["rho_qk"] < 0.5 * float(gl_sq.sum() / step_sq)
 
     traces = rope_plane_traces(factor_pairs.imbalance(now_a, now_b) - factor_pairs.imbalance(pre_a, pre_b))
-    norm = (ORBITS["rope"].project_to_algebra(factor_pairs.gram(pre_a)).square().sum()
-            + ORBITS["rope"].project_to_algebra(factor_pairs.gram(pre_b)).square().sum()).sqrt()
+    norm = (
+        ORBITS["rope"].project_to_algebra(factor_pairs.gram(pre_a)).square().sum()
+        + ORBITS["rope"].project_to_algebra(factor_pairs.gram(pre_b)).square().sum()
+    ).sqrt()
     # the projected drift: plane blocks (t_p / 2) I_2, Frobenius norm sqrt(sum_p t_p^2 / 2)
     assert row["beta_qk"] == pytest.approx(float((traces.square().sum() / 2).sqrt() / norm), rel=1e-10)
 
@@ -151,6 +203,7 @@ def test_rope_rho_beta_mu_use_the_restricted_orbit():
 
 # ------------------------------------------------------------------------------ attnid inspect
 
+
 def _checkpoint(tmp_path, name: str, variant: dict, seed: int = 0):
     torch.manual_seed(seed)
     model = GPT(GPTConfig(block_size=16, vocab_size=23, n_layer=2, n_head=4, n_embd=32, bias=True, **variant))
@@ -158,14 +211,26 @@ def _checkpoint(tmp_path, name: str, variant: dict, seed: int = 0):
         for param in model.parameters():
             param.add_(0.05 * torch.randn_like(param))
     path = tmp_path / f"{name.replace(' ', '_').replace('+', '_')}.pt"
-    torch.save({"model": model.state_dict(), "model_args": model.config.model_args(), "iter_num": 0,
-                "best_val_loss": 1e9, "config": {}}, path)
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_args": model.config.model_args(),
+            "iter_num": 0,
+            "best_val_loss": 1e9,
+            "config": {},
+        },
+        path,
+    )
     return model, path
 
 
-INSPECT_VARIANTS = {"mha": {}, "gqa G=2": dict(n_kv_head=2), "rope": dict(rope=True),
-                    "rope+gqa G=2": dict(rope=True, n_kv_head=2), "rope+mqa D=6": dict(rope=True, n_kv_head=1,
-                                                                                        head_dim=6)}
+INSPECT_VARIANTS = {
+    "mha": {},
+    "gqa G=2": dict(n_kv_head=2),
+    "rope": dict(rope=True),
+    "rope+gqa G=2": dict(rope=True, n_kv_head=2),
+    "rope+mqa D=6": dict(rope=True, n_kv_head=1, head_dim=6),
+}
 
 
 @pytest.mark.parametrize("name", list(INSPECT_VARIANTS))
@@ -212,14 +277,42 @@ def test_inspect_flags_an_orbit_dimension_below_the_closed_form(tmp_path, capsys
 
 # ------------------------------------------------------------------------------ flags
 
+
 def test_variant_flags_reach_the_model_and_the_resume_key(prepared_data_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    flags = ["--case", "sgd", "--max-iters", "4", "--log-every", "2", "--eval-every", "1000", "--ckpt-every", "2"]
-    assert train(prepared_data_dir, out, *flags, "--rope", "--n-kv-head", "2", "--head-dim", "6",
-                 "--stop-after", "2") == 128 + signal.SIGTERM
+    flags = [
+        "--case",
+        "sgd",
+        "--max-iters",
+        "4",
+        "--log-every",
+        "2",
+        "--eval-every",
+        "1000",
+        "--ckpt-every",
+        "2",
+    ]
+    assert (
+        train(
+            prepared_data_dir,
+            out,
+            *flags,
+            "--rope",
+            "--n-kv-head",
+            "2",
+            "--head-dim",
+            "6",
+            "--stop-after",
+            "2",
+        )
+        == 128 + signal.SIGTERM
+    )
     checkpoint = torch.load(out / "ckpt.pt", weights_only=True)
-    assert {k: checkpoint["model_args"][k] for k in ("n_kv_head", "rope", "head_dim")} == \
-        {"n_kv_head": 2, "rope": True, "head_dim": 6}
+    assert {k: checkpoint["model_args"][k] for k in ("n_kv_head", "rope", "head_dim")} == {
+        "n_kv_head": 2,
+        "rope": True,
+        "head_dim": 6,
+    }
     capsys.readouterr()
     assert train(prepared_data_dir, out, *flags, "--rope", "--n-kv-head", "1", "--head-dim", "6") == 2
     assert "n_kv_head" in capsys.readouterr().err  # another variant cannot resume it
@@ -228,27 +321,71 @@ def test_variant_flags_reach_the_model_and_the_resume_key(prepared_data_dir, tmp
     stock = tmp_path / "stock"  # G = H and D = E/H are the stock model: nanoGPT's model_args
     assert train(prepared_data_dir, stock, *flags, "--n-kv-head", "4", "--head-dim", "8") == 0
     assert set(torch.load(stock / "ckpt.pt", weights_only=True)["model_args"]) == {
-        "block_size", "vocab_size", "n_layer", "n_head", "n_embd", "dropout", "bias"}
+        "block_size",
+        "vocab_size",
+        "n_layer",
+        "n_head",
+        "n_embd",
+        "dropout",
+        "bias",
+    }
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--n-kv-head", "3"], "--n-kv-head 3 must divide --n-head 4"),
-    (["--n-kv-head", "0"], "--n-kv-head must be positive"),
-    (["--rope", "--head-dim", "5"], "--rope needs an even head width"),
-    (["--n-embd", "30"], "--n-embd 30 is not a multiple of --n-head 4"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--n-kv-head", "3"], "--n-kv-head 3 must divide --n-head 4"),
+        (["--n-kv-head", "0"], "--n-kv-head must be positive"),
+        (["--rope", "--head-dim", "5"], "--rope needs an even head width"),
+        (["--n-embd", "30"], "--n-embd 30 is not a multiple of --n-head 4"),
+    ],
+)
 def test_bad_variant_flags_are_one_line(tmp_path, capsys, flags, expected):
-    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--n-head", "4", *flags]) == 2
+    assert (
+        main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--n-head", "4", *flags]) == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
 
 
 def test_head_dim_flag_trains_a_wide_single_head(prepared_data_dir, tmp_path):
-    """--head-dim sets D apart from E/H (the §4.10 single head): the run's orbit is GL_D with D^2 per layer."""
+    """--head-dim sets D apart from E/H (the §4.10 single head): the run's orbit is GL_D with D^2 per
+    layer."""
     out = tmp_path / "one_head"
-    assert main(["train", "--data", str(prepared_data_dir), "--out", str(out), "--n-layer", "1", "--n-head", "1",
-                 "--head-dim", "24", "--n-embd", "32", "--block-size", "16", "--batch-size", "4", "--eval-iters", "1",
-                 "--max-iters", "4", "--log-every", "2", "--eval-every", "1000", "--progress-every", "1000"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(prepared_data_dir),
+                "--out",
+                str(out),
+                "--n-layer",
+                "1",
+                "--n-head",
+                "1",
+                "--head-dim",
+                "24",
+                "--n-embd",
+                "32",
+                "--block-size",
+                "16",
+                "--batch-size",
+                "4",
+                "--eval-iters",
+                "1",
+                "--max-iters",
+                "4",
+                "--log-every",
+                "2",
+                "--eval-every",
+                "1000",
+                "--progress-every",
+                "1000",
+            ]
+        )
+        == 0
+    )
     model = load_nanogpt_checkpoint(out / "ckpt.pt")
     assert model.config.per_head_dim == 24
     assert orbit_dimension(model, 0, "qk") == 24 * 24
@@ -257,13 +394,16 @@ def test_head_dim_flag_trains_a_wide_single_head(prepared_data_dir, tmp_path):
 
 # ------------------------------------------------------------------------------ the drift split
 
+
 def _drift_run(variant: dict, case: str, steps: int = 20):
     """float64 run of a tiny variant with a DriftTracker around every step; also the raw (unprojected)
     first-order terms of the query-key pairs, summed."""
     from attnid.measure.drift import DriftTracker, imbalance_step_terms
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=4, n_embd=16, bias=True, **variant)).double()
+    model = GPT(
+        GPTConfig(block_size=8, vocab_size=11, n_layer=2, n_head=4, n_embd=16, bias=True, **variant)
+    ).double()
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("bias"):
@@ -289,8 +429,9 @@ def _drift_run(variant: dict, case: str, steps: int = 20):
 
 
 def test_rope_gqa_sgd_drift_is_second_order_only_after_the_projection():
-    """Plain SGD on a RoPE + GQA model: the gradient is orthogonal to the restricted orbit, so the projected
-    first-order drift vanishes (closure exact), while the unprojected one does not: the full I is not conserved."""
+    """Plain SGD on a RoPE + GQA model: the gradient is orthogonal to the restricted orbit, so the
+    projected first-order drift vanishes (closure exact), while the unprojected one does not: the full I
+    is not conserved."""
     row, raw_first = _drift_run(dict(rope=True, n_kv_head=2), "sgd")
     for circuit in ("qk", "ov"):
         assert row[f"closure_{circuit}"] < 1e-12
@@ -299,7 +440,9 @@ def test_rope_gqa_sgd_drift_is_second_order_only_after_the_projection():
     assert float(raw_first.norm()) > 1e-4
 
 
-@pytest.mark.parametrize("variant", [dict(n_kv_head=2), dict(rope=True, n_kv_head=1)], ids=["gqa", "rope+mqa"])
+@pytest.mark.parametrize(
+    "variant", [dict(n_kv_head=2), dict(rope=True, n_kv_head=1)], ids=["gqa", "rope+mqa"]
+)
 def test_coupled_decay_prediction_with_side_by_side_query_biases(variant):
     """SGD + L2 on a GQA model with biases: the prediction -2 eta lambda I_w uses every query block's
     weight columns (and is projected for RoPE), and matches the measured first-order drift."""

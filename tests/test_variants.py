@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from attnid.theory import counts
-from attnid.theory import nullity
-from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from variant_models import TINY
 from variant_models import VARIANTS as ALL_VARIANTS
+
+from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.theory import counts, nullity
 
 # the variants only: the stock model has tests of its own (test_model.py)
 VARIANTS = {name: fields for name, fields in ALL_VARIANTS.items() if fields}
@@ -85,7 +84,9 @@ def test_attention_matches_independent_reference(name, bias):
         params.update(b_q=b_q, b_k=b_k, b_v=b_v, b_o=attn.c_proj.bias.detach())
     shape = counts.LayerShape(config.n_embd, h, g, d, d, config.rope, bias, bias)
     x = torch.randn(2, 9, config.n_embd, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    reference = nullity.attention_layer(x, params, shape, rope="half" if config.rope else None, rope_base=10000.0)
+    reference = nullity.attention_layer(
+        x, params, shape, rope="half" if config.rope else None, rope_base=10000.0
+    )
     with torch.no_grad():
         torch.testing.assert_close(attn(x), reference, rtol=1e-10, atol=1e-12)
 
@@ -116,7 +117,9 @@ def test_stock_model_args_are_nanogpts_and_variants_round_trip(tmp_path):
         args = model.config.model_args()
         assert GPTConfig(**args) == model.config, name
         path = tmp_path / f"variant{len(list(tmp_path.iterdir()))}.pt"
-        torch.save({"model": {"_orig_mod." + k: v for k, v in model.state_dict().items()}, "model_args": args}, path)
+        torch.save(
+            {"model": {"_orig_mod." + k: v for k, v in model.state_dict().items()}, "model_args": args}, path
+        )
         loaded = load_nanogpt_checkpoint(path)
         assert loaded.config == model.config, name
         idx = torch.randint(0, 23, (2, 16), generator=torch.Generator().manual_seed(4))
@@ -136,11 +139,14 @@ def test_variant_checkpoint_with_wrong_args_is_a_user_error(tmp_path):
         load_nanogpt_checkpoint(tmp_path / "bad.pt")
 
 
-@pytest.mark.parametrize("variant, message", [
-    (dict(n_kv_head=3), "must divide n_head"),
-    (dict(rope=True, head_dim=5), "even head_dim"),
-    (dict(n_embd=30), "multiple of n_head"),
-])
+@pytest.mark.parametrize(
+    "variant, message",
+    [
+        (dict(n_kv_head=3), "must divide n_head"),
+        (dict(rope=True, head_dim=5), "even head_dim"),
+        (dict(n_embd=30), "multiple of n_head"),
+    ],
+)
 def test_bad_variant_configs_are_rejected(variant, message):
     with pytest.raises(ValueError, match=message):
         GPT(GPTConfig(**{**TINY, **variant}))

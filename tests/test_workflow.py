@@ -44,12 +44,20 @@ def schema_run_keys() -> dict[str, dict]:
             spec = {**node, **{k: v for k, v in spec.items() if k != "$ref"}}
         return spec
 
-    sections = [properties["model"]["properties"], properties["training"]["properties"],
-                defs["run_settings"], defs["case"]["properties"], defs["sweep"]["properties"],
-                properties["heads"]["properties"], properties["variants"]["properties"],
-                properties["variants"]["properties"]["points"]["additionalProperties"]["properties"],
-                properties["edits"]["properties"]]
-    return {key: resolve(spec) for section in sections for key, spec in section.items() if key not in GRID_KEYS}
+    sections = [
+        properties["model"]["properties"],
+        properties["training"]["properties"],
+        defs["run_settings"],
+        defs["case"]["properties"],
+        defs["sweep"]["properties"],
+        properties["heads"]["properties"],
+        properties["variants"]["properties"],
+        properties["variants"]["properties"]["points"]["additionalProperties"]["properties"],
+        properties["edits"]["properties"],
+    ]
+    return {
+        key: resolve(spec) for section in sections for key, spec in section.items() if key not in GRID_KEYS
+    }
 
 
 def schema_type(spec: dict) -> str:
@@ -60,8 +68,9 @@ def schema_type(spec: dict) -> str:
 
 def test_every_mapped_flag_is_an_attnid_train_option_of_the_same_type():
     table = pipeline_config().TRAIN_FLAGS
-    help_text = subprocess.run([sys.executable, "-m", "attnid", "train", "--help"], capture_output=True,
-                               text=True, check=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "attnid", "train", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     actions = {option: action for action in train_parser()._actions for option in action.option_strings}
     for key, entry in table.items():
         assert entry.flag in help_text, f"{key}: {entry.flag} is not in 'attnid train --help'"
@@ -70,7 +79,9 @@ def test_every_mapped_flag_is_an_attnid_train_option_of_the_same_type():
             assert isinstance(action, argparse.BooleanOptionalAction), key
             assert f"--no-{entry.flag[2:]}" in action.option_strings, key
         else:
-            assert action.type is entry.kind, f"{key}: {entry.flag} takes {action.type}, the table says {entry.kind}"
+            assert action.type is entry.kind, (
+                f"{key}: {entry.flag} takes {action.type}, the table says {entry.kind}"
+            )
         assert action.dest == key, f"{key} maps to {entry.flag}, which sets {action.dest}"
 
 
@@ -81,14 +92,19 @@ def test_every_run_setting_the_schema_allows_maps_to_a_flag():
     for key, spec in keys.items():
         assert schema_type(spec) == JSON_TYPES[table[key].kind], key
     # the rest of the table: the job's seed and the attention shape of a study point
-    architecture = {key for points in study_points(smoke_config()).values() for point in points
-                    for key in point.architecture()}
+    architecture = {
+        key
+        for points in study_points(smoke_config()).values()
+        for point in points
+        for key in point.architecture()
+    }
     assert set(table) == set(keys) | {"seed"} | architecture, "table entries no config can set"
 
 
 def test_the_training_rule_passes_only_attnid_train_options():
-    shell = re.search(r'rule train_case:.*?shell:\n(.*?)\n\n', (REPO / "workflow/rules/train.smk").read_text(),
-                      re.DOTALL).group(1)
+    shell = re.search(
+        r"rule train_case:.*?shell:\n(.*?)\n\n", (REPO / "workflow/rules/train.smk").read_text(), re.DOTALL
+    ).group(1)
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", shell))
     assert flags == {"--data", "--threads", "--device", "--out"}, flags
     options = {option for action in train_parser()._actions for option in action.option_strings}
@@ -122,7 +138,9 @@ def test_a_setting_without_a_flag_is_a_config_error(tmp_path):
 
 def _enums(node) -> list[list]:
     if isinstance(node, dict):
-        return ([node["enum"]] if "enum" in node else []) + [e for value in node.values() for e in _enums(value)]
+        return ([node["enum"]] if "enum" in node else []) + [
+            e for value in node.values() for e in _enums(value)
+        ]
     if isinstance(node, list):
         return [e for item in node for e in _enums(item)]
     return []
@@ -138,20 +156,27 @@ def test_schema_file_lists_no_case_and_the_workflow_takes_the_registry():
 
 def test_a_new_case_needs_only_the_registry(tmp_path):
     """Adding a case is one register() call in src/attnid/training/cases.py: a copy of the source with
-    that one change (and nothing else) runs the pipeline's plan with the case in every stage that takes one."""
+    that one change (and nothing else) runs the pipeline's plan with the case in every stage that takes
+    one."""
     source = tmp_path / "src"
     shutil.copytree(REPO / "src", source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     registry = source / "attnid/training/cases.py"
-    registry.write_text(registry.read_text() + '\nregister(Case("sgd_nesterov", "SGD + Nesterov", "SGD, Nesterov momentum",'
-                        ' 0.01, sgd_momentum, color="#56B4E9"))\n')
+    registry.write_text(
+        registry.read_text() + '\nregister(Case("sgd_nesterov", "SGD + Nesterov", "SGD, Nesterov momentum",'
+        ' 0.01, sgd_momentum, color="#56B4E9"))\n'
+    )
     workdir = copy_pipeline(tmp_path / "pipeline")
-    new_case = {"cases": {"sgd_nesterov": {"lr": 0.02}},
-                "sweep": {"sgd_nesterov": {"lrs": [0.01, 0.02], "seeds": [0], "max_iters": 5}},
-                "edits": {"case": "sgd_nesterov", "seeds": [0]}}
+    new_case = {
+        "cases": {"sgd_nesterov": {"lr": 0.02}},
+        "sweep": {"sgd_nesterov": {"lrs": [0.01, 0.02], "seeds": [0], "max_iters": 5}},
+        "edits": {"case": "sgd_nesterov", "seeds": [0]},
+    }
     proc = run_snakemake(workdir, "-n", "-p", config=new_case, env={"PYTHONPATH": str(source)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     for run_dir in ("runs/sgd_nesterov/seed0", "sweep/sgd_nesterov/lr0.02/seed0", "edits/sgd_nesterov/seed0"):
-        assert re.search(rf"attnid train [^\n]*--case sgd_nesterov [^\n]*--out \S+/{run_dir} ", proc.stdout), run_dir
+        assert re.search(
+            rf"attnid train [^\n]*--case sgd_nesterov [^\n]*--out \S+/{run_dir} ", proc.stdout
+        ), run_dir
     # the checkout's own registry does not know it: the same config is refused with one line
     proc = run_snakemake(workdir, "-n", config=new_case)
     lines = stderr_lines(proc)
@@ -159,13 +184,27 @@ def test_a_new_case_needs_only_the_registry(tmp_path):
     assert lines[0].startswith("config error: cases: 'sgd_nesterov' is not one of"), lines[0]
 
 
-@pytest.mark.parametrize("where, config, message", [
-    ("/proc", {"results_dir": "/proc/attnid/results"},
-     "config error: results_dir: /proc/attnid/results is not writable: cannot create a directory in /proc"),
-    ("file", {"results_dir": "README.md/results"},
-     "config error: results_dir: README.md/results is not writable: README.md is not a directory"),
-    ("data", {}, "config error: data directory: data/tinyshakespeare is not writable: data is not a directory"),
-])
+@pytest.mark.parametrize(
+    "where, config, message",
+    [
+        (
+            "/proc",
+            {"results_dir": "/proc/attnid/results"},
+            "config error: results_dir: /proc/attnid/results is not writable: "
+            "cannot create a directory in /proc",
+        ),
+        (
+            "file",
+            {"results_dir": "README.md/results"},
+            "config error: results_dir: README.md/results is not writable: README.md is not a directory",
+        ),
+        (
+            "data",
+            {},
+            "config error: data directory: data/tinyshakespeare is not writable: data is not a directory",
+        ),
+    ],
+)
 def test_an_unwritable_output_folder_is_one_config_error(tmp_path, where, config, message):
     copy_pipeline(tmp_path)
     (tmp_path / "README.md").write_text("a file, not a folder\n")
@@ -190,8 +229,9 @@ def test_a_yaml_error_in_the_default_config_names_the_file_and_line(tmp_path):
     assert proc.returncode != 0
     err = stderr_lines(proc)
     assert len(err) == 1, proc.stderr
-    assert re.match(rf"config error: config/config.yaml, line {broken + 1}, column \d+: .*\(not valid YAML\)$",
-                    err[0]), err[0]
+    assert re.match(
+        rf"config error: config/config.yaml, line {broken + 1}, column \d+: .*\(not valid YAML\)$", err[0]
+    ), err[0]
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
@@ -225,14 +265,19 @@ def _code(text: str) -> str:
 def test_names_shared_between_rule_files_live_in_common_smk():
     """Every .smk file uses only its own names and common.smk's, so that what a rule reads is found in
     two places at most (the rule's file and common.smk)."""
-    files = {path.name: path.read_text() for path in [REPO / "Snakefile", *(REPO / "workflow/rules").glob("*.smk")]}
+    files = {
+        path.name: path.read_text() for path in [REPO / "Snakefile", *(REPO / "workflow/rules").glob("*.smk")]
+    }
     assert "common.smk" in files
     offenders = []
     for owner, text in files.items():
         if owner == "common.smk":
             continue
         for name in _top_level_names(text):
-            users = [other for other, code in files.items()
-                     if other != owner and re.search(rf"\b{name}\b", _code(code))]
+            users = [
+                other
+                for other, code in files.items()
+                if other != owner and re.search(rf"\b{name}\b", _code(code))
+            ]
             offenders += [f"{name} (defined in {owner}) is used in {user}" for user in users]
     assert not offenders, offenders

@@ -40,7 +40,8 @@ class TrainFlag:
     kind: type  # int, float, str or bool
 
     def text(self, value) -> str:
-        """The option as it appears in the shell command: ``--flag VALUE``; a bool is ``--flag`` or ``--no-flag``."""
+        """The option as it appears in the shell command: ``--flag VALUE``; a bool is ``--flag`` or
+        ``--no-flag``."""
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ConfigError(f"{self.flag} takes true or false, not {value!r}")
@@ -88,8 +89,10 @@ def run_flags(case: str, settings: dict) -> str:
     flags = [f"--case {case}"]
     for key, value in settings.items():
         if key not in TRAIN_FLAGS:
-            raise ConfigError(f"setting '{key}' has no `attnid train` flag in TRAIN_FLAGS "
-                              f"(workflow/rules/pipeline_config.py)")
+            raise ConfigError(
+                f"setting '{key}' has no `attnid train` flag in TRAIN_FLAGS "
+                f"(workflow/rules/pipeline_config.py)"
+            )
         flags.append(TRAIN_FLAGS[key].text(value))
     return " ".join(flags)
 

@@ -21,6 +21,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from attnid import __version__
 from attnid.common import outputs, progress
@@ -28,28 +29,52 @@ from attnid.common.errors import UserError
 
 # name -> (module, one-line help). The module defines add_<name>_arguments and run_<name>.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "fetch": ("attnid.cli.data", "download a file (http(s) or file://), verify its sha256, write it atomically"),
-    "prepare": ("attnid.cli.data", "encode tiny shakespeare at character level into train.bin / val.bin / meta.json"),
+    "fetch": (
+        "attnid.cli.data",
+        "download a file (http(s) or file://), verify its sha256, write it atomically",
+    ),
+    "prepare": (
+        "attnid.cli.data",
+        "encode tiny shakespeare at character level into train.bin / val.bin / meta.json",
+    ),
     "train": ("attnid.cli.train", "train one run (one optimizer case, lr, seed) and log rho, beta, tau, mu"),
-    "inspect": ("attnid.cli.checkpoints",
-                "mu, imbalance, orbit dimension and identification counts per layer of a nanoGPT "
-                "checkpoint or a Llama/Mistral/Qwen2/Gemma/GPT-2 folder"),
+    "inspect": (
+        "attnid.cli.checkpoints",
+        "mu, imbalance, orbit dimension and identification counts per layer of a nanoGPT "
+        "checkpoint or a Llama/Mistral/Qwen2/Gemma/GPT-2 folder",
+    ),
     "counts": ("attnid.cli.theory", "closed-form (un)identified parameter counts for real architectures"),
-    "prune-biases": ("attnid.cli.checkpoints",
-                     "zero the key biases and fold the value biases into the output bias (exact), for "
-                     "nanoGPT checkpoints and Hugging Face GPT-2 and Llama-family folders"),
-    "balance": ("attnid.cli.checkpoints", "move every attention factor pair to balance (mu = 0) without changing the function"),
-    "edits-table": ("attnid.cli.reports", "gather prune-biases and balance reports into prune.csv and prune.tex"),
+    "prune-biases": (
+        "attnid.cli.checkpoints",
+        "zero the key biases and fold the value biases into the output bias (exact), for "
+        "nanoGPT checkpoints and Hugging Face GPT-2 and Llama-family folders",
+    ),
+    "balance": (
+        "attnid.cli.checkpoints",
+        "move every attention factor pair to balance (mu = 0) without changing the function",
+    ),
+    "edits-table": (
+        "attnid.cli.reports",
+        "gather prune-biases and balance reports into prune.csv and prune.tex",
+    ),
     "verify": ("attnid.cli.theory", "check every closed form against the numerical nullity of a Jacobian"),
-    "census": ("attnid.cli.theory", "every continuous symmetry of a whole model, class by class, checked "
-                                    "against the nullity of its Jacobian"),
+    "census": (
+        "attnid.cli.theory",
+        "every continuous symmetry of a whole model, class by class, checked "
+        "against the nullity of its Jacobian",
+    ),
     "appendix": ("attnid.cli.reports", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.cli.reports", "gather run logs into per-run, per-case and LR-sweep tables"),
     "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),
-    "studies": ("attnid.cli.reports", "gather the heads and variants studies (does identification buy anything?) "
-                                  "into tables with rank correlations"),
-    "interventions-table": ("attnid.cli.reports", "compare every arm with the adamw baseline, seed by "
-                                                          "seed: mean difference, bootstrap CI, p, verdict"),
+    "studies": (
+        "attnid.cli.reports",
+        "gather the heads and variants studies (does identification buy anything?) "
+        "into tables with rank correlations",
+    ),
+    "interventions-table": (
+        "attnid.cli.reports",
+        "compare every arm with the adamw baseline, seed by seed: mean difference, bootstrap CI, p, verdict",
+    ),
 }
 
 
@@ -60,7 +85,7 @@ READ_ONLY_COMMANDS = ("inspect",)
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is a single line that points at --help."""
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -76,9 +101,11 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
             getattr(module, f"add_{function_name}_arguments")(command_parser)
             if name not in READ_ONLY_COMMANDS:
                 command_parser.add_argument(
-                    "--force", action="store_true",
+                    "--force",
+                    action="store_true",
                     help="replace existing files that are not what this command writes there (never an "
-                         "input, never a directory)")
+                    "input, never a directory)",
+                )
             command_parser.set_defaults(_run=getattr(module, f"run_{function_name}"))
     return parser
 
@@ -92,8 +119,9 @@ def describe_os_error(err: OSError) -> str:
 
 def _is_out_of_memory(err: BaseException) -> bool:
     # torch.OutOfMemoryError (CUDA) and the CPU allocator's "DefaultCPUAllocator: can't allocate memory"
-    return type(err).__name__ == "OutOfMemoryError" or (isinstance(err, RuntimeError)
-                                                         and "can't allocate memory" in str(err))
+    return type(err).__name__ == "OutOfMemoryError" or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,26 +10,54 @@ from pathlib import Path
 
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
-from attnid.edits.checkpoints import HF_FOLDER, HF_LLAMA, Checkpoint, load_checkpoint, save_checkpoint, weight_format
-from attnid.edits.hf_llama import STORED_DTYPES, set_stored_dtype
+from attnid.edits.checkpoints import (
+    HF_FOLDER,
+    HF_LLAMA,
+    Checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    weight_format,
+)
+from attnid.edits.hf_llama import STORED_DTYPES, LlamaCheckpoint, set_stored_dtype
+from attnid.edits.operations import (
+    BALANCE_TARGETS,
+    attention_variant,
+    balance_layers,
+    balance_on_own_orbit,
+    check_plain_layout,
+    checkpoint_layout,
+    checkpoint_shape,
+    layer_tensors_of,
+    pair_summary,
+    prune_layer_biases,
+    redundant_bias_count,
+    store_layers,
+    stored_initial_imbalance,
+)
 from attnid.measure.inspect import format_inspection, inspect_layers, inspect_model, inspection_csv
-from attnid.edits.operations import (BALANCE_TARGETS, stored_initial_imbalance, attention_variant, balance_layers,
-                                     balance_on_own_orbit, check_plain_layout, checkpoint_layout,
-                                     checkpoint_shape, layer_tensors_of, pair_summary, prune_layer_biases,
-                                     redundant_bias_count, store_layers)
 
-FOLDER_HELP = ("a Hugging Face folder (config.json + safetensors or pytorch_model.bin, sharded or not) of "
-               "Llama, Mistral, Qwen2, Gemma or GPT-2")
+FOLDER_HELP = (
+    "a Hugging Face folder (config.json + safetensors or pytorch_model.bin, sharded or not) of "
+    "Llama, Mistral, Qwen2, Gemma or GPT-2"
+)
 
 
 def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", type=Path,
-                        help=f"nanoGPT-format ckpt.pt (ours or nanoGPT's, compiled or not), or {FOLDER_HELP}")
+    parser.add_argument(
+        "checkpoint",
+        type=Path,
+        help=f"nanoGPT-format ckpt.pt (ours or nanoGPT's, compiled or not), or {FOLDER_HELP}",
+    )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     output.add_argument("--csv", action="store_true", help="print one CSV row per layer instead of a table")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG",
-                        help="also draw mu_QK and mu_OV per layer (on the model's own orbits) to this PNG")
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="also draw mu_QK and mu_OV per layer (on the model's own orbits) to this PNG",
+    )
 
 
 def _inspect_file(path: Path) -> dict:
@@ -52,13 +80,20 @@ def _inspect_folder(path: Path) -> dict:
     """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
     progress.stage(f"reading {path}")
     checkpoint = load_checkpoint(path)
-    report = inspect_layers(checkpoint_layout(checkpoint), checkpoint_shape(checkpoint),
-                            layer_tensors_of(checkpoint.attention_layers()))
-    return {"format": checkpoint.kind, "model_type": checkpoint.payload.get("model_type"),
-            "dtype": _stored_dtype(checkpoint), **report}
+    report = inspect_layers(
+        checkpoint_layout(checkpoint),
+        checkpoint_shape(checkpoint),
+        layer_tensors_of(checkpoint.attention_layers()),
+    )
+    return {
+        "format": checkpoint.kind,
+        "model_type": checkpoint.payload.get("model_type"),
+        "dtype": _stored_dtype(checkpoint),
+        **report,
+    }
 
 
-def run_inspect(args) -> int:
+def run_inspect(args: argparse.Namespace) -> int:
     rule = outputs.current()
     rule.read(args.checkpoint)
     rule.write(args.plot, outputs.PNG, "--plot")
@@ -78,12 +113,20 @@ def run_inspect(args) -> int:
 
 def add_edit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path, help=f"nanoGPT ckpt.pt, or {FOLDER_HELP}")
-    parser.add_argument("--out", type=Path, required=True,
-                        help="where to write the edited copy, in the same format (a folder: the same shards)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="where to write the edited copy, in the same format (a folder: the same shards)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
-    parser.add_argument("--dtype", choices=sorted(STORED_DTYPES), default=None,
-                        help="store a Llama-family folder's weights in this dtype instead of the input's: a "
-                             "bfloat16 or float16 model's edited weights are then not rounded back to it")
+    parser.add_argument(
+        "--dtype",
+        choices=sorted(STORED_DTYPES),
+        default=None,
+        help="store a Llama-family folder's weights in this dtype instead of the input's: a "
+        "bfloat16 or float16 model's edited weights are then not rounded back to it",
+    )
     add_heldout_arguments(parser)
 
 
@@ -93,20 +136,27 @@ def add_prune_biases_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
     add_edit_arguments(parser)
-    parser.add_argument("--target", choices=BALANCE_TARGETS, default="balanced",
-                        help="imbalance to move every pair to: 0 ('balanced', mu = 0) or the I_0 that "
-                             "attnid train stored ('initial') (default: %(default)s)")
+    parser.add_argument(
+        "--target",
+        choices=BALANCE_TARGETS,
+        default="balanced",
+        help="imbalance to move every pair to: 0 ('balanced', mu = 0) or the I_0 that "
+        "attnid train stored ('initial') (default: %(default)s)",
+    )
 
 
 def _stored_dtype(checkpoint: Checkpoint) -> str:
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.stored_dtype()
     stored = checkpoint.tensors[f"{checkpoint.layer_prefix}0.attn.c_attn.weight"]
     return str(stored.dtype).removeprefix("torch.")
 
 
-def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: bool = False) -> dict:
-    """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the report."""
+def _edit_and_prove(
+    args: argparse.Namespace, command: str, edit, allow_rope: bool, allow_resized: bool = False
+) -> dict:
+    """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the
+    report."""
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
 
     declare_edit_files(args)
@@ -115,28 +165,45 @@ def _edit_and_prove(args, command: str, edit, allow_rope: bool, allow_resized: b
     checkpoint = load_checkpoint(args.checkpoint)
     rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
     if args.dtype is not None and checkpoint.kind != HF_LLAMA:
-        raise UserError(f"--dtype rewrites Llama-family folders only; {args.checkpoint} is written in its "
-                        f"own dtype")
+        raise UserError(
+            f"--dtype rewrites Llama-family folders only; {args.checkpoint} is written in its own dtype"
+        )
     batch, token_source = heldout_batch(checkpoint, args)
     progress.stage(f"evaluating {args.checkpoint} on the held-out batch")
     loss_before, logits_before = evaluate(load_for_eval(checkpoint), batch)
-    report = {"command": command, "input": str(args.checkpoint), "output": str(args.out), "format": checkpoint.kind,
-              "n_layer": checkpoint.n_layer, "n_head": checkpoint.n_head, "n_embd": checkpoint.n_embd,
-              "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
-              "input_dtype": _stored_dtype(checkpoint)}
-    if checkpoint.kind == HF_LLAMA:
-        report.update({"model_type": checkpoint.model_type, "n_kv_head": checkpoint.n_kv_head,
-                       "head_dim": checkpoint.head_dim})
+    report = {
+        "command": command,
+        "input": str(args.checkpoint),
+        "output": str(args.out),
+        "format": checkpoint.kind,
+        "n_layer": checkpoint.n_layer,
+        "n_head": checkpoint.n_head,
+        "n_embd": checkpoint.n_embd,
+        "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
+        "input_dtype": _stored_dtype(checkpoint),
+    }
+    if isinstance(checkpoint, LlamaCheckpoint):
+        report.update(
+            {
+                "model_type": checkpoint.model_type,
+                "n_kv_head": checkpoint.n_kv_head,
+                "head_dim": checkpoint.head_dim,
+            }
+        )
         if args.dtype is not None:
             set_stored_dtype(checkpoint, args.dtype)
     report["stored_dtype"] = _stored_dtype(checkpoint)
     progress.stage(f"editing {args.checkpoint}")
     report.update(edit(checkpoint, rope))
     progress.stage(f"writing {args.out}")
-    save_checkpoint(checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")})
+    save_checkpoint(
+        checkpoint, args.out, record={k: v for k, v in report.items() if k not in ("input", "output")}
+    )
     progress.stage(f"evaluating {args.out} on the held-out batch")
     loss_after, logits_after = evaluate(load_for_eval(load_checkpoint(args.out)), batch)
-    report.update({"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)})
+    report.update(
+        {"tokens": token_source, "sequences": int(batch.shape[0]), "length": int(batch.shape[1] - 1)}
+    )
     report.update(compare(loss_before, logits_before, loss_after, logits_after))
     return report
 
@@ -145,21 +212,27 @@ def _model_line(report: dict) -> str:
     grouped = ""
     if "n_kv_head" in report:
         grouped = f", G={report['n_kv_head']} key/value heads, D={report['head_dim']}"
-    return (f"{report.get('model_type', report['format'])} model, {report['n_layer']} layers x "
-            f"{report['n_head']} heads{grouped}, E={report['n_embd']}, stored as {report['stored_dtype']}")
+    return (
+        f"{report.get('model_type', report['format'])} model, {report['n_layer']} layers x "
+        f"{report['n_head']} heads{grouped}, E={report['n_embd']}, stored as {report['stored_dtype']}"
+    )
 
 
 EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and balance
 
 
-def declare_edit_files(args) -> None:
+def declare_edit_files(args: argparse.Namespace) -> None:
     """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
     --out in the input's format (a file, or a folder of the same files), --json a report."""
     rule = outputs.current()
     source = args.checkpoint
     # the input, the held-out data named or found next to a nanoGPT checkpoint, the text
-    rule.read(source, args.data, args.text, *([source.parent / "val.bin", source.parent / "meta.json"]
-                                              if source.is_file() else []))
+    rule.read(
+        source,
+        args.data,
+        args.text,
+        *([source.parent / "val.bin", source.parent / "meta.json"] if source.is_file() else []),
+    )
     if source.is_dir():
         out = rule.write_dir(args.out, "--out", HF_FOLDER)
         for item in sorted(source.iterdir()):
@@ -177,20 +250,29 @@ def check_load_memory(source: Path) -> None:
 
     files = [item for item in source.iterdir() if item.is_file()] if source.is_dir() else [source]
     stored = sum(item.stat().st_size for item in files if item.is_file())
-    require_memory({"the checkpoint read": stored, "its evaluation model": stored}, "cpu",
-                   f"editing {source}", "edit it on a machine with more memory")
+    require_memory(
+        {"the checkpoint read": stored, "its evaluation model": stored},
+        "cpu",
+        f"editing {source}",
+        "edit it on a machine with more memory",
+    )
 
 
 def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
     from attnid.common.files import write_json_atomic
 
-    lines += [f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
-              f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} (change {report['loss_change']:+.3g}); "
-              f"max relative logit change {report['max_rel_logit_change']:.3g}"]
+    lines += [
+        f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
+        f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} "
+        f"(change {report['loss_change']:+.3g}); "
+        f"max relative logit change {report['max_rel_logit_change']:.3g}",
+    ]
     if report["stored_dtype"] in ("bfloat16", "float16") and report.get("write_back_rel_error", 0) > 0:
-        lines.append(f"the edited weights were rounded to {report['stored_dtype']} on writing (relative "
-                     f"error {report['write_back_rel_error']:.2g}): that rounding, not the edit, is the "
-                     f"logit change above; --dtype float32 writes a float32 folder instead")
+        lines.append(
+            f"the edited weights were rounded to {report['stored_dtype']} on writing (relative "
+            f"error {report['write_back_rel_error']:.2g}): that rounding, not the edit, is the "
+            f"logit change above; --dtype float32 writes a float32 folder instead"
+        )
     lines.append(f"wrote {report['output']}")
     print("\n".join(lines))
     if json_path is not None:
@@ -198,28 +280,37 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
     return 0
 
 
-def run_prune_biases(args) -> int:
+def run_prune_biases(args: argparse.Namespace) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
         layout = checkpoint_layout(checkpoint)
         edited = [prune_layer_biases(layer, layout) for layer in checkpoint.attention_layers()]
         rounding = store_layers(checkpoint, [layer for layer, _, _ in edited])
-        return {**redundant_bias_count(checkpoint), "rope": rope, "write_back_rel_error": rounding,
-                "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
-                "nonzero_value_biases_folded": sum(v for _, _, v in edited)}
+        return {
+            **redundant_bias_count(checkpoint),
+            "rope": rope,
+            "write_back_rel_error": rounding,
+            "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
+            "nonzero_value_biases_folded": sum(v for _, _, v in edited),
+        }
 
     report = _edit_and_prove(args, "prune-biases", edit, allow_rope=True)
     biases = "yes" if report["bias"] else "none (nothing to prune)"
-    lines = [f"{_model_line(report)}, attention biases: {biases}",
-             f"redundant biases set to 0: {report['redundant_params']:,} of {report['attention_params']:,} attention "
-             f"parameters ({100 * report['redundant_share']:.3f} %); non-zero before: "
-             f"{report['nonzero_key_biases_zeroed']:,} key, {report['nonzero_value_biases_folded']:,} value"]
+    lines = [
+        f"{_model_line(report)}, attention biases: {biases}",
+        f"redundant biases set to 0: {report['redundant_params']:,} of "
+        f"{report['attention_params']:,} attention parameters ({100 * report['redundant_share']:.3f} %); "
+        f"non-zero before: "
+        f"{report['nonzero_key_biases_zeroed']:,} key, {report['nonzero_value_biases_folded']:,} value",
+    ]
     if report["key_biases_kept"] or report["value_biases_kept"]:
-        lines.append(f"kept: {report['key_biases_kept']:,} key biases (identified under RoPE), "
-                     f"{report['value_biases_kept']:,} value biases (no output bias to fold them into)")
+        lines.append(
+            f"kept: {report['key_biases_kept']:,} key biases (identified under RoPE), "
+            f"{report['value_biases_kept']:,} value biases (no output bias to fold them into)"
+        )
     return _finish(report, args.json, lines)
 
 
-def run_balance(args) -> int:
+def run_balance(args: argparse.Namespace) -> int:
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
         if checkpoint.kind != HF_LLAMA and (rope or attention_variant(checkpoint)[1]):
             return balance_on_own_orbit(checkpoint, args.target)
@@ -229,26 +320,47 @@ def run_balance(args) -> int:
         skipped = balance_layers(layers, layout, targets)
         rounding = store_layers(checkpoint, layers)
         after = pair_summary(checkpoint.attention_layers(), layout)  # as stored (its dtype)
-        return {"target": args.target, "orbit": "own", "skipped_pairs": skipped,
-                "write_back_rel_error": rounding, **{f"{k}_before": v for k, v in before.items()},
-                **{f"{k}_after": v for k, v in after.items()}}
+        return {
+            "target": args.target,
+            "orbit": "own",
+            "skipped_pairs": skipped,
+            "write_back_rel_error": rounding,
+            **{f"{k}_before": v for k, v in before.items()},
+            **{f"{k}_after": v for k, v in after.items()},
+        }
 
     report = _edit_and_prove(args, "balance", edit, allow_rope=True, allow_resized=True)
-    lines = [f"{_model_line(report)}; target {report['target']}, {report['skipped_pairs']} pair(s) skipped "
-             f"(near rank-deficient)",
-             f"mu_qk {report['mu_qk_before']:.4g} -> {report['mu_qk_after']:.4g}; "
-             f"mu_ov {report['mu_ov_before']:.4g} -> {report['mu_ov_after']:.4g} (each on the model's own "
-             f"orbit)",
-             f"attention weight norm {report['attn_norm_before']:.6g} -> {report['attn_norm_after']:.6g}"]
+    lines = [
+        f"{_model_line(report)}; target {report['target']}, {report['skipped_pairs']} pair(s) skipped "
+        f"(near rank-deficient)",
+        f"mu_qk {report['mu_qk_before']:.4g} -> {report['mu_qk_after']:.4g}; "
+        f"mu_ov {report['mu_ov_before']:.4g} -> {report['mu_ov_after']:.4g} (each on the model's own "
+        f"orbit)",
+        f"attention weight norm {report['attn_norm_before']:.6g} -> {report['attn_norm_after']:.6g}",
+    ]
     return _finish(report, args.json, lines)
 
 
 def add_heldout_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--text", type=Path, default=None,
-                        help="held-out text to compare logits on (default: tiny shakespeare's validation part)")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="prepared data folder (val.bin, meta.json) of a character model (default: found next "
-                             "to the checkpoint, in its training config, or data/tinyshakespeare)")
-    parser.add_argument("--sequences", type=int, default=8, help="sequences in the held-out batch (default: %(default)s)")
-    parser.add_argument("--length", type=int, default=128,
-                        help="tokens per sequence, at most the model's context (default: %(default)s)")
+    parser.add_argument(
+        "--text",
+        type=Path,
+        default=None,
+        help="held-out text to compare logits on (default: tiny shakespeare's validation part)",
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="prepared data folder (val.bin, meta.json) of a character model (default: found next "
+        "to the checkpoint, in its training config, or data/tinyshakespeare)",
+    )
+    parser.add_argument(
+        "--sequences", type=int, default=8, help="sequences in the held-out batch (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--length",
+        type=int,
+        default=128,
+        help="tokens per sequence, at most the model's context (default: %(default)s)",
+    )

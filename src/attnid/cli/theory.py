@@ -7,12 +7,18 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
-from attnid.theory.counts import (DEFAULT_COUNTS_OUT, counts_table, hf_whole_model_columns, load_architectures,
-                                  single_head_table)
+from attnid.theory.counts import (
+    DEFAULT_COUNTS_OUT,
+    counts_table,
+    hf_whole_model_columns,
+    load_architectures,
+    single_head_table,
+)
 
 
 def run_hf_config_counts(path: str, out: str | None) -> int:
@@ -26,7 +32,7 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
     except (TypeError, ValueError) as err:
         raise UserError(f"{spec['source']}: {err}") from None
     table = table.assign(**hf_whole_model_columns(name, spec))
-    row = table.iloc[0].to_dict()
+    row = {str(key): value for key, value in table.iloc[0].to_dict().items()}  # the column names
     width = max(len(key) for key in row)
     print("\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items()))
     if out:
@@ -35,18 +41,34 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
 
 
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--architectures", default="config/architectures.yaml",
-                        help="YAML of architecture shapes (default: %(default)s)")
-    parser.add_argument("--out", default=None,
-                        help=f"CSV to write (default: {DEFAULT_COUNTS_OUT}; with --hf-config only when given)")
-    parser.add_argument("--single-head-out", default=None,
-                        help="also write the §4.10 single-head matching table here (e.g. results/theory/single_head.csv)")
-    parser.add_argument("--whole-model-out", default=None,
-                        help="also write the whole-model counts (every symmetry class, attnid census) here "
-                             "(e.g. results/theory/whole_model.csv)")
-    parser.add_argument("--hf-config", default=None, metavar="PATH",
-                        help="count one Hugging Face model instead: its config.json, or the folder holding it "
-                             "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon); prints its row")
+    parser.add_argument(
+        "--architectures",
+        default="config/architectures.yaml",
+        help="YAML of architecture shapes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"CSV to write (default: {DEFAULT_COUNTS_OUT}; with --hf-config only when given)",
+    )
+    parser.add_argument(
+        "--single-head-out",
+        default=None,
+        help="also write the §4.10 single-head matching table here (e.g. results/theory/single_head.csv)",
+    )
+    parser.add_argument(
+        "--whole-model-out",
+        default=None,
+        help="also write the whole-model counts (every symmetry class, attnid census) here "
+        "(e.g. results/theory/whole_model.csv)",
+    )
+    parser.add_argument(
+        "--hf-config",
+        default=None,
+        metavar="PATH",
+        help="count one Hugging Face model instead: its config.json, or the folder holding it "
+        "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon); prints its row",
+    )
 
 
 def run_counts(args: argparse.Namespace) -> int:
@@ -55,7 +77,9 @@ def run_counts(args: argparse.Namespace) -> int:
     rule = outputs.current()
     if args.hf_config is not None:
         config = Path(args.hf_config)
-        rule.read(config / "config.json" if config.is_dir() else config)  # what is read: the folder may take --out
+        rule.read(
+            config / "config.json" if config.is_dir() else config
+        )  # what is read: the folder may take --out
         rule.write(args.out, outputs.CSV, "--out")
         return run_hf_config_counts(args.hf_config, args.out)
     rule.read(args.architectures)
@@ -74,15 +98,16 @@ def run_counts(args: argparse.Namespace) -> int:
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="results/theory/nullity.csv", help="CSV to write (default: %(default)s)")
+    parser.add_argument(
+        "--out", default="results/theory/nullity.csv", help="CSV to write (default: %(default)s)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from attnid.common.files import write_csv_atomic
-
     import torch
 
+    from attnid.common.files import write_csv_atomic
     from attnid.theory.nullity import GAP_REQUIRED, verify
 
     outputs.current().write(args.out, outputs.CSV, "--out")  # before the minutes of work
@@ -91,8 +116,11 @@ def run_verify(args: argparse.Namespace) -> int:
     write_csv_atomic(args.out, table)
     failed = table[~table["passed"]]
     if len(failed):
-        print(f"attnid verify: {len(failed)} of {len(table)} cases FAILED (theory != measured or gap < "
-              f"{GAP_REQUIRED:.0e}): {', '.join(failed['case'])}; see {args.out}", file=sys.stderr)
+        print(
+            f"attnid verify: {len(failed)} of {len(table)} cases FAILED (theory != measured or gap < "
+            f"{GAP_REQUIRED:.0e}): {', '.join(failed['case'])}; see {args.out}",
+            file=sys.stderr,
+        )
         return 1
     print(f"attnid verify: all {len(table)} cases pass; wrote {args.out}", file=sys.stderr)
     return 0
@@ -102,7 +130,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 DEFAULT_CENSUS_OUT = "results/theory/census.csv"
 MAX_PARAMS = 3000  # the Jacobian has ROW_FACTOR x this many rows squared: minutes beyond it on a CPU
-FAMILIES = {  # presets; every flag given explicitly overrides them
+FAMILIES: dict[str, dict[str, Any]] = {  # presets; every flag given explicitly overrides them
     "nanogpt": dict(norm="layernorm", mlp="gelu", tied=True),
     "llama": dict(norm="rmsnorm", mlp="swiglu", tied=False, rope=True),
 }
@@ -110,6 +138,7 @@ FAMILIES = {  # presets; every flag given explicitly overrides them
 
 def add_census_arguments(parser: argparse.ArgumentParser) -> None:
     from attnid.theory.census import CENSUS_ROPE_BASE, RANDOM_SHAPES
+
     model = parser.add_argument_group("model (the options of attnid train, plus the whole-model choices)")
     model.add_argument(
         "--family",

@@ -9,13 +9,24 @@ from dataclasses import fields
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.training import rundir
-from attnid.training.config import (REPLACED_OPTIONS, TrainConfig, help_text, option_names, option_type,
-                                    read_config_file, resolve_config)
+from attnid.training.config import (
+    REPLACED_OPTIONS,
+    TrainConfig,
+    help_text,
+    option_names,
+    option_type,
+    read_config_file,
+    resolve_config,
+)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", help="YAML file with any of these options (underscored keys); "
-                                                          "flags given on the command line override it")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML file with any of these options (underscored keys); "
+        "flags given on the command line override it",
+    )
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         kind, text = option_type(f.name), help_text(f.name)
@@ -26,8 +37,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(flag, type=kind, default=None, metavar=f.metadata["metavar"], help=text)
     for name in REPLACED_OPTIONS:  # accepted by the parser only to say what replaced them
-        parser.add_argument("--" + name.replace("_", "-"), action="store_true", default=None,
-                            help=argparse.SUPPRESS)
+        parser.add_argument(
+            "--" + name.replace("_", "-"), action="store_true", default=None, help=argparse.SUPPRESS
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -48,6 +60,7 @@ def run_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     rule = outputs.current()
     rule.read(args.config, cfg.data)
+    assert cfg.out is not None  # resolve_config requires --out
     out = rule.write_dir(cfg.out, "--out")
     rule.write(out / rundir.METRICS_FILE, outputs.CSV)
     rule.write(out / rundir.RUN_FILE, rundir.RUN_JSON)

@@ -17,12 +17,17 @@ import json
 import os
 import pickle
 import tempfile
+import types
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @contextlib.contextmanager
@@ -75,7 +80,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, fmt: outputs.Format | N
     return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", fmt)
 
 
-def write_csv_atomic(path: str | os.PathLike, frame) -> Path:
+def write_csv_atomic(path: str | os.PathLike, frame: pd.DataFrame) -> Path:
     """Write a pandas DataFrame as CSV (no index), atomically."""
     with atomic_path(path, outputs.CSV) as tmp:
         frame.to_csv(tmp, index=False)
@@ -142,7 +147,7 @@ def not_a_checkpoint(path: str | os.PathLike) -> str | None:
     return "is a text file, not a checkpoint"
 
 
-def load_weights_only(path: str | os.PathLike):
+def load_weights_only(path: str | os.PathLike) -> Any:  # whatever the file holds: tensors, dicts, ...
     """``torch.load(path, weights_only=True)`` on the CPU; anything it rejects is one UserError line
     that says what is wrong with the file (:func:`not_a_checkpoint`, truncated or corrupt, or code refused).
 
@@ -168,24 +173,29 @@ def load_weights_only(path: str | os.PathLike):
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         code = next((line for line in lines if "GLOBAL" in line or "Unsupported global" in line), None)
         if code is None and kind == "pickle":  # torch's reader may stop at an opcode before it sees a global
-            callables = [name for name in pickled_callables(path)
-                         if not name.startswith(PLAIN_PICKLE_GLOBALS)]
+            callables = [
+                name for name in pickled_callables(path) if not name.startswith(PLAIN_PICKLE_GLOBALS)
+            ]
             code = f"it names {callables[0]}, which unpickling would call" if callables else None
         if code is None:
             last = lines[-1] if lines else ""
             reason = next((line for line in lines if line.startswith("Unsupported")), last)
-            raise UserError(f"cannot read checkpoint {path}: a pickle the weights-only loader cannot read "
-                            f"({reason}): truncated, corrupt or not a checkpoint") from None
-        raise UserError(f"cannot read checkpoint {path}: refused by the weights-only loader ({code}); only "
-                        f"tensors and plain containers are accepted, because other pickled objects can run "
-                        f"code") from None
+            raise UserError(
+                f"cannot read checkpoint {path}: a pickle the weights-only loader cannot read "
+                f"({reason}): truncated, corrupt or not a checkpoint"
+            ) from None
+        raise UserError(
+            f"cannot read checkpoint {path}: refused by the weights-only loader ({code}); only "
+            f"tensors and plain containers are accepted, because other pickled objects can run "
+            f"code"
+        ) from None
     except Exception as err:  # noqa: BLE001 - any other failure is a damaged file
         # torch's zip reader appends paragraphs of advice to its first sentence
         first = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else "it ends early"
         raise UserError(f"cannot read checkpoint {path}: a truncated or corrupt {kind} ({first})") from None
 
 
-def read_yaml(path: str | os.PathLike, what: str):
+def read_yaml(path: str | os.PathLike, what: str) -> Any:
     """The YAML document in ``path`` (``what`` names it in errors: "config file"); every problem is one
     UserError line naming the file, and for a syntax error its line and column."""
     import yaml
@@ -206,10 +216,11 @@ def read_yaml(path: str | os.PathLike, what: str):
         raise UserError(f"{what} {path} is not valid YAML{where}: {problem}") from None
 
 
-def require(module: str, purpose: str):
+def require(module: str, purpose: str) -> types.ModuleType:
     """Import an optional dependency (the ``hf`` extra), or say in one line how to install it."""
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UserError(f"{purpose} needs the Python package {module.split('.')[0]!r}: "
-                        f"pip install 'attnid[hf]'") from None
+        raise UserError(
+            f"{purpose} needs the Python package {module.split('.')[0]!r}: pip install 'attnid[hf]'"
+        ) from None

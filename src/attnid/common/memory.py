@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnid.common.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -48,7 +52,7 @@ def host_available_bytes() -> int | None:
     return available
 
 
-def available_bytes(device) -> tuple[int | None, str]:
+def available_bytes(device: torch.device | str) -> tuple[int | None, str]:
     """``(free bytes or None, what they are)`` on ``device`` (a torch.device or its type)."""
     device_type = getattr(device, "type", str(device))
     if device_type == "cuda":
@@ -67,7 +71,7 @@ def format_size(count: float, unit: str = "B") -> str:
     return f"{int(count)} {unit}"
 
 
-def require_memory(parts: dict[str, int], device, what: str, advice: str) -> None:
+def require_memory(parts: dict[str, int], device: torch.device | str, what: str, advice: str) -> None:
     """Refuse (one UserError line) when the estimated ``parts`` ({name: bytes}) exceed what ``device``
     has free."""
     needed = sum(parts.values())
@@ -75,5 +79,7 @@ def require_memory(parts: dict[str, int], device, what: str, advice: str) -> Non
     if free is None or needed <= free:
         return
     shown = ", ".join(f"{name} {format_size(size)}" for name, size in parts.items() if size)
-    raise UserError(f"{what} needs about {format_size(needed)} ({shown}) but {where} {format_size(free)} "
-                    f"available: {advice} (estimate: docs/design.md §6.2)")
+    raise UserError(
+        f"{what} needs about {format_size(needed)} ({shown}) but {where} {format_size(free)} "
+        f"available: {advice} (estimate: docs/design.md §6.2)"
+    )

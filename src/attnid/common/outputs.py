@@ -35,9 +35,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from attnid.common.errors import UserError
 
@@ -75,7 +75,7 @@ def text_head(path: Path) -> str | None:
         return head.decode("utf-8")
     except UnicodeDecodeError as err:
         # a multi-byte character cut at the end of the head is still text
-        return head[:err.start].decode("utf-8") if err.start >= len(head) - 3 else None
+        return head[: err.start].decode("utf-8") if err.start >= len(head) - 3 else None
 
 
 def _is_text(path: Path) -> bool:
@@ -93,8 +93,9 @@ def _is_csv(path: Path) -> bool:
 
 def _is_generated_tex(path: Path) -> bool:
     text = text_head(path)
-    return text is not None and any(line.lstrip().startswith("%") and "attnid" in line
-                                    for line in text.splitlines()[:TEX_MARKER_LINES])
+    return text is not None and any(
+        line.lstrip().startswith("%") and "attnid" in line for line in text.splitlines()[:TEX_MARKER_LINES]
+    )
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -129,8 +130,16 @@ PNG = Format("a PNG image", starts_with(b"\x89PNG\r\n\x1a\n"))
 PDF = Format("a PDF document", starts_with(b"%PDF-"))
 ANY = Format("a file", lambda path: True)  # inside a folder already recognised as one of ours
 UNKNOWN = Format("a file of attnid", lambda path: False)
-SUFFIX_FORMATS = {".pt": TORCH_ARCHIVE, ".safetensors": SAFETENSORS, ".csv": CSV, ".tex": TEX,
-                  ".png": PNG, ".pdf": PDF, ".json": json_report(), ".log": TEXT}
+SUFFIX_FORMATS = {
+    ".pt": TORCH_ARCHIVE,
+    ".safetensors": SAFETENSORS,
+    ".csv": CSV,
+    ".tex": TEX,
+    ".png": PNG,
+    ".pdf": PDF,
+    ".json": json_report(),
+    ".log": TEXT,
+}
 
 
 def format_for(path: str | os.PathLike) -> Format:
@@ -174,13 +183,16 @@ class OutputRule:
             for item in sorted(path.iterdir()) if path.is_dir() else [path]:
                 if item.is_file():
                     self._inputs.setdefault(_resolved(item), str(item))
-                    self._input_ids.setdefault(_file_id(item), str(item))
+                    file_id = _file_id(item)
+                    if file_id is not None:  # gone since is_file(): no id to match it by
+                        self._input_ids.setdefault(file_id, str(item))
 
     def _input_named(self, path: Path) -> str | None:
         resolved = _resolved(path)
         if resolved in self._inputs:
             return self._inputs[resolved]
-        return self._input_ids.get(_file_id(path)) if path.is_file() else None
+        file_id = _file_id(path) if path.is_file() else None
+        return self._input_ids.get(file_id) if file_id is not None else None
 
     # ----- outputs --------------------------------------------------------------------
 
@@ -198,8 +210,7 @@ class OutputRule:
         self._checked.add(_resolved(path))
         return path
 
-    def write_dir(self, path: str | os.PathLike, flag: str | None = None,
-                  fmt: Format | None = None) -> Path:
+    def write_dir(self, path: str | os.PathLike, flag: str | None = None, fmt: Format | None = None) -> Path:
         """Declare the output folder ``path``; an existing non-empty folder must satisfy ``fmt`` when given
         (e.g. "a Hugging Face model folder")."""
         path = Path(path)
@@ -228,22 +239,27 @@ class OutputRule:
         if named is not None:
             same = named == str(path)
             what = "also an input of this command" if same else f"the same file as the input {named}"
-            raise UserError(f"{name} is {what}: attnid {self.command} never writes over its inputs; "
-                            f"write it somewhere else")
+            raise UserError(
+                f"{name} is {what}: attnid {self.command} never writes over its inputs; "
+                f"write it somewhere else"
+            )
 
     def _claim(self, path: Path, name: str) -> None:
         self._refuse_input(path, name)
         resolved = _resolved(path)
         if resolved in self._outputs:
-            raise UserError(f"{name} and {self._outputs[resolved]} name the same path: "
-                            f"give each output its own")
+            raise UserError(
+                f"{name} and {self._outputs[resolved]} name the same path: give each output its own"
+            )
         self._outputs[resolved] = name
 
     def _refuse_foreign(self, path: Path, fmt: Format, name: str) -> None:
         if self.force or not os.path.lexists(path) or fmt.recognises(path):
             return
-        raise UserError(f"{name} exists and is not {fmt.description}, which is what attnid {self.command} "
-                        f"writes there: pass --force to replace it, or choose another path")
+        raise UserError(
+            f"{name} exists and is not {fmt.description}, which is what attnid {self.command} "
+            f"writes there: pass --force to replace it, or choose another path"
+        )
 
     @staticmethod
     def _check_writable(folder: Path, name: str) -> None:
@@ -259,8 +275,9 @@ class OutputRule:
             raise UserError(f"{name}: cannot write in {ancestor}: {err.strerror}") from None
 
 
-_ACTIVE: contextvars.ContextVar[OutputRule | None] = contextvars.ContextVar("attnid_output_rule",
-                                                                           default=None)
+_ACTIVE: contextvars.ContextVar[OutputRule | None] = contextvars.ContextVar(
+    "attnid_output_rule", default=None
+)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ import os
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, TextIO
 
 SILENCE_S = 8.0  # a line after this long without one on stderr; the poll adds at most POLL_S
 POLL_S = 0.5
@@ -40,14 +41,14 @@ def _stage_text() -> str:
 class _TimedStream:
     """stderr, remembering when it was last written to."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: TextIO) -> None:
         self.stream, self.last_write = stream, time.monotonic()
 
     def write(self, text: str) -> int:
         self.last_write = time.monotonic()
         return self.stream.write(text)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
@@ -77,12 +78,13 @@ class Heartbeat:
             now = time.monotonic()
             if now - self._stream.last_write >= self.silence_s:
                 elapsed = int(now - self.started)
-                self._stream.write(f"attnid {self.command}: still working: {_stage_text()} "
-                                   f"({elapsed // 60}m{elapsed % 60:02d}s)\n")
+                self._stream.write(
+                    f"attnid {self.command}: still working: {_stage_text()} "
+                    f"({elapsed // 60}m{elapsed % 60:02d}s)\n"
+                )
                 self._stream.flush()
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         sys.stderr = self._original
-        return False

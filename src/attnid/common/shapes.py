@@ -20,8 +20,9 @@ def format_shape(shape: Iterable[int]) -> str:
     return str(tuple(int(size) for size in shape))
 
 
-def shape_mismatches(expected: Mapping[str, Iterable[int]], stored: Mapping[str, Iterable[int]],
-                     required: bool = True) -> list[str]:
+def shape_mismatches(
+    expected: Mapping[str, Iterable[int]], stored: Mapping[str, Iterable[int]], required: bool = True
+) -> list[str]:
     """Every disagreement as a phrase, in ``expected``'s order: a stored shape that is not the expected
     one, and (when ``required``) an expected tensor that is not stored. Stored tensors that ``expected``
     does not name are not judged."""
@@ -38,8 +39,13 @@ def shape_mismatches(expected: Mapping[str, Iterable[int]], stored: Mapping[str,
     return problems
 
 
-def shape_problem(expected: Mapping[str, Iterable[int]], stored: Mapping[str, Iterable[int]],
-                  where: str, source: str = "the config", required: bool = True) -> str | None:
+def shape_problem(
+    expected: Mapping[str, Iterable[int]],
+    stored: Mapping[str, Iterable[int]],
+    where: str,
+    source: str = "the config",
+    required: bool = True,
+) -> str | None:
     """One line for the first disagreement (and how many more there are), or None when all agree."""
     problems = shape_mismatches(expected, stored, required)
     if not problems:
@@ -48,8 +54,13 @@ def shape_problem(expected: Mapping[str, Iterable[int]], stored: Mapping[str, It
     return f"{where}: {problems[0]} from {source}{more}"
 
 
-def check_tensor_shapes(expected: Mapping[str, Iterable[int]], stored: Mapping[str, Iterable[int]],
-                        where: str, source: str = "the config", required: bool = True) -> None:
+def check_tensor_shapes(
+    expected: Mapping[str, Iterable[int]],
+    stored: Mapping[str, Iterable[int]],
+    where: str,
+    source: str = "the config",
+    required: bool = True,
+) -> None:
     """Raise a one-line UserError (:func:`shape_problem`) when a stored shape disagrees with ``expected``."""
     problem = shape_problem(expected, stored, where, source, required)
     if problem is not None:

@@ -47,7 +47,8 @@ ATTENTION_PARTS = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight
 
 @dataclass
 class AttentionLayer:
-    """One layer's attention in nanoGPT's layout, float64: rows ``[W_Q; W_K; W_V]``, head ``h`` = rows ``h*D:(h+1)*D``."""
+    """One layer's attention in nanoGPT's layout, float64: rows ``[W_Q; W_K; W_V]``, head ``h`` = rows
+    ``h*D:(h+1)*D``."""
 
     c_attn_weight: torch.Tensor  # (3E, E)
     c_attn_bias: torch.Tensor | None  # (3E,)
@@ -76,22 +77,32 @@ class Checkpoint:
 
     @property
     def vocab_size(self) -> int:
-        return int(self.payload["model_args"]["vocab_size"] if self.kind == NANOGPT else self.payload["vocab_size"])
+        return int(
+            self.payload["model_args"]["vocab_size"] if self.kind == NANOGPT else self.payload["vocab_size"]
+        )
 
     @property
     def block_size(self) -> int:
-        return int(self.payload["model_args"]["block_size"] if self.kind == NANOGPT else self.payload["n_positions"])
+        return int(
+            self.payload["model_args"]["block_size"] if self.kind == NANOGPT else self.payload["n_positions"]
+        )
 
     def attention_layer(self, layer: int) -> AttentionLayer:
         """One layer's attention tensors as float64 copies in nanoGPT's layout."""
-        parts = []
-        for part in ATTENTION_PARTS:
-            tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
-            if tensor is not None:
-                tensor = tensor.detach().to(torch.float64, copy=True)
-                tensor = tensor.t().contiguous() if self.transposed and tensor.dim() == 2 else tensor
-            parts.append(tensor)
-        return AttentionLayer(*parts)
+        weight, bias, proj_weight, proj_bias = (self._attention_part(layer, part) for part in ATTENTION_PARTS)
+        if weight is None or proj_weight is None:  # the biases are optional, the weights are not
+            missing = ATTENTION_PARTS[0] if weight is None else ATTENTION_PARTS[2]
+            raise UserError(
+                f"{self.path} has no {self.layer_prefix}{layer}.{missing}: cannot edit its attention"
+            )
+        return AttentionLayer(weight, bias, proj_weight, proj_bias)
+
+    def _attention_part(self, layer: int, part: str) -> torch.Tensor | None:
+        tensor = self.tensors.get(f"{self.layer_prefix}{layer}.{part}")
+        if tensor is None:
+            return None
+        tensor = tensor.detach().to(torch.float64, copy=True)
+        return tensor.t().contiguous() if self.transposed and tensor.dim() == 2 else tensor
 
     def attention_layers(self) -> list[AttentionLayer]:
         return [self.attention_layer(layer) for layer in range(self.n_layer)]
@@ -106,6 +117,8 @@ class Checkpoint:
                     if value is not None:
                         raise ValueError(f"{key} is not in the checkpoint, cannot write it")
                     continue
+                if value is None:
+                    raise ValueError(f"{key} is in the checkpoint but the edited layer has none")
                 value = value.t() if self.transposed and value.dim() == 2 else value
                 self.tensors[key] = value.to(self.tensors[key].dtype).contiguous()
 
@@ -114,8 +127,10 @@ class Checkpoint:
 # loading
 # --------------------------------------------------------------------------------------
 
+
 def _layer_prefix(keys, where: Path) -> str:
-    """The stored prefix of ``h.{i}.attn...`` keys: nanoGPT's ``transformer.h.``, HF's ``transformer.h.`` or ``h.``."""
+    """The stored prefix of ``h.{i}.attn...`` keys: nanoGPT's ``transformer.h.``, HF's
+    ``transformer.h.`` or ``h.``."""
     anchor = "h.0.attn.c_attn.weight"
     hits = [k for k in keys if k == anchor or k.endswith("." + anchor)]
     if not hits:
@@ -124,7 +139,13 @@ def _layer_prefix(keys, where: Path) -> str:
 
 
 def _count_layers(keys, prefix: str) -> int:
-    return len({k[len(prefix):].split(".", 1)[0] for k in keys if k.startswith(prefix) and k.endswith("attn.c_attn.weight")})
+    return len(
+        {
+            k[len(prefix) :].split(".", 1)[0]
+            for k in keys
+            if k.startswith(prefix) and k.endswith("attn.c_attn.weight")
+        }
+    )
 
 
 def load_nanogpt(path: Path) -> Checkpoint:
@@ -147,9 +168,19 @@ def load_nanogpt(path: Path) -> Checkpoint:
     prefix = _layer_prefix(tensors, path)
     n_layer = _count_layers(tensors, prefix)
     if n_layer != int(args["n_layer"]):
-        raise UserError(f"{path}: model_args says n_layer={args['n_layer']} but the weights have {n_layer} layers")
-    return Checkpoint(NANOGPT, path, n_layer, int(args["n_head"]), int(args["n_embd"]), dict(tensors), prefix,
-                      payload=checkpoint)
+        raise UserError(
+            f"{path}: model_args says n_layer={args['n_layer']} but the weights have {n_layer} layers"
+        )
+    return Checkpoint(
+        NANOGPT,
+        path,
+        n_layer,
+        int(args["n_head"]),
+        int(args["n_embd"]),
+        dict(tensors),
+        prefix,
+        payload=checkpoint,
+    )
 
 
 def _hf_weight_files(folder: Path) -> list[str]:
@@ -163,7 +194,9 @@ def _hf_weight_files(folder: Path) -> list[str]:
     for name in (SAFETENSORS_NAME, PYTORCH_BIN_NAME):
         if (folder / name).is_file():
             return [name]
-    raise UserError(f"{folder} has no {SAFETENSORS_NAME} or {PYTORCH_BIN_NAME}: not a Hugging Face model folder")
+    raise UserError(
+        f"{folder} has no {SAFETENSORS_NAME} or {PYTORCH_BIN_NAME}: not a Hugging Face model folder"
+    )
 
 
 def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]:
@@ -178,8 +211,9 @@ def _read_weight_file(path: Path) -> tuple[dict[str, torch.Tensor], dict | None]
                 return {k: handle.get_tensor(k) for k in handle.keys()}, handle.metadata()
         except (safetensors.SafetensorError, OSError) as err:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise UserError(f"cannot read {path}: a truncated or corrupt safetensors file "
-                            f"({first})") from None
+            raise UserError(
+                f"cannot read {path}: a truncated or corrupt safetensors file ({first})"
+            ) from None
     state = load_weights_only(path)
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"{path} is not a state dict of tensors")
@@ -191,7 +225,7 @@ GPT2_SIZES = ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")
 
 def _gpt2_sizes(config: dict, where: Path) -> dict[str, int]:
     """The sizes of a GPT-2 ``config.json`` that the weights' shapes follow, each a positive integer."""
-    sizes = {}
+    sizes: dict[str, int] = {}
     for name in GPT2_SIZES:
         value = config.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -201,7 +235,7 @@ def _gpt2_sizes(config: dict, where: Path) -> dict[str, int]:
         raise UserError(f"{where}: n_embd {sizes['n_embd']} is not a multiple of n_head {sizes['n_head']}")
     inner = config.get("n_inner")
     usable = isinstance(inner, int) and not isinstance(inner, bool) and inner > 0
-    sizes["n_inner"] = inner if usable else 4 * sizes["n_embd"]  # GPT-2's default: None means 4E
+    sizes["n_inner"] = inner if isinstance(inner, int) and usable else 4 * sizes["n_embd"]  # None means 4E
     return sizes
 
 
@@ -209,16 +243,28 @@ def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict
     """``(attention, other)`` ``{stored name: shape}`` of a GPT-2 folder, from its config's sizes. GPT-2's
     Conv1D stores ``(in, out)``; ``prefix`` is the stored prefix of ``h.{i}.`` (:func:`_layer_prefix`)."""
     E, inner, base = sizes["n_embd"], sizes["n_inner"], prefix[: -len("h.")]
-    attention = {}
-    other = {f"{base}wte.weight": (sizes["vocab_size"], E), f"{base}wpe.weight": (sizes["n_positions"], E),
-             f"{base}ln_f.weight": (E,), f"{base}ln_f.bias": (E,)}
+    attention: dict[str, tuple[int, ...]] = {}
+    other: dict[str, tuple[int, ...]] = {
+        f"{base}wte.weight": (sizes["vocab_size"], E),
+        f"{base}wpe.weight": (sizes["n_positions"], E),
+        f"{base}ln_f.weight": (E,),
+        f"{base}ln_f.bias": (E,),
+    }
     for layer in range(sizes["n_layer"]):
         block = f"{prefix}{layer}."
-        attention |= {block + "attn.c_attn.weight": (E, 3 * E), block + "attn.c_attn.bias": (3 * E,),
-                      block + "attn.c_proj.weight": (E, E), block + "attn.c_proj.bias": (E,)}
+        attention |= {
+            block + "attn.c_attn.weight": (E, 3 * E),
+            block + "attn.c_attn.bias": (3 * E,),
+            block + "attn.c_proj.weight": (E, E),
+            block + "attn.c_proj.bias": (E,),
+        }
         other |= {block + f"{norm}.{part}": (E,) for norm in ("ln_1", "ln_2") for part in ("weight", "bias")}
-        other |= {block + "mlp.c_fc.weight": (E, inner), block + "mlp.c_fc.bias": (inner,),
-                  block + "mlp.c_proj.weight": (inner, E), block + "mlp.c_proj.bias": (E,)}
+        other |= {
+            block + "mlp.c_fc.weight": (E, inner),
+            block + "mlp.c_fc.bias": (inner,),
+            block + "mlp.c_proj.weight": (inner, E),
+            block + "mlp.c_proj.bias": (E,),
+        }
     return attention, other
 
 
@@ -226,14 +272,18 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
     from attnid.theory.hf_config import read_hf_config
 
     if not (folder / "config.json").exists():
-        raise UserError(f"{folder} is a folder but not a Hugging Face model folder (no config.json); "
-                        f"expected a nanoGPT ckpt.pt file or a GPT-2 folder with config.json and its weights")
+        raise UserError(
+            f"{folder} is a folder but not a Hugging Face model folder (no config.json); "
+            f"expected a nanoGPT ckpt.pt file or a GPT-2 folder with config.json and its weights"
+        )
     config = read_hf_config(folder)
     if config.get("model_type") != "gpt2":
         from attnid.edits.hf_llama import LLAMA_FAMILY
 
-        raise UserError(f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
-                        f"and Llama-family folders ({', '.join(LLAMA_FAMILY)}) can be edited")
+        raise UserError(
+            f"{folder}: model_type {config.get('model_type')!r}; only GPT-2 folders (model_type 'gpt2') "
+            f"and Llama-family folders ({', '.join(LLAMA_FAMILY)}) can be edited"
+        )
     sizes = _gpt2_sizes(config, folder / "config.json")
     tensors, weight_files, metadata = {}, {}, {}
     for name in _hf_weight_files(folder):
@@ -243,14 +293,27 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
     prefix = _layer_prefix(tensors, folder)
     n_layer = _count_layers(tensors, prefix)
     if n_layer != sizes["n_layer"]:
-        raise UserError(f"{folder}: config.json says n_layer={config.get('n_layer')} but the weights have {n_layer} layers")
+        raise UserError(
+            f"{folder}: config.json says n_layer={config.get('n_layer')} "
+            f"but the weights have {n_layer} layers"
+        )
     # before from_pretrained: every attention tensor with config.json's shape, the others where stored
     attention, other = gpt2_expected_shapes(sizes, prefix)
     stored = {key: tensor.shape for key, tensor in tensors.items()}
     check_tensor_shapes(attention, stored, str(folder), source="config.json")
     check_tensor_shapes(other, stored, str(folder), source="config.json", required=False)
-    return Checkpoint(HF_GPT2, folder, n_layer, int(config["n_head"]), int(config["n_embd"]), tensors, prefix,
-                      payload=config, weight_files=weight_files, file_metadata=metadata)
+    return Checkpoint(
+        HF_GPT2,
+        folder,
+        n_layer,
+        int(config["n_head"]),
+        int(config["n_embd"]),
+        tensors,
+        prefix,
+        payload=config,
+        weight_files=weight_files,
+        file_metadata=metadata,
+    )
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -262,8 +325,10 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         from attnid.theory.hf_config import read_hf_config
 
         if not (path / "config.json").exists():
-            raise UserError(f"{path} is a folder but not a Hugging Face model folder (no config.json); expected a "
-                            f"nanoGPT ckpt.pt file or a GPT-2 or Llama-family folder with config.json and its weights")
+            raise UserError(
+                f"{path} is a folder but not a Hugging Face model folder (no config.json); expected a "
+                f"nanoGPT ckpt.pt file or a GPT-2 or Llama-family folder with config.json and its weights"
+            )
         if read_hf_config(path).get("model_type") in LLAMA_FAMILY:
             return load_hf_llama(path)
         return load_hf_gpt2(path)
@@ -291,6 +356,7 @@ def weight_format(name: str) -> outputs.Format:
 # saving
 # --------------------------------------------------------------------------------------
 
+
 def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict | None = None) -> Path:
     """Write ``checkpoint`` in its own format to ``out`` (a file for nanoGPT, a folder for HF).
 
@@ -305,8 +371,9 @@ def save_checkpoint(checkpoint: Checkpoint, out: str | os.PathLike, record: dict
         torch_save_atomic(out, payload)
         return out
     if checkpoint.kind == HF_LLAMA:
-        from attnid.edits.hf_llama import save_hf_llama
+        from attnid.edits.hf_llama import LlamaCheckpoint, save_hf_llama
 
+        assert isinstance(checkpoint, LlamaCheckpoint)  # the one class load_hf_llama makes of that kind
         return save_hf_llama(checkpoint, out)
     return _save_hf(checkpoint, out)
 

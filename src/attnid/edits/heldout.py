@@ -20,18 +20,34 @@ Tokens, first source found wins (the report names it):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
+from attnid.common.errors import UserError
 from attnid.common.files import require
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, Checkpoint
-from attnid.common.errors import UserError
+
+
+class HeldoutOptions(Protocol):
+    """The edit commands' options that choose the held-out batch (``--data``, ``--text``, ``--sequences``,
+    ``--length``; parsed by :mod:`attnid.cli.checkpoints`)."""
+
+    data: Path | None
+    text: Path | None
+    sequences: int
+    length: int
+
 
 PIPELINE_DATA_DIR = Path("data") / "tinyshakespeare"
-DEFAULT_TEXTS = (PIPELINE_DATA_DIR / "input.txt", Path("assets") / "tinyshakespeare.txt")  # relative to the repository
+DEFAULT_TEXTS = (
+    PIPELINE_DATA_DIR / "input.txt",
+    Path("assets") / "tinyshakespeare.txt",
+)  # relative to the repository
 VAL_FRACTION = 0.1  # nanoGPT's split: the last 10 % of the text is validation
 RANDOM_TOKENS_SEED = 0
 
@@ -62,28 +78,38 @@ def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[n
             stoi = data_module.load_meta(meta_dir)["stoi"]
             unknown = sorted(set(text) - set(stoi))
             if unknown:
-                raise UserError(f"the held-out text has characters outside {meta_dir / data_module.META_NAME}'s "
-                                f"vocabulary ({unknown[:5]!r}): pass --text with text of the training alphabet")
-            return data_module.encode(text, stoi).astype(np.int64), f"text encoded with {meta_dir / 'meta.json'}"
+                raise UserError(
+                    f"the held-out text has characters outside {meta_dir / data_module.META_NAME}'s "
+                    f"vocabulary ({unknown[:5]!r}): pass --text with text of the training alphabet"
+                )
+            return data_module.encode(text, stoi).astype(
+                np.int64
+            ), f"text encoded with {meta_dir / 'meta.json'}"
     elif any((checkpoint.path / name).is_file() for name in ("tokenizer.json", "vocab.json")):
         transformers = require("transformers", "reading a Hugging Face tokenizer")
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint.path), local_files_only=True)
-        return np.asarray(tokenizer(text)["input_ids"], dtype=np.int64), "text encoded with the folder's tokenizer"
+        return np.asarray(
+            tokenizer(text)["input_ids"], dtype=np.int64
+        ), "text encoded with the folder's tokenizer"
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     return raw % vocab, f"text bytes modulo the vocabulary size {vocab}"
 
 
-def _tokens(checkpoint: Checkpoint, args) -> tuple[np.ndarray | None, str]:
+def _tokens(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[np.ndarray | None, str]:
     from attnid.training import data as data_module
 
     dirs = _data_dirs(checkpoint, args.data)
     if args.text is None and checkpoint.kind == NANOGPT:
         for folder in dirs:
-            if folder == args.data or ((folder / "val.bin").is_file() and (folder / data_module.META_NAME).is_file()):
+            if folder == args.data or (
+                (folder / "val.bin").is_file() and (folder / data_module.META_NAME).is_file()
+            ):
                 tokens = np.asarray(data_module.load_split(folder, "val"), dtype=np.int64)
                 if int(tokens.max()) >= checkpoint.vocab_size:
-                    raise UserError(f"{folder / 'val.bin'} has token {int(tokens.max())}, beyond the model's "
-                                    f"vocabulary of {checkpoint.vocab_size}: pass --data of the model's dataset")
+                    raise UserError(
+                        f"{folder / 'val.bin'} has token {int(tokens.max())}, beyond the model's "
+                        f"vocabulary of {checkpoint.vocab_size}: pass --data of the model's dataset"
+                    )
                 return tokens, f"{folder / 'val.bin'}"
     if args.text is not None and not args.text.is_file():
         raise UserError(f"--text {args.text} {'is a directory' if args.text.is_dir() else 'not found'}")
@@ -95,7 +121,7 @@ def _tokens(checkpoint: Checkpoint, args) -> tuple[np.ndarray | None, str]:
     except UnicodeDecodeError as err:
         raise UserError(f"{text_path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     if args.text is None:
-        text = text[int(len(text) * (1 - VAL_FRACTION)):]
+        text = text[int(len(text) * (1 - VAL_FRACTION)) :]
     tokens, how = _encode_text(text, checkpoint, dirs)
     return tokens, f"{text_path}{'' if args.text is not None else ' (validation part)'}, {how}"
 
@@ -110,16 +136,25 @@ def check_eval_memory(checkpoint: Checkpoint, sequences: int, length: int) -> No
     if checkpoint.kind == NANOGPT:
         config = config_from_model_args(checkpoint.payload["model_args"])
     else:
-        config = GPTConfig(n_layer=checkpoint.n_layer, n_head=checkpoint.n_head, n_embd=checkpoint.n_embd,
-                           vocab_size=checkpoint.vocab_size, block_size=checkpoint.block_size)
+        config = GPTConfig(
+            n_layer=checkpoint.n_layer,
+            n_head=checkpoint.n_head,
+            n_embd=checkpoint.n_embd,
+            vocab_size=checkpoint.vocab_size,
+            block_size=checkpoint.block_size,
+        )
     parts = forward_footprint(config, sequences, length)
     parts["logits"] *= 2  # before and after are compared
     parts["stored weights"] = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
-    require_memory(parts, "cpu", f"--sequences {sequences} x --length {length} on {checkpoint.path}",
-                   "lower --sequences or --length")
+    require_memory(
+        parts,
+        "cpu",
+        f"--sequences {sequences} x --length {length} on {checkpoint.path}",
+        "lower --sequences or --length",
+    )
 
 
-def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
+def heldout_batch(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[torch.Tensor, str]:
     """``(S, T+1)`` token ids (inputs and next-token targets) from evenly spaced windows, and their source."""
     if args.sequences < 1 or args.length < 1:
         raise UserError("--sequences and --length must be positive")
@@ -128,7 +163,9 @@ def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
     tokens, source = _tokens(checkpoint, args)
     if tokens is None:
         generator = torch.Generator().manual_seed(RANDOM_TOKENS_SEED)
-        return torch.randint(0, checkpoint.vocab_size, (args.sequences, length + 1), generator=generator), source
+        return torch.randint(
+            0, checkpoint.vocab_size, (args.sequences, length + 1), generator=generator
+        ), source
     if len(tokens) < length + 1:
         raise UserError(f"the held-out tokens ({len(tokens)}) are fewer than one sequence of {length + 1}")
     starts = np.linspace(0, len(tokens) - (length + 1), args.sequences).astype(np.int64)
@@ -136,7 +173,7 @@ def heldout_batch(checkpoint: Checkpoint, args) -> tuple[torch.Tensor, str]:
     return torch.from_numpy(np.ascontiguousarray(windows)), source
 
 
-def load_for_eval(checkpoint: Checkpoint):
+def load_for_eval(checkpoint: Checkpoint) -> Callable[[torch.Tensor], torch.Tensor]:
     """A callable ``ids (B, T) -> logits (B, T, V)`` for the checkpoint as written on disk."""
     if checkpoint.kind == NANOGPT:
         from attnid.model.gpt import model_from_checkpoint
@@ -160,9 +197,16 @@ def _hf_model(folder: Path, model_class: str):
     dtype_keyword = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
     # the folder's weights passed the weights-only loader already; nothing is downloaded
     try:
-        model = getattr(transformers, model_class).from_pretrained(str(folder), local_files_only=True,
-                                                                   attn_implementation="eager",
-                                                                   **{dtype_keyword: torch.float32}).eval()
+        model = (
+            getattr(transformers, model_class)
+            .from_pretrained(
+                str(folder),
+                local_files_only=True,
+                attn_implementation="eager",
+                **{dtype_keyword: torch.float32},
+            )
+            .eval()
+        )
     except (OSError, ValueError, RuntimeError, KeyError, TypeError) as err:  # a folder it cannot load
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"transformers cannot load {folder}: {first}") from None
@@ -170,7 +214,9 @@ def _hf_model(folder: Path, model_class: str):
 
 
 @torch.no_grad()
-def evaluate(logits_of, batch: torch.Tensor) -> tuple[float, torch.Tensor]:
+def evaluate(
+    logits_of: Callable[[torch.Tensor], torch.Tensor], batch: torch.Tensor
+) -> tuple[float, torch.Tensor]:
     """Mean next-token cross-entropy and the logits ``(S, T, V)`` on ``batch`` ``(S, T+1)``."""
     inputs, targets = batch[:, :-1], batch[:, 1:]
     logits = logits_of(inputs).float()
@@ -178,10 +224,15 @@ def evaluate(logits_of, batch: torch.Tensor) -> tuple[float, torch.Tensor]:
     return float(loss), logits
 
 
-def compare(loss_before: float, logits_before: torch.Tensor, loss_after: float, logits_after: torch.Tensor) -> dict:
+def compare(
+    loss_before: float, logits_before: torch.Tensor, loss_after: float, logits_after: torch.Tensor
+) -> dict:
     """Loss before/after and the max logit change relative to the largest logit (as ``tau_logits``)."""
     scale = float(logits_before.abs().max())
     change = float((logits_after - logits_before).abs().max())
-    return {"loss_before": loss_before, "loss_after": loss_after, "loss_change": loss_after - loss_before,
-            "max_rel_logit_change": change / scale if scale > 0 else change}
-
+    return {
+        "loss_before": loss_before,
+        "loss_after": loss_after,
+        "loss_change": loss_after - loss_before,
+        "max_rel_logit_change": change / scale if scale > 0 else change,
+    }

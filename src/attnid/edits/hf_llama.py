@@ -33,8 +33,14 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_json_atomic
-from attnid.edits.checkpoints import (HF_LLAMA, AttentionLayer, Checkpoint, _hf_weight_files,
-                                      _read_weight_file, _save_hf)
+from attnid.edits.checkpoints import (
+    HF_LLAMA,
+    AttentionLayer,
+    Checkpoint,
+    _hf_weight_files,
+    _read_weight_file,
+    _save_hf,
+)
 from attnid.model.layout import AttentionLayout, row_blocks
 from attnid.theory import counts
 from attnid.theory.hf_config import architecture_from_hf_config, read_hf_config
@@ -68,8 +74,9 @@ class LlamaCheckpoint(Checkpoint):
     @property
     def layout(self) -> AttentionLayout:
         has_bias = self.key(0, "q_proj", "bias") in self.tensors
-        return AttentionLayout(self.n_embd, self.n_head, self.n_kv_head, self.head_dim, rope=True,
-                               bias=has_bias)
+        return AttentionLayout(
+            self.n_embd, self.n_head, self.n_kv_head, self.head_dim, rope=True, bias=has_bias
+        )
 
     @property
     def shape(self) -> counts.LayerShape:
@@ -85,13 +92,24 @@ class LlamaCheckpoint(Checkpoint):
         tensor = self.tensors.get(self.key(layer, projection, part))
         return None if tensor is None else tensor.detach().to(torch.float64, copy=True)
 
+    def _float64_weight(self, layer: int, projection: str) -> torch.Tensor:
+        # _check_tensors found every attention weight with config.json's shape: each one is there
+        weight = self._float64(layer, projection, "weight")
+        assert weight is not None, self.key(layer, projection, "weight")
+        return weight
+
     def attention_layer(self, layer: int) -> AttentionLayer:
         """One layer as float64 copies in nanoGPT's grouped layout: ``c_attn_weight`` ``(H D + 2 G D, E)``."""
-        weights = [self._float64(layer, p, "weight") for p in PROJECTIONS[:3]]
+        weights = [self._float64_weight(layer, p) for p in PROJECTIONS[:3]]
         biases = [self._float64(layer, p, "bias") for p in PROJECTIONS[:3]]
-        bias = None if biases[0] is None else torch.cat(biases)  # (H D + 2 G D,)
-        return AttentionLayer(torch.cat(weights), bias, self._float64(layer, "o_proj", "weight"),
-                              self._float64(layer, "o_proj", "bias"))
+        present = [b for b in biases if b is not None]  # q, k and v together or none (_check_tensors)
+        bias = torch.cat(present) if present else None  # (H D + 2 G D,)
+        return AttentionLayer(
+            torch.cat(weights),
+            bias,
+            self._float64_weight(layer, "o_proj"),
+            self._float64(layer, "o_proj", "bias"),
+        )
 
     def set_attention_layers(self, layers: list[AttentionLayer]) -> None:
         """Write edited layers back into q/k/v/o_proj, each tensor in its stored dtype."""
@@ -117,6 +135,7 @@ class LlamaCheckpoint(Checkpoint):
 # reading
 # --------------------------------------------------------------------------------------
 
+
 def _llama_layer_prefix(keys, folder: Path) -> str:
     """The stored prefix of ``layers.{i}.self_attn`` keys: ``model.layers.`` (``*ForCausalLM``) or
     ``layers.``."""
@@ -131,16 +150,21 @@ def _check_rotary(config: dict, where: str) -> None:
     for settings in (config, config.get("rope_parameters") or {}, config.get("rope_scaling") or {}):
         factor = settings.get("partial_rotary_factor") if isinstance(settings, dict) else None
         if factor is not None and float(factor) != 1.0:
-            raise UserError(f"{where}: partial_rotary_factor={factor}; only RoPE over the whole head is "
-                            f"supported")
+            raise UserError(
+                f"{where}: partial_rotary_factor={factor}; only RoPE over the whole head is supported"
+            )
 
 
 def _check_tensors(checkpoint: LlamaCheckpoint, spec: dict, where: Path) -> None:
     """Every layer's projections present with the config's shapes; biases as the config says."""
     e, h, g, d = checkpoint.n_embd, checkpoint.n_head, checkpoint.n_kv_head, checkpoint.head_dim
     expected = {"q_proj": (h * d, e), "k_proj": (g * d, e), "v_proj": (g * d, e), "o_proj": (e, h * d)}
-    bias_expected = {"q_proj": spec["bias"], "k_proj": spec["bias"], "v_proj": spec["bias"],
-                     "o_proj": spec["out_bias"]}
+    bias_expected = {
+        "q_proj": spec["bias"],
+        "k_proj": spec["bias"],
+        "v_proj": spec["bias"],
+        "o_proj": spec["out_bias"],
+    }
     for layer in range(checkpoint.n_layer):
         for projection, shape in expected.items():
             key = checkpoint.key(layer, projection, "weight")
@@ -148,16 +172,22 @@ def _check_tensors(checkpoint: LlamaCheckpoint, spec: dict, where: Path) -> None
             if tensor is None:
                 raise UserError(f"{where}: the weights lack {key}")
             if tuple(tensor.shape) != shape or not tensor.is_floating_point():
-                raise UserError(f"{where}: {key} is {tuple(tensor.shape)} {tensor.dtype}; config.json "
-                                f"(E={e}, H={h}, G={g}, head_dim={d}) needs a floating {shape}")
+                raise UserError(
+                    f"{where}: {key} is {tuple(tensor.shape)} {tensor.dtype}; config.json "
+                    f"(E={e}, H={h}, G={g}, head_dim={d}) needs a floating {shape}"
+                )
             bias_key = checkpoint.key(layer, projection, "bias")
             if (bias_key in checkpoint.tensors) != bias_expected[projection]:
                 stored = "has" if bias_key in checkpoint.tensors else "lacks"
-                raise UserError(f"{where}: the weights {stored} {bias_key}, but config.json says the "
-                                f"{projection} bias is {'on' if bias_expected[projection] else 'off'}")
+                raise UserError(
+                    f"{where}: the weights {stored} {bias_key}, but config.json says the "
+                    f"{projection} bias is {'on' if bias_expected[projection] else 'off'}"
+                )
             if bias_key in checkpoint.tensors and tuple(checkpoint.tensors[bias_key].shape) != shape[:1]:
-                raise UserError(f"{where}: {bias_key} is {tuple(checkpoint.tensors[bias_key].shape)}, "
-                                f"expected {shape[:1]}")
+                raise UserError(
+                    f"{where}: {bias_key} is {tuple(checkpoint.tensors[bias_key].shape)}, "
+                    f"expected {shape[:1]}"
+                )
 
 
 def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
@@ -167,37 +197,58 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
     config = read_hf_config(folder)
     where = str(folder / "config.json")
     if config.get("model_type") not in LLAMA_FAMILY:
-        raise UserError(f"{where}: model_type {config.get('model_type')!r} is not one of "
-                        f"{', '.join(LLAMA_FAMILY)}")
+        raise UserError(
+            f"{where}: model_type {config.get('model_type')!r} is not one of {', '.join(LLAMA_FAMILY)}"
+        )
     spec = architecture_from_hf_config(config, where)  # the same reading as attnid counts --hf-config
     _check_rotary(config, where)
     if "max_position_embeddings" not in config or "vocab_size" not in config:
         raise UserError(f"{where} lacks max_position_embeddings or vocab_size")
     n_embd, n_head = spec["n_embd"], spec["n_head"]
     if "head_dim" not in spec and n_embd % n_head:
-        raise UserError(f"{where}: hidden_size {n_embd} is not a multiple of num_attention_heads {n_head} "
-                        f"and head_dim is not set")
+        raise UserError(
+            f"{where}: hidden_size {n_embd} is not a multiple of num_attention_heads {n_head} "
+            f"and head_dim is not set"
+        )
     if n_head % spec["n_kv_head"]:
-        raise UserError(f"{where}: num_key_value_heads {spec['n_kv_head']} does not divide "
-                        f"num_attention_heads {n_head}")
+        raise UserError(
+            f"{where}: num_key_value_heads {spec['n_kv_head']} does not divide num_attention_heads {n_head}"
+        )
     tensors, weight_files, metadata = {}, {}, {}
     for name in _hf_weight_files(folder):
         state, metadata[name] = _read_weight_file(folder / name)
         weight_files[name] = list(state)
         tensors.update(state)
     prefix = _llama_layer_prefix(tensors, folder)
-    n_layer = len({k[len(prefix):].split(".", 1)[0] for k in tensors
-                   if k.startswith(prefix) and k.endswith("self_attn.q_proj.weight")})
+    n_layer = len(
+        {
+            k[len(prefix) :].split(".", 1)[0]
+            for k in tensors
+            if k.startswith(prefix) and k.endswith("self_attn.q_proj.weight")
+        }
+    )
     if n_layer != spec["n_layer"]:
-        raise UserError(f"{where} says num_hidden_layers={spec['n_layer']} but the weights have {n_layer} "
-                        f"layers")
+        raise UserError(
+            f"{where} says num_hidden_layers={spec['n_layer']} but the weights have {n_layer} layers"
+        )
     try:
         counts.architecture_shape(spec)  # counts.py's validation (e.g. heads wider than E)
     except ValueError as err:
         raise UserError(f"{where}: {err}") from None
-    checkpoint = LlamaCheckpoint(HF_LLAMA, folder, n_layer, n_head, n_embd, tensors, prefix, payload=config,
-                                 weight_files=weight_files, file_metadata=metadata,
-                                 n_kv_head=spec["n_kv_head"], head_dim=spec.get("head_dim", n_embd // n_head))
+    checkpoint = LlamaCheckpoint(
+        HF_LLAMA,
+        folder,
+        n_layer,
+        n_head,
+        n_embd,
+        tensors,
+        prefix,
+        payload=config,
+        weight_files=weight_files,
+        file_metadata=metadata,
+        n_kv_head=spec["n_kv_head"],
+        head_dim=spec.get("head_dim", n_embd // n_head),
+    )
     _check_tensors(checkpoint, spec, folder)
     return checkpoint
 
@@ -205,6 +256,7 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
 # --------------------------------------------------------------------------------------
 # writing
 # --------------------------------------------------------------------------------------
+
 
 def set_stored_dtype(checkpoint: LlamaCheckpoint, dtype: str) -> None:
     """Store every floating tensor as ``dtype`` (``--dtype``) and say so in ``config.json``.

@@ -32,9 +32,17 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, AttentionLayer, Checkpoint
+from attnid.edits.hf_llama import LlamaCheckpoint
 from attnid.model.gpt import COMPILED_PREFIX
-from attnid.model.layout import (AttentionLayout, model_pairs, orbit_of, row_blocks, stacked_pairs,
-                                 write_layer_pairs)
+from attnid.model.layout import (
+    AttentionLayout,
+    LayerTensors,
+    model_pairs,
+    orbit_of,
+    row_blocks,
+    stacked_pairs,
+    write_layer_pairs,
+)
 from attnid.model.moves import rebalance_model
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
@@ -45,6 +53,7 @@ BALANCE_TARGETS = ("balanced", "initial")
 # --------------------------------------------------------------------------------------
 # the edits (pure functions on float64 layers in nanoGPT's layout, grouped for GQA)
 # --------------------------------------------------------------------------------------
+
 
 def prune_layer_biases(layer: AttentionLayer, layout: AttentionLayout) -> tuple[AttentionLayer, int, int]:
     """Zero the key biases (not under RoPE) and fold the value biases into the output bias (where it exists).
@@ -68,41 +77,57 @@ def prune_layer_biases(layer: AttentionLayer, layout: AttentionLayout) -> tuple[
         per_head = per_group.expand(-1, layout.heads_per_group, -1).reshape(-1)  # (H*D,): b_V^{g(h)} per head
         out_bias = out_bias + layer.c_proj_weight @ per_head  # b_O + sum_h W_O^h b_V^{g(h)}
         bias[value] = 0
-    return AttentionLayer(layer.c_attn_weight, bias, layer.c_proj_weight, out_bias), key_nonzero, value_nonzero
+    return (
+        AttentionLayer(layer.c_attn_weight, bias, layer.c_proj_weight, out_bias),
+        key_nonzero,
+        value_nonzero,
+    )
 
 
 def checkpoint_layout(checkpoint: Checkpoint) -> AttentionLayout:
     """How the edits cut a checkpoint's attention into pairs (docs/design.md §9): a Llama-family folder's
     own grouped layout (:mod:`attnid.edits.hf_llama`); for nanoGPT and GPT-2 the ``(3E, E)`` multi-head
     block (``G = H``, ``D = E/H``), with RoPE where ``model_args`` say so."""
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.layout
     first = checkpoint.attention_layer(0)
     n_embd = first.c_attn_weight.shape[1]
     rope, _ = attention_variant(checkpoint)
-    return AttentionLayout(n_embd, checkpoint.n_head, checkpoint.n_head, n_embd // checkpoint.n_head,
-                           rope=rope, bias=first.c_attn_bias is not None)
+    return AttentionLayout(
+        n_embd,
+        checkpoint.n_head,
+        checkpoint.n_head,
+        n_embd // checkpoint.n_head,
+        rope=rope,
+        bias=first.c_attn_bias is not None,
+    )
 
 
 def checkpoint_shape(checkpoint: Checkpoint) -> counts.LayerShape:
     """counts.py's shape of one attention layer of the checkpoint (the closed forms' input): from
     ``config.json`` for a Llama-family folder (as ``attnid counts --hf-config`` reads it), else from
     :func:`checkpoint_layout` and whether ``c_proj`` has a bias."""
-    if checkpoint.kind == HF_LLAMA:
+    if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.shape
     layout = checkpoint_layout(checkpoint)
-    return counts.layer_shape(layout.n_embd, layout.n_head, rope=layout.rope, bias=layout.bias,
-                              out_bias=checkpoint.attention_layer(0).c_proj_bias is not None)
+    return counts.layer_shape(
+        layout.n_embd,
+        layout.n_head,
+        rope=layout.rope,
+        bias=layout.bias,
+        out_bias=checkpoint.attention_layer(0).c_proj_bias is not None,
+    )
 
 
-def layer_tensors_of(layers: list[AttentionLayer]):
+def layer_tensors_of(layers: list[AttentionLayer]) -> list[LayerTensors]:
     """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)``: what :mod:`attnid.model.layout` cuts
     pairs from."""
     return [(layer.c_attn_weight, layer.c_attn_bias, layer.c_proj_weight) for layer in layers]
 
 
-def balance_layers(layers: list[AttentionLayer], layout: AttentionLayout,
-                   targets: dict[str, torch.Tensor] | None = None) -> int:
+def balance_layers(
+    layers: list[AttentionLayer], layout: AttentionLayout, targets: dict[str, torch.Tensor] | None = None
+) -> int:
     """Move every pair of both circuits to imbalance 0 (or ``targets[circuit]``, ``(L*G, D, D)``), in place.
 
     Each circuit on its own orbit (:func:`attnid.model.layout.orbit_of` of ``layout``: ``GL_D``, or the RoPE
@@ -117,8 +142,9 @@ def balance_layers(layers: list[AttentionLayer], layout: AttentionLayout,
         moved = orbit.rebalance(pair_a, pair_b, target)
         skipped += int((~moved.done).sum())
         n_layer = len(layers)
-        for layer, layer_a, layer_b in zip(tensors, moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer),
-                                           strict=True):
+        for layer, layer_a, layer_b in zip(
+            tensors, moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer), strict=True
+        ):
             write_layer_pairs(layer, layout, circuit, layer_a, layer_b)
     return skipped
 
@@ -167,17 +193,20 @@ def redundant_bias_count(checkpoint: Checkpoint) -> dict[str, int | float]:
     per_layer = counts.unidentified_key_bias_params(shape) + folded
     attention = checkpoint.n_layer * counts.attention_params_per_layer(shape)
     key_biases, value_biases = shape.n_kv_head * shape.head_dim, shape.n_kv_head * shape.value_dim
-    return {"redundant_params": checkpoint.n_layer * per_layer, "attention_params": attention,
-            "redundant_share": checkpoint.n_layer * per_layer / attention,
-            "unidentified_bias_params": checkpoint.n_layer * counts.unidentified_bias_params(shape),
-            "key_biases_kept": checkpoint.n_layer * key_biases if shape.bias and shape.rope else 0,
-            "value_biases_kept": checkpoint.n_layer * value_biases if shape.bias and not shape.out_bias
-            else 0}
+    return {
+        "redundant_params": checkpoint.n_layer * per_layer,
+        "attention_params": attention,
+        "redundant_share": checkpoint.n_layer * per_layer / attention,
+        "unidentified_bias_params": checkpoint.n_layer * counts.unidentified_bias_params(shape),
+        "key_biases_kept": checkpoint.n_layer * key_biases if shape.bias and shape.rope else 0,
+        "value_biases_kept": checkpoint.n_layer * value_biases if shape.bias and not shape.out_bias else 0,
+    }
 
 
 # --------------------------------------------------------------------------------------
 # variants this module does not edit
 # --------------------------------------------------------------------------------------
+
 
 def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
     """``(rope, resized)`` from a nanoGPT checkpoint's ``model_args`` (GPT-2 folders have neither).
@@ -191,19 +220,26 @@ def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
         return False, False
     args = checkpoint.payload["model_args"]
     kv_heads, head_dim = args.get("n_kv_head"), args.get("head_dim")
-    resized = (kv_heads is not None and int(kv_heads) != checkpoint.n_head) or \
-        (head_dim is not None and int(head_dim) * checkpoint.n_head != checkpoint.n_embd)
+    resized = (kv_heads is not None and int(kv_heads) != checkpoint.n_head) or (
+        head_dim is not None and int(head_dim) * checkpoint.n_head != checkpoint.n_embd
+    )
     return bool(args.get("rope", False)), resized
 
 
-def check_plain_layout(checkpoint: Checkpoint, command: str, allow_rope: bool, allow_resized: bool = False) -> bool:
+def check_plain_layout(
+    checkpoint: Checkpoint, command: str, allow_rope: bool, allow_resized: bool = False
+) -> bool:
     rope, resized = attention_variant(checkpoint)
     if resized and not allow_resized:
-        raise UserError(f"{checkpoint.path} has grouped key/value heads or a head_dim other than n_embd/n_head; "
-                        f"{command} edits the (3E, E) attention layout of nanoGPT and GPT-2 only")
+        raise UserError(
+            f"{checkpoint.path} has grouped key/value heads or a head_dim other than n_embd/n_head; "
+            f"{command} edits the (3E, E) attention layout of nanoGPT and GPT-2 only"
+        )
     if rope and not allow_rope:
-        raise UserError(f"{checkpoint.path} uses RoPE, whose orbits are smaller (docs/design.md §8); "
-                        f"{command} moves pairs in the full GL_D orbit and would change the function")
+        raise UserError(
+            f"{checkpoint.path} uses RoPE, whose orbits are smaller (docs/design.md §8); "
+            f"{command} moves pairs in the full GL_D orbit and would change the function"
+        )
     return rope
 
 
@@ -216,15 +252,19 @@ def stored_initial_imbalance(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     attnid_state = checkpoint.payload.get("attnid") if checkpoint.kind == NANOGPT else None
     tracker = attnid_state.get("tracker") if isinstance(attnid_state, dict) else None
     if not isinstance(tracker, dict) or "initial_imbalance" not in tracker:
-        raise UserError(f"--target initial needs the initial imbalance I_0 that attnid train stores in its checkpoints; "
-                        f"{checkpoint.path} has none: use --target balanced")
+        raise UserError(
+            f"--target initial needs the initial imbalance I_0 that attnid train stores in its checkpoints; "
+            f"{checkpoint.path} has none: use --target balanced"
+        )
     initial = tracker["initial_imbalance"]
     head_dim = checkpoint.n_embd // checkpoint.n_head
     expected = (checkpoint.n_layer * checkpoint.n_head, head_dim, head_dim)
     for circuit in CIRCUITS:
         if tuple(initial[circuit].shape) != expected:
-            raise UserError(f"{checkpoint.path}: stored I_0[{circuit}] has shape {tuple(initial[circuit].shape)}, "
-                            f"the model needs {expected}")
+            raise UserError(
+                f"{checkpoint.path}: stored I_0[{circuit}] has shape {tuple(initial[circuit].shape)}, "
+                f"the model needs {expected}"
+            )
     return initial
 
 
@@ -234,19 +274,26 @@ def _float64_model(checkpoint: Checkpoint):
     return model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).double().eval()
 
 
-def orbit_summary(model) -> dict[str, float]:
+def orbit_summary(model: torch.nn.Module) -> dict[str, float]:
     """:func:`_summary` of any architecture, each circuit on the model's own orbit."""
-    return _summary(lambda circuit: (orbit_of(model, circuit),
-                                     *(torch.cat(part) for part in zip(*model_pairs(model, circuit)))))
+    return _summary(
+        lambda circuit: (
+            orbit_of(model, circuit),
+            *(torch.cat(part) for part in zip(*model_pairs(model, circuit))),
+        )
+    )
 
 
 def balance_on_own_orbit(checkpoint: Checkpoint, target: str) -> dict:
-    """Balance a grouped-query, RoPE or own-head-width checkpoint of ``attnid train`` on its architecture's own
-    orbit (docs/design.md §8): :func:`attnid.model.moves.rebalance_model`, the move the rebalancing runs make, on a
-    float64 copy of the model; the attention tensors are written back in their stored dtype."""
+    """Balance a grouped-query, RoPE or own-head-width checkpoint of ``attnid train`` on its
+    architecture's own orbit (docs/design.md §8): :func:`attnid.model.moves.rebalance_model`, the move
+    the rebalancing runs make, on a float64 copy of the model; the attention tensors are written back
+    in their stored dtype."""
     if target != "balanced":
-        raise UserError(f"{checkpoint.path} has grouped key/value heads or RoPE: balance it with --target balanced "
-                        f"(--target initial is for plain multi-head checkpoints)")
+        raise UserError(
+            f"{checkpoint.path} has grouped key/value heads or RoPE: balance it with --target balanced "
+            f"(--target initial is for plain multi-head checkpoints)"
+        )
     model = _float64_model(checkpoint)
     before = orbit_summary(model)
     skipped = sum(rebalance_model(model, circuit).skipped for circuit in CIRCUITS)
@@ -256,7 +303,10 @@ def balance_on_own_orbit(checkpoint: Checkpoint, target: str) -> dict:
         if ".attn." in name and name in moved:
             checkpoint.tensors[key] = moved[name].to(stored.dtype).contiguous()
     after = orbit_summary(_float64_model(checkpoint))  # as stored (its dtype)
-    return {"target": target, "orbit": "own", "skipped_pairs": skipped, **{f"{k}_before": v for k, v in before.items()},
-            **{f"{k}_after": v for k, v in after.items()}}
-
-
+    return {
+        "target": target,
+        "orbit": "own",
+        "skipped_pairs": skipped,
+        **{f"{k}_before": v for k, v in before.items()},
+        **{f"{k}_after": v for k, v in after.items()},
+    }

@@ -44,8 +44,14 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.measure.products import CircuitPairs, CircuitStep, read_pairs, steps_between
-from attnid.model.layout import (LayerTensors, attention_blocks, attention_tensors, layout_of, orbit_of,
-                                 stacked_pairs)
+from attnid.model.layout import (
+    LayerTensors,
+    attention_blocks,
+    attention_tensors,
+    layout_of,
+    orbit_of,
+    stacked_pairs,
+)
 from attnid.model.layout import weight_columns as pair_weight_columns
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
@@ -59,8 +65,10 @@ Snapshot = list[LayerTensors]
 # Pure functions on stacked pairs (P, D, n), float64
 # --------------------------------------------------------------------------------------
 
-def imbalance_step_terms(pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor,
-                         step_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+
+def imbalance_step_terms(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(L, Q)``, each ``(..., D, D)``: the exact split of one step's change of ``I = A Aᵀ - B Bᵀ``.
 
     ``(A, B)`` is the pair before the step and ``(dA, dB)`` the realised step, so that
@@ -73,16 +81,19 @@ def imbalance_step_terms(pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: tor
     return imbalance_step_terms_from_products(cross_a, cross_b, *step_grams)
 
 
-def imbalance_step_terms_from_products(cross_a: torch.Tensor, cross_b: torch.Tensor, step_gram_a: torch.Tensor,
-                                       step_gram_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def imbalance_step_terms_from_products(
+    cross_a: torch.Tensor, cross_b: torch.Tensor, step_gram_a: torch.Tensor, step_gram_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`imbalance_step_terms` from ``dA Aᵀ``, ``dB Bᵀ``, ``dA dAᵀ`` and ``dB dBᵀ``."""
     half_first = cross_a - cross_b  # dA Aᵀ - dB Bᵀ
     return half_first + half_first.transpose(-1, -2), step_gram_a - step_gram_b
 
 
-def decaying_imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor,
-                       weight_columns: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """``A_w A_wᵀ - B_w B_wᵀ`` from the pair's weight-matrix columns (indices into ``A``'s and ``B``'s columns).
+def decaying_imbalance(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, weight_columns: tuple[torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """``A_w A_wᵀ - B_w B_wᵀ`` from the pair's weight-matrix columns (indices into ``A``'s and
+    ``B``'s columns).
 
     In nanoGPT's parameter groups (:meth:`attnid.model.gpt.GPT.optimizer_groups`) weight
     matrices decay and biases do not; which columns of a pair are biases is
@@ -90,11 +101,18 @@ def decaying_imbalance(pair_a: torch.Tensor, pair_b: torch.Tensor,
     biases this is the imbalance ``I`` itself.
     """
     columns_a, columns_b = weight_columns
-    return factor_pairs.imbalance(pair_a[..., columns_a.to(pair_a.device)], pair_b[..., columns_b.to(pair_b.device)])
+    return factor_pairs.imbalance(
+        pair_a[..., columns_a.to(pair_a.device)], pair_b[..., columns_b.to(pair_b.device)]
+    )
 
 
-def coupled_decay_first_order(pair_a: torch.Tensor, pair_b: torch.Tensor, lr: float, weight_decay: float,
-                              weight_columns: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+def coupled_decay_first_order(
+    pair_a: torch.Tensor,
+    pair_b: torch.Tensor,
+    lr: float,
+    weight_decay: float,
+    weight_columns: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """The first-order part ``L`` of one step of SGD with coupled L2 decay, predicted: ``-2 η λ I_w``.
 
     With ``dA = -η (c G_A + λ Ã)``, ``dB = -η (c G_B + λ B̃)`` (``c``: the clipping
@@ -114,15 +132,18 @@ def coupled_decay_first_order(pair_a: torch.Tensor, pair_b: torch.Tensor, lr: fl
 # Reading a model's pairs
 # --------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def attention_snapshot(model) -> Snapshot:
+def attention_snapshot(model: torch.nn.Module) -> Snapshot:
     """float64 copies of each layer's ``(c_attn.weight, c_attn.bias, c_proj.weight)``.
 
     The same format as :meth:`attnid.measure.metrics.MetricTracker.snapshot`, so one snapshot
     taken before ``optimizer.step()`` serves both ρ and the drift split.
     """
+
     def copy(tensor):
         return None if tensor is None else tensor.detach().to(torch.float64, copy=True)
+
     return [tuple(copy(t) for t in tensors) for tensors in attention_tensors(model)]
 
 
@@ -140,6 +161,7 @@ def _relative(numerator: float, denominator: float) -> float:
 # --------------------------------------------------------------------------------------
 # The tracker the training loop calls
 # --------------------------------------------------------------------------------------
+
 
 class DriftTracker:
     """Accumulates ``D1 = Σ L_s`` and ``D2 = Σ Q_s`` for every pair of both circuits (docs/design.md §7).
@@ -169,7 +191,7 @@ class DriftTracker:
     run continues bit-identically.
     """
 
-    def __init__(self, model, coupled_weight_decay: float | None = None):
+    def __init__(self, model: torch.nn.Module, coupled_weight_decay: float | None = None):
         self.n_layer = len(attention_blocks(model))
         self.layout = layout_of(model)
         self.orbits = {circuit: orbit_of(model, circuit) for circuit in CIRCUITS}
@@ -179,23 +201,29 @@ class DriftTracker:
         for circuit, orbit in self.orbits.items():
             pair_a, pair_b = stacked_pairs(now, self.layout, circuit)
             grams = [orbit.project_to_algebra(factor_pairs.gram(pair)) for pair in (pair_a, pair_b)]
-            self.norm_sq[circuit] = _per_layer_sq(grams[0], self.n_layer) + _per_layer_sq(grams[1], self.n_layer)
+            self.norm_sq[circuit] = _per_layer_sq(grams[0], self.n_layer) + _per_layer_sq(
+                grams[1], self.n_layer
+            )
         self._pre: Snapshot | None = None
         self.reset_reference(model)
 
     @torch.no_grad()
-    def reset_reference(self, model) -> None:
-        """Make the model's current imbalance ``I_ref`` and zero ``D1``, ``D2`` and the prediction (after a rebalance)."""
+    def reset_reference(self, model: torch.nn.Module) -> None:
+        """Make the model's current imbalance ``I_ref`` and zero ``D1``, ``D2`` and the prediction
+        (after a rebalance)."""
         now = attention_tensors(model)
         self.reference: dict[str, torch.Tensor] = {}  # circuit -> (L*G, D, D)
         for circuit, orbit in self.orbits.items():
             self.reference[circuit] = orbit.conserved_imbalance(*stacked_pairs(now, self.layout, circuit))
         self.first = {c: torch.zeros_like(ref) for c, ref in self.reference.items()}
         self.second = {c: torch.zeros_like(ref) for c, ref in self.reference.items()}
-        self.predicted_first = ({c: torch.zeros_like(ref) for c, ref in self.reference.items()}
-                                if self.coupled_weight_decay is not None else None)
+        self.predicted_first = (
+            {c: torch.zeros_like(ref) for c, ref in self.reference.items()}
+            if self.coupled_weight_decay is not None
+            else None
+        )
 
-    def before_step(self, model) -> Snapshot:
+    def before_step(self, model: torch.nn.Module) -> Snapshot:
         """Take (and return) the float64 pre-step snapshot; call right before ``optimizer.step()``.
 
         The returned snapshot is also what :meth:`attnid.measure.metrics.MetricTracker.step_metrics` needs.
@@ -204,7 +232,7 @@ class DriftTracker:
         return self._pre
 
     @torch.no_grad()
-    def after_step(self, model, lr: float | None = None) -> None:
+    def after_step(self, model: torch.nn.Module, lr: float | None = None) -> None:
         """Add this step's ``L`` and ``Q`` (and, with coupled decay, its predicted ``L`` at rate ``lr``)."""
         if self._pre is None:
             raise RuntimeError("DriftTracker.after_step called without before_step")
@@ -219,20 +247,24 @@ class DriftTracker:
             raise ValueError("DriftTracker with coupled_weight_decay needs the step's lr in after_step")
         for circuit, orbit in self.orbits.items():
             step = steps[circuit]
-            first, second = imbalance_step_terms_from_products(step.cross_a, step.cross_b, step.step_gram_a,
-                                                               step.step_gram_b)
+            first, second = imbalance_step_terms_from_products(
+                step.cross_a, step.cross_b, step.step_gram_a, step.step_gram_b
+            )
             # on a RoPE query-key orbit only the projection is conserved (docs/design.md §8); P is linear,
             # so the projected terms still add up to the projected change
             self.first[circuit] += orbit.project_to_algebra(first)
             self.second[circuit] += orbit.project_to_algebra(second)
             if self.predicted_first is not None:
+                # lr is checked above; the decay is set whenever there is a prediction (__init__)
+                assert lr is not None and self.coupled_weight_decay is not None
                 columns = pair_weight_columns(self.layout, circuit)
-                predicted = coupled_decay_first_order(step.pre.pair_a, step.pre.pair_b, lr,
-                                                      self.coupled_weight_decay, weight_columns=columns)
+                predicted = coupled_decay_first_order(
+                    step.pre.pair_a, step.pre.pair_b, lr, self.coupled_weight_decay, weight_columns=columns
+                )
                 self.predicted_first[circuit] += orbit.project_to_algebra(predicted)
 
     @torch.no_grad()
-    def row(self, model) -> dict[str, float]:
+    def row(self, model: torch.nn.Module) -> dict[str, float]:
         """The drift columns at the model's current weights (one sync; call on log steps)."""
         return self.row_at(read_pairs(attention_tensors(model), self.layout))
 
@@ -248,8 +280,9 @@ class DriftTracker:
                 per_layer = _per_layer_sq(accumulated, self.n_layer).tolist()
                 row[f"{name}_{circuit}"] = _relative(math.sqrt(sum(per_layer)), total_norm)
                 for layer in range(self.n_layer):
-                    row[f"{name}_{circuit}_l{layer}"] = _relative(math.sqrt(per_layer[layer]),
-                                                               math.sqrt(norm_sq[layer]))
+                    row[f"{name}_{circuit}_l{layer}"] = _relative(
+                        math.sqrt(per_layer[layer]), math.sqrt(norm_sq[layer])
+                    )
             residual = current - self.reference[circuit] - self.first[circuit] - self.second[circuit]
             row[f"closure_{circuit}"] = _relative(float(residual.square().sum().sqrt()), total_norm)
             if self.predicted_first is not None:
@@ -264,19 +297,32 @@ class DriftTracker:
 
     def state_dict(self) -> dict:
         """Everything a resumed run needs, as CPU float64 tensors and plain numbers."""
+
         def cpu(tensors):
             return None if tensors is None else {c: t.detach().cpu().clone() for c, t in tensors.items()}
-        return {"format": STATE_FORMAT, "n_layer": self.n_layer, "coupled_weight_decay": self.coupled_weight_decay,
-                "norm_sq": cpu(self.norm_sq), "reference": cpu(self.reference), "first": cpu(self.first),
-                "second": cpu(self.second), "predicted_first": cpu(self.predicted_first)}
+
+        return {
+            "format": STATE_FORMAT,
+            "n_layer": self.n_layer,
+            "coupled_weight_decay": self.coupled_weight_decay,
+            "norm_sq": cpu(self.norm_sq),
+            "reference": cpu(self.reference),
+            "first": cpu(self.first),
+            "second": cpu(self.second),
+            "predicted_first": cpu(self.predicted_first),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("format") != STATE_FORMAT or int(state["n_layer"]) != self.n_layer:
-            raise UserError(f"drift state (format {state.get('format')}, {state.get('n_layer')} layers) does not "
-                            f"fit this run (format {STATE_FORMAT}, {self.n_layer} layers)")
+            raise UserError(
+                f"drift state (format {state.get('format')}, {state.get('n_layer')} layers) does not "
+                f"fit this run (format {STATE_FORMAT}, {self.n_layer} layers)"
+            )
         if state["coupled_weight_decay"] != self.coupled_weight_decay:
-            raise UserError(f"drift state has coupled weight decay {state['coupled_weight_decay']}, this run "
-                            f"{self.coupled_weight_decay}: resume with the same case and --weight-decay")
+            raise UserError(
+                f"drift state has coupled weight decay {state['coupled_weight_decay']}, this run "
+                f"{self.coupled_weight_decay}: resume with the same case and --weight-decay"
+            )
         device = self.reference[CIRCUITS[0]].device
         loaded = {}
         for key in ("norm_sq", "reference", "first", "second", "predicted_first"):
@@ -285,8 +331,10 @@ class DriftTracker:
             expected = getattr(self, key)
             for circuit in CIRCUITS:
                 if state[key][circuit].shape != expected[circuit].shape:
-                    raise UserError(f"drift state {key}[{circuit}] has shape {tuple(state[key][circuit].shape)}, "
-                                    f"expected {tuple(expected[circuit].shape)}")
+                    raise UserError(
+                        f"drift state {key}[{circuit}] has shape {tuple(state[key][circuit].shape)}, "
+                        f"expected {tuple(expected[circuit].shape)}"
+                    )
             loaded[key] = {c: state[key][c].to(device=device, dtype=torch.float64) for c in CIRCUITS}
         for key, tensors in loaded.items():
             setattr(self, key, tensors)

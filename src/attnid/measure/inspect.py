@@ -7,39 +7,54 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from attnid.measure.metrics import excess_norm
-from attnid.model.layout import (AttentionLayout, attention_tensors, layer_shape_of, layout_of, orbit_of,
-                                 pairs_from_tensors)
+from attnid.model.layout import (
+    AttentionLayout,
+    LayerTensors,
+    attention_tensors,
+    layer_shape_of,
+    layout_of,
+    orbit_of,
+    pairs_from_tensors,
+)
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 
-
 # inspect's names for counts.layer_counts' per-layer entries (the keys of ``attnid inspect --json``)
-INSPECT_COUNT_KEYS = {"attention_params": "attn_params_per_layer", "unidentified_qk": "unidentified_qk_per_layer",
-                      "unidentified_ov": "unidentified_ov_per_layer",
-                      "unidentified_bias": "unidentified_bias_per_layer", "unidentified": "unidentified_per_layer",
-                      "identified_fraction": "identified_fraction"}
+INSPECT_COUNT_KEYS = {
+    "attention_params": "attn_params_per_layer",
+    "unidentified_qk": "unidentified_qk_per_layer",
+    "unidentified_ov": "unidentified_ov_per_layer",
+    "unidentified_bias": "unidentified_bias_per_layer",
+    "unidentified": "unidentified_per_layer",
+    "identified_fraction": "identified_fraction",
+}
 
 
 def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
     """Attention parameters and unidentified ones in one layer of this shape: ``D²`` per key/value group
     in the query-key product (``D`` with RoPE, Prop. 4.8; Cor. 4.4), ``C²`` in the output-value product
-    (Lemma 4.6), and with biases the key and value biases (§4.7); from :func:`attnid.theory.counts.layer_counts`."""
+    (Lemma 4.6), and with biases the key and value biases (§4.7); from
+    :func:`attnid.theory.counts.layer_counts`."""
     per_layer = counts.layer_counts(shape)
     return {ours: per_layer[theirs] for ours, theirs in INSPECT_COUNT_KEYS.items()}
 
 
 @torch.no_grad()
-def inspect_model(model) -> dict:
+def inspect_model(model: torch.nn.Module) -> dict:
     """:func:`inspect_layers` of a GPT (MHA, GQA, RoPE, a head width of its own), at its live weights."""
     return inspect_layers(layout_of(model), layer_shape_of(model), attention_tensors(model))
 
 
 @torch.no_grad()
-def inspect_layers(layout: AttentionLayout, shape: counts.LayerShape, tensors_per_layer) -> dict:
+def inspect_layers(
+    layout: AttentionLayout, shape: counts.LayerShape, tensors_per_layer: Iterable[LayerTensors]
+) -> dict:
     """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit, the
     orbit's dimension at the weights (the tangent map's rank) next to the closed form of
     :mod:`attnid.theory.counts` for ``shape``, and the identification counts of that shape.
@@ -54,8 +69,13 @@ def inspect_layers(layout: AttentionLayout, shape: counts.LayerShape, tensors_pe
     zero = torch.zeros((), dtype=torch.float64)
     totals = {c: [zero.clone(), zero.clone()] for c in CIRCUITS}  # sum of ||A||^2 + ||B||^2, of its minimum
     for layer, tensors in enumerate(tensors_per_layer):
-        row = {"layer": layer, "heads": layout.n_head, "kv_heads": layout.n_kv_head,
-               "head_dim": layout.head_dim, "rope": layout.rope}
+        row: dict[str, Any] = {
+            "layer": layer,
+            "heads": layout.n_head,
+            "kv_heads": layout.n_kv_head,
+            "head_dim": layout.head_dim,
+            "rope": layout.rope,
+        }
         matches = True
         for circuit in CIRCUITS:
             pair_a, pair_b = pairs_from_tensors(*tensors, layout, circuit)  # (G, D, n) each
@@ -79,9 +99,17 @@ def inspect_layers(layout: AttentionLayout, shape: counts.LayerShape, tensors_pe
     summary["unidentified"] = sum(r["unidentified"] for r in layers)
     summary["identified_fraction"] = 1 - summary["unidentified"] / summary["attention_params"]
     summary["orbit_matches_closed_form"] = all(r["orbit_matches_closed_form"] for r in layers)
-    return {"n_layer": len(layers), "n_head": layout.n_head, "n_kv_head": layout.n_kv_head,
-            "head_dim": layout.head_dim, "rope": layout.rope, "n_embd": layout.n_embd, "bias": layout.bias,
-            "layers": layers, "total": summary}
+    return {
+        "n_layer": len(layers),
+        "n_head": layout.n_head,
+        "n_kv_head": layout.n_kv_head,
+        "head_dim": layout.head_dim,
+        "rope": layout.rope,
+        "n_embd": layout.n_embd,
+        "bias": layout.bias,
+        "layers": layers,
+        "total": summary,
+    }
 
 
 def inspection_csv(report: dict) -> str:
@@ -94,25 +122,71 @@ def inspection_csv(report: dict) -> str:
 
 
 def format_inspection(report: dict) -> str:
-    columns = [("layer", "{}"), ("heads", "{}"), ("mu_qk", "{:.4g}"), ("mu_ov", "{:.4g}"),
-               ("imbalance_norm_qk", "{:.4g}"), ("imbalance_norm_ov", "{:.4g}"),
-               ("attention_params", "{}"), ("orbit_qk", "{}"), ("orbit_dim_qk", "{}"), ("unidentified_qk", "{}"),
-               ("orbit_dim_ov", "{}"), ("unidentified_ov", "{}"), ("unidentified_bias", "{}"),
-               ("identified_fraction", "{:.6f}")]
-    headers = ["layer", "heads", "mu_qk", "mu_ov", "|I_qk|_F", "|I_ov|_F", "attn params",
-               "orbit qk", "dim qk", "unid qk", "dim ov", "unid ov", "unid bias", "identified"]
-    cells = [[fmt.format(row[key]) for key, fmt in columns] + [("" if row["orbit_matches_closed_form"] else "MISMATCH")]
-             for row in report["layers"]]
+    columns = [
+        ("layer", "{}"),
+        ("heads", "{}"),
+        ("mu_qk", "{:.4g}"),
+        ("mu_ov", "{:.4g}"),
+        ("imbalance_norm_qk", "{:.4g}"),
+        ("imbalance_norm_ov", "{:.4g}"),
+        ("attention_params", "{}"),
+        ("orbit_qk", "{}"),
+        ("orbit_dim_qk", "{}"),
+        ("unidentified_qk", "{}"),
+        ("orbit_dim_ov", "{}"),
+        ("unidentified_ov", "{}"),
+        ("unidentified_bias", "{}"),
+        ("identified_fraction", "{:.6f}"),
+    ]
+    headers = [
+        "layer",
+        "heads",
+        "mu_qk",
+        "mu_ov",
+        "|I_qk|_F",
+        "|I_ov|_F",
+        "attn params",
+        "orbit qk",
+        "dim qk",
+        "unid qk",
+        "dim ov",
+        "unid ov",
+        "unid bias",
+        "identified",
+    ]
+    cells = [
+        [fmt.format(row[key]) for key, fmt in columns]
+        + [("" if row["orbit_matches_closed_form"] else "MISMATCH")]
+        for row in report["layers"]
+    ]
     headers.append("dim = closed form")
     total = report["total"]
-    cells.append(["all", "", f"{total['mu_qk']:.4g}", f"{total['mu_ov']:.4g}",
-                  f"{total['imbalance_norm_qk']:.4g}", f"{total['imbalance_norm_ov']:.4g}",
-                  str(total["attention_params"]), "", "", "", "", "", str(total["unidentified"]),
-                  f"{total['identified_fraction']:.6f}", "yes" if total["orbit_matches_closed_form"] else "NO"])
+    cells.append(
+        [
+            "all",
+            "",
+            f"{total['mu_qk']:.4g}",
+            f"{total['mu_ov']:.4g}",
+            f"{total['imbalance_norm_qk']:.4g}",
+            f"{total['imbalance_norm_ov']:.4g}",
+            str(total["attention_params"]),
+            "",
+            "",
+            "",
+            "",
+            "",
+            str(total["unidentified"]),
+            f"{total['identified_fraction']:.6f}",
+            "yes" if total["orbit_matches_closed_form"] else "NO",
+        ]
+    )
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     source = "".join(f"{key}={report[key]} " for key in ("format", "model_type", "dtype") if report.get(key))
-    lines = [f"{source}n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
-             f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} bias={report['bias']}",
-             "  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+    lines = [
+        f"{source}n_layer={report['n_layer']} n_head={report['n_head']} n_kv_head={report['n_kv_head']} "
+        f"head_dim={report['head_dim']} rope={report['rope']} n_embd={report['n_embd']} "
+        f"bias={report['bias']}",
+        "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
+    ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)

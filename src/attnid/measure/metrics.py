@@ -36,14 +36,22 @@ import torch
 from attnid.common.errors import UserError
 from attnid.measure.products import CircuitPairs, CircuitStep, read_pairs, steps_between
 from attnid.model import moves
-from attnid.model.layout import attention_blocks, attention_tensors, layout_of, orbit_of, stacked_pairs
+from attnid.model.layout import (
+    LayerTensors,
+    attention_blocks,
+    attention_tensors,
+    layout_of,
+    orbit_of,
+    stacked_pairs,
+)
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
-
+from attnid.theory.orbits import RebalanceTarget
 
 # --------------------------------------------------------------------------------------
 # Helpers on stacked pairs (L*G, D, n): every layer's pairs of one circuit in one batch
 # --------------------------------------------------------------------------------------
+
 
 def _per_layer(values: torch.Tensor, n_layer: int) -> torch.Tensor:
     """``(L*G,)`` per-pair values -> ``(L,)`` per-layer sums."""
@@ -55,7 +63,7 @@ def _share(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else 0.0
 
 
-def _device(model) -> torch.device:
+def _device(model: torch.nn.Module) -> torch.device:
     return attention_blocks(model)[0].attn.c_attn.weight.device
 
 
@@ -63,7 +71,8 @@ METRICS_DEVICES = ("host", "device")
 
 
 def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
-    """μ from summed :meth:`attnid.theory.orbits.Orbit.excess_norm_terms` (``inf`` if every minimum is zero)."""
+    """μ from summed :meth:`attnid.theory.orbits.Orbit.excess_norm_terms` (``inf`` if every minimum
+    is zero)."""
     total_frob, total_minimum = float(frobenius_sq.sum()), float(minimum.sum())
     if total_minimum > 0:
         return total_frob / total_minimum - 1.0
@@ -73,6 +82,7 @@ def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
 # --------------------------------------------------------------------------------------
 # The tracker the training loop calls
 # --------------------------------------------------------------------------------------
+
 
 class MetricTracker:
     """Computes ρ, β, τ, μ for one training run, on the orbit of the model's own architecture.
@@ -93,7 +103,12 @@ class MetricTracker:
     on a CPU).
     """
 
-    def __init__(self, model, probe_batch: tuple[torch.Tensor, torch.Tensor], metrics_device: str = "device"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        probe_batch: tuple[torch.Tensor, torch.Tensor],
+        metrics_device: str = "device",
+    ):
         if metrics_device not in METRICS_DEVICES:
             raise UserError(f"metrics device must be 'host' or 'device', got {metrics_device!r}")
         self.on_host = metrics_device == "host"
@@ -114,11 +129,11 @@ class MetricTracker:
             per_pair = gram_a.square().sum((-1, -2)) + gram_b.square().sum((-1, -2))
             self.beta_norm_sq[circuit] = _per_layer(per_pair, self.n_layer)
         # (circuit, target) -> rebalance_model's prepared target, computed once: targets are fixed over a run
-        self._targets: dict[tuple[str, str], object] = {}
+        self._targets: dict[tuple[str, str], RebalanceTarget] = {}
         # circuit -> the last orbit move (its pairs before the move and mu's minimum there; see state_metrics)
         self._last_move: dict[str, moves.Move] = {}
 
-    def rebalance_targets(self, target: str) -> dict[str, object]:
+    def rebalance_targets(self, target: str) -> dict[str, RebalanceTarget]:
         """Per circuit, the prepared target of :func:`attnid.model.moves.rebalance_model` that moves to
         ``I_0`` (``initial``) or 0 (``balanced``)."""
         if target not in moves.REBALANCE_TARGETS:
@@ -136,8 +151,13 @@ class MetricTracker:
     def initial_imbalance_scale(self) -> dict[str, float]:
         """Per circuit, ``||I_0||_F / sqrt(Σ ||A_0A_0ᵀ||² + ||B_0B_0ᵀ||²)``: the β of an imbalance
         scaled to zero, which Figure 3's SGD + weight-decay prediction needs (run.json)."""
-        return {circuit: float(self.initial_imbalance[circuit].double().square().sum().sqrt()
-                               / self.beta_norm_sq[circuit].double().sum().sqrt()) for circuit in CIRCUITS}
+        return {
+            circuit: float(
+                self.initial_imbalance[circuit].double().square().sum().sqrt()
+                / self.beta_norm_sq[circuit].double().sum().sqrt()
+            )
+            for circuit in CIRCUITS
+        }
 
     # ----- where the maths runs -------------------------------------------------------
 
@@ -146,16 +166,22 @@ class MetricTracker:
         """The CPU for host metrics; None: wherever the model is."""
         return torch.device("cpu") if self.on_host else None
 
-    def _to_compute(self, tensors, copy: bool) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def _to_compute(self, tensors: list[LayerTensors], copy: bool) -> list[LayerTensors]:
         """Per-layer tensors moved to the host (float64; always a new tensor with ``copy``) for host
         metrics; as they are otherwise."""
         if not self.on_host:
             return tensors
-        return [tuple(None if t is None else t.detach().to(device="cpu", dtype=torch.float64, copy=copy)
-                      for t in layer) for layer in tensors]
+
+        def to_host(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.detach().to(device="cpu", dtype=torch.float64, copy=copy)
+
+        return [
+            (to_host(weight), None if bias is None else to_host(bias), to_host(proj))
+            for weight, bias, proj in tensors
+        ]
 
     @torch.no_grad()
-    def read(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def read(self, model: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
         """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` where the maths runs: the live
         tensors (device metrics, no copy) or float64 copies on the host (one device-to-host copy each)."""
         return self._to_compute(attention_tensors(model), copy=True)
@@ -163,16 +189,25 @@ class MetricTracker:
     # ----- ρ ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def snapshot(self, model) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
+    def snapshot(
+        self, model: torch.nn.Module
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]]:
         """float64 copies of each layer's (c_attn.weight, c_attn.bias, c_proj.weight), taken before a step,
         on the host for host metrics."""
+
         def copy(tensor):
-            return None if tensor is None else tensor.detach().to(device=self.compute_device or tensor.device,
-                                                                  dtype=torch.float64, copy=True)
+            return (
+                None
+                if tensor is None
+                else tensor.detach().to(
+                    device=self.compute_device or tensor.device, dtype=torch.float64, copy=True
+                )
+            )
+
         return [tuple(copy(t) for t in tensors) for tensors in attention_tensors(model)]
 
     @torch.no_grad()
-    def step_metrics(self, model, pre) -> dict[str, float]:
+    def step_metrics(self, model: torch.nn.Module, pre: list[LayerTensors]) -> dict[str, float]:
         """ρ per circuit (and per layer) for the step from ``pre`` (a :meth:`snapshot`) to now.
 
         The projection is onto the tangent space of the architecture's orbit at the
@@ -182,8 +217,8 @@ class MetricTracker:
         tracker's snapshot is on the model's); it is moved to where the maths runs.
         """
         now = read_pairs(self.read(model), self.layout)
-        pre = read_pairs(self._to_compute(pre, copy=False), self.layout)
-        return self.step_row(steps_between(pre, now))
+        before = read_pairs(self._to_compute(pre, copy=False), self.layout)
+        return self.step_row(steps_between(before, now))
 
     @torch.no_grad()
     def step_row(self, steps: dict[str, CircuitStep]) -> dict[str, float]:
@@ -194,14 +229,14 @@ class MetricTracker:
         for circuit, orbit in self.orbits.items():
             step = steps[circuit]
             # the pre-step Grams from the post-step ones (which beta and mu need): no D x n products here
-            proj_sq, singular = orbit.unidentified_sq_norm_from_products(*step.pre_grams, step.cross_a,
-                                                                         step.cross_b)
-            proj_sq = _per_layer(proj_sq, self.n_layer)
-            step_sq = _per_layer(step.step_sq_norm(), self.n_layer)
-            proj_sq, step_sq = proj_sq.tolist(), step_sq.tolist()
-            row[f"rho_{circuit}"] = _share(sum(proj_sq), sum(step_sq))
+            proj_sq, singular = orbit.unidentified_sq_norm_from_products(
+                *step.pre_grams, step.cross_a, step.cross_b
+            )
+            proj_per_layer = _per_layer(proj_sq, self.n_layer).tolist()
+            step_per_layer = _per_layer(step.step_sq_norm(), self.n_layer).tolist()
+            row[f"rho_{circuit}"] = _share(sum(proj_per_layer), sum(step_per_layer))
             for layer in range(self.n_layer):
-                row[f"rho_{circuit}_l{layer}"] = _share(proj_sq[layer], step_sq[layer])
+                row[f"rho_{circuit}_l{layer}"] = _share(proj_per_layer[layer], step_per_layer[layer])
             singular_pairs += int(singular.sum())
         row["rho_singular_pairs"] = singular_pairs
         return row
@@ -209,7 +244,7 @@ class MetricTracker:
     # ----- β and μ --------------------------------------------------------------------
 
     @torch.no_grad()
-    def state_metrics(self, model) -> dict[str, float]:
+    def state_metrics(self, model: torch.nn.Module) -> dict[str, float]:
         """β and μ per circuit and per layer, at the model's current weights, on the architecture's orbit.
 
         μ's orbit minimum is the last orbit move's (:meth:`remember_move`) when the weights are
@@ -218,14 +253,18 @@ class MetricTracker:
         minima = {}
         for circuit, point in points.items():
             move = self._last_move.pop(circuit, None)
-            if move is not None and torch.equal(move.pair_a, point.pair_a) \
-                    and torch.equal(move.pair_b, point.pair_b):
+            if (
+                move is not None
+                and torch.equal(move.pair_a, point.pair_a)
+                and torch.equal(move.pair_b, point.pair_b)
+            ):
                 minima[circuit] = move.minimum
         return self.state_row(points, minima)
 
     @torch.no_grad()
-    def state_row(self, points: dict[str, CircuitPairs], minima: dict[str, torch.Tensor] | None = None
-                  ) -> dict[str, float]:
+    def state_row(
+        self, points: dict[str, CircuitPairs], minima: dict[str, torch.Tensor] | None = None
+    ) -> dict[str, float]:
         """:meth:`state_metrics` from each circuit's :class:`attnid.measure.products.CircuitPairs`;
         ``minima``: per circuit μ's per-pair orbit minimum when an orbit move at these weights computed it."""
         minima = minima or {}
@@ -238,21 +277,25 @@ class MetricTracker:
             norm_sq = self.beta_norm_sq[circuit].tolist()
             row[f"beta_{circuit}"] = _share(math.sqrt(sum(drift_sq)), math.sqrt(sum(norm_sq)))
             for layer in range(self.n_layer):
-                row[f"beta_{circuit}_l{layer}"] = _share(math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer]))
+                row[f"beta_{circuit}_l{layer}"] = _share(
+                    math.sqrt(drift_sq[layer]), math.sqrt(norm_sq[layer])
+                )
             if circuit in minima:
                 frobenius_sq = factor_pairs.trace(point.gram_a) + factor_pairs.trace(point.gram_b)
                 minimum = minima[circuit].to(frobenius_sq.device)
             else:
                 frobenius_sq, minimum = orbit.excess_norm_terms(point.pair_a, point.pair_b, point.grams)
             row[f"mu_{circuit}"] = excess_norm(frobenius_sq, minimum)
-            for layer, (frob, low) in enumerate(zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))):
+            for layer, (frob, low) in enumerate(
+                zip(frobenius_sq.chunk(self.n_layer), minimum.chunk(self.n_layer))
+            ):
                 row[f"mu_{circuit}_l{layer}"] = excess_norm(frob, low)
         return row
 
     # ----- τ ---------------------------------------------------------------------------
 
     @torch.no_grad()
-    def probe(self, model) -> tuple[float, torch.Tensor]:
+    def probe(self, model: torch.nn.Module) -> tuple[float, torch.Tensor]:
         """Probe-batch loss and full-sequence logits, in eval mode (train/eval mode restored)."""
         x_probe, y_probe = self.probe_batch
         device = _device(model)
@@ -278,9 +321,11 @@ class MetricTracker:
 
     def state_dict(self) -> dict:
         """``I_0`` and the β normalisers, as CPU tensors."""
-        return {"initial_imbalance": {c: t.detach().cpu().clone() for c, t in self.initial_imbalance.items()},
-                "beta_norm_sq": {c: t.detach().cpu().clone() for c, t in self.beta_norm_sq.items()},
-                "n_layer": self.n_layer}
+        return {
+            "initial_imbalance": {c: t.detach().cpu().clone() for c, t in self.initial_imbalance.items()},
+            "beta_norm_sq": {c: t.detach().cpu().clone() for c, t in self.beta_norm_sq.items()},
+            "n_layer": self.n_layer,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if int(state["n_layer"]) != self.n_layer:
@@ -288,8 +333,10 @@ class MetricTracker:
         for circuit in CIRCUITS:
             saved = state["initial_imbalance"][circuit]
             if saved.shape != self.initial_imbalance[circuit].shape:
-                raise UserError(f"metric state I_0[{circuit}] has shape {tuple(saved.shape)}, "
-                                f"expected {tuple(self.initial_imbalance[circuit].shape)}")
+                raise UserError(
+                    f"metric state I_0[{circuit}] has shape {tuple(saved.shape)}, "
+                    f"expected {tuple(self.initial_imbalance[circuit].shape)}"
+                )
             device = self.initial_imbalance[circuit].device
             self.initial_imbalance[circuit] = saved.to(device=device, dtype=torch.float64)
             self.beta_norm_sq[circuit] = state["beta_norm_sq"][circuit].to(device=device, dtype=torch.float64)

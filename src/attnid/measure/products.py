@@ -21,7 +21,7 @@ from functools import cached_property
 
 import torch
 
-from attnid.model.layout import AttentionLayout, stacked_pairs
+from attnid.model.layout import AttentionLayout, LayerTensors, stacked_pairs
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
 
@@ -90,17 +90,21 @@ class CircuitStep:
         """``A0 A0ᵀ`` and ``B0 B0ᵀ`` from the post-step Grams and the step's products, with no ``D x n``
         product: ``A1 A1ᵀ = A0 A0ᵀ + dA A0ᵀ + A0 dAᵀ + dA dAᵀ`` (an identity; the round-off is that of a
         directly computed Gram matrix, ``eps ||A1||²``)."""
+
         def before(post_gram, cross, step_gram):
             return post_gram - cross - cross.transpose(-1, -2) - step_gram
-        return (before(self.post.gram_a, self.cross_a, self.step_gram_a),
-                before(self.post.gram_b, self.cross_b, self.step_gram_b))
+
+        return (
+            before(self.post.gram_a, self.cross_a, self.step_gram_a),
+            before(self.post.gram_b, self.cross_b, self.step_gram_b),
+        )
 
     def step_sq_norm(self) -> torch.Tensor:
         """``||dA||² + ||dB||²`` per pair ``(L*G,)``, traces of ``dA dAᵀ`` and ``dB dBᵀ``: ρ's denominator."""
         return factor_pairs.trace(self.step_gram_a) + factor_pairs.trace(self.step_gram_b)
 
 
-def read_pairs(tensors_per_layer, layout: AttentionLayout) -> dict[str, CircuitPairs]:
+def read_pairs(tensors_per_layer: list[LayerTensors], layout: AttentionLayout) -> dict[str, CircuitPairs]:
     """Both circuits' :class:`CircuitPairs` from per-layer ``(c_attn.weight, c_attn.bias, c_proj.weight)``
     (live tensors or a copy, any float dtype; the pairs are float64 on the tensors' device)."""
     return {circuit: CircuitPairs(*stacked_pairs(tensors_per_layer, layout, circuit)) for circuit in CIRCUITS}
@@ -118,7 +122,7 @@ class Point:
     The pairs where the tensors are come from the tensors; copies on another device come from those
     pairs, never from the tensors again (live tensors move on with training)."""
 
-    def __init__(self, tensors_per_layer, layout: AttentionLayout):
+    def __init__(self, tensors_per_layer: list[LayerTensors], layout: AttentionLayout) -> None:
         self.tensors, self.layout = tensors_per_layer, layout
         self.device = tensors_per_layer[0][0].device
         self._pairs: dict[torch.device, dict[str, CircuitPairs]] = {}

@@ -1,4 +1,5 @@
-"""Orbit moves of a training run (the rebalancing cases) and τ measured across them (claim E3; docs/design.md §3, §4, §8).
+"""Orbit moves of a training run (the rebalancing cases) and τ measured across them (claim E3;
+docs/design.md §3, §4, §8).
 
 ``rebalance`` moves every attention pair to its target imbalance in place (the
 rebalancing cases' periodic step); ``tau_probe`` makes the same move on the live
@@ -10,15 +11,21 @@ are :func:`attnid.model.moves.rebalance_model`; the probe and τ are the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from attnid.model import moves
+
+if TYPE_CHECKING:
+    from attnid.measure.metrics import MetricTracker
 from attnid.theory.circuits import CIRCUITS
 
 
 @torch.no_grad()
-def move_and_measure(model, tracker, target: str = "initial", pairs: dict | None = None
-                     ) -> tuple[dict[str, float], dict[str, moves.Move]]:
+def move_and_measure(
+    model: torch.nn.Module, tracker: MetricTracker, target: str = "initial", pairs: dict | None = None
+) -> tuple[dict[str, float], dict[str, moves.Move]]:
     """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place, and
     measure τ across the move on the tracker's probe batch.
 
@@ -31,14 +38,15 @@ def move_and_measure(model, tracker, target: str = "initial", pairs: dict | None
     skipped, done = 0, {}
     for circuit in CIRCUITS:
         given = None if pairs is None else (pairs[circuit].pair_a, pairs[circuit].pair_b)
-        done[circuit] = moves.rebalance_model(model, circuit, targets[circuit],
-                                              compute_device=tracker.compute_device, pairs=given)
+        done[circuit] = moves.rebalance_model(
+            model, circuit, targets[circuit], compute_device=tracker.compute_device, pairs=given
+        )
         skipped += done[circuit].skipped
     return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}, done
 
 
 @torch.no_grad()
-def rebalance(model, tracker, target: str = "initial") -> dict[str, float]:
+def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "initial") -> dict[str, float]:
     """:func:`move_and_measure`, and the tracker remembers each move (μ at the weights it moved from reuses
     the move's orbit minimum, :meth:`attnid.measure.metrics.MetricTracker.state_metrics`).
 
@@ -50,15 +58,20 @@ def rebalance(model, tracker, target: str = "initial") -> dict[str, float]:
 
 
 @torch.no_grad()
-def tau_probe(model, tracker, target: str = "initial") -> dict[str, float]:
+def tau_probe(model: torch.nn.Module, tracker: MetricTracker, target: str = "initial") -> dict[str, float]:
     """:func:`rebalance` without side effects: the model's weights are bit-identical afterwards."""
     with moves.kept_attention_weights(model):
         return rebalance(model, tracker, target)
 
 
 @torch.no_grad()
-def tau_probe_on_copy(probe_model, weights: list[torch.Tensor], tracker, target: str = "initial",
-                      pairs: dict | None = None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+def tau_probe_on_copy(
+    probe_model: torch.nn.Module,
+    weights: list[torch.Tensor],
+    tracker: MetricTracker,
+    target: str = "initial",
+    pairs: dict | None = None,
+) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """τ of a probe rebalance of a model whose parameters and buffers (in ``named_parameters``,
     ``named_buffers`` order) are ``weights``, made on ``probe_model``, a copy of that model: the model
     itself is never touched (so the probe can run while it trains on). The same numbers as
@@ -71,7 +84,7 @@ def tau_probe_on_copy(probe_model, weights: list[torch.Tensor], tracker, target:
     return row, {circuit: move.minimum for circuit, move in done.items()}
 
 
-def model_weights(model, copy: bool) -> list[torch.Tensor]:
+def model_weights(model: torch.nn.Module, copy: bool) -> list[torch.Tensor]:
     """The model's parameters and buffers in :func:`tau_probe_on_copy`'s order (copies with ``copy``)."""
     tensors = [*model.parameters(), *model.buffers()]
     return [t.detach().clone() if copy else t.detach() for t in tensors]

@@ -30,17 +30,20 @@ def saved_values_per_token(config: GPTConfig) -> int:
     return config.n_layer * per_block + 3 * E
 
 
-def training_footprint(config: GPTConfig, batch_size: int, dtype: str,
-                       optimizer_states: int) -> dict[str, int]:
+def training_footprint(
+    config: GPTConfig, batch_size: int, dtype: str, optimizer_states: int
+) -> dict[str, int]:
     """``{part: bytes}`` of one training step of a ``(batch_size, block_size)`` batch in ``dtype``, with
     ``optimizer_states`` tensors of optimizer state per parameter (AdamW 2, momentum 1, SGD 0)."""
     params = parameter_count(config)
     tokens = batch_size * config.block_size
     weight = WEIGHT_BYTES[dtype]
-    return {"activations": tokens * saved_values_per_token(config) * VALUE_BYTES[dtype],
-            "logits and their gradient": 2 * tokens * config.vocab_size * LOGIT_BYTES,
-            "weights and gradients": 2 * params * weight,
-            "optimizer state": optimizer_states * params * weight}
+    return {
+        "activations": tokens * saved_values_per_token(config) * VALUE_BYTES[dtype],
+        "logits and their gradient": 2 * tokens * config.vocab_size * LOGIT_BYTES,
+        "weights and gradients": 2 * params * weight,
+        "optimizer state": optimizer_states * params * weight,
+    }
 
 
 def forward_footprint(config: GPTConfig, sequences: int, length: int) -> dict[str, int]:
@@ -48,6 +51,8 @@ def forward_footprint(config: GPTConfig, sequences: int, length: int) -> dict[st
     the weights, the widest tensors of one block at a time (the MLP's 4E hidden layer before and after
     GELU, and the residual stream) and the logits."""
     tokens = sequences * length
-    return {"weights": parameter_count(config) * 4,
-            "activations": tokens * (8 + 2) * config.n_embd * 4,
-            "logits": tokens * config.vocab_size * LOGIT_BYTES}
+    return {
+        "weights": parameter_count(config) * 4,
+        "activations": tokens * (8 + 2) * config.n_embd * 4,
+        "logits": tokens * config.vocab_size * LOGIT_BYTES,
+    }

@@ -45,8 +45,15 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from attnid.common.errors import UserError
-from attnid.model.layout import (AttentionLayout, attention_blocks, attention_tensors, layout_of,
-                                 pairs_from_tensors, row_blocks, write_layer_pairs)
+from attnid.model.layout import (
+    AttentionLayout,
+    attention_blocks,
+    attention_tensors,
+    layout_of,
+    pairs_from_tensors,
+    row_blocks,
+    write_layer_pairs,
+)
 
 # Which factor of each circuit's pair carries the fixed block: the key B of a query-key pair, the value A of
 # an output-value pair (the factors with one D x E matrix per group)
@@ -56,23 +63,28 @@ GAUGED_FACTOR = {"qk": "b", "ov": "a"}
 def check_gauge_layout(layout: AttentionLayout) -> None:
     """One line for an attention shape this gauge does not fit."""
     if layout.rope:
-        raise UserError("adamw_gauge_fixed does not support --rope: the RoPE query-key orbit is the "
-                        "rotations' commutant, which cannot move a D x D block of W_K to c I "
-                        "(docs/design.md §14)")
+        raise UserError(
+            "adamw_gauge_fixed does not support --rope: the RoPE query-key orbit is the "
+            "rotations' commutant, which cannot move a D x D block of W_K to c I "
+            "(docs/design.md §14)"
+        )
     if layout.head_dim > layout.n_embd:
-        raise UserError(f"adamw_gauge_fixed needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
-                        f"D = {layout.head_dim} > E = {layout.n_embd}")
+        raise UserError(
+            f"adamw_gauge_fixed needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
+            f"D = {layout.head_dim} > E = {layout.n_embd}"
+        )
 
 
 def fixed_entries_per_layer(layout: AttentionLayout) -> int:
     """Entries taken out of training per layer: a ``D x D`` block of each group's key and value
     (``2 G D^2``)."""
-    return 2 * layout.n_kv_head * layout.head_dim ** 2
+    return 2 * layout.n_kv_head * layout.head_dim**2
 
 
 # --------------------------------------------------------------------------------------
 # Pure functions on stacked pairs (G, D, n), float64
 # --------------------------------------------------------------------------------------
+
 
 def best_windows(factor: torch.Tensor, n_embd: int) -> torch.Tensor:
     """Per pair ``(G, D, n)``, the start ``s`` of the ``D`` consecutive weight columns (among the first
@@ -84,8 +96,9 @@ def best_windows(factor: torch.Tensor, n_embd: int) -> torch.Tensor:
     return condition.argmin(-1)
 
 
-def gauge_move(pair_a: torch.Tensor, pair_b: torch.Tensor, circuit: str,
-               starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def gauge_move(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, circuit: str, starts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The orbit move of one layer's pairs into the gauge: ``(A', B', condition)`` with ``(G,)`` the
     condition numbers of the blocks inverted (docs/design.md §14).
 
@@ -115,6 +128,7 @@ def gauge_move(pair_a: torch.Tensor, pair_b: torch.Tensor, circuit: str,
 # The module that replaces c_attn
 # --------------------------------------------------------------------------------------
 
+
 class GaugeFixedQKV(nn.Module):
     """``c_attn`` of a gauge-fixed layer: ``x -> x Wᵀ + b`` with ``W = [W_Q; W_K; W_V]``, where each group's
     key and value window (``key_starts[g]``, ``value_starts[g]``) is a fixed ``c I`` (module docstring).
@@ -126,15 +140,22 @@ class GaugeFixedQKV(nn.Module):
     one) is trained as in ``GPT``. The state dict holds ``weight`` and ``bias`` only: nanoGPT's keys.
     """
 
-    def __init__(self, linear: nn.Linear, layout: AttentionLayout, key_starts: list[int],
-                 value_starts: list[int]):
+    weight: torch.Tensor  # a buffer (register_buffer), which Module's attribute lookup cannot type
+    bias: torch.Tensor | None
+    query_weight: torch.Tensor  # a parameter (register_parameter), as are the free key/value pieces
+
+    def __init__(
+        self, linear: nn.Linear, layout: AttentionLayout, key_starts: list[int], value_starts: list[int]
+    ):
         super().__init__()
         check_gauge_layout(layout)
         self.head_dim, self.n_embd = layout.head_dim, layout.n_embd
         self.query_rows, key_rows, value_rows = row_blocks(layout)
         # kind -> (first row of its block in c_attn, per group the first column of the fixed window)
-        self.windows = {"key": (key_rows.start, list(key_starts)),
-                        "value": (value_rows.start, list(value_starts))}
+        self.windows = {
+            "key": (key_rows.start, list(key_starts)),
+            "value": (value_rows.start, list(value_starts)),
+        }
         self.register_buffer("weight", linear.weight.detach().clone())
         self.bias = linear.bias  # the same Parameter (or None)
         for name, view in self._free_views().items():
@@ -151,8 +172,13 @@ class GaugeFixedQKV(nn.Module):
             for group, start in enumerate(starts):
                 rows = self.weight[self._group_rows(first_row, group)]
                 end = start + self.head_dim
-                pieces.append([(f"{kind}{group}_left", rows[:, :start]), (None, rows[:, start:end]),
-                               (f"{kind}{group}_right", rows[:, end:])])
+                pieces.append(
+                    [
+                        (f"{kind}{group}_left", rows[:, :start]),
+                        (None, rows[:, start:end]),
+                        (f"{kind}{group}_right", rows[:, end:]),
+                    ]
+                )
         return pieces
 
     def _free_views(self) -> dict[str, torch.Tensor]:
@@ -165,12 +191,20 @@ class GaugeFixedQKV(nn.Module):
         """The ``(D, D)`` fixed blocks, key groups then value groups (views of ``weight``)."""
         return [piece for row in self._group_pieces() for name, piece in row if name is None]
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = [self.query_weight]
         for row in self._group_pieces():
             # the fixed block is read from the buffer (no gradient), the rest are the parameters themselves
-            rows.append(torch.cat([piece if name is None else getattr(self, name) for name, piece in row
-                                   if piece.shape[1] > 0], dim=1))  # (D, E)
+            rows.append(
+                torch.cat(
+                    [
+                        piece if name is None else self.get_parameter(name)
+                        for name, piece in row
+                        if piece.shape[1] > 0
+                    ],
+                    dim=1,
+                )
+            )  # (D, E)
         return F.linear(x, torch.cat(rows, dim=0), self.bias)  # the weight equals self.weight
 
     def _point_parameters_at_weight(self) -> None:
@@ -200,8 +234,9 @@ class GaugeFixedQKV(nn.Module):
         if self.bias is not None:
             destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         for name, target in (("weight", self.weight), ("bias", self.bias)):
             if target is None:
                 continue
@@ -211,32 +246,39 @@ class GaugeFixedQKV(nn.Module):
                 continue
             value = state_dict[key]
             if tuple(value.shape) != tuple(target.shape):
-                error_msgs.append(f"size mismatch for {key}: {tuple(value.shape)} in the checkpoint, "
-                                  f"{tuple(target.shape)} in the model")
+                error_msgs.append(
+                    f"size mismatch for {key}: {tuple(value.shape)} in the checkpoint, "
+                    f"{tuple(target.shape)} in the model"
+                )
                 continue
             with torch.no_grad():
                 target.copy_(value)  # in place: the parameter views follow
         if not gauge_holds(self):
-            error_msgs.append(f"{prefix}weight: a fixed block is not c I (not a checkpoint of this "
-                              f"gauge-fixed parametrisation, or of another seed's)")
+            error_msgs.append(
+                f"{prefix}weight: a fixed block is not c I (not a checkpoint of this "
+                f"gauge-fixed parametrisation, or of another seed's)"
+            )
         own = {prefix + "weight", prefix + "bias"}
-        unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in own
-                               and "." not in k[len(prefix):])
+        unexpected_keys.extend(
+            k for k in state_dict if k.startswith(prefix) and k not in own and "." not in k[len(prefix) :]
+        )
 
 
 def gauge_holds(qkv: GaugeFixedQKV) -> bool:
     """Whether every fixed block is bit-exactly ``c I`` with ``c > 0``."""
     eye = torch.eye(qkv.head_dim, dtype=qkv.weight.dtype, device=qkv.weight.device)
-    return all(bool(block[0, 0] > 0) and torch.equal(block, block[0, 0] * eye)
-               for block in qkv.fixed_blocks())
+    return all(
+        bool(block[0, 0] > 0) and torch.equal(block, block[0, 0] * eye) for block in qkv.fixed_blocks()
+    )
 
 
 # --------------------------------------------------------------------------------------
 # A whole model
 # --------------------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def fix_gauge(model) -> float:
+def fix_gauge(model: torch.nn.Module) -> float:
     """Move a stock GPT into the gauge along its ``GL_D`` orbits and swap every layer's ``c_attn`` for a
     :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §14).
 
@@ -255,18 +297,24 @@ def fix_gauge(model) -> float:
             new_a, new_b, condition = gauge_move(pair_a, pair_b, circuit, starts[circuit])
             write_layer_pairs(tensors, layout, circuit, new_a, new_b)
             worst = max(worst, float(condition.max()))
-        block.attn.c_attn = GaugeFixedQKV(block.attn.c_attn, layout, starts["qk"].tolist(),
-                                          starts["ov"].tolist())
+        block.attn.c_attn = GaugeFixedQKV(
+            block.attn.c_attn, layout, starts["qk"].tolist(), starts["ov"].tolist()
+        )
     return worst
 
 
-def gauge_fixed_layers(model) -> list[GaugeFixedQKV]:
+def gauge_fixed_layers(model: torch.nn.Module) -> list[GaugeFixedQKV]:
     """The model's :class:`GaugeFixedQKV` modules (empty for a stock GPT)."""
-    return [block.attn.c_attn for block in attention_blocks(model)
-            if isinstance(block.attn.c_attn, GaugeFixedQKV)]
+    return [
+        block.attn.c_attn for block in attention_blocks(model) if isinstance(block.attn.c_attn, GaugeFixedQKV)
+    ]
 
 
-def trainable_attention_params(model) -> int:
+def trainable_attention_params(model: torch.nn.Module) -> int:
     """Entries of the attention layers the optimizer trains (``c_attn``, ``c_proj``, biases included)."""
-    return sum(param.numel() for block in attention_blocks(model) for param in block.attn.parameters()
-               if param.requires_grad)
+    return sum(
+        param.numel()
+        for block in attention_blocks(model)
+        for param in block.attn.parameters()
+        if param.requires_grad
+    )

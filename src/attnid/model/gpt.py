@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -94,8 +95,9 @@ VARIANT_DEFAULTS = {"n_kv_head": None, "rope": False, "head_dim": None}
 def check_config(config: GPTConfig) -> None:
     """Raise ValueError for an attention shape the model cannot build."""
     if config.head_dim is None and config.n_embd % config.n_head != 0:
-        raise ValueError(f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head} "
-                         "(or set head_dim)")
+        raise ValueError(
+            f"n_embd={config.n_embd} must be a multiple of n_head={config.n_head} (or set head_dim)"
+        )
     if config.per_head_dim < 1:
         raise ValueError(f"head_dim must be positive, got {config.per_head_dim}")
     if config.kv_heads < 1 or config.n_head % config.kv_heads != 0:
@@ -112,7 +114,7 @@ class LayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(ndim))
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
@@ -128,9 +130,14 @@ class CausalSelfAttention(nn.Module):
         check_config(config)
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.per_head_dim
         # widths of the Q, K, V row blocks of c_attn: (E, E, E) for nanoGPT
-        self.split_sizes = (self.n_head * self.head_dim, self.n_kv_head * self.head_dim,
-                            self.n_kv_head * self.head_dim)
-        self.c_attn = nn.Linear(config.n_embd, sum(self.split_sizes), bias=config.bias)  # rows [W_Q; W_K; W_V]
+        self.split_sizes = (
+            self.n_head * self.head_dim,
+            self.n_kv_head * self.head_dim,
+            self.n_kv_head * self.head_dim,
+        )
+        self.c_attn = nn.Linear(
+            config.n_embd, sum(self.split_sizes), bias=config.bias
+        )  # rows [W_Q; W_K; W_V]
         # W_O, head h = columns h*D:(h+1)*D
         self.c_proj = nn.Linear(self.n_head * self.head_dim, config.n_embd, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -138,7 +145,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.rope = config.rope
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, E = x.size()
         H, G, D = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.c_attn(x).split(self.split_sizes, dim=2)  # (B, T, H*D), (B, T, G*D), (B, T, G*D)
@@ -150,15 +157,14 @@ class CausalSelfAttention(nn.Module):
         # softmax(q k^T / sqrt(D)) v with a causal mask; the scale is SDPA's default 1/sqrt(D).
         # With G < H, enable_gqa lets query head h read key/value head h // (H/G).
         extra = {"enable_gqa": True} if G != H else {}
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None,
-                                           dropout_p=self.dropout if self.training else 0.0, is_causal=True,
-                                           **extra)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=self.dropout if self.training else 0.0, is_causal=True, **extra
+        )
         y = y.transpose(1, 2).contiguous().view(B, T, H * D)  # heads side by side again: (B, T, H*D)
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
-
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
@@ -166,7 +172,7 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, E) -> (B, T, 4E) -> (B, T, E)
 
 
@@ -180,26 +186,31 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         x = x + self.mlp(self.ln_2(x))
         return x
 
 
 class GPT(nn.Module):
+    # an nn.ModuleDict (wte, wpe without RoPE, drop, h, ln_f) read by attribute, as nanoGPT does: its
+    # entries are only known at run time, so the type checker takes them as they come
+    transformer: Any
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         assert config.vocab_size is not None and config.block_size is not None
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            # RoPE models carry positions in the attention instead (no wpe, as Llama)
-            **({} if config.rope else {"wpe": nn.Embedding(config.block_size, config.n_embd)}),
-            drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                # RoPE models carry positions in the attention instead (no wpe, as Llama)
+                **({} if config.rope else {"wpe": nn.Embedding(config.block_size, config.n_embd)}),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # weight tying: one (V, E) matrix embeds tokens and reads out logits
         self.transformer.wte.weight = self.lm_head.weight
@@ -227,7 +238,9 @@ class GPT(nn.Module):
             n_params -= self.transformer.wpe.weight.numel()
         return n_params
 
-    def forward(self, idx, targets=None, full_logits: bool = False):
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, full_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx (B, T) token ids -> (logits, loss).
 
         With ``targets`` (B, T): logits (B, T, V) and the mean cross-entropy.
@@ -256,7 +269,8 @@ class GPT(nn.Module):
         return logits, loss
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
-        """nanoGPT's two parameter groups: matrices and embeddings (>= 2-D) decay, biases and LayerNorms do not."""
+        """nanoGPT's two parameter groups: matrices and embeddings (>= 2-D) decay, biases and LayerNorms
+        do not."""
         params = [p for p in self.parameters() if p.requires_grad]  # the tied wte/lm_head matrix appears once
         return [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -266,11 +280,14 @@ class GPT(nn.Module):
 
 def strip_compiled_prefix(state_dict: dict) -> dict:
     """Drop the ``_orig_mod.`` prefix that ``torch.compile`` adds to every key of a saved model."""
-    return {(k[len(COMPILED_PREFIX):] if k.startswith(COMPILED_PREFIX) else k): v for k, v in state_dict.items()}
+    return {
+        (k[len(COMPILED_PREFIX) :] if k.startswith(COMPILED_PREFIX) else k): v for k, v in state_dict.items()
+    }
 
 
 def config_from_model_args(model_args: dict) -> GPTConfig:
-    """A GPTConfig from a checkpoint's ``model_args`` (unknown keys are ignored, as newer nanoGPTs add some)."""
+    """A GPTConfig from a checkpoint's ``model_args`` (unknown keys are ignored, as newer nanoGPTs add
+    some)."""
     known = {f.name for f in fields(GPTConfig)}
     missing = sorted({"n_layer", "n_head", "n_embd", "block_size", "vocab_size"} - set(model_args))
     if missing:
@@ -327,12 +344,19 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     config = config_from_model_args(checkpoint["model_args"])
     state_dict = strip_compiled_prefix(checkpoint["model"])
     # very old nanoGPTs saved the causal-mask buffer as 'attn.bias'; it carries no weights
-    state_dict = {k: v for k, v in state_dict.items()
-                  if not (k.endswith(".attn.bias") and getattr(v, "dim", lambda: 0)() == 4)}
+    state_dict = {
+        k: v
+        for k, v in state_dict.items()
+        if not (k.endswith(".attn.bias") and getattr(v, "dim", lambda: 0)() == 4)
+    }
     if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise UserError(f"{where} is not a nanoGPT checkpoint: 'model' holds something other than tensors")
-    check_tensor_shapes(expected_state_shapes(config), {k: v.shape for k, v in state_dict.items()}, where,
-                        source="its model_args")
+    check_tensor_shapes(
+        expected_state_shapes(config),
+        {k: v.shape for k, v in state_dict.items()},
+        where,
+        source="its model_args",
+    )
     model = GPT(config)
     try:
         model.load_state_dict(state_dict)
@@ -342,7 +366,7 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     return model
 
 
-def load_nanogpt_checkpoint(path: str | os.PathLike, map_location="cpu") -> GPT:
+def load_nanogpt_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GPT:
     """Load a nanoGPT ``ckpt.pt`` (ours or nanoGPT's, compiled or not) as a GPT in eval mode."""
     from attnid.common.files import load_weights_only
 

@@ -26,6 +26,7 @@ are these ``c_attn`` rows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -35,11 +36,15 @@ from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT, Orbit
 
 # Per layer (c_attn.weight, c_attn.bias or None, c_proj.weight): the tensors pairs are cut from
 LayerTensors = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]
+# A GPT (possibly wrapped by DDP or torch.compile), its GPTConfig, or an AttentionLayout: read by
+# attribute (config, n_embd, ...), so typed loosely
+ModelOrConfig = Any
 
 
 # --------------------------------------------------------------------------------------
 # The layout of an attention layer and the orbit of each circuit
 # --------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class AttentionLayout:
@@ -57,31 +62,45 @@ class AttentionLayout:
         return self.n_head // self.n_kv_head
 
 
-def _unwrap(model):
+def _unwrap(model: Any) -> Any:
     """The GPT inside DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
     while not hasattr(model, "config") and (hasattr(model, "module") or hasattr(model, "_orig_mod")):
         model = model.module if hasattr(model, "module") else model._orig_mod
     return model
 
 
-def layout_of(model_or_config) -> AttentionLayout:
+def layout_of(model_or_config: ModelOrConfig) -> AttentionLayout:
     """The attention layout of a GPT (possibly wrapped), of a GPTConfig, or an AttentionLayout itself (the
     layout of a checkpoint read without building a model, :mod:`attnid.edits`)."""
     if isinstance(model_or_config, AttentionLayout):
         return model_or_config
-    config = getattr(_unwrap(model_or_config), "config", model_or_config)
-    return AttentionLayout(config.n_embd, config.n_head, config.kv_heads, config.per_head_dim,
-                           bool(config.rope), bool(config.bias))
+    config: Any = getattr(_unwrap(model_or_config), "config", model_or_config)  # a GPTConfig
+    return AttentionLayout(
+        config.n_embd,
+        config.n_head,
+        config.kv_heads,
+        config.per_head_dim,
+        bool(config.rope),
+        bool(config.bias),
+    )
 
 
-def layer_shape_of(model_or_config) -> counts.LayerShape:
+def layer_shape_of(model_or_config: ModelOrConfig) -> counts.LayerShape:
     """counts.py's LayerShape of one attention layer of this model (values as wide as keys: ``C = D``)."""
     layout = layout_of(model_or_config)
-    return counts.layer_shape(layout.n_embd, layout.n_head, layout.n_kv_head, layout.head_dim, layout.head_dim,
-                              layout.rope, layout.bias, layout.bias)
+    return counts.layer_shape(
+        layout.n_embd,
+        layout.n_head,
+        layout.n_kv_head,
+        layout.head_dim,
+        layout.head_dim,
+        layout.rope,
+        layout.bias,
+        layout.bias,
+    )
 
 
-def orbit_of(model_or_config, circuit: str) -> Orbit:
+def orbit_of(model_or_config: ModelOrConfig, circuit: str) -> Orbit:
     """The orbit of one circuit's pairs: the RoPE commutant for the query-key pairs of a RoPE model,
     ``GL_D`` otherwise (docs/design.md §8)."""
     check_circuit(circuit)
@@ -92,18 +111,20 @@ def orbit_of(model_or_config, circuit: str) -> Orbit:
 # Reading a model's tensors
 # --------------------------------------------------------------------------------------
 
-def attention_blocks(model):
-    """The model's transformer blocks, through DDP (``.module``) and ``torch.compile`` (``._orig_mod``) wrappers."""
+
+def attention_blocks(model: torch.nn.Module) -> Any:  # transformer.h, Blocks read by attribute
+    """The model's transformer blocks, through DDP (``.module``) and ``torch.compile``
+    (``._orig_mod``) wrappers."""
     return _unwrap(model).transformer.h
 
 
-def layer_tensors(block) -> LayerTensors:
+def layer_tensors(block: Any) -> LayerTensors:  # a Block of attention_blocks
     """The three attention tensors of a block: c_attn weight, c_attn bias (or None), c_proj weight."""
     attn = block.attn
     return attn.c_attn.weight, attn.c_attn.bias, attn.c_proj.weight
 
 
-def attention_tensors(model) -> list[LayerTensors]:
+def attention_tensors(model: torch.nn.Module) -> list[LayerTensors]:
     """Per layer the live ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (through wrappers)."""
     return [layer_tensors(block) for block in attention_blocks(model)]
 
@@ -111,6 +132,7 @@ def attention_tensors(model) -> list[LayerTensors]:
 # --------------------------------------------------------------------------------------
 # Cutting pairs out of the tensors, and writing them back
 # --------------------------------------------------------------------------------------
+
 
 def _rows(weight: torch.Tensor, bias: torch.Tensor | None, n_heads: int, head_dim: int) -> torch.Tensor:
     """(heads*D, E) rows [+ (heads*D,) bias] -> (heads, D, E[+1]) float64."""
@@ -142,8 +164,13 @@ def row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
     return slice(0, q_rows), slice(q_rows, q_rows + kv_rows), slice(q_rows + kv_rows, q_rows + 2 * kv_rows)
 
 
-def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: AttentionLayout,
-                       circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def pairs_from_tensors(
+    c_attn_weight: torch.Tensor,
+    c_attn_bias: torch.Tensor | None,
+    c_proj_weight: torch.Tensor,
+    layout: AttentionLayout,
+    circuit: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's pairs of one circuit, each ``(G, D, n)`` float64 (see the module docstring)."""
     expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
     if tuple(c_attn_weight.shape) != expected:
@@ -163,26 +190,29 @@ def pairs_from_tensors(c_attn_weight, c_attn_bias, c_proj_weight, layout: Attent
     raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
 
 
-def stacked_pairs(tensors_per_layer, layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def stacked_pairs(
+    tensors_per_layer: list[LayerTensors], layout: AttentionLayout, circuit: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One circuit's pairs of every layer, ``(L*G, D, n)`` float64, layer-major, from per-layer
     ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
     per_layer = [pairs_from_tensors(w, b, p, layout, circuit) for w, b, p in tensors_per_layer]
     return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
 
 
-def layer_pairs(model, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_pairs(model: torch.nn.Module, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``(A, B)`` pairs (each ``(G, D, n)``) of one circuit of one layer."""
     return pairs_from_tensors(*layer_tensors(attention_blocks(model)[layer]), layout_of(model), circuit)
 
 
-def model_pairs(model, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def model_pairs(model: torch.nn.Module, circuit: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer, the float64 ``(A, B)`` pairs of one circuit, for any variant."""
     layout = layout_of(model)
     return [pairs_from_tensors(*tensors, layout, circuit) for tensors in attention_tensors(model)]
 
 
-def _copy_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pairs: torch.Tensor,
-               n_embd: int) -> None:
+def _copy_rows(
+    weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pairs: torch.Tensor, n_embd: int
+) -> None:
     """Write (heads, D, E[+1]) float64 pairs into ``c_attn`` rows (and bias) in place."""
     weight[rows].copy_(pairs[..., :n_embd].reshape(-1, n_embd).to(weight.dtype))
     if bias is not None:
@@ -190,8 +220,9 @@ def _copy_rows(weight: torch.Tensor, bias: torch.Tensor | None, rows: slice, pai
 
 
 @torch.no_grad()
-def write_layer_pairs(tensors: LayerTensors, layout: AttentionLayout, circuit: str, pair_a: torch.Tensor,
-                      pair_b: torch.Tensor) -> None:
+def write_layer_pairs(
+    tensors: LayerTensors, layout: AttentionLayout, circuit: str, pair_a: torch.Tensor, pair_b: torch.Tensor
+) -> None:
     """Write one layer's ``(A, B)`` pairs into its ``(c_attn.weight, c_attn.bias, c_proj.weight)``, in place.
 
     Exact inverse of :func:`pairs_from_tensors`; values are cast to each tensor's dtype. Tensors outside
@@ -208,7 +239,9 @@ def write_layer_pairs(tensors: LayerTensors, layout: AttentionLayout, circuit: s
         c_proj_weight.copy_(outputs.reshape(-1, layout.n_embd).t().to(c_proj_weight.dtype))
 
 
-def write_pairs_back(model, circuit: str, per_layer_pairs) -> None:
+def write_pairs_back(
+    model: torch.nn.Module, circuit: str, per_layer_pairs: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
     """Write per-layer ``(A, B)`` pairs back into the model's attention parameters, in place
     (the inverse of :func:`model_pairs`)."""
     layout = layout_of(model)
@@ -226,9 +259,7 @@ def weight_columns(layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor,
     heads_block = torch.arange(layout.heads_per_group * columns)
     with_bias = torch.arange(columns)
     if circuit == "qk":
-        return heads_block[heads_block % columns < layout.n_embd], with_bias[:layout.n_embd]
+        return heads_block[heads_block % columns < layout.n_embd], with_bias[: layout.n_embd]
     if circuit == "ov":
-        return with_bias[:layout.n_embd], torch.arange(layout.heads_per_group * layout.n_embd)
+        return with_bias[: layout.n_embd], torch.arange(layout.heads_per_group * layout.n_embd)
     raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
-
-

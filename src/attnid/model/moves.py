@@ -16,15 +16,26 @@ tangent map), to compare with :mod:`attnid.theory.counts`' closed forms (``attni
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
+from attnid.model.layout import (
+    ModelOrConfig,
+    attention_blocks,
+    attention_tensors,
+    layer_pairs,
+    layer_shape_of,
+    layout_of,
+    model_pairs,
+    orbit_of,
+    stacked_pairs,
+    write_pairs_back,
+)
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
-from attnid.theory.orbits import Orbit
-from attnid.model.layout import (attention_blocks, attention_tensors, layer_pairs, layer_shape_of, layout_of,
-                                 model_pairs, orbit_of, stacked_pairs, write_pairs_back)
+from attnid.theory.orbits import Orbit, RebalanceTarget
 
 REBALANCE_TARGETS = ("initial", "balanced")
 
@@ -33,7 +44,8 @@ REBALANCE_TARGETS = ("initial", "balanced")
 # Orbit dimension (compare with counts.py's closed forms)
 # --------------------------------------------------------------------------------------
 
-def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
+
+def orbit_dimension(model_or_config: ModelOrConfig, layer: int, circuit: str) -> int:
     """Dimension of the orbit of one layer's pairs of one circuit under the architecture's group.
 
     For a model, the rank of the tangent map at its weights; for a GPTConfig, the
@@ -55,28 +67,37 @@ def orbit_dimension(model_or_config, layer: int, circuit: str) -> int:
     return layout.n_kv_head * orbit.generic_dimension(layout.head_dim, n_a, n_b)
 
 
-def orbit_dimension_rows(model) -> list[dict]:
+def orbit_dimension_rows(model: torch.nn.Module) -> list[dict]:
     """Per layer and circuit: the orbit's name, its dimension at the model's weights and
     counts.py's closed form for the layer shape (for ``attnid inspect``)."""
     shape = layer_shape_of(model)
     closed_form = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
-    return [{"layer": layer, "circuit": circuit, "orbit": orbit_of(model, circuit).name,
-             "orbit_dimension": orbit_dimension(model, layer, circuit), "closed_form": closed_form[circuit]}
-            for layer in range(len(attention_blocks(model))) for circuit in CIRCUITS]
+    return [
+        {
+            "layer": layer,
+            "circuit": circuit,
+            "orbit": orbit_of(model, circuit).name,
+            "orbit_dimension": orbit_dimension(model, layer, circuit),
+            "closed_form": closed_form[circuit],
+        }
+        for layer in range(len(attention_blocks(model)))
+        for circuit in CIRCUITS
+    ]
 
 
 # --------------------------------------------------------------------------------------
 # Whole-model moves (rebalancing, and the tau probe's move-and-restore)
 # --------------------------------------------------------------------------------------
 
-def initial_conserved(model, circuit: str) -> torch.Tensor:
+
+def initial_conserved(model: torch.nn.Module, circuit: str) -> torch.Tensor:
     """The conserved imbalance of every pair of one circuit, stacked ``(L, G, D, D)``:
     the target that :func:`rebalance_model` restores (beta's reference ``I_0``)."""
     orbit = orbit_of(model, circuit)
     return torch.stack([orbit.conserved_imbalance(a, b) for a, b in model_pairs(model, circuit)])
 
 
-def prepared_target(orbit: Orbit, initial: torch.Tensor, target: str):
+def prepared_target(orbit: Orbit, initial: torch.Tensor, target: str) -> RebalanceTarget:
     """The prepared target of :func:`rebalance_model` for a run's rebalancing target (docs/design.md §4):
     ``"initial"`` restores ``initial`` (the pairs' conserved imbalance at step 0, Lemma 5.1), ``"balanced"``
     moves to zero. Prepared once per run (for ``GL_D``, an eigendecomposition)."""
@@ -98,8 +119,13 @@ class Move:
 
 
 @torch.no_grad()
-def rebalance_model(model, circuit: str, target=None, compute_device: torch.device | None = None,
-                    pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> Move:
+def rebalance_model(
+    model: torch.nn.Module,
+    circuit: str,
+    target: RebalanceTarget = None,
+    compute_device: torch.device | None = None,
+    pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> Move:
     """Move every pair of one circuit along the architecture's own orbit, in place (docs/design.md §4, §8).
 
     ``target`` is a prepared target (:func:`prepared_target`, or the orbit's ``rebalance_target``
@@ -117,13 +143,14 @@ def rebalance_model(model, circuit: str, target=None, compute_device: torch.devi
             pair_a, pair_b = pair_a.to(compute_device, copy=True), pair_b.to(compute_device, copy=True)
     moved = orbit_of(model, circuit).rebalance(pair_a, pair_b, target)
     n_layer = len(attention_blocks(model))
-    write_pairs_back(model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer),
-                                              strict=True)))
+    write_pairs_back(
+        model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer), strict=True))
+    )
     return Move(int((~moved.done).sum()), pair_a, pair_b, moved.minimum)
 
 
 @contextlib.contextmanager
-def kept_attention_weights(model):
+def kept_attention_weights(model: torch.nn.Module) -> Iterator[None]:
     """Restore the attention tensors bit-identically on exit: an orbit move inside is a probe only.
 
     Saves and restores just the attention tensors, not a deep copy of the model (slow,
@@ -137,5 +164,5 @@ def kept_attention_weights(model):
         with torch.no_grad():
             for live, kept in zip(tensors, saved):
                 for live_tensor, kept_tensor in zip(live, kept):
-                    if live_tensor is not None:
+                    if live_tensor is not None and kept_tensor is not None:  # both or neither
                         live_tensor.copy_(kept_tensor)

@@ -24,13 +24,21 @@ from __future__ import annotations
 
 import torch
 
-from attnid.model.layout import (LayerTensors, attention_tensors, layout_of, orbit_of, stacked_pairs,
-                                 write_layer_pairs)
+from attnid.model.layout import (
+    LayerTensors,
+    attention_tensors,
+    layout_of,
+    orbit_of,
+    stacked_pairs,
+    write_layer_pairs,
+)
 from attnid.theory.circuits import CIRCUITS
 
 
 @torch.no_grad()
-def remove_orbit_component(model, pre: list[LayerTensors]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def remove_orbit_component(
+    model: torch.nn.Module, pre: list[LayerTensors]
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Take the orbit component out of the step the model's attention tensors made since ``pre``, in place.
 
     ``pre`` is a float64 copy of every layer's ``(c_attn.weight, c_attn.bias, c_proj.weight)`` taken right
@@ -52,6 +60,8 @@ def remove_orbit_component(model, pre: list[LayerTensors]) -> dict[str, tuple[to
         kept_a, kept_b = now_a - along_a, now_b - along_b
         for layer, a, b in zip(tensors, kept_a.chunk(n_layer), kept_b.chunk(n_layer), strict=True):
             write_layer_pairs(layer, layout, circuit, a, b)
-        removed[circuit] = (along_a.square().sum() + along_b.square().sum(),
-                            step_a.square().sum() + step_b.square().sum())
+        removed[circuit] = (
+            along_a.square().sum() + along_b.square().sum(),
+            step_a.square().sum() + step_b.square().sum(),
+        )
     return removed

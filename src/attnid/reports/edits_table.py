@@ -26,21 +26,71 @@ EDITS = ("prune-biases", "balance")
 SHAPE = ["edit", "format", "n_layer", "n_head", "n_embd", "bias"]
 # Columns of prune.csv, in order; a report lacks those of the other edit (left empty).
 PRUNE_COLUMNS = SHAPE + [
-    "case", "seed", "input", "output",
-    "redundant_params", "attention_params", "redundant_share", "rope",
-    "nonzero_key_biases_zeroed", "nonzero_value_biases_folded",
-    "target", "skipped_pairs", "mu_qk_before", "mu_qk_after", "mu_ov_before", "mu_ov_after",
-    "attn_norm_before", "attn_norm_after",
-    "attn_norm_reduction", "loss_before", "loss_after", "loss_change", "max_rel_logit_change",
-    "tokens", "sequences", "length",
+    "case",
+    "seed",
+    "input",
+    "output",
+    "redundant_params",
+    "attention_params",
+    "redundant_share",
+    "rope",
+    "nonzero_key_biases_zeroed",
+    "nonzero_value_biases_folded",
+    "target",
+    "skipped_pairs",
+    "mu_qk_before",
+    "mu_qk_after",
+    "mu_ov_before",
+    "mu_ov_after",
+    "attn_norm_before",
+    "attn_norm_after",
+    "attn_norm_reduction",
+    "loss_before",
+    "loss_after",
+    "loss_change",
+    "max_rel_logit_change",
+    "tokens",
+    "sequences",
+    "length",
 ]
-NEEDED = ("command", "input", "format", "n_layer", "n_head", "n_embd", "bias", "loss_before", "loss_after",
-          "loss_change", "max_rel_logit_change")
-INTEGERS = ("n_layer", "n_head", "n_embd", "seed", "redundant_params", "attention_params",
-            "nonzero_key_biases_zeroed", "nonzero_value_biases_folded", "skipped_pairs", "sequences", "length")
+NEEDED = (
+    "command",
+    "input",
+    "format",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "bias",
+    "loss_before",
+    "loss_after",
+    "loss_change",
+    "max_rel_logit_change",
+)
+INTEGERS = (
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "seed",
+    "redundant_params",
+    "attention_params",
+    "nonzero_key_biases_zeroed",
+    "nonzero_value_biases_folded",
+    "skipped_pairs",
+    "sequences",
+    "length",
+)
 # Averaged over the runs of one edit and shape (mean and sample sd).
-AVERAGED = ("loss_before", "loss_change", "mu_qk_before", "mu_qk_after", "mu_ov_before", "mu_ov_after",
-            "attn_norm_before", "attn_norm_after", "attn_norm_reduction")
+AVERAGED = (
+    "loss_before",
+    "loss_change",
+    "mu_qk_before",
+    "mu_qk_after",
+    "mu_ov_before",
+    "mu_ov_after",
+    "attn_norm_before",
+    "attn_norm_after",
+    "attn_norm_reduction",
+)
 # The same for every run of one shape: closed forms of the shape (attnid.theory.counts).
 PER_SHAPE = ("redundant_params", "attention_params", "redundant_share")
 
@@ -50,11 +100,15 @@ def read_report(path: Path) -> dict:
     try:
         report = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{path} not found: run attnid prune-biases or attnid balance with --json first") from None
+        raise UserError(
+            f"{path} not found: run attnid prune-biases or attnid balance with --json first"
+        ) from None
     except (OSError, ValueError) as err:
         raise UserError(f"{path} is not a JSON report: {err}") from None
     if not isinstance(report, dict) or report.get("command") not in EDITS:
-        raise UserError(f"{path} is not a report of attnid prune-biases or attnid balance (its 'command' field)")
+        raise UserError(
+            f"{path} is not a report of attnid prune-biases or attnid balance (its 'command' field)"
+        )
     missing = [key for key in NEEDED if key not in report]
     if missing:
         raise UserError(f"{path} lacks {', '.join(missing)}: rerun the edit with this version of attnid")
@@ -75,7 +129,9 @@ def per_run_table(paths: list[Path]) -> pd.DataFrame:
         raise UserError("no --json reports given")
     frame = pd.DataFrame([read_report(path) for path in paths])
     frame = frame.reindex(columns=PRUNE_COLUMNS + [c for c in frame.columns if c not in PRUNE_COLUMNS])
-    frame["attn_norm_reduction"] = 1 - frame["attn_norm_after"] / frame["attn_norm_before"]  # balance rows only
+    frame["attn_norm_reduction"] = (
+        1 - frame["attn_norm_after"] / frame["attn_norm_before"]
+    )  # balance rows only
     for column in INTEGERS:  # counts stay integers where the other edit's rows leave them empty
         frame[column] = frame[column].astype("Int64")
     frame["edit_order"] = frame["edit"].map(EDITS.index)
@@ -122,9 +178,10 @@ def write_edits_table(paths: list[Path], out_dir: Path) -> dict[str, pd.DataFram
     write_csv_atomic(out_dir / "prune.csv", runs)
     write_csv_atomic(out_dir / "prune_summary.csv", summary)
     rows = records(summary)
-    text = render_table("prune.tex.j2", prune=[r for r in rows if r["edit"] == "prune-biases"],
-                        balance=[r for r in rows if r["edit"] == "balance"])
+    text = render_table(
+        "prune.tex.j2",
+        prune=[r for r in rows if r["edit"] == "prune-biases"],
+        balance=[r for r in rows if r["edit"] == "balance"],
+    )
     write_text_atomic(out_dir / "prune.tex", text)
     return {"runs": runs, "summary": summary}
-
-

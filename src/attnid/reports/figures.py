@@ -29,18 +29,28 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path, write_text_atomic
-from attnid.training.cases import CASES
-from attnid.training.rundir import initial_imbalance_scale, load_runs_by_case
 from attnid.reports.studies import STUDIES, head_sweep
 from attnid.reports.tables import UNIT_ROUND_OFF, run_dtype
+from attnid.training.cases import CASES
+from attnid.training.rundir import initial_imbalance_scale, load_runs_by_case
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+P = ParamSpec("P")  # a styled drawing's parameters and result
+R = TypeVar("R")
 
 # One style for every figure: matplotlib rc settings, case colours and labels.
 STYLE = {
@@ -72,7 +82,7 @@ FLOOR_COLOR = "#BBBBBB"
 # precision's unit round-off (tables.UNIT_ROUND_OFF); a series whose largest value is below this many
 # floors is round-off, not data.
 ROUND_OFF_MARGIN = 10.0
-PANEL_WIDTH = 3.6   # inches per panel
+PANEL_WIDTH = 3.6  # inches per panel
 PANEL_HEIGHT = 2.9
 
 
@@ -85,25 +95,28 @@ def _pyplot():
     return plt
 
 
-def styled(draw):
+def styled(draw: Callable[P, R]) -> Callable[P, R]:
     """Run a drawing (or saving) function under :data:`STYLE` in matplotlib's ``rc_context``: every figure
     gets the one style, and the caller's own matplotlib settings are left as they were."""
+
     @functools.wraps(draw)
-    def in_style(*args, **kwargs):
+    def in_style(*args: P.args, **kwargs: P.kwargs) -> R:
         with _pyplot().rc_context(STYLE):
             return draw(*args, **kwargs)
+
     return in_style
 
 
 def case_style(case: str) -> dict:
-    """color, label, linestyle and marker of a case (from :data:`attnid.training.cases.CASES`); gray for unknown ones."""
+    """color, label, linestyle and marker of a case (from :data:`attnid.training.cases.CASES`); gray
+    for unknown ones."""
     if case in CASES:
         return CASES[case].style()
     return {"color": "gray", "label": str(case), "linestyle": "-", "marker": "o"}
 
 
 @styled
-def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
+def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     """Write ``name.png`` and ``name.pdf`` atomically; returns both paths."""
     paths = []
     for suffix in ("png", "pdf"):
@@ -115,6 +128,7 @@ def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------- data helpers
+
 
 def seed_band(runs: list[tuple[dict, pd.DataFrame]], column: str, positive: bool = False) -> pd.DataFrame:
     """Mean, min and max of ``column`` over seeds at every logged step (NaN rows dropped).
@@ -137,17 +151,17 @@ def seed_band(runs: list[tuple[dict, pd.DataFrame]], column: str, positive: bool
     return band
 
 
-def plot_band(ax, band: pd.DataFrame, color: str, label: str | None, **line_kwargs) -> None:
+def plot_band(ax: Axes, band: pd.DataFrame, color: str, label: str | None, **line_kwargs: Any) -> None:
     if band.empty:
         return
     ax.plot(band["step"], band["mean"], color=color, label=label, **line_kwargs)
     ax.fill_between(band["step"], band["min"], band["max"], color=color, alpha=BAND_ALPHA, linewidth=0)
 
 
-def coarsest_dtype(dtypes) -> str:
+def coarsest_dtype(dtypes: Iterable[str]) -> str:
     """The precision with the highest round-off floor among ``dtypes`` (``float32`` when none is known)."""
     known = [d for d in dtypes if d in UNIT_ROUND_OFF]
-    return max(known, key=UNIT_ROUND_OFF.get) if known else "float32"
+    return max(known, key=lambda dtype: UNIT_ROUND_OFF[dtype]) if known else "float32"
 
 
 def round_off_floor(dtype: str, order: int = 1) -> float:
@@ -163,16 +177,20 @@ def round_off_ceiling(dtype: str, steps: int = 1, order: int = 1) -> float:
     return ROUND_OFF_MARGIN * round_off_floor(dtype, order) * math.sqrt(max(int(steps), 1))
 
 
-def at_round_off(values, dtype: str, steps: int = 1) -> bool:
+def at_round_off(values: ArrayLike, dtype: str, steps: int = 1) -> bool:
     """Whether a relative quantity is numerical round-off for runs trained in ``dtype``: its largest
     finite value is below :func:`round_off_ceiling` (all zero counts as round-off)."""
-    values = pd.to_numeric(pd.Series(values, dtype=float), errors="coerce").replace([np.inf, -np.inf], np.nan).dropna()
+    values = (
+        pd.to_numeric(pd.Series(values, dtype=float), errors="coerce")
+        .replace([np.inf, -np.inf], np.nan)
+        .dropna()
+    )
     if not len(values):
         return False
     return float(values.abs().max()) < round_off_ceiling(dtype, steps)
 
 
-def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1, order: int = 1) -> None:
+def draw_floor_bands(ax: Axes, floors: dict[str, list[str]], steps: int = 1, order: int = 1) -> None:
     """One labelled band per precision, floor/10 .. :func:`round_off_ceiling`, naming the series at its
     round-off (on a log y axis, extended down to show the whole band); ``order``: see
     :func:`round_off_floor`."""
@@ -188,9 +206,16 @@ def draw_floor_bands(ax, floors: dict[str, list[str]], steps: int = 1, order: in
         ax.axhspan(floor / ROUND_OFF_MARGIN, ceiling, color=FLOOR_COLOR, alpha=0.35, linewidth=0, zorder=0)
         summed = f", summed over {steps:,} steps" if steps > 1 else ""
         squared = "" if order == 1 else f" to order {order}"
-        ax.text(0.02, ceiling, f"{dtype} round-off{squared}{summed}: {', '.join(dict.fromkeys(labels))}",
-                transform=blended_transform_factory(ax.transAxes, ax.transData), fontsize=6, color="#555555",
-                va="bottom", ha="left")
+        ax.text(
+            0.02,
+            ceiling,
+            f"{dtype} round-off{squared}{summed}: {', '.join(dict.fromkeys(labels))}",
+            transform=blended_transform_factory(ax.transAxes, ax.transData),
+            fontsize=6,
+            color="#555555",
+            va="bottom",
+            ha="left",
+        )
 
 
 def runs_dtype(runs: list[tuple[dict, pd.DataFrame]]) -> str:
@@ -198,7 +223,9 @@ def runs_dtype(runs: list[tuple[dict, pd.DataFrame]]) -> str:
     return coarsest_dtype([run_dtype(info) for info, _ in runs])
 
 
-def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
+def sgd_wd_imbalance_factor(
+    steps: ArrayLike, lr_at: Callable[[int], float], weight_decay: float
+) -> np.ndarray:
     """``c_t = Π_{s<t} (1 - lr_s λ)^2``: coupled L2 weight decay shrinks both factors of
     every pair by ``(1 - lr λ)`` per step, so ``I_t ≈ c_t I_0`` (docs/design.md §3; Lemma 5.1
     says the gradient part conserves ``I`` up to O(lr²)). ``lr_at(s)`` is the
@@ -211,13 +238,15 @@ def sgd_wd_imbalance_factor(steps, lr_at, weight_decay: float) -> np.ndarray:
     return np.exp(log_factor[steps])
 
 
-def predicted_beta_sgd_wd(steps, lr_at, weight_decay: float, scale: float) -> np.ndarray:
+def predicted_beta_sgd_wd(
+    steps: ArrayLike, lr_at: Callable[[int], float], weight_decay: float, scale: float
+) -> np.ndarray:
     """β_t predicted for SGD + weight decay: ``|c_t - 1| · ||I_0||_F / N`` with
     ``scale = ||I_0||_F / N`` (N = β's normaliser, docs/design.md §3)."""
     return np.abs(sgd_wd_imbalance_factor(steps, lr_at, weight_decay) - 1.0) * scale
 
 
-def lr_schedule(config: dict):
+def lr_schedule(config: dict) -> Callable[[int], float]:
     """The run's learning rate as a function of the 0-based step (nanoGPT's schedule)."""
     from types import SimpleNamespace
 
@@ -228,6 +257,7 @@ def lr_schedule(config: dict):
 
 
 # ---------------------------------------------------------------------------- figure 1
+
 
 @styled
 def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[Path]:
@@ -242,42 +272,84 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
     fig, (ax, ax_log) = plt.subplots(1, 2, figsize=(3 * PANEL_WIDTH, 1.3 * PANEL_HEIGHT))
     n_embd = 8192  # wide enough that every power-of-two head count up to 128 divides it
     heads = np.array([1, 2, 4, 8, 16, 32, 64, 128])
-    curves = [
+    curves: list[tuple[str, dict[str, Any], str, str]] = [
         ("MHA: $1 - 1/(2H)$", {}, "-", "#0072B2"),
         ("GQA, 8 query heads per key/value head", {"gqa": 8}, "--", "#D55E00"),
         ("MHA + RoPE", {"rope": True}, ":", "#009E73"),
         ("GQA (8 per group) + RoPE", {"gqa": 8, "rope": True}, "-.", "#CC79A7"),
     ]
     for label, kind, linestyle, color in curves:
-        values = np.array([identified_fraction(n_embd, h, n_kv_head=max(1, h // kind["gqa"]) if "gqa" in kind
-                                               else None, rope=kind.get("rope", False)) for h in heads])
+        values = np.array(
+            [
+                identified_fraction(
+                    n_embd,
+                    h,
+                    n_kv_head=max(1, h // kind["gqa"]) if "gqa" in kind else None,
+                    rope=kind.get("rope", False),
+                )
+                for h in heads
+            ]
+        )
         ax.plot(heads, values, linestyle=linestyle, color=color, label=f"closed form: {label}, E = {n_embd}")
         ax_log.plot(heads, 1.0 - values, linestyle=linestyle, color=color)
 
     attention = nullity[nullity["kind"] == "attention"].copy()
     if not attention.empty:
         attention["measured_fraction"] = 1.0 - attention["measured"] / attention["n_params"]
-        for axis, values in ((ax, attention["measured_fraction"]), (ax_log, 1.0 - attention["measured_fraction"])):
-            axis.scatter(attention["n_head"], values, marker="o", facecolors="none", edgecolors="black", s=30,
-                         zorder=3, label=f"measured: Jacobian nullity of random MHA layers, E = "
-                                         f"{', '.join(str(e) for e in sorted(attention['n_embd'].unique()))}")
+        for axis, points in (
+            (ax, attention["measured_fraction"]),
+            (ax_log, 1.0 - attention["measured_fraction"]),
+        ):
+            axis.scatter(
+                attention["n_head"],
+                points,
+                marker="o",
+                facecolors="none",
+                edgecolors="black",
+                s=30,
+                zorder=3,
+                label=f"measured: Jacobian nullity of random MHA layers, E = "
+                f"{', '.join(str(e) for e in sorted(attention['n_embd'].unique()))}",
+            )
 
     if "identified_fraction" in counts:
-        for axis, values in ((ax, counts["identified_fraction"]), (ax_log, 1.0 - counts["identified_fraction"])):
-            axis.scatter(counts["n_head"], values, marker="*", color="#E69F00", s=80, zorder=4,
-                         edgecolors="black", linewidths=0.4, label="real architectures (named on the right)")
+        for axis, points in (
+            (ax, counts["identified_fraction"]),
+            (ax_log, 1.0 - counts["identified_fraction"]),
+        ):
+            axis.scatter(
+                counts["n_head"],
+                points,
+                marker="*",
+                color="#E69F00",
+                s=80,
+                zorder=4,
+                edgecolors="black",
+                linewidths=0.4,
+                label="real architectures (named on the right)",
+            )
         # one label per distinct point: models with the same attention shape share it
         shared = counts.groupby(["n_head", "identified_fraction"], sort=True)["architecture"].apply(", ".join)
         # names in a column right of the curves, spread apart in log space, with leader lines
-        ordered = sorted(shared.items(), key=lambda item: -(1.0 - item[0][1]))
-        label_log_y, min_gap = [], 0.16
+        # groupby's keys are typed Hashable: here each is (n_head, identified_fraction)
+        by_shape = cast(list[tuple[tuple[int, float], str]], list(shared.items()))
+        ordered = sorted(by_shape, key=lambda item: -(1.0 - item[0][1]))
+        label_log_y: list[float] = []
+        min_gap = 0.16
         for (_, fraction), _ in ordered:
             wanted = math.log10(1.0 - fraction)
             label_log_y.append(min(wanted, label_log_y[-1] - min_gap) if label_log_y else wanted)
         for ((n_head, fraction), names), log_y in zip(ordered, label_log_y):
-            ax_log.annotate(names, xy=(n_head, 1.0 - fraction), xytext=(190, 10 ** log_y), textcoords="data",
-                            fontsize=6, color="#333333", va="center",
-                            arrowprops={"arrowstyle": "-", "color": "#999999", "linewidth": 0.5})
+            ax_log.annotate(
+                names,
+                xy=(n_head, 1.0 - fraction),
+                xytext=(190, 10**log_y),
+                textcoords="data",
+                fontsize=6,
+                color="#333333",
+                va="center",
+                arrowprops={"arrowstyle": "-", "color": "#999999", "linewidth": 0.5},
+            )
     for axis in (ax, ax_log):
         axis.set_xscale("log", base=2)
         axis.set_xticks(heads, [str(h) for h in heads])
@@ -298,16 +370,25 @@ def figure_identification(theory_dir: str | Path, out_dir: str | Path) -> list[P
 
 # ---------------------------------------------------------------------------- figure 2
 
+
 @styled
 def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     """Figure 2 (E1, E2): loss and ρ (QK, OV) vs step for every case."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, PANEL_HEIGHT))
-    floors = {circuit: {dtype: [] for dtype in UNIT_ROUND_OFF} for circuit in ("qk", "ov")}
+    floors: dict[str, dict[str, list[str]]] = {
+        circuit: {dtype: [] for dtype in UNIT_ROUND_OFF} for circuit in ("qk", "ov")
+    }  # circuit -> dtype -> labels of the cases at that round-off
     for case, case_runs in runs.items():
         style = case_style(case)
-        plot_band(axes[0], seed_band(case_runs, "train_loss"), style["color"], style["label"], alpha=0.8,
-                  linestyle=style["linestyle"])
+        plot_band(
+            axes[0],
+            seed_band(case_runs, "train_loss"),
+            style["color"],
+            style["label"],
+            alpha=0.8,
+            linestyle=style["linestyle"],
+        )
         val = seed_band(case_runs, "val_loss")
         if not val.empty:
             axes[0].plot(val["step"], val["mean"], style["marker"], color=style["color"], markersize=3)
@@ -317,8 +398,13 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
             if at_round_off(rho["max"], dtype):  # round-off is marked, not drawn as data
                 floors[circuit][dtype].append(style["label"])
                 continue
-            plot_band(ax, seed_band(case_runs, f"rho_{circuit}", positive=True), style["color"], style["label"],
-                      linestyle=style["linestyle"])
+            plot_band(
+                ax,
+                seed_band(case_runs, f"rho_{circuit}", positive=True),
+                style["color"],
+                style["label"],
+                linestyle=style["linestyle"],
+            )
     for ax, circuit in zip(axes[1:], ("qk", "ov")):
         draw_floor_bands(ax, floors[circuit])
     axes[0].set_ylabel("loss (line: train batch, dots: val)")
@@ -335,10 +421,10 @@ def figure_training(runs: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _figure_legend(fig, ax, ncol: int = 6) -> None:
+def _figure_legend(fig: Figure, ax: Axes, ncol: int = 6) -> None:
     """One legend for the whole figure, below the panels, without repeated labels (``ax``'s first,
     then any other panel's: a series drawn as a round-off band is absent from its panel)."""
-    unique = {}
+    unique: dict[str, Any] = {}  # label -> handle
     for axis in [ax] + [other for other in fig.axes if other is not ax]:
         handles, labels = axis.get_legend_handles_labels()
         for handle, label in zip(handles, labels):
@@ -349,11 +435,17 @@ def _figure_legend(fig, ax, ncol: int = 6) -> None:
     # lay the panels out first, then hang the legend below the figure: its top edge at the figure's
     # bottom, so a legend of several rows never covers the x labels (savefig's tight box takes it in)
     fig.tight_layout()
-    fig.legend(unique.values(), unique.keys(), loc="upper center", ncol=min(len(unique), ncol),
-               bbox_to_anchor=(0.5, 0.0))
+    fig.legend(
+        unique.values(),
+        unique.keys(),
+        loc="upper center",
+        ncol=min(len(unique), ncol),
+        bbox_to_anchor=(0.5, 0.0),
+    )
 
 
 # ---------------------------------------------------------------------------- figure 3
+
 
 @styled
 def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
@@ -362,8 +454,13 @@ def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
 
     plt = _pyplot()
     n_cases = max(len(runs), 1)
-    fig, axes = plt.subplots(3, n_cases, figsize=(n_cases * 0.8 * PANEL_WIDTH + 0.4, 2.6 * PANEL_HEIGHT),
-                             sharex="col", squeeze=False)
+    fig, axes = plt.subplots(
+        3,
+        n_cases,
+        figsize=(n_cases * 0.8 * PANEL_WIDTH + 0.4, 2.6 * PANEL_HEIGHT),
+        sharex="col",
+        squeeze=False,
+    )
     for column, (case, case_runs) in enumerate(runs.items()):
         style = case_style(case)
         for row, circuit in enumerate(("qk", "ov")):
@@ -373,15 +470,31 @@ def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
             plot_band(ax_mu, seed_band(case_runs, f"mu_{circuit}"), style["color"], None, linestyle=linestyle)
         axes[0][column].set_title(style["label"], color=style["color"])
         ax_mu.set_xlabel("step")
-    for row, label in enumerate((r"$\beta_{QK}$ and its parts", r"$\beta_{OV}$ and its parts",
-                                 r"$\mu_{QK}$ (solid), $\mu_{OV}$ (dashed)")):
+    for row, label in enumerate(
+        (
+            r"$\beta_{QK}$ and its parts",
+            r"$\beta_{OV}$ and its parts",
+            r"$\mu_{QK}$ (solid), $\mu_{OV}$ (dashed)",
+        )
+    ):
         axes[row][0].set_ylabel(label)
-    handles = [Line2D([], [], color="black", linestyle="-", label=r"$\beta$ = drift of $I$"),
-               Line2D([], [], color="black", linestyle="--", label="first-order part (drift1)"),
-               Line2D([], [], color="black", linestyle=":", label="second-order part (drift2)"),
-               Line2D([], [], color=PREDICTION_COLOR, linestyle="-", linewidth=3, alpha=0.6,
-                      label=r"SGD + wd prediction of drift1: $\|\sum_s -2\eta_s\lambda I_s\|/N_0$"),
-               plt.Rectangle((0, 0), 1, 1, color=FLOOR_COLOR, alpha=0.35, label="round-off floor of the run's dtype")]
+    handles = [
+        Line2D([], [], color="black", linestyle="-", label=r"$\beta$ = drift of $I$"),
+        Line2D([], [], color="black", linestyle="--", label="first-order part (drift1)"),
+        Line2D([], [], color="black", linestyle=":", label="second-order part (drift2)"),
+        Line2D(
+            [],
+            [],
+            color=PREDICTION_COLOR,
+            linestyle="-",
+            linewidth=3,
+            alpha=0.6,
+            label=r"SGD + wd prediction of drift1: $\|\sum_s -2\eta_s\lambda I_s\|/N_0$",
+        ),
+        plt.Rectangle(
+            (0, 0), 1, 1, color=FLOOR_COLOR, alpha=0.35, label="round-off floor of the run's dtype"
+        ),
+    ]
     fig.legend(handles=handles, loc="lower center", ncol=3, bbox_to_anchor=(0.5, -0.06))
     fig.tight_layout()
     paths = save_figure(fig, out_dir, "fig3")
@@ -389,12 +502,13 @@ def figure_conservation(runs: dict, out_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
+def _draw_drift_split(ax: Axes, case: str, case_runs: list, circuit: str) -> None:
     """β and its exact parts for one case and circuit (log scale); parts at round-off sit on a floor band."""
     style = case_style(case)
     dtype = runs_dtype(case_runs)
     plot_band(ax, seed_band(case_runs, f"beta_{circuit}", positive=True), style["color"], None, linestyle="-")
-    floors, steps = {dtype: []}, 1
+    floors: dict[str, list[str]] = {dtype: []}
+    steps = 1
     for order, linestyle in ((1, "--"), (2, ":")):
         band = seed_band(case_runs, f"drift{order}_{circuit}", positive=True)
         plot_band(ax, band, style["color"], None, linestyle=linestyle)
@@ -407,14 +521,16 @@ def _draw_drift_split(ax, case: str, case_runs: list, circuit: str) -> None:
             steps = max(steps, band_steps)
     prediction = seed_band(case_runs, f"drift1_pred_{circuit}", positive=True)
     if not prediction.empty:  # the prediction from the run's own imbalances (docs/design.md §7)
-        ax.plot(prediction["step"], prediction["mean"], color=PREDICTION_COLOR, linewidth=3, alpha=0.6, zorder=1)
+        ax.plot(
+            prediction["step"], prediction["mean"], color=PREDICTION_COLOR, linewidth=3, alpha=0.6, zorder=1
+        )
     elif CASES.get(case) is not None and CASES[case].coupled_weight_decay:
         _overlay_sgd_wd_prediction(ax, case_runs, circuit)  # runs without drift columns: the closed form
     draw_floor_bands(ax, floors, steps)
     ax.set_yscale("log")
 
 
-def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
+def _overlay_sgd_wd_prediction(ax: Axes, sgd_wd_runs: list, circuit: str) -> None:
     """Mean over seeds of the predicted β of the SGD + weight-decay runs, dashed.
 
     The scale ``||I_0|| / N`` is the one training wrote into each run.json; runs trained
@@ -429,7 +545,9 @@ def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
         if scale is None:
             continue
         steps = metrics["step"].to_numpy(dtype=int)
-        factor = np.abs(sgd_wd_imbalance_factor(steps, lr_schedule(config), float(config["weight_decay"])) - 1.0)
+        factor = np.abs(
+            sgd_wd_imbalance_factor(steps, lr_schedule(config), float(config["weight_decay"])) - 1.0
+        )
         predictions.append(pd.Series(factor * scale, index=steps))
     if not predictions:
         return
@@ -442,53 +560,82 @@ def _overlay_sgd_wd_prediction(ax, sgd_wd_runs: list, circuit: str) -> None:
 
 # ---------------------------------------------------------------------------- figure 4
 
+
 def figure_sweep(tables_dir: str | Path, out_dir: str | Path) -> list[Path]:
     """Figure 4 (E1, E2): final β, mean ρ and final val loss vs lr; slopes annotated, diverged marked."""
-    fig = draw_sweep(pd.read_csv(Path(tables_dir) / "sweep.csv"), pd.read_csv(Path(tables_dir) / "sweep_slopes.csv"))
+    fig = draw_sweep(
+        pd.read_csv(Path(tables_dir) / "sweep.csv"), pd.read_csv(Path(tables_dir) / "sweep_slopes.csv")
+    )
     paths = save_figure(fig, out_dir, "fig4")
     _pyplot().close(fig)
     return paths
 
 
 @styled
-def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
+def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame) -> Figure:
     """Figure 4 from the sweep and slope tables; returns the matplotlib figure."""
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(2 * PANEL_WIDTH + 0.6, 2 * PANEL_HEIGHT))
     axes = axes.ravel()
     # both circuits' beta carry the O(lr^2) claim (the SGD sweep trains in float64, where beta_QK is data)
-    panels = [("beta_qk_final", r"final $\beta_{QK}$", True), ("beta_ov_final", r"final $\beta_{OV}$", True),
-              ("rho_qk_mean", r"mean $\rho_{QK}$", True), ("final_val_loss", "final val loss", False)]
-    floors = [{dtype: [] for dtype in UNIT_ROUND_OFF} for _ in panels]
+    panels = [
+        ("beta_qk_final", r"final $\beta_{QK}$", True),
+        ("beta_ov_final", r"final $\beta_{OV}$", True),
+        ("rho_qk_mean", r"mean $\rho_{QK}$", True),
+        ("final_val_loss", "final val loss", False),
+    ]
+    floors: list[dict[str, list[str]]] = [{dtype: [] for dtype in UNIT_ROUND_OFF} for _ in panels]
     for optimizer, group in sweep.groupby("optimizer", sort=False):
-        style = case_style(optimizer)
+        style = case_style(str(optimizer))
         group = group.sort_values("lr")
         done = group[group["status"] != "diverged"]
         diverged = group[group["status"] == "diverged"]
-        listed = done["dtype"].dropna().astype(str) if "dtype" in done else []
+        listed: pd.Series | list[str] = done["dtype"].dropna().astype(str) if "dtype" in done else []
         dtype = coarsest_dtype([name for value in listed for name in value.split("+")])
         for ax, floor, (column, _, log_y) in zip(axes, floors, panels):
             rounded = log_y and at_round_off(done[column], dtype)
             if rounded:  # round-off: a floor band, no points, no fit
                 floor[dtype].append(style["label"])
             else:
-                ax.plot(done["lr"], done[column], marker=style["marker"], linestyle=style["linestyle"],
-                        color=style["color"], label=style["label"])
+                ax.plot(
+                    done["lr"],
+                    done[column],
+                    marker=style["marker"],
+                    linestyle=style["linestyle"],
+                    color=style["color"],
+                    label=style["label"],
+                )
             if log_y and not rounded:
                 fit = slopes[(slopes["optimizer"] == optimizer) & (slopes["quantity"] == column)]
                 if len(fit) and np.isfinite(fit["slope"].iloc[0]):
                     slope, intercept = float(fit["slope"].iloc[0]), float(fit["intercept"].iloc[0])
                     xs = np.array([done["lr"].min(), done["lr"].max()])
-                    ax.plot(xs, 10 ** (intercept + slope * np.log10(xs)), ":", color=style["color"], linewidth=1)
-                    ax.annotate(f"slope {slope:.2f}", (xs[-1], 10 ** (intercept + slope * np.log10(xs[-1]))),
-                                xytext=(-4, 6), textcoords="offset points", ha="right", fontsize=7,
-                                color=style["color"])
+                    ax.plot(
+                        xs, 10 ** (intercept + slope * np.log10(xs)), ":", color=style["color"], linewidth=1
+                    )
+                    ax.annotate(
+                        f"slope {slope:.2f}",
+                        (xs[-1], 10 ** (intercept + slope * np.log10(xs[-1]))),
+                        xytext=(-4, 6),
+                        textcoords="offset points",
+                        ha="right",
+                        fontsize=7,
+                        color=style["color"],
+                    )
             if len(diverged):
                 # diverged points have no value: a cross at the top edge, at their lr
-                ax.plot(diverged["lr"], np.full(len(diverged), 0.97), "x", color=style["color"], markersize=7,
-                        markeredgewidth=1.8, transform=ax.get_xaxis_transform(), clip_on=False,
-                        label=f"{style['label']}: diverged")
-    for ax, floor, (column, label, log_y) in zip(axes, floors, panels):
+                ax.plot(
+                    diverged["lr"],
+                    np.full(len(diverged), 0.97),
+                    "x",
+                    color=style["color"],
+                    markersize=7,
+                    markeredgewidth=1.8,
+                    transform=ax.get_xaxis_transform(),
+                    clip_on=False,
+                    label=f"{style['label']}: diverged",
+                )
+    for ax, floor, (_, label, log_y) in zip(axes, floors, panels):
         draw_floor_bands(ax, floor)
         ax.set_xscale("log")
         if log_y:
@@ -502,15 +649,29 @@ def draw_sweep(sweep: pd.DataFrame, slopes: pd.DataFrame):
 
 # ---------------------------------------------------------------------------- command line
 
-def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None, studies: bool = True,
-                 intervention_runs: list[str] | None = None,
-                 identity_runs: list[str] | None = None) -> list[Path]:
+
+def make_figures(
+    tables_dir: str | Path,
+    runs_dir: str | Path,
+    theory_dir: str | Path,
+    out_dir: str | Path,
+    listed_runs: list[str] | None = None,
+    studies: bool = True,
+    intervention_runs: list[str] | None = None,
+    identity_runs: list[str] | None = None,
+) -> list[Path]:
     """Draw figures 1-4 (and 5 when the study tables exist, 6 with the interventions' runs) into ``out_dir``;
     returns the written paths (the sweep is read from the tables)."""
-    for needed in [Path(tables_dir) / "sweep.csv", Path(theory_dir) / "counts.csv", Path(theory_dir) / "nullity.csv"]:
+    for needed in [
+        Path(tables_dir) / "sweep.csv",
+        Path(theory_dir) / "counts.csv",
+        Path(theory_dir) / "nullity.csv",
+    ]:
         if not needed.is_file():
-            raise UserError(f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
-                            f"(or simply snakemake --cores all)")
+            raise UserError(
+                f"{needed} not found; run 'attnid tables' and 'attnid counts'/'attnid verify' first "
+                f"(or simply snakemake --cores all)"
+            )
     runs = load_runs_by_case(runs_dir, listed_runs)
     if not runs:
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
@@ -518,7 +679,9 @@ def make_figures(tables_dir, runs_dir, theory_dir, out_dir, listed_runs=None, st
     paths += figure_training(runs, out_dir)
     paths += figure_conservation(runs, out_dir)
     paths += figure_sweep(tables_dir, out_dir)
-    if studies and any((Path(tables_dir) / f"{study}.csv").is_file() for study in STUDIES):  # a config with the studies
+    if studies and any(
+        (Path(tables_dir) / f"{study}.csv").is_file() for study in STUDIES
+    ):  # a config with the studies
         paths += figure_identification_study(tables_dir, out_dir)
     if intervention_runs:
         from attnid.reports.interventions_table import load_runs_by_arm
@@ -543,8 +706,10 @@ def figure_identification_study(tables_dir: str | Path, out_dir: str | Path) -> 
         if path.is_file():
             frames[study] = pd.read_csv(path)
     if not frames:
-        raise UserError(f"neither {' nor '.join(f'{study}.csv' for study in STUDIES)} in {tables_dir}; "
-                        f"run 'attnid studies' first")
+        raise UserError(
+            f"neither {' nor '.join(f'{study}.csv' for study in STUDIES)} in {tables_dir}; "
+            f"run 'attnid studies' first"
+        )
     fig = draw_identification_study(frames.get("heads"), frames.get("variants"))
     paths = save_figure(fig, out_dir, "fig5")
     _pyplot().close(fig)
@@ -562,7 +727,7 @@ def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFram
 
 
 @styled
-def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None):
+def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame | None) -> Figure:
     """Figure 5 from the study tables: (a) the closed-form identified fraction ``1 - 1/(2H)`` of MHA
     against ``H`` (T3) with every trained point at its own closed form; (b) final val loss and (c) mean ρ
     against the identified fraction: the head sweep as one series (band: ± the seeds' sample sd, a spread),
@@ -573,17 +738,29 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
     series, extras = _study_series(heads)
     labelled = [(row, MATCHED_COLOR, "s") for _, row in extras.iterrows()]
     if variants is not None:
-        labelled += [(row, VARIANT_COLORS[i % len(VARIANT_COLORS)], "D")
-                     for i, (_, row) in enumerate(variants.iterrows())]
+        labelled += [
+            (row, VARIANT_COLORS[i % len(VARIANT_COLORS)], "D")
+            for i, (_, row) in enumerate(variants.iterrows())
+        ]
     fig, axes = plt.subplots(1, 3, figsize=(3 * PANEL_WIDTH, 1.1 * PANEL_HEIGHT))
     _draw_fraction_panel(axes[0], series, labelled)
-    panels = [(axes[1], "final_val_loss", "final val loss", False), (axes[2], "rho_qk_mean", r"mean $\rho$", True)]
+    panels = [
+        (axes[1], "final_val_loss", "final val loss", False),
+        (axes[2], "rho_qk_mean", r"mean $\rho$", True),
+    ]
     for ax, column, ylabel, log_y in panels:
         if not series.empty:
             _draw_series(ax, series, column, HEADS_COLOR, "head sweep $H$ (at $E$, $D = E/H$)")
             if log_y:
-                _draw_series(ax, series, "rho_ov_mean", HEADS_COLOR, r"head sweep, $\rho_{OV}$ (right)",
-                             linestyle="--", hollow=True)
+                _draw_series(
+                    ax,
+                    series,
+                    "rho_ov_mean",
+                    HEADS_COLOR,
+                    r"head sweep, $\rho_{OV}$ (right)",
+                    linestyle="--",
+                    hollow=True,
+                )
         for row, color, marker in labelled:
             _draw_point(ax, row, column, color, marker, label=_point_label(row))
             if log_y:
@@ -593,8 +770,14 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
         if log_y:
             ax.set_yscale("log")
     fractions = np.linspace(0.45, 1.0, 50)
-    axes[2].plot(fractions, 1.0 - fractions, ":", color=PREDICTION_COLOR, linewidth=1.0,
-                 label=r"$1 - f_\mathrm{id}$ (isotropic step)")
+    axes[2].plot(
+        fractions,
+        1.0 - fractions,
+        ":",
+        color=PREDICTION_COLOR,
+        linewidth=1.0,
+        label=r"$1 - f_\mathrm{id}$ (isotropic step)",
+    )
     axes[1].set_title("val loss vs identified fraction")
     axes[2].set_title(r"$\rho$ vs identified fraction (filled: QK, hollow: OV)")
     _figure_legend(fig, axes[2], ncol=4)
@@ -604,7 +787,7 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
 def spread_positions(values: list[float], min_gap: float) -> list[float]:
     """Positions for labels of sorted ``values``: in the same order, at least ``min_gap`` apart, as close to
     the values as that allows (pushed apart upwards, then the block re-centred on the values' mean)."""
-    positions = []
+    positions: list[float] = []
     for value in values:
         positions.append(value if not positions else max(value, positions[-1] + min_gap))
     shift = (sum(values) - sum(positions)) / len(values) if values else 0.0
@@ -615,7 +798,7 @@ def _point_label(row) -> str:
     return f"{row['point']}: {row['label']}" + (f", E={int(row['n_embd'])}" if "n_embd" in row else "")
 
 
-def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
+def _draw_fraction_panel(ax: Axes, series: pd.DataFrame, labelled: list) -> None:
     trained = [int(h) for h in series.get("n_head", [])] + [int(row["n_head"]) for row, _, _ in labelled]
     heads = np.geomspace(1, max([2] + trained), 60)
     ax.plot(heads, 1.0 - 1.0 / (2.0 * heads), color=PREDICTION_COLOR, label=r"MHA: $1 - 1/(2H)$")
@@ -630,50 +813,89 @@ def _draw_fraction_panel(ax, series: pd.DataFrame, labelled: list) -> None:
     # right of them, at least a label's height apart, each tied to its point by a thin line
     by_heads: dict[int, list] = {}
     for row, color, _ in labelled:
-        by_heads.setdefault(int(row["n_head"]), []).append((float(row["identified_fraction"]), row["point"], color))
+        by_heads.setdefault(int(row["n_head"]), []).append(
+            (float(row["identified_fraction"]), row["point"], color)
+        )
     for n_head, points in by_heads.items():
         points.sort()
         label_ys = spread_positions([y for y, _, _ in points], min_gap=0.045 * (high - low))
         for (y, name, color), label_y in zip(points, label_ys):
-            ax.annotate(name, (n_head, y), xytext=(14, label_y), textcoords=("offset points", "data"),
-                        fontsize=6, color=color, va="center",
-                        arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.5, "shrinkA": 0,
-                                    "shrinkB": 3})
+            ax.annotate(
+                name,
+                (n_head, y),
+                xytext=(14, label_y),
+                textcoords=("offset points", "data"),
+                fontsize=6,
+                color=color,
+                va="center",
+                arrowprops={"arrowstyle": "-", "color": color, "linewidth": 0.5, "shrinkA": 0, "shrinkB": 3},
+            )
     ax.set_xlabel("query heads $H$")
     ax.set_ylabel(r"identified fraction $f_\mathrm{id}$")
     ax.set_title("closed form, every trained shape")
 
 
-def _draw_series(ax, series: pd.DataFrame, column: str, color: str, label: str, linestyle: str = "-",
-                 hollow: bool = False) -> None:
+def _draw_series(
+    ax: Axes,
+    series: pd.DataFrame,
+    column: str,
+    color: str,
+    label: str,
+    linestyle: str = "-",
+    hollow: bool = False,
+) -> None:
     x = series["identified_fraction"].to_numpy(dtype=float)
     mean = series[f"{column}_mean"].to_numpy(dtype=float)
     sd = np.nan_to_num(series[f"{column}_sd"].to_numpy(dtype=float))
-    ax.plot(x, mean, marker="o", linestyle=linestyle, color=color, label=label,
-            markerfacecolor="none" if hollow else color)
+    ax.plot(
+        x,
+        mean,
+        marker="o",
+        linestyle=linestyle,
+        color=color,
+        label=label,
+        markerfacecolor="none" if hollow else color,
+    )
     ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=BAND_ALPHA, linewidth=0)
     for index, (xi, yi, name) in enumerate(zip(x, mean, series["n_head"])):
         if np.isfinite(yi) and not hollow:  # above and below in turn: neighbours at large H sit close
-            ax.annotate(f"H={int(name)}", (xi, yi), xytext=(0, 5 if index % 2 == 0 else -5),
-                        textcoords="offset points", fontsize=6, color=color, ha="center",
-                        va="bottom" if index % 2 == 0 else "top")
+            ax.annotate(
+                f"H={int(name)}",
+                (xi, yi),
+                xytext=(0, 5 if index % 2 == 0 else -5),
+                textcoords="offset points",
+                fontsize=6,
+                color=color,
+                ha="center",
+                va="bottom" if index % 2 == 0 else "top",
+            )
 
 
-def _draw_point(ax, row, column: str, color: str, marker: str, label: str | None = None,
-                hollow: bool = False) -> None:
+def _draw_point(
+    ax: Axes, row, column: str, color: str, marker: str, label: str | None = None, hollow: bool = False
+) -> None:
     mean, sd = float(row[f"{column}_mean"]), float(row[f"{column}_sd"])
     if not np.isfinite(mean):
         return
-    ax.errorbar([row["identified_fraction"]], [mean], yerr=[[sd] if np.isfinite(sd) else [0.0]] * 2,
-                fmt=marker, color=color, markerfacecolor="none" if hollow else color, capsize=2,
-                label=label, elinewidth=0.8)
+    ax.errorbar(
+        [row["identified_fraction"]],
+        [mean],
+        yerr=[[sd] if np.isfinite(sd) else [0.0]] * 2,
+        fmt=marker,
+        color=color,
+        markerfacecolor="none" if hollow else color,
+        capsize=2,
+        label=label,
+        elinewidth=0.8,
+    )
 
 
 # ---------------------------------------------------------------------------- figure 6
 
 # A caption attnid figures filled in (Figure 6's): an earlier build's may be replaced, nothing else.
-FILLED_CAPTION = outputs.Format("a figure caption written by attnid figures",
-                                outputs.starts_with(b"**Figure 6 "))
+FILLED_CAPTION = outputs.Format(
+    "a figure caption written by attnid figures", outputs.starts_with(b"**Figure 6 ")
+)
 # The arms' style in Figure 6: the case's; an arm with transported or reset moments its case's colour,
 # dotted (docs/design.md §15).
 MOVED_MOMENTS_LINESTYLE = ":"
@@ -697,8 +919,11 @@ def paired_eval_differences(arm_runs: list, baseline_runs: list) -> pd.DataFrame
     from attnid.reports.statistics import MIN_PAIRED_SEEDS, mean_confidence_interval
 
     def by_seed(runs):
-        return {int(info["seed"]): eval_rows(metrics).set_index("step")["val_loss"] for info, metrics in runs
-                if info.get("status") != "diverged" and info.get("seed") is not None}
+        return {
+            int(info["seed"]): eval_rows(metrics).set_index("step")["val_loss"]
+            for info, metrics in runs
+            if info.get("status") != "diverged" and info.get("seed") is not None
+        }
 
     arm, baseline = by_seed(arm_runs), by_seed(baseline_runs)
     seeds = sorted(set(arm) & set(baseline))
@@ -710,14 +935,19 @@ def paired_eval_differences(arm_runs: list, baseline_runs: list) -> pd.DataFrame
         differences = np.array([arm[s][step] - baseline[s][step] for s in seeds])
         enough = len(seeds) >= MIN_PAIRED_SEEDS
         low, high = mean_confidence_interval(differences) if enough else (math.nan, math.nan)
-        rows.append({"step": step, "n_seeds": len(seeds), "mean": float(differences.mean()), "low": low,
-                     "high": high})
+        rows.append(
+            {"step": step, "n_seeds": len(seeds), "mean": float(differences.mean()), "low": low, "high": high}
+        )
     return pd.DataFrame(rows)
 
 
 def _max_of(runs: list, columns: list[str]) -> float:
-    values = [pd.to_numeric(metrics[c], errors="coerce").abs().max() for _, metrics in runs for c in columns
-              if c in metrics]
+    values = [
+        pd.to_numeric(metrics[c], errors="coerce").abs().max()
+        for _, metrics in runs
+        for c in columns
+        if c in metrics
+    ]
     values = [v for v in values if pd.notna(v)]
     return float(max(values)) if values else math.nan
 
@@ -736,10 +966,11 @@ def _drift_ratio_max(runs: list) -> float:
     return max(ratios) if ratios else math.nan
 
 
-def _draw_orbit_panel(ax, column: str, series: list[tuple[str, dict, list]]) -> None:
+def _draw_orbit_panel(ax: Axes, column: str, series: list[tuple[str, dict, list]]) -> None:
     """One circuit-pair quantity (ρ or drift1) of each run group, both circuits (QK solid, OV dashed), on
     a log axis; a group at its precision's round-off is a labelled floor band, never data (design §13)."""
-    floors = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}  # dtype -> (labels, steps summed)
+    # dtype -> (labels, steps summed)
+    floors: dict[str, tuple[list[str], int]] = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}
     for label, style, runs in series:
         dtype = runs_dtype(runs)
         for circuit, linestyle in (("qk", "-"), ("ov", "--")):
@@ -759,8 +990,9 @@ def _draw_orbit_panel(ax, column: str, series: list[tuple[str, dict, list]]) -> 
 
 
 @styled
-def figure_interventions(arm_runs: dict, identity_runs: list, out_dir: str | Path,
-                         caption_template: str | Path | None = None) -> list[Path]:
+def figure_interventions(
+    arm_runs: dict, identity_runs: list, out_dir: str | Path, caption_template: str | Path | None = None
+) -> list[Path]:
     """Figure 6 (does identification change training?): per arm, its val loss minus ``adamw``'s of the same
     seed against the step, mean over seeds with a 95 % bootstrap CI band; ρ and the first-order drift of the
     projected arm (float32, and the float64 identity run) on their round-off floors beside ``adamw``'s.
@@ -785,20 +1017,38 @@ def figure_interventions(arm_runs: dict, identity_runs: list, out_dir: str | Pat
         differences = paired_eval_differences(runs, baseline).dropna(subset=["mean"])
         if differences.empty:
             continue
-        axes[0].plot(differences["step"], differences["mean"], color=style["color"], label=style["label"],
-                     linestyle=style["linestyle"], marker=style["marker"], markersize=3)
-        axes[0].fill_between(differences["step"], differences["low"], differences["high"],
-                             color=style["color"], alpha=BAND_ALPHA, linewidth=0)
+        axes[0].plot(
+            differences["step"],
+            differences["mean"],
+            color=style["color"],
+            label=style["label"],
+            linestyle=style["linestyle"],
+            marker=style["marker"],
+            markersize=3,
+        )
+        axes[0].fill_between(
+            differences["step"],
+            differences["low"],
+            differences["high"],
+            color=style["color"],
+            alpha=BAND_ALPHA,
+            linewidth=0,
+        )
     axes[0].set_xlabel("step")
     axes[0].set_ylabel(f"val loss minus {BASELINE_CASE}'s (same seed)")
     axes[0].set_title("val loss against adamw (95 % CI)")
     projected = arm_runs.get("adamw_projected", [])
     adamw_style = case_style(BASELINE_CASE)
     projected_style = case_style("adamw_projected")
-    series = [(adamw_style["label"], adamw_style, baseline),
-              (f"{projected_style['label']} ({runs_dtype(projected)})", projected_style, projected),
-              (f"{projected_style['label']} ({runs_dtype(identity_runs)})",
-               projected_style | {"linestyle": "-."}, identity_runs)]
+    series = [
+        (adamw_style["label"], adamw_style, baseline),
+        (f"{projected_style['label']} ({runs_dtype(projected)})", projected_style, projected),
+        (
+            f"{projected_style['label']} ({runs_dtype(identity_runs)})",
+            projected_style | {"linestyle": "-."},
+            identity_runs,
+        ),
+    ]
     series = [entry for entry in series if entry[2]]
     for ax, column, label in ((axes[1], "rho", r"$\rho$"), (axes[2], "drift1", r"$\|D_1\|/N_0$")):
         _draw_orbit_panel(ax, column, series)
@@ -811,8 +1061,10 @@ def figure_interventions(arm_runs: dict, identity_runs: list, out_dir: str | Pat
     plt.close(fig)
 
     table, _ = interventions_table(arm_runs)
-    final = [row | {"label": arm_style(row["arm"], str(arm_runs[row["arm"]][0][0].get("case")))["label"]}
-             for row in table[table["metric"] == "final_val_loss"].to_dict("records")]
+    final = [
+        row | {"label": arm_style(row["arm"], str(arm_runs[row["arm"]][0][0].get("case")))["label"]}
+        for row in table[table["metric"] == "final_val_loss"].to_dict("records")
+    ]
     numbers = {
         "n_seeds": int(table["n_seeds"].max()) if len(table) else 0,
         "final": final,
@@ -821,8 +1073,12 @@ def figure_interventions(arm_runs: dict, identity_runs: list, out_dir: str | Pat
         "identity_drift_ratio_max": _drift_ratio_max(identity_runs),
         "projected_rho_max": _max_of(projected, ["rho_qk", "rho_ov"]),
         "projected_dtype": runs_dtype(projected) if projected else "float32",
-        "adamw_rho_mean": float(np.nanmean([pd.to_numeric(m["rho_qk"], errors="coerce").mean()
-                                            for _, m in baseline if "rho_qk" in m] or [math.nan])),
+        "adamw_rho_mean": float(
+            np.nanmean(
+                [pd.to_numeric(m["rho_qk"], errors="coerce").mean() for _, m in baseline if "rho_qk" in m]
+                or [math.nan]
+            )
+        ),
     }
     caption_path = Path(out_dir) / "fig6.rst"
     write_text_atomic(caption_path, interventions_caption(numbers, caption_template), FILLED_CAPTION)
@@ -840,8 +1096,9 @@ def interventions_caption(numbers: dict, template_path: str | Path | None = None
     from attnid.reports.latex import caption_file
 
     template = Path(template_path or caption_file("fig6")).read_text(encoding="utf-8")
-    return Template(template, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                    keep_trailing_newline=True).render(**numbers, fmt=_caption_number)
+    return Template(
+        template, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+    ).render(**numbers, fmt=_caption_number)
 
 
 def _caption_number(value: float, digits: int = 2) -> str:

@@ -13,8 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnid.common.files import atomic_path
-from attnid.reports.figures import (PANEL_HEIGHT, PANEL_WIDTH, _pyplot, draw_floor_bands, round_off_ceiling,
-                                    styled)
+from attnid.reports.figures import (
+    PANEL_HEIGHT,
+    PANEL_WIDTH,
+    _pyplot,
+    draw_floor_bands,
+    round_off_ceiling,
+    styled,
+)
 
 MU_ROUND_OFF_ORDER = 2  # μ sits at its minimum when balanced: rounding moves it at second order
 

@@ -72,7 +72,8 @@ def identity_overrides(config: dict) -> dict:
     """The identity run's settings over the projected arm's: float64, and the section's own."""
     section = config["interventions"]["identity"]
     return {key: value for key, value in section.items() if key not in IDENTITY_GRID_KEYS} | {
-        "dtype": IDENTITY_DTYPE}
+        "dtype": IDENTITY_DTYPE
+    }
 
 
 def check_interventions_config(config: dict) -> list[str]:
@@ -82,17 +83,21 @@ def check_interventions_config(config: dict) -> list[str]:
         return []
     problems = []
     if BASELINE_CASE not in config.get("cases", {}):
-        problems.append(f"interventions: no case '{BASELINE_CASE}' under cases: every arm is trained with "
-                        f"its settings and compared with its runs")
+        problems.append(
+            f"interventions: no case '{BASELINE_CASE}' under cases: every arm is trained with "
+            f"its settings and compared with its runs"
+        )
     names = []
     for index, spec in enumerate(section["arms"]):
         case = CASES[spec["case"]]
         if case.name == BASELINE_CASE:
-            problems.append(f"interventions/arms/{index}: '{BASELINE_CASE}' is the baseline of every arm, "
-                            f"not an arm")
+            problems.append(
+                f"interventions/arms/{index}: '{BASELINE_CASE}' is the baseline of every arm, not an arm"
+            )
         if spec.get("rebalance_moments") not in (None, DEFAULT_MOMENTS) and not case.rebalances:
-            problems.append(f"interventions/arms/{index}: rebalance_moments needs a rebalancing case, "
-                            f"not {case.name}")
+            problems.append(
+                f"interventions/arms/{index}: rebalance_moments needs a rebalancing case, not {case.name}"
+            )
         if case.gauge_fixed and config["model"].get("rope"):
             problems.append(f"interventions/arms/{index}: {case.name} does not support a RoPE model")
         names.append(arm_name(spec["case"], spec.get("rebalance_moments")))

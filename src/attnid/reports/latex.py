@@ -28,25 +28,43 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable, Mapping
+from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
 from attnid.reports.studies import STUDIES
 
+if TYPE_CHECKING:
+    import jinja2
+    import pandas as pd
+
 # "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
-_TEX_ESCAPES = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-                "{": r"\{", "}": r"\}", "~": r"$\sim$", "^": r"\textasciicircum{}",
-                "<": r"\textless{}", ">": r"\textgreater{}"}
+_TEX_ESCAPES = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"$\sim$",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+}
 
 
-def tex_escape(value) -> str:
+def tex_escape(value: Any) -> str:
     """Escape TeX's special characters in plain text."""
     return "".join(_TEX_ESCAPES.get(char, char) for char in str(value))
 
 
-def thousands(value) -> str:
+def thousands(value: Any) -> str:
     """An integer with comma thousands separators: ``1048576 -> '1,048,576'``.
 
     Floats that are whole numbers are shown as integers; ``inf`` as ``$\\infty$``.
@@ -59,12 +77,12 @@ def thousands(value) -> str:
     return f"{int(round(number)):,}"
 
 
-def fixed(value, digits: int = 4) -> str:
+def fixed(value: Any, digits: int = 4) -> str:
     """A float with a fixed number of decimals (``fixed(0.9375, 3) -> '0.938'``)."""
     return f"{float(value):.{digits}f}"
 
 
-def scientific(value, digits: int = 1) -> str:
+def scientific(value: Any, digits: int = 1) -> str:
     """A float like ``2.8e13`` as TeX, ``$2.8\\times10^{13}$``; ``inf`` as ``$\\infty$``."""
     number = float(value)
     if math.isinf(number):
@@ -73,18 +91,18 @@ def scientific(value, digits: int = 1) -> str:
     return rf"${mantissa}\times10^{{{int(exponent)}}}$"
 
 
-def yesno(value) -> str:
+def yesno(value: Any) -> str:
     return "yes" if str(value).strip().lower() in {"true", "1", "yes"} else "no"
 
 
-def bias_label(row) -> str:
+def bias_label(row: Mapping[str, Any]) -> str:
     """The bias column of table A1: ``yes`` (q, k, v and output), ``qkv`` (q, k, v only, as Qwen2),
     ``out`` (output only) or ``no``, from counts.csv's ``bias`` and ``out_bias``."""
     qkv, out = yesno(row["bias"]) == "yes", yesno(row.get("out_bias", row["bias"])) == "yes"
     return {(True, True): "yes", (True, False): "qkv", (False, True): "out", (False, False): "no"}[(qkv, out)]
 
 
-def gap_note(row) -> str:
+def gap_note(row: Mapping[str, Any]) -> str:
     """Why a row of nullity.csv has ``gap = inf`` (no positive dropped singular value):
     ``rows`` -- the Jacobian has fewer rows than parameters and every singular value is kept
     (rank = rows), so the null directions are exactly those no row sees; ``zero`` -- the largest
@@ -100,14 +118,14 @@ def gap_note(row) -> str:
 GAP_MARKS = {"rows": "*", "zero": r"\dagger"}
 
 
-def nullity_gap(row) -> str:
+def nullity_gap(row: Mapping[str, Any]) -> str:
     """The gap cell of table A2: ``$2.8\\times10^{15}$``, or for an infinite gap ``$\\infty$``
     with the mark of its reason (:func:`gap_note`), explained under the table."""
     note = gap_note(row)
     return rf"$\infty^{{{GAP_MARKS[note]}}}$" if note else scientific(row["gap"])
 
 
-def tex_number(value, digits: int = 3) -> str:
+def tex_number(value: Any, digits: int = 3) -> str:
     """A number for a table cell: plain for moderate magnitudes, a×10^b otherwise, -- for missing."""
     try:
         value = float(value)
@@ -123,13 +141,13 @@ def tex_number(value, digits: int = 3) -> str:
     return f"${mantissa}\\times10^{{{int(exponent)}}}$"
 
 
-def tex_mean_sd(mean, sd, digits: int = 3) -> str:
+def tex_mean_sd(mean: Any, sd: Any, digits: int = 3) -> str:
     if sd is None or not math.isfinite(float(sd)):
         return tex_number(mean, digits)
     return f"{tex_number(mean, digits)} $\\pm$ {tex_number(sd, 2)}"
 
 
-def _finite(value) -> float | None:
+def _finite(value: Any) -> float | None:
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -137,44 +155,44 @@ def _finite(value) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def tex_signed(value) -> str:
+def tex_signed(value: Any) -> str:
     """A correlation as ``$+0.54$`` / ``$-0.54$``; ``--`` when there is none."""
     number = _finite(value)
     return "--" if number is None else f"${number:+.2f}$"
 
 
-def tex_spread(value) -> str:
+def tex_spread(value: Any) -> str:
     r"""``sd 0.12`` after a per-seed mean: the seeds' spread, labelled as one; ``--`` for a single seed."""
     number = _finite(value)
     return "--" if number is None else f"sd {number:.2f}"
 
 
-def tex_probability(value) -> str:
+def tex_probability(value: Any) -> str:
     """A p-value to two significant digits (``0.34``, ``0.017``); ``--`` when there is none."""
     number = _finite(value)
     return "--" if number is None else f"{number:.2g}"
 
 
-def tex_interval(low, high) -> str:
+def tex_interval(low: Any, high: Any) -> str:
     """A correlation's CI as ``[$-0.52$, $-0.10$]``; ``--`` when there is none."""
     if _finite(low) is None or _finite(high) is None:
         return "--"
     return f"[{tex_signed(low)}, {tex_signed(high)}]"
 
 
-def tex_whole(value) -> str:
+def tex_whole(value: Any) -> str:
     """A count or a rate as a whole number with thousands separators; ``--`` when missing."""
     number = _finite(value)
     return "--" if number is None else thousands(round(number))
 
 
-def package_template_dir():
+def package_template_dir() -> Traversable:
     """The templates shipped with the package, found with importlib.resources (a Traversable:
     a folder in a checkout or an installed package, a zip member in a zipped one)."""
     return importlib.resources.files("attnid.reports").joinpath("templates")
 
 
-def _resource_loader(folder):
+def _resource_loader(folder: Traversable) -> jinja2.BaseLoader:
     """A jinja2 loader over a Traversable folder (what importlib.resources returns)."""
     import jinja2
 
@@ -185,7 +203,7 @@ def _resource_loader(folder):
     return jinja2.FunctionLoader(load)
 
 
-def latex_environment(template_dir=None):
+def latex_environment(template_dir: str | os.PathLike | Traversable | None = None) -> jinja2.Environment:
     """A jinja2 Environment with TeX-safe delimiters and the filters above.
 
     Templates are read from ``template_dir`` (a folder path, or a Traversable such as
@@ -193,37 +211,65 @@ def latex_environment(template_dir=None):
     """
     import jinja2
 
+    loader: jinja2.BaseLoader
     if isinstance(template_dir, (str, os.PathLike)):
         loader = jinja2.FileSystemLoader(str(template_dir))
     else:
         loader = _resource_loader(template_dir if template_dir is not None else package_template_dir())
     env = jinja2.Environment(
         loader=loader,
-        block_start_string=r"\BLOCK{", block_end_string="}",
-        variable_start_string=r"\VAR{", variable_end_string="}",
-        comment_start_string=r"\#{", comment_end_string="}",
-        trim_blocks=True, lstrip_blocks=True, autoescape=False,
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+        block_start_string=r"\BLOCK{",
+        block_end_string="}",
+        variable_start_string=r"\VAR{",
+        variable_end_string="}",
+        comment_start_string=r"\#{",
+        comment_end_string="}",
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
     )
-    env.filters.update(thousands=thousands, fixed=fixed, tex=tex_escape, yesno=yesno, sci=scientific,
-                       bias=bias_label, gap=nullity_gap, num=tex_number, signed=tex_signed, spread=tex_spread,
-                       whole=tex_whole, p=tex_probability)
+    env.filters.update(
+        thousands=thousands,
+        fixed=fixed,
+        tex=tex_escape,
+        yesno=yesno,
+        sci=scientific,
+        bias=bias_label,
+        gap=nullity_gap,
+        num=tex_number,
+        signed=tex_signed,
+        spread=tex_spread,
+        whole=tex_whole,
+        p=tex_probability,
+    )
     env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval)
     return env
 
 
-def records(rows) -> list[dict]:
+def records(rows: pd.DataFrame | Iterable[dict]) -> list[dict]:
     """Rows for a template: a DataFrame's records with every missing value (NaN, NA) as None, so that
     templates and filters see one kind of missing; any other iterable of dicts as a list."""
     if not hasattr(rows, "to_dict"):
         return list(rows)
     import pandas as pd
 
-    return [{key: (None if pd.api.types.is_scalar(value) and pd.isna(value) else value) for key, value in row.items()}
-            for row in rows.to_dict("records")]
+    return [
+        {
+            key: (None if pd.api.types.is_scalar(value) and pd.isna(value) else value)
+            for key, value in row.items()
+        }
+        for row in rows.to_dict("records")
+    ]
 
 
-def render_table(template: str, rows=(), template_dir: str | os.PathLike | None = None, **context) -> str:
+def render_table(
+    template: str,
+    rows: pd.DataFrame | Iterable[dict] = (),
+    template_dir: str | os.PathLike | None = None,
+    **context: Any,
+) -> str:
     """Render ``template`` with ``rows`` and any extra context; every DataFrame among them is passed
     as :func:`records`. The one renderer of every table and of the appendix.
 
@@ -238,12 +284,14 @@ def render_table(template: str, rows=(), template_dir: str | os.PathLike | None 
     return compiled.render(rows=records(rows), **context)
 
 
-def find_template_dir(explicit: str | os.PathLike | None = None):
+def find_template_dir(explicit: str | os.PathLike | None = None) -> Traversable:
     """``explicit`` (``--templates DIR``) if given, else the package's own templates."""
     if explicit is None:
         return package_template_dir()
     if not (Path(explicit) / "appendix.tex.j2").is_file():
-        raise UserError(f"--templates {explicit}: no appendix.tex.j2 there (copy attnid/reports/templates to start from)")
+        raise UserError(
+            f"--templates {explicit}: no appendix.tex.j2 there (copy attnid/reports/templates to start from)"
+        )
     return Path(explicit)
 
 
@@ -267,14 +315,18 @@ STUDY_TABLES = (*(f"{study}.tex" for study in STUDIES), "identification_correlat
 INTERVENTION_TABLES = ("interventions.tex",)
 # The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
 # build with a stage turned off never includes that stage's leftovers from an earlier build.
-OPTIONAL_PARTS = {"studies": {*STUDY_TABLES, "fig5"}, "edits": {"prune.tex"},
-                  "interventions": {*INTERVENTION_TABLES, "fig6"}}
+OPTIONAL_PARTS = {
+    "studies": {*STUDY_TABLES, "fig5"},
+    "edits": {"prune.tex"},
+    "interventions": {*INTERVENTION_TABLES, "fig6"},
+}
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
 _CAPTION_CHARACTERS = {"—": "---", "–": "--", "’": "'", "‘": "`", "“": "``", "”": "''", "\u00a0": "~"}
-_RST_INLINE = re.compile(r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*",
-                         re.S)
+_RST_INLINE = re.compile(
+    r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*", re.S
+)
 
 
 def caption_file(name: str) -> str:
@@ -297,7 +349,7 @@ def rst_to_tex(text: str, where: str = "caption") -> str:
     **strong**, *emphasis* and plain text (special characters escaped)."""
     pieces, position = [], 0
     for match in _RST_INLINE.finditer(text):
-        pieces.append(_caption_text(text[position:match.start()], where))
+        pieces.append(_caption_text(text[position : match.start()], where))
         if match["code"] is not None:  # long identifiers may break after . _ /
             code = tex_escape(match["code"])
             for breakable in (".", r"\_", "/"):
@@ -314,23 +366,30 @@ def rst_to_tex(text: str, where: str = "caption") -> str:
     return " ".join("".join(pieces).split())
 
 
-def figure_caption(name: str, caption_dir=None) -> dict:
+def figure_caption(name: str, caption_dir: Traversable | None = None) -> dict:
     """Title and caption TeX of figure ``name`` from its caption file, whose first sentence is
     ``**Figure N — title.**`` (the report shows it as is; LaTeX numbers the figure itself)."""
     folder = caption_dir if caption_dir is not None else package_template_dir().joinpath("captions")
     source = folder.joinpath(f"{name}.rst")
     if not source.is_file():
-        raise UserError(f"no caption for figure {name}: add {source} and list it in attnid.reports.latex.FIGURES")
+        raise UserError(
+            f"no caption for figure {name}: add {source} and list it in attnid.reports.latex.FIGURES"
+        )
     text = source.read_text(encoding="utf-8").strip()
     heading = re.match(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", text, re.S)
     if heading is None:
         raise UserError(f"{source}: the caption must start with **Figure N — title.**")
     title = rst_to_tex(heading["title"], str(source))
-    return {"name": name, "title": title.rstrip("."), "caption": rf"\textbf{{{title}}} " + rst_to_tex(
-        heading["rest"], str(source))}
+    return {
+        "name": name,
+        "title": title.rstrip("."),
+        "caption": rf"\textbf{{{title}}} " + rst_to_tex(heading["rest"], str(source)),
+    }
 
 
-def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[dict]:
+def _figures(
+    figures: str | os.PathLike | None, out_dir: Path, omitted: frozenset = frozenset()
+) -> list[dict]:
     """Each figure's PDF (relative to the appendix) with its caption; one error lists all missing."""
     if figures is None:
         return []
@@ -338,10 +397,14 @@ def _figures(figures, out_dir: Path, omitted: frozenset = frozenset()) -> list[d
     missing = [f"{name}.pdf" for name in FIGURES if name not in present and name not in OPTIONAL_FIGURES]
     if missing:
         raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
-    return [figure_caption(name, Path(figures) if name in FILLED_CAPTIONS else None)
-            | {"path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf", out_dir)).as_posix(),
-               "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT}
-            for name in present]
+    return [
+        figure_caption(name, Path(figures) if name in FILLED_CAPTIONS else None)
+        | {
+            "path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf", out_dir)).as_posix(),
+            "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT,
+        }
+        for name in present
+    ]
 
 
 # A figure wider than this (width / height) gets a landscape page of its own: on a portrait
@@ -351,8 +414,9 @@ WIDE_FIGURE_ASPECT = 1.6
 
 def pdf_aspect_ratio(path: Path) -> float:
     """Width / height of a one-page PDF's ``/MediaBox`` (matplotlib writes it as plain text)."""
-    match = re.search(rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]",
-                      path.read_bytes())
+    match = re.search(
+        rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]", path.read_bytes()
+    )
     if match is None:
         return 1.0  # unknown size: a portrait page, as before
     left, bottom, right, top = (float(value) for value in match.groups())
@@ -375,28 +439,53 @@ def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
     return frame
 
 
-def _verbatim_blocks(folder, names, omitted: frozenset) -> list[dict]:
+def _verbatim_blocks(
+    folder: str | os.PathLike | None, names: Iterable[str], omitted: frozenset
+) -> list[dict]:
     """``{name, text}`` of each table ``names`` lists that exists in ``folder`` and is not ``omitted``."""
     if folder is None:
         return []
-    return [{"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
-            for name in names if name not in omitted and (Path(folder) / name).is_file()]
+    return [
+        {"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
+        for name in names
+        if name not in omitted and (Path(folder) / name).is_file()
+    ]
 
 
-def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experiment_tables=None, figures=None,
-                    template_dir=None, omit=(), whole_model_csv=None, census_csv=None) -> str:
+def render_appendix(
+    counts_csv: str | os.PathLike,
+    nullity_csv: str | os.PathLike,
+    single_head_csv: str | os.PathLike,
+    out_path: str | os.PathLike,
+    experiment_tables: str | os.PathLike | None = None,
+    figures: str | os.PathLike | None = None,
+    template_dir: str | os.PathLike | None = None,
+    omit: Iterable[str] = (),
+    whole_model_csv: str | os.PathLike | None = None,
+    census_csv: str | os.PathLike | None = None,
+) -> str:
     """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, A4 whole-model counts and
     A5 census when given, plus the experiment tables and figures when given), without the tables and
     figures of the ``omit`` parts (:data:`OPTIONAL_PARTS`)."""
     counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
-    nullity_frame = _read_csv(nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured",
-                                                       "gap", "passed"})
+    nullity_frame = _read_csv(
+        nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured", "gap", "passed"}
+    )
     single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
-    whole_frame = None if whole_model_csv is None else _read_csv(
-        whole_model_csv, "whole-model", {"architecture", "whole_params", "whole_unidentified",
-                                         "group_rotation"})
-    census_frame = None if census_csv is None else _read_csv(
-        census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
+    whole_frame = (
+        None
+        if whole_model_csv is None
+        else _read_csv(
+            whole_model_csv,
+            "whole-model",
+            {"architecture", "whole_params", "whole_unidentified", "group_rotation"},
+        )
+    )
+    census_frame = (
+        None
+        if census_csv is None
+        else _read_csv(census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
+    )
     templates = find_template_dir(template_dir)
     out_dir = Path(out_path).resolve().parent
     omitted = frozenset().union(*(OPTIONAL_PARTS[part] for part in omit))
@@ -406,16 +495,24 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         for name in EXPERIMENT_TABLES:
             path = Path(experiment_tables) / name
             if name not in omitted and path.is_file():
-                experiment_blocks.append({"name": name, "text": path.read_text(encoding="utf-8"),
-                                          "landscape": name in LANDSCAPE_TABLES})
+                experiment_blocks.append(
+                    {
+                        "name": name,
+                        "text": path.read_text(encoding="utf-8"),
+                        "landscape": name in LANDSCAPE_TABLES,
+                    }
+                )
     study_blocks = _verbatim_blocks(experiment_tables, STUDY_TABLES, omitted)
     intervention_blocks = _verbatim_blocks(experiment_tables, INTERVENTION_TABLES, omitted)
     figure_entries = _figures(figures, out_dir, omitted)
 
     sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
     sources += [str(path) for path in (whole_model_csv, census_csv) if path is not None]
-    sources += [str(Path(experiment_tables) / b["name"])
-                for b in experiment_blocks + study_blocks + intervention_blocks]
+    if experiment_tables is not None:  # the blocks come from there
+        sources += [
+            str(Path(experiment_tables) / b["name"])
+            for b in experiment_blocks + study_blocks + intervention_blocks
+        ]
     shown_templates = "attnid/reports/templates (package data)" if template_dir is None else str(template_dir)
     env = latex_environment(templates)
     context = {
@@ -436,8 +533,9 @@ def render_appendix(counts_csv, nullity_csv, single_head_csv, out_path, experime
         "whole_model_rows": [] if whole_frame is None else records(whole_frame),
         "census_rows": [] if census_frame is None else records(census_frame),
         "n_census": 0 if census_frame is None else len(census_frame),
-        "n_census_closing": 0 if census_frame is None else int(
-            census_frame["closes"].astype(str).str.lower().eq("true").sum()),
+        "n_census_closing": 0
+        if census_frame is None
+        else int(census_frame["closes"].astype(str).str.lower().eq("true").sum()),
     }
     return env.get_template("appendix.tex.j2").render(**context)
 
@@ -446,15 +544,28 @@ def compile_pdf(main_tex: Path) -> Path:
     """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path. The LaTeX
     log is kept next to it (``main.log``)."""
     if shutil.which("latexmk") is None:
-        raise UserError("latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) or drop --pdf")
+        raise UserError(
+            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) "
+            "or drop --pdf"
+        )
     if not main_tex.is_file():
         raise UserError(f"{main_tex} not found: --pdf compiles the main.tex that sits next to --out")
     # Build in a scratch folder and move the PDF into place, so a killed run leaves no half PDF.
     build = Path(tempfile.mkdtemp(prefix=".latexmk-", dir=main_tex.parent))
     try:
-        result = subprocess.run(["latexmk", "-pdf", "-interaction=nonstopmode", "-halt-on-error",
-                                 f"-outdir={build.name}", main_tex.name],
-                                cwd=main_tex.parent, capture_output=True, text=True)
+        result = subprocess.run(
+            [
+                "latexmk",
+                "-pdf",
+                "-interaction=nonstopmode",
+                "-halt-on-error",
+                f"-outdir={build.name}",
+                main_tex.name,
+            ],
+            cwd=main_tex.parent,
+            capture_output=True,
+            text=True,
+        )
         log = main_tex.with_suffix(".log")
         if (build / log.name).is_file():  # the log outlives the scratch folder (overfull boxes, errors)
             with atomic_path(log, outputs.TEXT) as tmp:
@@ -468,5 +579,3 @@ def compile_pdf(main_tex: Path) -> Path:
         return pdf
     finally:
         shutil.rmtree(build, ignore_errors=True)
-
-

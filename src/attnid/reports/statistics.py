@@ -24,14 +24,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import stats
 
 CONFIDENCE_LEVEL = 0.95
 # Percentile, not scipy's default BCa: BCa's acceleration is a jackknife over the sample, which at 3-10
 # seeds is itself noise, and it is undefined for a sample whose values are all equal (§11.1).
-BOOTSTRAP_METHOD = "percentile"
+BOOTSTRAP_METHOD: Final = "percentile"
 BOOTSTRAP_RESAMPLES = 9_999
 # scipy enumerates every sign vector when 2**n is at most this (n <= 13 seeds), else draws this many.
 SIGN_FLIP_RESAMPLES = 9_999
@@ -52,6 +54,7 @@ VERDICTS = (BETTER, WORSE, NO_DIFFERENCE)
 
 # ---------------------------------------------------------------------------- paired seeds
 
+
 @dataclass(frozen=True)
 class PairedComparison:
     """An arm against its baseline over ``n_seeds`` seed pairs (docs/design.md §11.1): mean of the
@@ -65,8 +68,9 @@ class PairedComparison:
     verdict: str
 
 
-def paired_differences(arm: Mapping[int, float],
-                       baseline: Mapping[int, float]) -> tuple[list[int], np.ndarray]:
+def paired_differences(
+    arm: Mapping[int, float], baseline: Mapping[int, float]
+) -> tuple[list[int], np.ndarray]:
     """The seeds of ``arm`` (sorted) and ``arm[seed] - baseline[seed]`` for each: ``{seed: value}`` maps,
     matched by seed. A baseline seed without an arm run is not used; an arm seed without a baseline run is a
     ``ValueError`` (a pairing is the point: an unpaired run compares nothing)."""
@@ -77,7 +81,7 @@ def paired_differences(arm: Mapping[int, float],
     return seeds, np.array([float(arm[seed]) - float(baseline[seed]) for seed in seeds])
 
 
-def _as_sample(values, minimum: int) -> np.ndarray:
+def _as_sample(values: ArrayLike, minimum: int) -> np.ndarray:
     sample = np.asarray(values, dtype=float).ravel()
     if sample.size < minimum:
         raise ValueError(f"needs at least {minimum} values, got {sample.size}")
@@ -90,35 +94,47 @@ def _mean(sample, axis=-1):
     return np.mean(sample, axis=axis)
 
 
-def mean_confidence_interval(values) -> tuple[float, float]:
+def mean_confidence_interval(values: ArrayLike) -> tuple[float, float]:
     """The 95 % percentile bootstrap CI of the mean of ``values`` (``scipy.stats.bootstrap``,
     :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seed :data:`RESAMPLING_SEED`; §11.1)."""
     sample = _as_sample(values, MIN_PAIRED_SEEDS)
-    result = stats.bootstrap((sample,), _mean, vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES,
-                             confidence_level=CONFIDENCE_LEVEL, method=BOOTSTRAP_METHOD,
-                             random_state=RESAMPLING_SEED)
+    result = stats.bootstrap(
+        (sample,),
+        _mean,
+        vectorized=True,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=CONFIDENCE_LEVEL,
+        method=BOOTSTRAP_METHOD,
+        random_state=RESAMPLING_SEED,
+    )
     # the percentiles of the resampled means of a constant sample can come out one ulp apart in either order
     low, high = sorted((float(result.confidence_interval.low), float(result.confidence_interval.high)))
     return low, high
 
 
-def sign_flip_p_value(differences) -> float:
+def sign_flip_p_value(differences: ArrayLike) -> float:
     """Two-sided p-value of the paired sign-flip permutation test of mean difference 0 (§11.2):
     ``scipy.stats.permutation_test`` on the one sample of differences with ``permutation_type='samples'``,
     which flips the sign of each difference independently (under the null, which run of a pair is the arm
     is a coin toss). Exact, over all ``2**n`` sign vectors, for ``n <= 13``; twice the smaller one-sided
     p, at most 1."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
-    result = stats.permutation_test((sample,), _mean, permutation_type="samples", vectorized=True,
-                                    n_resamples=SIGN_FLIP_RESAMPLES, alternative="two-sided",
-                                    random_state=RESAMPLING_SEED)
+    result = stats.permutation_test(
+        (sample,),
+        _mean,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=SIGN_FLIP_RESAMPLES,
+        alternative="two-sided",
+        random_state=RESAMPLING_SEED,
+    )
     return float(result.pvalue)
 
 
 def smallest_sign_flip_p_value(n_seeds: int) -> float:
     """The smallest two-sided p the exact sign-flip test can give with ``n_seeds`` pairs: ``2 / 2**n``
     (every difference of one sign; 0.0625 at 5 seeds, 0.00195 at 10)."""
-    return min(1.0, 2.0 / 2.0 ** n_seeds)
+    return min(1.0, 2.0 / 2.0**n_seeds)
 
 
 def verdict(ci_low: float, ci_high: float) -> str:
@@ -133,17 +149,24 @@ def verdict(ci_low: float, ci_high: float) -> str:
     return NO_DIFFERENCE
 
 
-def compare_paired(differences) -> PairedComparison:
+def compare_paired(differences: ArrayLike) -> PairedComparison:
     """Mean, CI, p-value and verdict of per-seed differences ``arm - baseline`` (§11.1, §11.2)."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
     low, high = mean_confidence_interval(sample)
-    return PairedComparison(n_seeds=int(sample.size), delta_mean=float(np.mean(sample)), ci_low=low,
-                            ci_high=high, p_value=sign_flip_p_value(sample), verdict=verdict(low, high))
+    return PairedComparison(
+        n_seeds=int(sample.size),
+        delta_mean=float(np.mean(sample)),
+        ci_low=low,
+        ci_high=high,
+        p_value=sign_flip_p_value(sample),
+        verdict=verdict(low, high),
+    )
 
 
 # ---------------------------------------------------------------------------- rank correlation
 
-def _finite_pairs(x, y) -> tuple[np.ndarray, np.ndarray]:
+
+def _finite_pairs(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     return x[keep], y[keep]
@@ -153,7 +176,7 @@ def _rankable(x: np.ndarray, y: np.ndarray) -> bool:
     return len(x) >= MIN_CORRELATION_POINTS and np.ptp(x) > 0 and np.ptp(y) > 0
 
 
-def rank_correlation(x, y) -> float:
+def rank_correlation(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman's ``r_s`` of the finite pairs (``scipy.stats.spearmanr``: Pearson's correlation of the
     average-tie ranks). NaN below :data:`MIN_CORRELATION_POINTS` pairs or when either side is constant."""
     x, y = _finite_pairs(x, y)
@@ -167,7 +190,7 @@ def _spearman_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     return stats.pearsonr(rank_x, stats.rankdata(y, axis=axis), axis=axis).statistic
 
 
-def rank_correlation_p_value(x, y) -> float:
+def rank_correlation_p_value(x: ArrayLike, y: ArrayLike) -> float:
     """Two-sided permutation p-value of ``r_s(x, y) = 0`` over the points (§11.4): the null distribution
     pairs ``x`` with every ordering of ``y`` (``scipy.stats.permutation_test``, ``permutation_type=
     'pairings'`` on the one sample ``y``), exact over all ``n!`` orderings for ``n <= 8`` points, else
@@ -182,13 +205,19 @@ def rank_correlation_p_value(x, y) -> float:
         # which misses ties of an observed r_s of 0 computed as +-1e-17)
         return np.round(_spearman_along(x, ordering, axis=axis), 12)
 
-    result = stats.permutation_test((y,), statistic, permutation_type="pairings", vectorized=True,
-                                    n_resamples=PERMUTATION_RESAMPLES, alternative="two-sided",
-                                    random_state=RESAMPLING_SEED)
+    result = stats.permutation_test(
+        (y,),
+        statistic,
+        permutation_type="pairings",
+        vectorized=True,
+        n_resamples=PERMUTATION_RESAMPLES,
+        alternative="two-sided",
+        random_state=RESAMPLING_SEED,
+    )
     return float(result.pvalue)
 
 
-def rank_correlation_ci_over_seeds(x, per_seed) -> tuple[float, float]:
+def rank_correlation_ci_over_seeds(x: ArrayLike, per_seed: ArrayLike) -> tuple[float, float]:
     """95 % percentile bootstrap CI of ``r_s(x, point means)`` over seeds (§11.4): ``per_seed[i, j]`` is
     point ``i``'s value with seed ``j`` (every point trained with every seed, finite); a resample draws
     seeds with replacement, the same draw for every point (``scipy.stats.bootstrap(paired=True)``), and
@@ -207,7 +236,14 @@ def rank_correlation_ci_over_seeds(x, per_seed) -> tuple[float, float]:
         means = np.stack([np.mean(point, axis=axis) for point in points], axis=-1)  # (..., n_points)
         return _spearman_along(x, means, axis=-1)
 
-    result = stats.bootstrap(tuple(per_seed), statistic, paired=True, vectorized=True,
-                             n_resamples=BOOTSTRAP_RESAMPLES, confidence_level=CONFIDENCE_LEVEL,
-                             method=BOOTSTRAP_METHOD, random_state=RESAMPLING_SEED)
+    result = stats.bootstrap(
+        tuple(per_seed),
+        statistic,
+        paired=True,
+        vectorized=True,
+        n_resamples=BOOTSTRAP_RESAMPLES,
+        confidence_level=CONFIDENCE_LEVEL,
+        method=BOOTSTRAP_METHOD,
+        random_state=RESAMPLING_SEED,
+    )
     return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -31,13 +31,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from attnid.theory.counts import attention_params_per_layer, identified_fraction, layer_shape, \
-    single_head_match_equal_identified
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
-from attnid.reports.statistics import (BOOTSTRAP_RESAMPLES, EXACT_PERMUTATION_POINTS, PERMUTATION_RESAMPLES,
-                                       rank_correlation, rank_correlation_ci_over_seeds, rank_correlation_p_value)
+from attnid.reports.statistics import (
+    BOOTSTRAP_RESAMPLES,
+    EXACT_PERMUTATION_POINTS,
+    PERMUTATION_RESAMPLES,
+    rank_correlation,
+    rank_correlation_ci_over_seeds,
+    rank_correlation_p_value,
+)
 from attnid.reports.tables import mean_sd_over_seeds
+from attnid.theory.counts import (
+    attention_params_per_layer,
+    identified_fraction,
+    layer_shape,
+    single_head_match_equal_identified,
+)
 from attnid.training.rundir import load_run
 
 STUDIES = ("heads", "variants")
@@ -55,6 +65,7 @@ CORRELATED = ("final_val_loss", "rho_qk_mean", "rho_ov_mean")
 
 # ---------------------------------------------------------------------------- planning
 
+
 @dataclass(frozen=True)
 class StudyPoint:
     """One architecture of a study: its directory name and the `attnid train` flags that make it."""
@@ -64,18 +75,24 @@ class StudyPoint:
     n_embd: int
     n_head: int
     n_kv_head: int
-    head_dim: int
+    head_dim: int | None  # None: E/H, when H divides E
     rope: bool
 
     def architecture(self) -> dict:
-        return {"n_head": self.n_head, "n_embd": self.n_embd, "head_dim": self.head_dim,
-                "n_kv_head": self.n_kv_head, "rope": self.rope}
+        return {
+            "n_head": self.n_head,
+            "n_embd": self.n_embd,
+            "head_dim": self.head_dim,
+            "n_kv_head": self.n_kv_head,
+            "rope": self.rope,
+        }
 
 
 def matched_single_head_embd(n_embd: int, reference_heads: int) -> int:
     """``E_0`` of the single head matched to an ``H_ref``-head layer of width ``E`` (§4.10, T6):
-    ``E sqrt(2 - 1/H_ref)`` (equal identified counts, :func:`attnid.theory.counts.single_head_match_equal_identified`,
-    docs/design.md §10), rounded to the nearest even integer (170 for ``E = 128``, ``H_ref = 4``)."""
+    ``E sqrt(2 - 1/H_ref)`` (equal identified counts,
+    :func:`attnid.theory.counts.single_head_match_equal_identified`, docs/design.md §10), rounded to the
+    nearest even integer (170 for ``E = 128``, ``H_ref = 4``)."""
     return 2 * math.floor(single_head_match_equal_identified(n_embd, reference_heads) / 2 + 0.5)
 
 
@@ -95,12 +112,22 @@ def heads_points(model: dict, heads: dict) -> list[StudyPoint]:
 
 
 def variants_points(model: dict, variants: dict) -> list[StudyPoint]:
-    """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H`` and ``E``."""
+    """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H``
+    and ``E``."""
     n_embd, n_head = int(model["n_embd"]), int(model["n_head"])
     head_dim = n_embd // n_head if n_embd % n_head == 0 else None
-    return [StudyPoint("variants", name, n_embd, n_head, int((spec or {}).get("n_kv_head", n_head)), head_dim,
-                       bool((spec or {}).get("rope", False)))
-            for name, spec in variants["points"].items()]
+    return [
+        StudyPoint(
+            "variants",
+            name,
+            n_embd,
+            n_head,
+            int((spec or {}).get("n_kv_head", n_head)),
+            head_dim,
+            bool((spec or {}).get("rope", False)),
+        )
+        for name, spec in variants["points"].items()
+    ]
 
 
 def study_points(config: dict) -> dict[str, list[StudyPoint]]:
@@ -120,7 +147,8 @@ def reused_points(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
     trains (the same attention shape and the same study settings, so the same `attnid train` flags for
     each seed; e.g. the variants' ``mha`` and the heads' ``h4`` at the default ``H``) takes that point's
     runs instead of training them again. The first point of a kind, in config order, is the one trained."""
-    trained, reused = {}, {}
+    trained: dict[tuple, tuple[str, str]] = {}
+    reused: dict[tuple[str, str], tuple[str, str]] = {}
     for study, points in study_points(config).items():
         settings = tuple(sorted(study_run_settings(config[study]).items()))
         for point in points:
@@ -139,8 +167,9 @@ def check_study_config(config: dict) -> list[str]:
     for study, points in study_points(config).items():
         for point in points:
             if point.head_dim is None:
-                problems.append(f"{study}/{point.name}: n_head {point.n_head} does not divide model/n_embd "
-                                f"{point.n_embd}")
+                problems.append(
+                    f"{study}/{point.name}: n_head {point.n_head} does not divide model/n_embd {point.n_embd}"
+                )
                 continue
             try:
                 layer_shape(point.n_embd, point.n_head, point.n_kv_head, point.head_dim, rope=point.rope)
@@ -151,19 +180,27 @@ def check_study_config(config: dict) -> list[str]:
 
 # ---------------------------------------------------------------------------- gathering
 
+
 def run_architecture(info: dict) -> dict:
     """The attention shape a run trained, from its run.json config (older runs: plain MHA)."""
     config = info.get("config") or {}
     n_embd, n_head = int(config.get("n_embd", 128)), int(config.get("n_head", 4))
     n_kv_head = config.get("n_kv_head") or n_head
     head_dim = config.get("head_dim") or n_embd // n_head
-    return {"n_layer": int(config.get("n_layer", 4)), "n_embd": n_embd, "n_head": n_head,
-            "n_kv_head": int(n_kv_head), "head_dim": int(head_dim), "rope": bool(config.get("rope", False)),
-            "bias": bool(config.get("bias", False))}
+    return {
+        "n_layer": int(config.get("n_layer", 4)),
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_kv_head": int(n_kv_head),
+        "head_dim": int(head_dim),
+        "rope": bool(config.get("rope", False)),
+        "bias": bool(config.get("bias", False)),
+    }
 
 
 def architecture_label(arch: dict) -> str:
-    """A short name of an attention shape for tables and figures: ``H=4``, ``GQA G=2``, ``RoPE``, ``H=1, E=170``."""
+    """A short name of an attention shape for tables and figures: ``H=4``, ``GQA G=2``, ``RoPE``,
+    ``H=1, E=170``."""
     parts = [f"H={arch['n_head']}"]
     if arch["n_kv_head"] != arch["n_head"]:
         parts.append("MQA" if arch["n_kv_head"] == 1 else f"GQA G={arch['n_kv_head']}")
@@ -189,15 +226,29 @@ def summarize_study_run(run_dir: Path) -> dict:
     info, metrics = load_run(run_dir)
     summary = summarize_run(info, metrics)
     arch = run_architecture(info)
-    shape = layer_shape(arch["n_embd"], arch["n_head"], arch["n_kv_head"], arch["head_dim"], rope=arch["rope"],
-                        bias=arch["bias"])
-    row = {"point": Path(run_dir).parent.name, "seed": summary["seed"], "status": summary["status"], **arch,
-           "label": architecture_label(arch), "n_params": info.get("n_params"),
-           "attn_params": arch["n_layer"] * attention_params_per_layer(shape),
-           "identified_fraction": identified_fraction(arch["n_embd"], arch["n_head"], arch["n_kv_head"],
-                                                      arch["head_dim"], arch["rope"], arch["bias"]),
-           "steps": summary["steps"], "wall_time_s": summary["wall_time_s"],
-           "tokens_per_s": _median_positive(metrics["tokens_per_s"]) if "tokens_per_s" in metrics else math.nan}
+    shape = layer_shape(
+        arch["n_embd"],
+        arch["n_head"],
+        arch["n_kv_head"],
+        arch["head_dim"],
+        rope=arch["rope"],
+        bias=arch["bias"],
+    )
+    row = {
+        "point": Path(run_dir).parent.name,
+        "seed": summary["seed"],
+        "status": summary["status"],
+        **arch,
+        "label": architecture_label(arch),
+        "n_params": info.get("n_params"),
+        "attn_params": arch["n_layer"] * attention_params_per_layer(shape),
+        "identified_fraction": identified_fraction(
+            arch["n_embd"], arch["n_head"], arch["n_kv_head"], arch["head_dim"], arch["rope"], arch["bias"]
+        ),
+        "steps": summary["steps"],
+        "wall_time_s": summary["wall_time_s"],
+        "tokens_per_s": _median_positive(metrics["tokens_per_s"]) if "tokens_per_s" in metrics else math.nan,
+    }
     for column in POINT_COLUMNS:
         if column != "tokens_per_s":
             row[column] = summary[column]
@@ -218,17 +269,25 @@ def study_points_table(runs: pd.DataFrame) -> pd.DataFrame:
         first = group.iloc[0]
         done = group[group["status"] != "diverged"]
         row = {"point": point, "label": first["label"]}
-        row.update({key: first[key] for key in (*ARCHITECTURE_COLUMNS, "n_params", "attn_params",
-                                                 "identified_fraction")})
+        row.update(
+            {
+                key: first[key]
+                for key in (*ARCHITECTURE_COLUMNS, "n_params", "attn_params", "identified_fraction")
+            }
+        )
         row["unidentified_fraction"] = 1.0 - float(first["identified_fraction"])
-        row.update(n_seeds=len(group), n_diverged=int((group["status"] == "diverged").sum()),
-                   steps=int(group["steps"].max()))
+        row.update(
+            n_seeds=len(group),
+            n_diverged=int((group["status"] == "diverged").sum()),
+            steps=int(group["steps"].max()),
+        )
         row.update(mean_sd_over_seeds(done, POINT_COLUMNS))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 # ---------------------------------------------------------------------------- rank correlation
+
 
 def head_sweep(points: pd.DataFrame) -> pd.Series:
     """Boolean mask of the head sweep among a heads study's points: those at the sweep's embedding (the most
@@ -255,12 +314,14 @@ def seed_matrix(runs: pd.DataFrame, points: pd.DataFrame, quantity: str) -> np.n
     return table.to_numpy(dtype=float)
 
 
-def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame,
-                     subset: str = "all points") -> list[dict]:
+def correlation_rows(
+    study: str, runs: pd.DataFrame, points: pd.DataFrame, subset: str = "all points"
+) -> list[dict]:
     """Spearman's ``r_s`` between the identified fraction and each :data:`CORRELATED` quantity across the
     points (docs/design.md §11.4): over the points' seed means, with the permutation p-value over those
-    means and the bootstrap CI over seeds (:mod:`attnid.reports.statistics`); and per seed (the points' runs with
-    that seed), whose mean and sample sd over the seeds are the seeds' spread, not an uncertainty."""
+    means and the bootstrap CI over seeds (:mod:`attnid.reports.statistics`); and per seed (the points'
+    runs with that seed), whose mean and sample sd over the seeds are the seeds' spread, not an
+    uncertainty."""
     rows = []
     done = runs[runs["status"] != "diverged"] if not runs.empty else runs
     for quantity in CORRELATED:
@@ -274,15 +335,22 @@ def correlation_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame,
         means = ranked[f"{quantity}_mean"].to_numpy(float)
         matrix = seed_matrix(runs, ranked, quantity)
         ci_low, ci_high = rank_correlation_ci_over_seeds(fractions, matrix)
-        rows.append({
-            "study": study, "subset": subset, "quantity": quantity, "n_points": len(ranked),
-            "spearman_of_means": rank_correlation(fractions, means),
-            "p_value": rank_correlation_p_value(fractions, means),
-            "ci_low": ci_low, "ci_high": ci_high, "n_ci_seeds": matrix.shape[1],
-            "spearman_per_seed_mean": float(np.mean(per_seed)) if per_seed else math.nan,
-            "spearman_per_seed_sd": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan,
-            "n_seed_correlations": len(per_seed),
-        })
+        rows.append(
+            {
+                "study": study,
+                "subset": subset,
+                "quantity": quantity,
+                "n_points": len(ranked),
+                "spearman_of_means": rank_correlation(fractions, means),
+                "p_value": rank_correlation_p_value(fractions, means),
+                "ci_low": ci_low,
+                "ci_high": ci_high,
+                "n_ci_seeds": matrix.shape[1],
+                "spearman_per_seed_mean": float(np.mean(per_seed)) if per_seed else math.nan,
+                "spearman_per_seed_sd": float(np.std(per_seed, ddof=1)) if len(per_seed) > 1 else math.nan,
+                "n_seed_correlations": len(per_seed),
+            }
+        )
     return rows
 
 
@@ -303,20 +371,30 @@ def confound_rows(study: str, runs: pd.DataFrame, points: pd.DataFrame, matched:
 
 STUDY_CAPTIONS = {
     "heads": "Head sweep at fixed embedding $E$ ($D = E/H$) and the identification-matched single head "
-             "($H = 1$ at $E_0 = E\\sqrt{2 - 1/H_\\mathrm{ref}}$, even), trained with AdamW",
+    "($H = 1$ at $E_0 = E\\sqrt{2 - 1/H_\\mathrm{ref}}$, even), trained with AdamW",
     "variants": "Attention variants at the default number of heads, trained with AdamW",
 }
 
 
-QUANTITY_TEX = {"final_val_loss": "val loss", "rho_qk_mean": r"$\bar\rho_{QK}$", "rho_ov_mean": r"$\bar\rho_{OV}$"}
+QUANTITY_TEX = {
+    "final_val_loss": "val loss",
+    "rho_qk_mean": r"$\bar\rho_{QK}$",
+    "rho_ov_mean": r"$\bar\rho_{OV}$",
+}
 
 
 def render_study_table(study: str, points: pd.DataFrame) -> str:
-    """``<study>.tex`` from templates/identification_study.tex.j2 (:func:`attnid.reports.latex.render_table`)."""
+    """``<study>.tex`` from templates/identification_study.tex.j2
+    (:func:`attnid.reports.latex.render_table`)."""
     from attnid.reports.latex import render_table
 
-    return render_table("identification_study.tex.j2", study=study, caption=STUDY_CAPTIONS[study], points=points,
-                        steps=int(points["steps"].max()))
+    return render_table(
+        "identification_study.tex.j2",
+        study=study,
+        caption=STUDY_CAPTIONS[study],
+        points=points,
+        steps=int(points["steps"].max()),
+    )
 
 
 def render_correlation_table(correlations: pd.DataFrame) -> str:
@@ -325,8 +403,13 @@ def render_correlation_table(correlations: pd.DataFrame) -> str:
     from attnid.reports.latex import records, render_table
 
     rows = [row | {"quantity_tex": QUANTITY_TEX[row["quantity"]]} for row in records(correlations)]
-    return render_table("identification_correlation.tex.j2", rows, exact_points=EXACT_PERMUTATION_POINTS,
-                        permutation_resamples=PERMUTATION_RESAMPLES, bootstrap_resamples=BOOTSTRAP_RESAMPLES)
+    return render_table(
+        "identification_correlation.tex.j2",
+        rows,
+        exact_points=EXACT_PERMUTATION_POINTS,
+        permutation_resamples=PERMUTATION_RESAMPLES,
+        bootstrap_resamples=BOOTSTRAP_RESAMPLES,
+    )
 
 
 def write_study_tables(run_dirs: dict[str, list[Path]], out_dir: str | Path) -> dict[str, pd.DataFrame]:
@@ -346,8 +429,9 @@ def write_study_tables(run_dirs: dict[str, list[Path]], out_dir: str | Path) -> 
         matched = ~head_sweep(points) if study == "heads" else pd.Series(False, index=points.index)
         if study == "heads" and matched.any() and not matched.all():
             sweep = points[~matched]
-            correlations += correlation_rows(study, runs[runs["point"].isin(sweep["point"])], sweep,
-                                             "head sweep alone")
+            correlations += correlation_rows(
+                study, runs[runs["point"].isin(sweep["point"])], sweep, "head sweep alone"
+            )
         matched_points += [f"{study}/{point}" for point in points.loc[matched, "point"]]
         all_runs.append(runs.assign(point=study + "/" + runs["point"]))
         all_points.append(points.assign(point=study + "/" + points["point"]))
@@ -367,5 +451,3 @@ def write_study_tables(run_dirs: dict[str, list[Path]], out_dir: str | Path) -> 
     write_csv_atomic(out / "identification_correlation.csv", tables["correlation"])
     write_text_atomic(out / "identification_correlation.tex", render_correlation_table(tables["correlation"]))
     return tables
-
-

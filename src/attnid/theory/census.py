@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +37,9 @@ import torch.nn.functional as F
 from attnid.theory import whole_model as theory
 from attnid.theory.nullity import GAP_REQUIRED, RANK_RTOL, ROW_FACTOR, unflatten
 from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 CENSUS_ROPE_BASE = 10.0
 SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time (memory)
@@ -162,7 +167,7 @@ def log_probs(
     return logits.log_softmax(dim=-1)
 
 
-def params_from_gpt(model) -> dict[str, torch.Tensor]:
+def params_from_gpt(model: Any) -> dict[str, torch.Tensor]:  # a GPT: attnid.model is a layer above
     """This module's parameters from an ``attnid.model.gpt.GPT`` (nanoGPT layout, docs/design.md §2.1)."""
     config = model.config
     state = {k: v.detach() for k, v in model.state_dict().items()}
@@ -195,7 +200,10 @@ def params_from_gpt(model) -> dict[str, torch.Tensor]:
     return p
 
 
-def shape_of_gpt_config(config, norm_eps: float = theory.DEFAULT_NORM_EPS) -> theory.WholeModelShape:
+def shape_of_gpt_config(
+    config: Any,  # a GPTConfig: attnid.model is a layer above
+    norm_eps: float = theory.DEFAULT_NORM_EPS,
+) -> theory.WholeModelShape:
     """The census shape of ``attnid train``'s model (``attnid.model.gpt.GPTConfig``)."""
     return theory.whole_model_shape(
         n_layer=config.n_layer,
@@ -355,7 +363,7 @@ def measure(
 def census(shape: theory.WholeModelShape, seed: int = 0, rope_base: float = CENSUS_ROPE_BASE) -> dict:
     """Closed forms and measurement of one shape: one row of census.csv."""
     dims = theory.class_dims(shape)
-    row = {"shape": describe_shape(shape), **{f"class_{name}": value for name, value in dims.items()}}
+    row: dict[str, Any] = {"shape": describe_shape(shape), **{f"class_{name}": v for name, v in dims.items()}}
     row["theory"] = sum(dims.values())
     row.update(measure(shape, seed, rope_base=rope_base))
     row["attention_only"] = theory.attention_only_unidentified(shape)
@@ -406,10 +414,17 @@ def hand_picked_shapes() -> list[theory.WholeModelShape]:
     """Tiny shapes over every axis: layers, heads, width, biases, tying, norm, GQA, RoPE, MLP, block
     size, vocabularies below and above the width, a first layer that sees less than the stream, epsilon."""
     s = theory.whole_model_shape
-    nanogpt = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
-    biases = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
-    llama = {"norm": "rmsnorm", "mlp": "swiglu", "tied": False, "positions": "rope", "mlp_hidden": 12}
-    small = {"n_embd": 8, "n_head": 2, "block_size": 4}
+    # keyword arguments of whole_model_shape, splatted into it
+    nanogpt: dict[str, Any] = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
+    biases: dict[str, Any] = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
+    llama: dict[str, Any] = {
+        "norm": "rmsnorm",
+        "mlp": "swiglu",
+        "tied": False,
+        "positions": "rope",
+        "mlp_hidden": 12,
+    }
+    small: dict[str, Any] = {"n_embd": 8, "n_head": 2, "block_size": 4}
     llama_learned = llama | {"positions": "learned", "mlp_hidden": 6}
     llama_narrow = llama | {"mlp_hidden": 6}
     return [
@@ -473,7 +488,7 @@ def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theo
         n_kv_head = rng.choice([1, 2])
         positions = rng.choice(["learned", "learned", "rope", "none"])
         norm = rng.choice(theory.NORMS)
-        options = dict(
+        options: dict[str, Any] = dict(
             n_embd=n_embd,
             n_head=n_kv_head * rng.choice([1, 2, 3]),
             n_kv_head=n_kv_head,
@@ -526,7 +541,11 @@ def default_grid(random_count: int = RANDOM_SHAPES, seed: int = RANDOM_SEED) -> 
     return hand_picked_shapes() + random_shapes(random_count, seed)
 
 
-def run_grid(shapes: list[theory.WholeModelShape], progress=None, rope_base: float = CENSUS_ROPE_BASE):
+def run_grid(
+    shapes: list[theory.WholeModelShape],
+    progress: Callable[[str], None] | None = None,
+    rope_base: float = CENSUS_ROPE_BASE,
+) -> pd.DataFrame:
     import pandas as pd
 
     rows = []

@@ -46,8 +46,12 @@ import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnid.common.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,16 @@ class LayerShape:
     out_bias: bool  # bias on the output projection
 
 
-def layer_shape(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim: int | None = None,
-                value_dim: int | None = None, rope: bool = False, bias: bool = False,
-                out_bias: bool | None = None) -> LayerShape:
+def layer_shape(
+    n_embd: int,
+    n_head: int,
+    n_kv_head: int | None = None,
+    head_dim: int | None = None,
+    value_dim: int | None = None,
+    rope: bool = False,
+    bias: bool = False,
+    out_bias: bool | None = None,
+) -> LayerShape:
     """Fill the defaults (``G = H``, ``D = E/H``, ``C = D``, output bias = ``bias``) and validate.
 
     Raises ValueError for shapes the formulas do not cover (``D > E`` or
@@ -79,8 +90,13 @@ def layer_shape(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim
         head_dim = n_embd // n_head
     value_dim = head_dim if value_dim is None else value_dim
     out_bias = bias if out_bias is None else out_bias
-    for name, value in (("n_embd", n_embd), ("n_head", n_head), ("n_kv_head", n_kv_head),
-                        ("head_dim", head_dim), ("value_dim", value_dim)):
+    for name, value in (
+        ("n_embd", n_embd),
+        ("n_head", n_head),
+        ("n_kv_head", n_kv_head),
+        ("head_dim", head_dim),
+        ("value_dim", value_dim),
+    ):
         if int(value) != value or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if n_head % n_kv_head:
@@ -90,8 +106,16 @@ def layer_shape(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim
         raise ValueError(f"head_dim={head_dim} and value_dim={value_dim} must not exceed n_embd={n_embd}")
     if rope and head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
-    return LayerShape(int(n_embd), int(n_head), int(n_kv_head), int(head_dim), int(value_dim),
-                      bool(rope), bool(bias), bool(out_bias))
+    return LayerShape(
+        int(n_embd),
+        int(n_head),
+        int(n_kv_head),
+        int(head_dim),
+        int(value_dim),
+        bool(rope),
+        bool(bias),
+        bool(out_bias),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,7 +123,8 @@ def layer_shape(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim
 
 
 def factor_pair_nullity(rank_dim: int, n_a: int, n_b: int) -> int:
-    """Unidentified parameters of a factor pair ``A in R^{D x n_a}``, ``B in R^{D x n_b}`` seen through ``A^T B``.
+    """Unidentified parameters of a factor pair ``A in R^{D x n_a}``, ``B in R^{D x n_b}`` seen through
+    ``A^T B``.
 
     Lemma 4.1 / 4.3 and Cor. 4.4: the product is invariant under ``A -> S A``,
     ``B -> S^{-T} B``, ``S in GL_D``, so ``D^2`` of the ``D (n_a + n_b)``
@@ -167,7 +192,9 @@ def unidentified_ov_params(shape: LayerShape) -> int:
     so GQA's shared values give ``G C^2``, not ``H C^2``.
     """
     heads_per_group = shape.n_head // shape.n_kv_head
-    return shape.n_kv_head * factor_pair_nullity(shape.value_dim, shape.n_embd, heads_per_group * shape.n_embd)
+    return shape.n_kv_head * factor_pair_nullity(
+        shape.value_dim, shape.n_embd, heads_per_group * shape.n_embd
+    )
 
 
 def unidentified_key_bias_params(shape: LayerShape) -> int:
@@ -206,9 +233,16 @@ def unidentified_params_per_layer(shape: LayerShape) -> int:
     return unidentified_qk_params(shape) + unidentified_ov_params(shape) + unidentified_bias_params(shape)
 
 
-def identified_fraction(n_embd: int, n_head: int, n_kv_head: int | None = None, head_dim: int | None = None,
-                        rope: bool = False, bias: bool = False, value_dim: int | None = None,
-                        out_bias: bool | None = None) -> float:
+def identified_fraction(
+    n_embd: int,
+    n_head: int,
+    n_kv_head: int | None = None,
+    head_dim: int | None = None,
+    rope: bool = False,
+    bias: bool = False,
+    value_dim: int | None = None,
+    out_bias: bool | None = None,
+) -> float:
     """Identified share of one attention layer's parameters (weights + biases) (T3, §4.5).
 
     For plain MHA with ``D = E/H`` this is ``1 - 2 H D^2 / (4 E^2) = 1 - 1/(2H)``
@@ -226,10 +260,22 @@ def layer_counts(shape: LayerShape) -> dict:
     params = attention_params_per_layer(shape)
     unidentified = unidentified_params_per_layer(shape)
     qk_ov = unidentified_qk_params(shape) + unidentified_ov_params(shape)
-    plain = LayerShape(shape.n_embd, shape.n_head, shape.n_head, shape.head_dim, shape.value_dim, False, False, False)
-    gqa_only = LayerShape(shape.n_embd, shape.n_head, shape.n_kv_head, shape.head_dim, shape.value_dim, False, False, False)
-    rope_only = LayerShape(shape.n_embd, shape.n_head, shape.n_head, shape.head_dim, shape.value_dim,
-                           shape.head_dim % 2 == 0, False, False)
+    plain = LayerShape(
+        shape.n_embd, shape.n_head, shape.n_head, shape.head_dim, shape.value_dim, False, False, False
+    )
+    gqa_only = LayerShape(
+        shape.n_embd, shape.n_head, shape.n_kv_head, shape.head_dim, shape.value_dim, False, False, False
+    )
+    rope_only = LayerShape(
+        shape.n_embd,
+        shape.n_head,
+        shape.n_head,
+        shape.head_dim,
+        shape.value_dim,
+        shape.head_dim % 2 == 0,
+        False,
+        False,
+    )
     return {
         "attn_weights_per_layer": weights,
         "attn_biases_per_layer": attention_biases_per_layer(shape),
@@ -309,11 +355,11 @@ def single_head_row(n_embd: int, n_head: int) -> dict:
     """
     ratio_sq = single_head_ratio_sq_equal_identified(n_head)
     ratio_sq_half = single_head_ratio_sq_half_identified(n_head)
-    identified = multi_head_identified_share(n_head) * n_embd ** 2  # whole whenever H divides E
+    identified = multi_head_identified_share(n_head) * n_embd**2  # whole whenever H divides E
     return {
         "n_embd": n_embd,
         "n_head": n_head,
-        "params_multi_head": 4 * n_embd ** 2,
+        "params_multi_head": 4 * n_embd**2,
         "identified_multi_head": int(identified) if identified.denominator == 1 else float(identified),
         "e0_equal_identified": single_head_match_equal_identified(n_embd, n_head),
         "e0_ratio_equal_identified": math.sqrt(ratio_sq),
@@ -327,11 +373,29 @@ def single_head_row(n_embd: int, n_head: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Architectures (config/architectures.yaml) and the `attnid counts` command
 
-ARCHITECTURE_KEYS = {"n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "value_dim", "rope", "bias",
-                     "out_bias", "source",
-                     # whole-model fields, read and validated by attnid.theory.whole_model (WHOLE_MODEL_KEYS)
-                     "vocab_size", "block_size", "norm", "norm_bias", "mlp", "mlp_hidden", "mlp_bias", "tied",
-                     "block", "norm_eps"}
+ARCHITECTURE_KEYS = {
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_kv_head",
+    "head_dim",
+    "value_dim",
+    "rope",
+    "bias",
+    "out_bias",
+    "source",
+    # whole-model fields, read and validated by attnid.theory.whole_model (WHOLE_MODEL_KEYS)
+    "vocab_size",
+    "block_size",
+    "norm",
+    "norm_bias",
+    "mlp",
+    "mlp_hidden",
+    "mlp_bias",
+    "tied",
+    "block",
+    "norm_eps",
+}
 
 
 def load_architectures(path: str | Path) -> dict[str, dict]:
@@ -341,7 +405,10 @@ def load_architectures(path: str | Path) -> dict[str, dict]:
 
     path = Path(path)
     if not path.exists():
-        raise UserError(f"architectures file {path} not found: pass --architectures PATH (default config/architectures.yaml)")
+        raise UserError(
+            f"architectures file {path} not found: pass --architectures PATH "
+            f"(default config/architectures.yaml)"
+        )
     data = read_yaml(path, "architectures file")
     entries = data.get("architectures") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not entries:
@@ -351,16 +418,25 @@ def load_architectures(path: str | Path) -> dict[str, dict]:
             raise UserError(f"{path}: architecture {name!r} must be a mapping of fields")
         unknown = set(spec) - ARCHITECTURE_KEYS
         if unknown:
-            raise UserError(f"{path}: architecture {name!r} has unknown field(s) {sorted(unknown)}; allowed: {sorted(ARCHITECTURE_KEYS)}")
+            raise UserError(
+                f"{path}: architecture {name!r} has unknown field(s) {sorted(unknown)}; "
+                f"allowed: {sorted(ARCHITECTURE_KEYS)}"
+            )
         missing = {"n_layer", "n_embd", "n_head", "source"} - set(spec)
         if missing:
             raise UserError(f"{path}: architecture {name!r} lacks {sorted(missing)}")
         for flag in ("rope", "bias", "out_bias"):
             if flag in spec and not isinstance(spec[flag], bool):
-                raise UserError(f"{path}: architecture {name!r}: {flag} must be true or false, got {spec[flag]!r}")
+                raise UserError(
+                    f"{path}: architecture {name!r}: {flag} must be true or false, got {spec[flag]!r}"
+                )
         for field in ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "value_dim"):
-            if field in spec and (isinstance(spec[field], bool) or not isinstance(spec[field], int) or spec[field] < 1):
-                raise UserError(f"{path}: architecture {name!r}: {field} must be a positive integer, got {spec[field]!r}")
+            if field in spec and (
+                isinstance(spec[field], bool) or not isinstance(spec[field], int) or spec[field] < 1
+            ):
+                raise UserError(
+                    f"{path}: architecture {name!r}: {field} must be a positive integer, got {spec[field]!r}"
+                )
         try:
             architecture_shape(spec)
         except ValueError as err:
@@ -369,8 +445,16 @@ def load_architectures(path: str | Path) -> dict[str, dict]:
 
 
 def architecture_shape(spec: dict) -> LayerShape:
-    return layer_shape(spec["n_embd"], spec["n_head"], spec.get("n_kv_head"), spec.get("head_dim"),
-                       spec.get("value_dim"), spec.get("rope", False), spec.get("bias", False), spec.get("out_bias"))
+    return layer_shape(
+        spec["n_embd"],
+        spec["n_head"],
+        spec.get("n_kv_head"),
+        spec.get("head_dim"),
+        spec.get("value_dim"),
+        spec.get("rope", False),
+        spec.get("bias", False),
+        spec.get("out_bias"),
+    )
 
 
 def architecture_row(name: str, spec: dict) -> dict:
@@ -388,19 +472,22 @@ def architecture_row(name: str, spec: dict) -> dict:
     return row
 
 
-def counts_table(architectures: dict[str, dict]):
+def counts_table(architectures: dict[str, dict]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame([architecture_row(name, spec) for name, spec in architectures.items()])
 
 
-def single_head_table(architectures: dict[str, dict], extra_heads=(1, 2, 4, 8, 12, 16, 32, 64)):
+def single_head_table(
+    architectures: dict[str, dict], extra_heads: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)
+) -> pd.DataFrame:
     """§4.10 rows (A3): one per distinct ``(E, H)`` among the architectures (labelled with
     their names; plain MHA with ``D = E/H`` is assumed, as in the paper), then a sweep over
     ``H`` at ``E = 768``. Both readings of docs/design.md §10 are columns of every row."""
     import pandas as pd
 
-    rows, seen = [], {}
+    rows: list[dict] = []
+    seen: dict[tuple[int, int], list[str]] = {}
     for name, spec in architectures.items():
         key = (int(spec["n_embd"]), int(spec["n_head"]))
         seen.setdefault(key, []).append(name)
@@ -415,17 +502,25 @@ DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
 
 
 def hf_whole_model_columns(name: str, spec: dict) -> dict:
-    """The whole-model columns of a Hugging Face model's row (:mod:`attnid.theory.whole_model`): its parameters, its
-    unidentified count over every symmetry class, and the identified fraction; a model family the census
-    does not cover gets empty values and the reason."""
+    """The whole-model columns of a Hugging Face model's row (:mod:`attnid.theory.whole_model`): its
+    parameters, its unidentified count over every symmetry class, and the identified fraction; a model
+    family the census does not cover gets empty values and the reason."""
     from attnid.theory.whole_model import whole_model_row
 
     if "whole_model_note" in spec:
-        return {"whole_params": None, "whole_unidentified": None, "whole_identified_fraction": None,
-                "whole_model_note": spec["whole_model_note"]}
+        return {
+            "whole_params": None,
+            "whole_unidentified": None,
+            "whole_identified_fraction": None,
+            "whole_model_note": spec["whole_model_note"],
+        }
     try:
         row = whole_model_row(name, spec)
     except UserError as err:
-        return {"whole_params": None, "whole_unidentified": None, "whole_identified_fraction": None,
-                "whole_model_note": str(err)}
+        return {
+            "whole_params": None,
+            "whole_unidentified": None,
+            "whole_identified_fraction": None,
+            "whole_model_note": str(err),
+        }
     return {key: row[key] for key in ("whole_params", "whole_unidentified", "whole_identified_fraction")}

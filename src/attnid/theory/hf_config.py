@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from attnid.common.errors import UserError
 
@@ -60,7 +61,9 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        raise UserError(f"Hugging Face config {path} not found: pass a config.json or the model folder holding one")
+        raise UserError(
+            f"Hugging Face config {path} not found: pass a config.json or the model folder holding one"
+        )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -74,7 +77,9 @@ def _field(config: dict, ours: str, where: str) -> int:
     for name in FIELD_NAMES[ours]:
         if config.get(name) is not None:
             return config[name]
-    raise UserError(f"{where} lacks {' / '.join(FIELD_NAMES[ours])} (needed for {ours}): cannot count its attention")
+    raise UserError(
+        f"{where} lacks {' / '.join(FIELD_NAMES[ours])} (needed for {ours}): cannot count its attention"
+    )
 
 
 def _kv_heads(config: dict, model_type: str, n_head: int, where: str) -> int:
@@ -104,20 +109,29 @@ def _rope_and_biases(config: dict, model_type: str) -> tuple[bool, bool, bool]:
 
 
 def architecture_from_hf_config(config: dict, source: str = "config.json") -> dict:
-    """An ``architectures.yaml``-style entry (see :func:`attnid.theory.counts.architecture_row`) for one HF config.
+    """An ``architectures.yaml``-style entry (see :func:`attnid.theory.counts.architecture_row`) for one
+    HF config.
 
     Raises a one-line UserError naming the field it could not find or the model type
     it does not know.
     """
     model_type = config.get("model_type")
     if model_type is None:
-        raise UserError(f"{source} lacks model_type: cannot tell the attention layout (known: {', '.join(MODEL_TYPES)})")
+        raise UserError(
+            f"{source} lacks model_type: cannot tell the attention layout (known: {', '.join(MODEL_TYPES)})"
+        )
     if model_type not in MODEL_TYPES:
-        raise UserError(f"{source}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}; "
-                        f"whether it uses RoPE and attention biases is not in its config")
+        raise UserError(
+            f"{source}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}; "
+            f"whether it uses RoPE and attention biases is not in its config"
+        )
     n_head = _field(config, "n_head", source)
-    spec = {"n_layer": _field(config, "n_layer", source), "n_embd": _field(config, "n_embd", source),
-            "n_head": n_head, "n_kv_head": _kv_heads(config, model_type, n_head, source)}
+    spec: dict[str, Any] = {
+        "n_layer": _field(config, "n_layer", source),
+        "n_embd": _field(config, "n_embd", source),
+        "n_head": n_head,
+        "n_kv_head": _kv_heads(config, model_type, n_head, source),
+    }
     if config.get("head_dim") is not None:
         spec["head_dim"] = config["head_dim"]
     for name, value in spec.items():
@@ -140,10 +154,15 @@ def _whole_model_fields(config: dict, model_type: str, spec: dict) -> dict:
         return {"whole_model_note": "the config lacks vocab_size"}
     norm, norm_bias, mlp, mlp_bias, tied = WHOLE_MODEL_TYPES[model_type]
     n_embd = spec["n_embd"]
-    fields = {"vocab_size": config["vocab_size"], "norm": norm, "norm_bias": norm_bias, "mlp": mlp,
-              "tied": bool(config.get("tie_word_embeddings", tied)),
-              "mlp_hidden": config.get("n_inner") or config.get("intermediate_size") or 4 * n_embd,
-              "norm_eps": next((config[key] for key in EPS_NAMES if config.get(key) is not None), 1e-5)}
+    fields = {
+        "vocab_size": config["vocab_size"],
+        "norm": norm,
+        "norm_bias": norm_bias,
+        "mlp": mlp,
+        "tied": bool(config.get("tie_word_embeddings", tied)),
+        "mlp_hidden": config.get("n_inner") or config.get("intermediate_size") or 4 * n_embd,
+        "norm_eps": next((config[key] for key in EPS_NAMES if config.get(key) is not None), 1e-5),
+    }
     if model_type == "gpt2":
         fields["block_size"] = config.get("n_positions", config.get("n_ctx", 1024))
     if model_type == "falcon":

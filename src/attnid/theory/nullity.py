@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnid.theory import counts
-from attnid.theory.rope import rope_rotate  # the model's rotation: the nullity checks test the RoPE the model runs
+from attnid.theory.rope import rope_rotate  # the model's rotation: the checks test the RoPE it runs
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GAP_REQUIRED = 1e6
 RANK_RTOL = 1e-9  # singular values below RANK_RTOL * s_max count as zero
@@ -53,9 +58,23 @@ class NullityCase:
     out_bias: bool | None = None
     seq_len: int = 6
 
+    def pair_dim(self) -> int:
+        """``D`` of a ``pair`` case (its ``head_dim``, which a pair case must name)."""
+        if self.head_dim is None:
+            raise ValueError(f"{self.name}: a pair case needs head_dim")
+        return self.head_dim
+
     def shape(self) -> counts.LayerShape:
-        return counts.layer_shape(self.n_embd, self.n_head, self.n_kv_head, self.head_dim, self.value_dim,
-                                  self.rope is not None, self.bias, self.out_bias)
+        return counts.layer_shape(
+            self.n_embd,
+            self.n_head,
+            self.n_kv_head,
+            self.head_dim,
+            self.value_dim,
+            self.rope is not None,
+            self.bias,
+            self.out_bias,
+        )
 
 
 def default_cases() -> list[NullityCase]:
@@ -68,36 +87,91 @@ def default_cases() -> list[NullityCase]:
     for n_head in (1, 2, 3, 4, 6, 12):
         cases.append(NullityCase(f"attention E=12 H={n_head}", "attention", n_embd=12, n_head=n_head))
     for n_head in (1, 2, 3, 4):
-        cases.append(NullityCase(f"attention+bias E=12 H={n_head}", "attention_bias", n_embd=12, n_head=n_head, bias=True))
-    cases.append(NullityCase("attention+qkv bias, no out bias E=12 H=3", "attention_bias", n_embd=12, n_head=3,
-                      bias=True, out_bias=False))
-    cases.append(NullityCase("attention+qkv bias, no out bias, wide values E=8 H=2 D=3 C=5", "attention_bias",
-                      n_embd=8, n_head=2, head_dim=3, value_dim=5, bias=True, out_bias=False))
-    cases.append(NullityCase("attention+bias E=8 H=2 D=3 C=5", "attention_bias", n_embd=8, n_head=2, head_dim=3,
-                      value_dim=5, bias=True))
+        cases.append(
+            NullityCase(
+                f"attention+bias E=12 H={n_head}", "attention_bias", n_embd=12, n_head=n_head, bias=True
+            )
+        )
+    cases.append(
+        NullityCase(
+            "attention+qkv bias, no out bias E=12 H=3",
+            "attention_bias",
+            n_embd=12,
+            n_head=3,
+            bias=True,
+            out_bias=False,
+        )
+    )
+    cases.append(
+        NullityCase(
+            "attention+qkv bias, no out bias, wide values E=8 H=2 D=3 C=5",
+            "attention_bias",
+            n_embd=8,
+            n_head=2,
+            head_dim=3,
+            value_dim=5,
+            bias=True,
+            out_bias=False,
+        )
+    )
+    cases.append(
+        NullityCase(
+            "attention+bias E=8 H=2 D=3 C=5",
+            "attention_bias",
+            n_embd=8,
+            n_head=2,
+            head_dim=3,
+            value_dim=5,
+            bias=True,
+        )
+    )
     for n_kv_head in (1, 2, 4):
-        cases.append(NullityCase(f"GQA E=12 H=4 G={n_kv_head} D=3", "gqa", n_embd=12, n_head=4, n_kv_head=n_kv_head))
-    cases.append(NullityCase("GQA+bias E=12 H=4 G=2 D=3", "gqa_bias", n_embd=12, n_head=4, n_kv_head=2, bias=True))
+        cases.append(
+            NullityCase(f"GQA E=12 H=4 G={n_kv_head} D=3", "gqa", n_embd=12, n_head=4, n_kv_head=n_kv_head)
+        )
+    cases.append(
+        NullityCase("GQA+bias E=12 H=4 G=2 D=3", "gqa_bias", n_embd=12, n_head=4, n_kv_head=2, bias=True)
+    )
     for pairing in ("interleaved", "half"):
         cases.append(NullityCase(f"RoPE {pairing} E=12 H=3", "rope", n_embd=12, n_head=3, rope=pairing))
     cases.append(NullityCase("RoPE interleaved E=8 H=1 D=8", "rope", n_embd=8, n_head=1, rope="interleaved"))
     for pairing in ("interleaved", "half"):
-        cases.append(NullityCase(f"RoPE {pairing}+GQA E=16 H=4 G=2", "rope_gqa", n_embd=16, n_head=4, n_kv_head=2,
-                          rope=pairing))
-    cases.append(NullityCase("RoPE half+GQA E=16 H=4 G=1", "rope_gqa", n_embd=16, n_head=4, n_kv_head=1, rope="half"))
+        cases.append(
+            NullityCase(
+                f"RoPE {pairing}+GQA E=16 H=4 G=2", "rope_gqa", n_embd=16, n_head=4, n_kv_head=2, rope=pairing
+            )
+        )
+    cases.append(
+        NullityCase("RoPE half+GQA E=16 H=4 G=1", "rope_gqa", n_embd=16, n_head=4, n_kv_head=1, rope="half")
+    )
     for pairing in ("interleaved", "half"):
-        cases.append(NullityCase(f"RoPE {pairing}+bias E=12 H=3", "rope_bias", n_embd=12, n_head=3, rope=pairing,
-                          bias=True))
-    cases.append(NullityCase("RoPE half+GQA+qkv bias, no out bias (Qwen2-like) E=16 H=4 G=2", "rope_gqa_bias",
-                      n_embd=16, n_head=4, n_kv_head=2, rope="half", bias=True, out_bias=False))
-    cases.append(NullityCase("single head of the paper, Q K V without output projection, E=6", "single_head", n_embd=6))
+        cases.append(
+            NullityCase(
+                f"RoPE {pairing}+bias E=12 H=3", "rope_bias", n_embd=12, n_head=3, rope=pairing, bias=True
+            )
+        )
+    cases.append(
+        NullityCase(
+            "RoPE half+GQA+qkv bias, no out bias (Qwen2-like) E=16 H=4 G=2",
+            "rope_gqa_bias",
+            n_embd=16,
+            n_head=4,
+            n_kv_head=2,
+            rope="half",
+            bias=True,
+            out_bias=False,
+        )
+    )
+    cases.append(
+        NullityCase("single head of the paper, Q K V without output projection, E=6", "single_head", n_embd=6)
+    )
     return cases
 
 
 def theory_nullity(case: NullityCase) -> int:
     """The closed form from counts.py that the case checks."""
     if case.kind == "pair":
-        return counts.factor_pair_nullity(case.head_dim, case.n_embd, case.n_embd)
+        return counts.factor_pair_nullity(case.pair_dim(), case.n_embd, case.n_embd)
     if case.kind == "single_head":
         return counts.single_head_unidentified_params(case.n_embd)
     return counts.unidentified_params_per_layer(case.shape())
@@ -109,12 +183,17 @@ def theory_nullity(case: NullityCase) -> int:
 
 def parameter_shapes(case: NullityCase) -> dict[str, tuple[int, ...]]:
     if case.kind == "pair":
-        return {"A": (case.head_dim, case.n_embd), "B": (case.head_dim, case.n_embd)}
+        return {"A": (case.pair_dim(), case.n_embd), "B": (case.pair_dim(), case.n_embd)}
     if case.kind == "single_head":  # docs/design.md §10: 3 E^2 parameters
         return {name: (case.n_embd, case.n_embd) for name in ("w_q", "w_k", "w_v")}
     s = case.shape()
     e, h, g, d, c = s.n_embd, s.n_head, s.n_kv_head, s.head_dim, s.value_dim
-    shapes = {"w_q": (h * d, e), "w_k": (g * d, e), "w_v": (g * c, e), "w_o": (e, h * c)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "w_q": (h * d, e),
+        "w_k": (g * d, e),
+        "w_v": (g * c, e),
+        "w_o": (e, h * c),
+    }
     if s.bias:
         shapes.update({"b_q": (h * d,), "b_k": (g * d,), "b_v": (g * c,)})
     if s.out_bias:
@@ -124,11 +203,18 @@ def parameter_shapes(case: NullityCase) -> dict[str, tuple[int, ...]]:
 
 def unflatten(flat: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     sizes = [math.prod(shape) for shape in shapes.values()]
-    return {name: piece.reshape(shape) for (name, shape), piece in zip(shapes.items(), torch.split(flat, sizes))}
+    return {
+        name: piece.reshape(shape) for (name, shape), piece in zip(shapes.items(), torch.split(flat, sizes))
+    }
 
 
-def attention_layer(x: torch.Tensor, p: dict[str, torch.Tensor], shape: counts.LayerShape,
-                    rope: str | None = None, rope_base: float = 10.0) -> torch.Tensor:
+def attention_layer(
+    x: torch.Tensor,
+    p: dict[str, torch.Tensor],
+    shape: counts.LayerShape,
+    rope: str | None = None,
+    rope_base: float = 10.0,
+) -> torch.Tensor:
     """Causal self-attention, x (B, T, E) -> (B, T, E)."""
     batch, seq_len, _ = x.shape
     h, g, d, c = shape.n_head, shape.n_kv_head, shape.head_dim, shape.value_dim
@@ -163,6 +249,7 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
     flat = torch.randn(n_params, generator=generator, dtype=torch.float64) / math.sqrt(case.n_embd)
 
     if case.kind == "pair":
+
         def outputs(theta: torch.Tensor) -> torch.Tensor:
             p = unflatten(theta, shapes)
             return (p["A"].T @ p["B"]).reshape(-1)  # every entry of A^T B
@@ -209,7 +296,9 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
     }
 
 
-def verify(cases: list[NullityCase] | None = None, progress=None) -> "pandas.DataFrame":  # noqa: F821
+def verify(
+    cases: list[NullityCase] | None = None, progress: Callable[[str], None] | None = None
+) -> pd.DataFrame:
     import pandas as pd
 
     rows = []
@@ -219,8 +308,8 @@ def verify(cases: list[NullityCase] | None = None, progress=None) -> "pandas.Dat
         rows.append(row)
         if progress is not None:
             status = "ok" if row["passed"] else "FAIL"
-            progress(f"{status:4s} {case.name}: theory {row['theory']}, measured {row['measured']} of "
-                     f"{row['n_params']}, gap {row['gap']:.2e} ({time.perf_counter() - start:.1f} s)")
+            progress(
+                f"{status:4s} {case.name}: theory {row['theory']}, measured {row['measured']} of "
+                f"{row['n_params']}, gap {row['gap']:.2e} ({time.perf_counter() - start:.1f} s)"
+            )
     return pd.DataFrame(rows)
-
-

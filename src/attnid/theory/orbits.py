@@ -28,6 +28,10 @@ import torch
 
 from attnid.theory import factor_pairs, rope
 
+# What Orbit.rebalance_target prepares and Orbit.rebalance takes: the target's eigendecomposition
+# (GL_D), the target itself (the RoPE commutant), or None for balanced.
+RebalanceTarget = tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None
+
 
 @dataclass(frozen=True)
 class Rebalanced:
@@ -47,18 +51,23 @@ class Orbit(ABC):
     name: str  # how tables and reports call it: "gl" or "rope"
 
     @abstractmethod
-    def tangent_projection(self, pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    def tangent_projection(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Orthogonal projection of a step ``(dA, dB)`` onto the orbit's tangent at ``(A, B)``: the
         unidentified part of the step (docs/design.md §2.2, §8)."""
 
     @abstractmethod
-    def unidentified_sq_norm(self, pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+    def unidentified_sq_norm(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(||proj(dA, dB)||^2, singular)`` per pair: ρ's numerator (docs/design.md §3.1), and a bool
         marking pairs whose normal equations were singular (solved by pseudo-inverse)."""
 
     @abstractmethod
-    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b
-                                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    def unidentified_sq_norm_from_products(
+        self, gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`unidentified_sq_norm` from ``D x D`` products: ``A A^T``, ``B B^T`` at the pre-step point,
         ``dA A^T`` and ``dB B^T`` (the drift split's, docs/design.md §7), each ``(..., D, D)``."""
 
@@ -67,42 +76,52 @@ class Orbit(ABC):
         """Orthogonal projection of symmetric ``(..., D, D)`` matrices onto the orbit's Lie algebra
         (``P`` of docs/design.md §8): the identity for ``GL_D``."""
 
-    def conserved_imbalance(self, pair_a, pair_b) -> torch.Tensor:
+    def conserved_imbalance(self, pair_a: torch.Tensor, pair_b: torch.Tensor) -> torch.Tensor:
         """What gradient flow conserves on this orbit, ``(..., D, D)``: ``P(A A^T - B B^T)`` (Lemma 5.1).
         β compares it with its value at step 0; it is also the form of a rebalancing target."""
         return self.conserved_imbalance_from_grams(factor_pairs.gram(pair_a), factor_pairs.gram(pair_b))
 
-    def conserved_imbalance_from_grams(self, gram_a, gram_b) -> torch.Tensor:
+    def conserved_imbalance_from_grams(self, gram_a: torch.Tensor, gram_b: torch.Tensor) -> torch.Tensor:
         """:meth:`conserved_imbalance` from the Gram matrices ``A A^T``, ``B B^T``."""
         return self.project_to_algebra(gram_a - gram_b)
 
     @abstractmethod
-    def excess_norm_terms(self, pair_a, pair_b, grams=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def excess_norm_terms(
+        self,
+        pair_a: torch.Tensor,
+        pair_b: torch.Tensor,
+        grams: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(||A||_F^2 + ||B||_F^2, its minimum over the orbit)`` per pair: μ's two sums (§3.4).
         ``grams``: ``(A A^T, B B^T)`` when the caller has them already."""
 
     @abstractmethod
-    def rebalance_target(self, imbalance: torch.Tensor | None):
+    def rebalance_target(self, imbalance: torch.Tensor | None) -> RebalanceTarget:
         """A rebalancing target prepared once (e.g. per run): ``imbalance`` ``(..., D, D)`` in the form
         :meth:`conserved_imbalance` gives, or None for balanced (zero). Pass it to :meth:`rebalance`."""
 
     @abstractmethod
-    def rebalance(self, pair_a, pair_b, target=None) -> Rebalanced:
+    def rebalance(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, target: RebalanceTarget = None
+    ) -> Rebalanced:
         """Move every pair along the orbit to the prepared ``target`` (None: balanced), keeping ``A^T B``
         (docs/design.md §4, §8). Pairs too close to rank-deficient are left alone (``done`` False)."""
 
     @abstractmethod
-    def random_element(self, batch_shape, head_dim: int, generator: torch.Generator,
-                       spread: float = 0.5) -> torch.Tensor:
+    def random_element(
+        self, batch_shape: tuple[int, ...], head_dim: int, generator: torch.Generator, spread: float = 0.5
+    ) -> torch.Tensor:
         """A random, well-conditioned group element ``M`` ``(*batch_shape, D, D)``, float64."""
 
     @staticmethod
-    def act(element: torch.Tensor, pair_a, pair_b) -> tuple[torch.Tensor, torch.Tensor]:
+    def act(
+        element: torch.Tensor, pair_a: torch.Tensor, pair_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The symmetry ``A -> M A``, ``B -> M^{-T} B`` (keeps ``A^T B``)."""
         return element @ pair_a, torch.linalg.solve(element.transpose(-1, -2), pair_b)
 
     @abstractmethod
-    def tangent_rank(self, pair_a, pair_b) -> int:
+    def tangent_rank(self, pair_a: torch.Tensor, pair_b: torch.Tensor) -> int:
         """The orbit's dimension at these pairs, summed over the batch: the rank of the tangent map
         ``X -> (X A, -X^T B)`` on the group's Lie algebra."""
 
@@ -117,46 +136,65 @@ class GeneralLinearOrbit(Orbit):
 
     name = "gl"
 
-    def tangent_projection(self, pair_a, pair_b, step_a, step_b):
+    def tangent_projection(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return factor_pairs.tangent_projection(pair_a, pair_b, step_a, step_b)
 
-    def unidentified_sq_norm(self, pair_a, pair_b, step_a, step_b):
+    def unidentified_sq_norm(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return factor_pairs.unidentified_sq_norm(pair_a, pair_b, step_a, step_b)
 
-    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b):
+    def unidentified_sq_norm_from_products(
+        self, gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return factor_pairs.unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b)
 
-    def project_to_algebra(self, symmetric):
+    def project_to_algebra(self, symmetric: torch.Tensor) -> torch.Tensor:
         return symmetric
 
-    def excess_norm_terms(self, pair_a, pair_b, grams=None):
+    def excess_norm_terms(
+        self,
+        pair_a: torch.Tensor,
+        pair_b: torch.Tensor,
+        grams: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return factor_pairs.excess_norm_terms(pair_a, pair_b, grams)
 
-    def rebalance_target(self, imbalance):
+    def rebalance_target(self, imbalance: torch.Tensor | None) -> RebalanceTarget:
         """The target's eigendecomposition, done once. Balanced: eigenvalues 0 and the identity as basis
         (any orthonormal basis is exact; the identity keeps ``A' = sqrt(s) U^T`` simple). A None target
         is prepared by :meth:`rebalance` itself, where the pairs' shape is known."""
         return None if imbalance is None else torch.linalg.eigh(imbalance)
 
-    def rebalance(self, pair_a, pair_b, target=None):
+    def rebalance(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, target: RebalanceTarget = None
+    ) -> Rebalanced:
         *batch, head_dim, _ = pair_a.shape
         if target is None:
-            eye = torch.eye(head_dim, dtype=pair_a.dtype, device=pair_a.device).expand(*batch, head_dim, head_dim)
+            eye = torch.eye(head_dim, dtype=pair_a.dtype, device=pair_a.device).expand(
+                *batch, head_dim, head_dim
+            )
             target = (torch.zeros(*batch, head_dim, dtype=pair_a.dtype, device=pair_a.device), eye)
         values, vectors = target
-        eigh = (values.to(pair_a.device).reshape(*batch, head_dim),
-                vectors.to(pair_a.device).reshape(*batch, head_dim, head_dim))
+        eigh = (
+            values.to(pair_a.device).reshape(*batch, head_dim),
+            vectors.to(pair_a.device).reshape(*batch, head_dim, head_dim),
+        )
         product = factor_pairs.product_svd(pair_a, pair_b)
         new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, target_eigh=eigh, product=product)
         return Rebalanced(new_a, new_b, done, 2 * product[1].sum(-1))
 
-    def random_element(self, batch_shape, head_dim, generator, spread=0.5):
+    def random_element(
+        self, batch_shape: tuple[int, ...], head_dim: int, generator: torch.Generator, spread: float = 0.5
+    ) -> torch.Tensor:
         """``exp(spread X)`` for Gaussian ``X / sqrt(D)``."""
         shape = (*batch_shape, head_dim, head_dim)
         noise = torch.randn(shape, generator=generator, dtype=torch.float64) / math.sqrt(head_dim)
         return torch.linalg.matrix_exp(spread * noise)
 
-    def tangent_rank(self, pair_a, pair_b):
+    def tangent_rank(self, pair_a: torch.Tensor, pair_b: torch.Tensor) -> int:
         """The tangent map's normal operator is ``X -> X A A^T + B B^T X``, with eigenvalues ``a_j + b_i``
         over the two Gram eigenbases: count those above round-off."""
         eig_a = torch.linalg.eigvalsh(factor_pairs.gram(pair_a)).clamp_min(0)
@@ -165,45 +203,64 @@ class GeneralLinearOrbit(Orbit):
         scale = sums.flatten(-2).amax(-1)[..., None, None]
         return int((sums > factor_pairs.SINGULAR_RTOL * scale).sum())
 
-    def generic_dimension(self, head_dim, n_a, n_b):
-        """``D^2`` minus the stabiliser ``{X : X A = 0, X^T B = 0}``, of dimension ``(D - rank A)(D - rank B)``."""
-        return head_dim ** 2 - (head_dim - min(head_dim, n_a)) * (head_dim - min(head_dim, n_b))
+    def generic_dimension(self, head_dim: int, n_a: int, n_b: int) -> int:
+        """``D^2`` minus the stabiliser ``{X : X A = 0, X^T B = 0}``, of dimension
+        ``(D - rank A)(D - rank B)``."""
+        return head_dim**2 - (head_dim - min(head_dim, n_a)) * (head_dim - min(head_dim, n_b))
 
 
 class RopeCommutantOrbit(Orbit):
-    """The commutant of the RoPE rotations (Prop. 4.8; docs/design.md §8); geometry in :mod:`attnid.theory.rope`."""
+    """The commutant of the RoPE rotations (Prop. 4.8; docs/design.md §8); geometry in
+    :mod:`attnid.theory.rope`."""
 
     name = "rope"
 
-    def tangent_projection(self, pair_a, pair_b, step_a, step_b):
+    def tangent_projection(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_tangent_projection(pair_a, pair_b, step_a, step_b)
 
-    def unidentified_sq_norm(self, pair_a, pair_b, step_a, step_b):
+    def unidentified_sq_norm(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b)
 
-    def unidentified_sq_norm_from_products(self, gram_a, gram_b, cross_a, cross_b):
+    def unidentified_sq_norm_from_products(
+        self, gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b)
 
-    def project_to_algebra(self, symmetric):
+    def project_to_algebra(self, symmetric: torch.Tensor) -> torch.Tensor:
         """The plane blocks ``(t_p / 2) I_2``: the ``J`` part of a symmetric block is zero, off-plane
         entries project to zero."""
         return rope.rope_from_plane_traces(rope.rope_plane_traces(symmetric))
 
-    def excess_norm_terms(self, pair_a, pair_b, grams=None):
+    def excess_norm_terms(
+        self,
+        pair_a: torch.Tensor,
+        pair_b: torch.Tensor,
+        grams: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return rope.rope_excess_norm_terms(pair_a, pair_b, grams)
 
-    def rebalance_target(self, imbalance):
+    def rebalance_target(self, imbalance: torch.Tensor | None) -> RebalanceTarget:
         """Only the plane traces of the target matter (:func:`attnid.theory.rope.rope_rebalance_pairs`)."""
         return imbalance
 
-    def rebalance(self, pair_a, pair_b, target=None):
+    def rebalance(
+        self, pair_a: torch.Tensor, pair_b: torch.Tensor, target: RebalanceTarget = None
+    ) -> Rebalanced:
+        if isinstance(target, tuple):  # GeneralLinearOrbit's prepared form
+            raise TypeError("a RoPE orbit's target is the imbalance itself (its rebalance_target)")
         if target is not None:
             target = target.reshape(*pair_a.shape[:-2], *target.shape[-2:]).to(pair_a)
         minimum = rope.rope_excess_norm_terms(pair_a, pair_b)[1]
         new_a, new_b, done = rope.rope_rebalance_pairs(pair_a, pair_b, target)
         return Rebalanced(new_a, new_b, done, minimum)
 
-    def random_element(self, batch_shape, head_dim, generator, spread=0.5):
+    def random_element(
+        self, batch_shape: tuple[int, ...], head_dim: int, generator: torch.Generator, spread: float = 0.5
+    ) -> torch.Tensor:
         """Per plane ``r R(theta)``, ``log r`` in ``[-spread, spread]``, ``theta`` uniform."""
         shape = (*batch_shape, head_dim, head_dim)
         half = head_dim // 2
@@ -218,13 +275,13 @@ class RopeCommutantOrbit(Orbit):
         element[..., idx + half, idx] = r_sin
         return element
 
-    def tangent_rank(self, pair_a, pair_b):
+    def tangent_rank(self, pair_a: torch.Tensor, pair_b: torch.Tensor) -> int:
         """Per plane the two tangent directions have norm ``|A_p|^2 + |B_p|^2`` and are orthogonal:
         2 per plane that is not zero."""
         norm = rope.plane_sq_norms(pair_a) + rope.plane_sq_norms(pair_b)
         return int(2 * (norm > factor_pairs.SINGULAR_RTOL * norm.amax(-1, keepdim=True)).sum())
 
-    def generic_dimension(self, head_dim, n_a, n_b):
+    def generic_dimension(self, head_dim: int, n_a: int, n_b: int) -> int:
         """``D``: a scale and a rotation per plane."""
         return head_dim
 

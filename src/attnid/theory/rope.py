@@ -38,7 +38,7 @@ def rope_rotate(x: torch.Tensor, pairing: str = "half", base: float = ROPE_BASE)
     if pairing == "interleaved":
         first, second = x[..., 0::2], x[..., 1::2]  # (B, heads, T, D/2) each
     elif pairing == "half":
-        first, second = x[..., : head_dim // 2], x[..., head_dim // 2:]
+        first, second = x[..., : head_dim // 2], x[..., head_dim // 2 :]
     else:
         raise ValueError(f"unknown RoPE pairing {pairing!r}; expected 'half' or 'interleaved'")
     rotated_first = first * cos - second * sin
@@ -51,6 +51,7 @@ def rope_rotate(x: torch.Tensor, pairing: str = "half", base: float = ROPE_BASE)
 # --------------------------------------------------------------------------------------
 # The commutant of the rotations, half-split planes
 # --------------------------------------------------------------------------------------
+
 
 def planes(pair: torch.Tensor) -> torch.Tensor:
     """(..., D, n) -> (..., D/2, 2, n): plane ``p`` holds rows ``p`` and ``p + D/2`` (half-split pairing)."""
@@ -91,7 +92,9 @@ def _plane_products(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
     return planes(left) @ planes(right).transpose(-1, -2)
 
 
-def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
+def _rope_coefficients(
+    gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
+):
     """Per plane, the step's inner products with the two tangent directions and their squared norm.
 
     ``u_1 = (A_p, -B_p)``, ``u_2 = (J A_p, J B_p)``. Their 2x2 Gram matrix is
@@ -102,6 +105,7 @@ def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
     ``<dA_p, J A_p> = (dA A^T)_p[1, 0] - (dA A^T)_p[0, 1]``. Returns ``(r_1, r_2, norm, solvable)``,
     each ``(..., D/2)``.
     """
+
     def block_trace(blocks):
         return blocks[..., 0, 0] + blocks[..., 1, 1]
 
@@ -115,13 +119,21 @@ def _rope_coefficients(gram_a, gram_b, cross_a, cross_b):
     return r_1, r_2, norm, solvable
 
 
-def _pair_coefficients(pair_a, pair_b, step_a, step_b):
+def _pair_coefficients(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+):
     """:func:`_rope_coefficients` from the pairs and the step (plane blocks only: no ``D x D`` products)."""
-    return _rope_coefficients(_plane_products(pair_a, pair_a), _plane_products(pair_b, pair_b),
-                              _plane_products(step_a, pair_a), _plane_products(step_b, pair_b))
+    return _rope_coefficients(
+        _plane_products(pair_a, pair_a),
+        _plane_products(pair_b, pair_b),
+        _plane_products(step_a, pair_a),
+        _plane_products(step_b, pair_b),
+    )
 
 
-def rope_tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tangent_projection(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Orthogonal projection of ``(dA, dB)`` onto the RoPE orbit's tangent at ``(A, B)``.
 
     Per plane ``c_i = <step, u_i> / (|A_p|^2 + |B_p|^2)`` and the projection is
@@ -129,7 +141,9 @@ def rope_tangent_projection(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tenso
     to each other (disjoint rows). A plane with ``A_p = B_p = 0`` contributes nothing.
     """
     r_1, r_2, norm, solvable = _pair_coefficients(pair_a, pair_b, step_a, step_b)
-    inv = torch.where(solvable, 1 / torch.where(solvable, norm, torch.ones_like(norm)), torch.zeros_like(norm))
+    inv = torch.where(
+        solvable, 1 / torch.where(solvable, norm, torch.ones_like(norm)), torch.zeros_like(norm)
+    )
     c_1, c_2 = (r_1 * inv)[..., None, None], (r_2 * inv)[..., None, None]
     a_planes, b_planes = planes(pair_a), planes(pair_b)
     proj_a = c_1 * a_planes + c_2 * rotate_j(a_planes)
@@ -143,17 +157,23 @@ def _sq_norm_from_coefficients(r_1, r_2, norm, solvable) -> tuple[torch.Tensor, 
     return sq, ~solvable.all(-1)
 
 
-def rope_unidentified_sq_norm(pair_a, pair_b, step_a, step_b) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_unidentified_sq_norm(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``||proj(dA, dB)||^2 = sum_p (r_1^2 + r_2^2) / (|A_p|^2 + |B_p|^2)`` per pair, and singular flags."""
     return _sq_norm_from_coefficients(*_pair_coefficients(pair_a, pair_b, step_a, step_b))
 
 
-def rope_unidentified_sq_norm_from_products(gram_a, gram_b, cross_a, cross_b
-                                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_unidentified_sq_norm_from_products(
+    gram_a: torch.Tensor, gram_b: torch.Tensor, cross_a: torch.Tensor, cross_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rope_unidentified_sq_norm` from the ``D x D`` products ``A A^T``, ``B B^T`` (pre-step),
     ``dA A^T`` and ``dB B^T``, which the drift split computes at every step (docs/design.md §7)."""
-    return _sq_norm_from_coefficients(*_rope_coefficients(plane_blocks(gram_a), plane_blocks(gram_b),
-                                                          plane_blocks(cross_a), plane_blocks(cross_b)))
+    return _sq_norm_from_coefficients(
+        *_rope_coefficients(
+            plane_blocks(gram_a), plane_blocks(gram_b), plane_blocks(cross_a), plane_blocks(cross_b)
+        )
+    )
 
 
 def rope_plane_traces(matrix: torch.Tensor) -> torch.Tensor:
@@ -168,8 +188,9 @@ def rope_from_plane_traces(traces: torch.Tensor) -> torch.Tensor:
     return torch.diag_embed(torch.cat([traces, traces], dim=-1) / 2)
 
 
-def rope_rebalance_pairs(pair_a, pair_b, target_imbalance=None
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rope_rebalance_pairs(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, target_imbalance: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Move RoPE query-key pairs along the restricted orbit to a target (docs/design.md §8).
 
     Scales plane ``p``'s query rows by ``s_p`` and key rows by ``1/s_p`` (a rotation
@@ -187,8 +208,11 @@ def rope_rebalance_pairs(pair_a, pair_b, target_imbalance=None
     root = torch.sqrt(target.square() + 4 * a * b)
     safe_a = torch.where(a > 0, a, torch.ones_like(a))
     # (t + r) / (2a) cancels for t < 0; there use the equal 2b / (r - t)
-    x = torch.where(target >= 0, (target + root) / (2 * safe_a),
-                    2 * b / (root - target).clamp_min(torch.finfo(a.dtype).tiny))
+    x = torch.where(
+        target >= 0,
+        (target + root) / (2 * safe_a),
+        2 * b / (root - target).clamp_min(torch.finfo(a.dtype).tiny),
+    )
     x = torch.where(done.unsqueeze(-1), x, torch.ones_like(x))
     scale = x.sqrt()[..., None, None]  # (..., D/2, 1, 1)
     new_a = unplanes(planes(pair_a) * scale)
@@ -196,8 +220,9 @@ def rope_rebalance_pairs(pair_a, pair_b, target_imbalance=None
     return new_a, new_b, done
 
 
-def rope_excess_norm_terms(pair_a, pair_b, grams: tuple[torch.Tensor, torch.Tensor] | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_excess_norm_terms(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, grams: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(||A||^2 + ||B||^2, min over the restricted orbit)`` per pair.
 
     On the RoPE orbit only the plane scales change norms: ``min_s sum_p (s_p^2 a_p

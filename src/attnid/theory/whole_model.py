@@ -28,10 +28,15 @@ and ``E' = E`` for RMSNorm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from attnid.theory import counts
 from attnid.common.errors import UserError
+from attnid.theory import counts
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu")  # swiglu / geglu: act(W_gate x) * (W_up x), then W_down
@@ -128,14 +133,14 @@ def whole_model_shape(
     ):
         if isinstance(value, bool) or int(value) != value or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    for name, value, allowed in (
+    for name, option, allowed in (
         ("norm", norm, NORMS),
         ("mlp", mlp, MLPS),
         ("positions", positions, POSITIONS),
         ("block", block, BLOCKS),
     ):
-        if value not in allowed:
-            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if option not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {option!r}")
     if norm == "rmsnorm" and norm_bias:
         raise ValueError("RMSNorm has no bias: norm_bias needs norm=layernorm")
     if not norm_eps >= 0:
@@ -502,7 +507,7 @@ def residual_scale_dim(shape: WholeModelShape) -> int:
 @dataclass(frozen=True)
 class SymmetryClass:
     name: str
-    dimension: object  # the function WholeModelShape -> int
+    dimension: Callable[[WholeModelShape], int]
     summary: str
     logprobs_only: str = ""  # when the class exists for the log-probabilities but not for the raw logits
 
@@ -603,7 +608,7 @@ def whole_model_params(shape: WholeModelShape) -> int:
 # Real architectures (config/architectures.yaml, Hugging Face configs)
 
 WHOLE_MODEL_REQUIRED = ("vocab_size", "norm", "mlp", "mlp_hidden", "tied")
-WHOLE_MODEL_KEY_TYPES = {
+WHOLE_MODEL_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
     "vocab_size": int,
     "block_size": int,
     "mlp_hidden": int,
@@ -689,7 +694,7 @@ def whole_model_row(name: str, spec: dict) -> dict:
     }
 
 
-def whole_model_table(architectures: dict[str, dict]):
+def whole_model_table(architectures: dict[str, dict]) -> pd.DataFrame:
     import pandas as pd
 
     return pd.DataFrame([whole_model_row(name, spec) for name, spec in architectures.items()])

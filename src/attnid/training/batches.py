@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from attnid.training.config import TrainConfig
     from attnid.model.gpt import GPT
+    from attnid.training.config import TrainConfig
 
 # Offset that gives the fixed eval batches their own seed, apart from the training batches'.
 EVAL_SEED_OFFSET = 104_729
 
 
-def batch_from_starts(data: np.ndarray, starts: torch.Tensor, block_size: int, device: torch.device):
+def batch_from_starts(
+    data: np.ndarray, starts: torch.Tensor, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token windows data[s : s+T+1] for each start s -> inputs x (B, T) and next-token targets y (B, T)."""
     offsets = starts.numpy()[:, None] + np.arange(block_size + 1)  # (B, T+1)
     window = torch.from_numpy(data[offsets].astype(np.int64))  # (B, T+1)
@@ -25,7 +29,9 @@ def batch_from_starts(data: np.ndarray, starts: torch.Tensor, block_size: int, d
     return x.to(device), y.to(device)
 
 
-def random_starts(n_tokens: int, batch_size: int, block_size: int, generator: torch.Generator) -> torch.Tensor:
+def random_starts(
+    n_tokens: int, batch_size: int, block_size: int, generator: torch.Generator
+) -> torch.Tensor:
     return torch.randint(n_tokens - block_size, (batch_size,), generator=generator)  # (B,)
 
 
@@ -61,7 +67,10 @@ class TrainBatches:
         return batch
 
     def generator_state(self) -> torch.Tensor:
-        return self._state_before_waiting if self._waiting is not None else self.generator.get_state()
+        # a prefetched batch comes with the state before it (prefetch sets both, next clears both)
+        if self._state_before_waiting is not None:
+            return self._state_before_waiting
+        return self.generator.get_state()
 
     def set_generator_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
@@ -74,11 +83,16 @@ class FixedEvalBatches:
     def __init__(self, splits: dict, cfg: TrainConfig, device: torch.device):
         self.splits, self.block_size, self.device = splits, cfg.block_size, device
         generator = torch.Generator().manual_seed(cfg.seed + EVAL_SEED_OFFSET)
-        self.starts = {name: [random_starts(len(data), cfg.batch_size, cfg.block_size, generator)
-                              for _ in range(cfg.eval_iters)] for name, data in splits.items()}
+        self.starts = {
+            name: [
+                random_starts(len(data), cfg.batch_size, cfg.block_size, generator)
+                for _ in range(cfg.eval_iters)
+            ]
+            for name, data in splits.items()
+        }
 
     @torch.no_grad()
-    def losses(self, model: GPT, autocast) -> dict[str, float]:
+    def losses(self, model: GPT, autocast: Callable[[], AbstractContextManager]) -> dict[str, float]:
         was_training = model.training
         model.eval()
         out = {}

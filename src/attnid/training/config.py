@@ -29,87 +29,148 @@ DEVICES = ("auto", "cpu", "cuda")
 # Options that were replaced: each gives one line that says what to use instead
 REPLACED_OPTIONS = {
     "reset_optimizer_state": "--reset-optimizer-state was replaced by --rebalance-moments reset "
-                             "(config key rebalance_moments: reset)",
+    "(config key rebalance_moments: reset)",
 }
 
 
-def option(default, help: str | None, *, metavar: str | None = None, bound: str | None = None,
-           resume: bool = True):
+def option(
+    default: typing.Any,
+    help: str | None,
+    *,
+    metavar: str | None = None,
+    bound: str | None = None,
+    resume: bool = True,
+) -> typing.Any:  # a dataclass field, typed as its default for the class body
     """A :class:`TrainConfig` field with its ``--help`` text and checks."""
-    return field(default=default, metadata={"help": help, "metavar": metavar, "bound": bound, "resume": resume})
+    return field(
+        default=default, metadata={"help": help, "metavar": metavar, "bound": bound, "resume": resume}
+    )
 
 
 @dataclass
 class TrainConfig:
-    data: str | None = option(None, "prepared data directory (train.bin, val.bin, meta.json from 'attnid prepare'); "
-                                    "required", metavar="DIR", resume=False)
-    out: str | None = option(None, "run directory for metrics.csv, run.json, ckpt.pt; required", metavar="RUN_DIR",
-                             resume=False)
+    data: str | None = option(
+        None,
+        "prepared data directory (train.bin, val.bin, meta.json from 'attnid prepare'); required",
+        metavar="DIR",
+        resume=False,
+    )
+    out: str | None = option(
+        None, "run directory for metrics.csv, run.json, ckpt.pt; required", metavar="RUN_DIR", resume=False
+    )
     case: str = option("adamw", "optimizer case: {cases}", metavar="CASE")
     lr: float | None = option(None, "peak learning rate (default per case: {default_lrs})", bound="positive")
     seed: int = option(1337, "seed for the init, the batches and dropout (default 1337)")
     max_iters: int = option(5000, "optimizer steps (default 5000)", bound="positive")
-    log_every: int = option(10, "a metrics.csv row every K steps, plus the last step and every rebalance "
-                                "(default 10)", bound="positive")
-    eval_every: int = option(250, "eval train/val loss every N steps, at step 0 and at the end (default 250)",
-                             bound="positive")
+    log_every: int = option(
+        10,
+        "a metrics.csv row every K steps, plus the last step and every rebalance (default 10)",
+        bound="positive",
+    )
+    eval_every: int = option(
+        250, "eval train/val loss every N steps, at step 0 and at the end (default 250)", bound="positive"
+    )
     eval_iters: int = option(20, "batches per eval split (default 20)", bound="positive")
-    ckpt_every: int = option(250, "save ckpt.pt every N steps (default 250); also on SIGTERM/SIGINT and at the end",
-                             bound="positive")
+    ckpt_every: int = option(
+        250,
+        "save ckpt.pt every N steps (default 250); also on SIGTERM/SIGINT and at the end",
+        bound="positive",
+    )
     n_layer: int = option(4, "transformer blocks (default 4)", bound="positive")
     n_head: int = option(4, "heads per block (default 4)", bound="positive")
     n_embd: int = option(128, "embedding width E (default 128)", bound="positive")
-    n_kv_head: int | None = option(None, "key/value heads G (grouped-query attention, G divides --n-head; 1 = "
-                                         "multi-query) (default: --n-head, multi-head)", metavar="G",
-                                   bound="positive")
-    rope: bool = option(False, "rotary position embeddings on queries and keys (base 10000, half-split planes) "
-                               "instead of the learned position embedding")
-    head_dim: int | None = option(None, "width D of each head (default E / H; even under --rope)", metavar="D",
-                                  bound="positive")
+    n_kv_head: int | None = option(
+        None,
+        "key/value heads G (grouped-query attention, G divides --n-head; 1 = "
+        "multi-query) (default: --n-head, multi-head)",
+        metavar="G",
+        bound="positive",
+    )
+    rope: bool = option(
+        False,
+        "rotary position embeddings on queries and keys (base 10000, half-split planes) "
+        "instead of the learned position embedding",
+    )
+    head_dim: int | None = option(
+        None, "width D of each head (default E / H; even under --rope)", metavar="D", bound="positive"
+    )
     block_size: int = option(64, "context length (default 64)", bound="positive")
     batch_size: int = option(12, "sequences per step (default 12)", bound="positive")
     dropout: float = option(0.0, "dropout probability (default 0.0)", bound="non_negative")
     bias: bool = option(False, "biases in Linears and LayerNorms (default off, as nanoGPT's CPU config)")
-    weight_decay: float = option(0.1, "weight decay for sgd_wd (coupled L2) and the adamw cases (decoupled) "
-                                      "(default 0.1)", bound="non_negative")
+    weight_decay: float = option(
+        0.1,
+        "weight decay for sgd_wd (coupled L2) and the adamw cases (decoupled) (default 0.1)",
+        bound="non_negative",
+    )
     momentum: float = option(0.9, "momentum of sgd_momentum (default 0.9)", bound="non_negative")
     beta1: float = option(0.9, "AdamW beta1 (default 0.9)")
     beta2: float = option(0.99, "AdamW beta2 (default 0.99)")
-    grad_clip: float = option(1.0, "clip the gradient norm at this value, 0 = off (default 1.0)",
-                              bound="non_negative")
+    grad_clip: float = option(
+        1.0, "clip the gradient norm at this value, 0 = off (default 1.0)", bound="non_negative"
+    )
     warmup_iters: int | None = option(None, "linear warmup steps (default min(100, max_iters // 10))")
     lr_decay_iters: int | None = option(None, "cosine decay length (default max_iters)")
     min_lr: float | None = option(None, "learning rate at the end of the decay (default lr / 10)")
-    rebalance_every: int = option(200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive")
-    rebalance_target: str = option("initial", "rebalancing cases: target imbalance, 'initial' (I_0) or "
-                                              "'balanced' (0) (default initial)")
-    rebalance_moments: str = option("keep", "rebalancing cases: the attention weights' AdamW moments at "
-                                            "each rebalance: keep (as they are), transport (mapped with the "
-                                            "orbit move) or reset (dropped) (default keep)", metavar="HOW")
-    diverge_threshold: float | None = option(None, "stop as 'diverged' when the loss is NaN/inf or above this "
-                                                   "(default 3 x first loss)")
+    rebalance_every: int = option(
+        200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive"
+    )
+    rebalance_target: str = option(
+        "initial", "rebalancing cases: target imbalance, 'initial' (I_0) or 'balanced' (0) (default initial)"
+    )
+    rebalance_moments: str = option(
+        "keep",
+        "rebalancing cases: the attention weights' AdamW moments at "
+        "each rebalance: keep (as they are), transport (mapped with the "
+        "orbit move) or reset (dropped) (default keep)",
+        metavar="HOW",
+    )
+    diverge_threshold: float | None = option(
+        None, "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)"
+    )
     metrics: bool = option(True, "measure rho, beta, tau, mu (--no-metrics: only losses; for benchmarks)")
-    tau_every: int = option(1, "runs without rebalancing: measure tau by a probe rebalance on every N-th row "
-                               "with metrics, row 0 included (default 1: every row)", metavar="N",
-                            bound="positive")
-    metrics_threads: int = option(0, "worker threads that compute the metrics while training goes on (the "
-                                     "rows are the same); 0 = on the training thread (default 0)",
-                                  metavar="N", bound="non_negative", resume=False)
-    metrics_device: str = option("auto", "where the metrics' float64 linear algebra runs at a log step: host (copy "
-                                         "the attention weights to the CPU threads), device (where the model "
-                                         "trains) or auto (host when training on CUDA, else device) (default "
-                                         "auto)", metavar="WHERE")
-    compile: bool | None = option(None, "torch.compile the model for training (default: on for CUDA, off on "
-                                        "the CPU); checkpoints keep nanoGPT's parameter names")
+    tau_every: int = option(
+        1,
+        "runs without rebalancing: measure tau by a probe rebalance on every N-th row "
+        "with metrics, row 0 included (default 1: every row)",
+        metavar="N",
+        bound="positive",
+    )
+    metrics_threads: int = option(
+        0,
+        "worker threads that compute the metrics while training goes on (the "
+        "rows are the same); 0 = on the training thread (default 0)",
+        metavar="N",
+        bound="non_negative",
+        resume=False,
+    )
+    metrics_device: str = option(
+        "auto",
+        "where the metrics' float64 linear algebra runs at a log step: host (copy "
+        "the attention weights to the CPU threads), device (where the model "
+        "trains) or auto (host when training on CUDA, else device) (default "
+        "auto)",
+        metavar="WHERE",
+    )
+    compile: bool | None = option(
+        None,
+        "torch.compile the model for training (default: on for CUDA, off on "
+        "the CPU); checkpoints keep nanoGPT's parameter names",
+    )
     threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
     device: str = option("auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE")
-    dtype: str = option("auto", "training precision: auto (float32 on CPU, bf16 on CUDA), bf16 (CUDA autocast, "
-                                "TF32), float32 (true float32, TF32 off) or float64 (default auto)", metavar="DTYPE")
+    dtype: str = option(
+        "auto",
+        "training precision: auto (float32 on CPU, bf16 on CUDA), bf16 (CUDA autocast, "
+        "TF32), float32 (true float32, TF32 off) or float64 (default auto)",
+        metavar="DTYPE",
+    )
     fresh: bool = option(False, "ignore an existing ckpt.pt in --out and start over", resume=False)
     # test hook: behave as if SIGTERM arrived after this step
     stop_after: int | None = option(None, None, resume=False)
-    progress_every: float = option(5.0, "seconds between progress lines on stderr (default 5)", bound="positive",
-                                   resume=False)
+    progress_every: float = option(
+        5.0, "seconds between progress lines on stderr (default 5)", bound="positive", resume=False
+    )
 
 
 def option_names() -> list[str]:
@@ -167,13 +228,18 @@ def read_config_file(path: str | os.PathLike) -> dict:
             raise UserError(f"config file {path}: {message}")
     unknown = sorted(str(k) for k in content if k not in option_names())
     if unknown:
-        raise UserError(f"config file {path}: unknown keys {unknown}; valid keys are the flags of "
-                        f"'attnid train --help' with underscores")
+        raise UserError(
+            f"config file {path}: unknown keys {unknown}; valid keys are the flags of "
+            f"'attnid train --help' with underscores"
+        )
     return {k: _coerce(k, v, f"config file {path}") for k, v in content.items()}
 
 
 def _check_bounds(cfg: TrainConfig) -> None:
-    for bound in ("positive", "non_negative"):  # every positive option is checked before the non-negative ones
+    for bound in (
+        "positive",
+        "non_negative",
+    ):  # every positive option is checked before the non-negative ones
         for f in fields(TrainConfig):
             value = getattr(cfg, f.name)
             if f.metadata["bound"] != bound or value is None:  # None: the option's derived default
@@ -187,7 +253,9 @@ def _check_bounds(cfg: TrainConfig) -> None:
 def _check_attention_shape(cfg: TrainConfig) -> None:
     """The attention variant must be buildable (docs/design.md §8): one line per problem."""
     if cfg.head_dim is None and cfg.n_embd % cfg.n_head:
-        raise UserError(f"--n-embd {cfg.n_embd} is not a multiple of --n-head {cfg.n_head} (or give --head-dim)")
+        raise UserError(
+            f"--n-embd {cfg.n_embd} is not a multiple of --n-head {cfg.n_head} (or give --head-dim)"
+        )
     if cfg.n_kv_head is not None and cfg.n_head % cfg.n_kv_head:
         raise UserError(f"--n-kv-head {cfg.n_kv_head} must divide --n-head {cfg.n_head}")
     head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
@@ -211,8 +279,9 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.rebalance_target not in REBALANCE_TARGETS:
         raise UserError(f"unknown --rebalance-target {cfg.rebalance_target!r}: choose initial or balanced")
     if cfg.rebalance_moments not in REBALANCE_MOMENTS:
-        raise UserError(f"unknown --rebalance-moments {cfg.rebalance_moments!r}: choose keep, transport "
-                        f"or reset")
+        raise UserError(
+            f"unknown --rebalance-moments {cfg.rebalance_moments!r}: choose keep, transport or reset"
+        )
     if cfg.device not in DEVICES:
         raise UserError(f"unknown --device {cfg.device!r}: choose auto, cpu or cuda")
     if cfg.dtype not in ("auto", *DTYPES):
@@ -227,8 +296,9 @@ def resolve_config(values: dict) -> TrainConfig:
     _check_attention_shape(cfg)
     if case.gauge_fixed:
         head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
-        check_gauge_layout(AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim,
-                                           cfg.rope, cfg.bias))
+        check_gauge_layout(
+            AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim, cfg.rope, cfg.bias)
+        )
     if cfg.metrics_device not in ("auto", *METRICS_DEVICES):
         raise UserError(f"unknown --metrics-device {cfg.metrics_device!r}: choose auto, host or device")
     if cfg.warmup_iters is None:
@@ -238,11 +308,11 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.min_lr is None:
         cfg.min_lr = cfg.lr / 10
     if cfg.warmup_iters < 0 or cfg.lr_decay_iters <= cfg.warmup_iters:
-        raise UserError(f"need 0 <= --warmup-iters ({cfg.warmup_iters}) < --lr-decay-iters ({cfg.lr_decay_iters})")
+        raise UserError(
+            f"need 0 <= --warmup-iters ({cfg.warmup_iters}) < --lr-decay-iters ({cfg.lr_decay_iters})"
+        )
     if cfg.diverge_threshold is not None and not cfg.diverge_threshold > 0:
         raise UserError(f"--diverge-threshold must be positive, not {cfg.diverge_threshold}")
     if cfg.stop_after is not None and cfg.stop_after < 1:
         raise UserError("--stop-after must be >= 1")
     return cfg
-
-

@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -61,8 +62,10 @@ def _is_prepare_meta(path) -> bool:
 
 
 PREPARED_META = outputs.Format("the meta.json of attnid prepare", _is_prepare_meta)
-PREPARED_FILE = outputs.Format("a file of attnid prepare (in a folder whose meta.json attnid prepare wrote)",
-                               lambda path: _is_prepare_meta(path.parent / META_NAME))
+PREPARED_FILE = outputs.Format(
+    "a file of attnid prepare (in a folder whose meta.json attnid prepare wrote)",
+    lambda path: _is_prepare_meta(path.parent / META_NAME),
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,8 +82,9 @@ def sha256_of_file(path: str | os.PathLike) -> str:
 
 def fetched_format(sha256: str) -> outputs.Format:
     """What ``attnid fetch`` writes: the file with this sha256 (anything else at ``--out`` is foreign)."""
-    return outputs.Format(f"the file with sha256 {sha256}",
-                          lambda path: path.is_file() and sha256_of_file(path) == sha256)
+    return outputs.Format(
+        f"the file with sha256 {sha256}", lambda path: path.is_file() and sha256_of_file(path) == sha256
+    )
 
 
 def check_sha256_argument(sha256: str) -> str:
@@ -100,12 +104,16 @@ def source_url(source: str) -> str:
     if match and len(match.group(1)) > 1:
         scheme = match.group(1).lower()
         if scheme not in ("http", "https", "file"):
-            raise UserError(f"unsupported URL {source!r}: use http(s)://, file:///absolute/path or a local path")
+            raise UserError(
+                f"unsupported URL {source!r}: use http(s)://, file:///absolute/path or a local path"
+            )
         return source
     path = Path(source).expanduser()
     if not path.is_file():
-        raise UserError(f"{source} is not a file (looked in {path.resolve()}): pass an existing local path, "
-                        f"a file:///absolute/path or an http(s):// URL")
+        raise UserError(
+            f"{source} is not a file (looked in {path.resolve()}): pass an existing local path, "
+            f"a file:///absolute/path or an http(s):// URL"
+        )
     return path.resolve().as_uri()
 
 
@@ -119,7 +127,9 @@ def local_source(source: str) -> Path | None:
     return Path(source).expanduser()
 
 
-def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, progress: bool = True) -> Path:
+def fetch(
+    url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, progress: bool = True
+) -> Path:
     """Download ``url`` (or copy a local path) to ``out`` if and only if its content has the given sha256.
 
     Streams in chunks into a temporary file in ``out``'s directory (never holding the
@@ -145,18 +155,26 @@ def fetch(url: str, sha256: str, out: str | os.PathLike, timeout: float = 60.0, 
                     received += len(chunk)
                     if show_progress:
                         rate = received / max(time.monotonic() - started, 1e-9) / 1e6
-                        print(f"\rfetch: {received / 1e6:.1f}/{total / 1e6:.1f} MB ({rate:.1f} MB/s)",
-                              end="", file=sys.stderr, flush=True)
+                        print(
+                            f"\rfetch: {received / 1e6:.1f}/{total / 1e6:.1f} MB ({rate:.1f} MB/s)",
+                            end="",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 if show_progress:
                     print(file=sys.stderr)
         except (urllib.error.URLError, OSError, ValueError) as err:
             reason = getattr(err, "reason", None) or err
-            raise UserError(f"could not download {url}: {reason}; check the URL or network, or download the file "
-                            f"yourself and pass --url file:///absolute/path/to/it") from None
+            raise UserError(
+                f"could not download {url}: {reason}; check the URL or network, or download the file "
+                f"yourself and pass --url file:///absolute/path/to/it"
+            ) from None
         if digest.hexdigest() != sha256:
-            raise UserError(f"checksum mismatch for {url}: got sha256 {digest.hexdigest()} ({received:,} bytes), "
-                            f"expected {sha256}; the download is corrupt or truncated, or the URL points at a "
-                            f"different file: nothing was written to {out}; retry, or pass a file:// URL to a good copy")
+            raise UserError(
+                f"checksum mismatch for {url}: got sha256 {digest.hexdigest()} ({received:,} bytes), "
+                f"expected {sha256}; the download is corrupt or truncated, or the URL points at a "
+                f"different file: nothing was written to {out}; retry, or pass a file:// URL to a good copy"
+            )
     return out
 
 
@@ -176,7 +194,7 @@ def encode(text: str, stoi: dict[str, int]) -> np.ndarray:
     return np.array([stoi[ch] for ch in text], dtype=TOKEN_DTYPE)
 
 
-def decode(tokens, itos: list[str]) -> str:
+def decode(tokens: Iterable[int], itos: list[str]) -> str:
     return "".join(itos[int(t)] for t in tokens)
 
 
@@ -197,10 +215,14 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
     except UnicodeDecodeError as err:
         raise UserError(f"{text_path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     if len(text) < 2:
-        raise UserError(f"{text_path} has {len(text)} characters: need at least 2 to split into train and val")
+        raise UserError(
+            f"{text_path} has {len(text)} characters: need at least 2 to split into train and val"
+        )
     stoi, itos = build_vocabulary(text)
     if len(itos) > np.iinfo(TOKEN_DTYPE).max + 1:
-        raise UserError(f"{text_path} has {len(itos):,} distinct characters; uint16 tokens allow at most 65,536")
+        raise UserError(
+            f"{text_path} has {len(itos):,} distinct characters; uint16 tokens allow at most 65,536"
+        )
     n_train = int(len(text) * TRAIN_FRACTION)
     splits = {"train": encode(text[:n_train], stoi), "val": encode(text[n_train:], stoi)}
     meta = {
@@ -234,7 +256,8 @@ def _rerun_hint(data_dir: Path) -> str:
 
 
 def load_meta(data_dir: str | os.PathLike) -> dict:
-    """Read ``meta.json``: ``vocab_size``, ``itos`` (list, index -> char), ``stoi``, token counts, source sha256."""
+    """Read ``meta.json``: ``vocab_size``, ``itos`` (list, index -> char), ``stoi``, token counts,
+    source sha256."""
     data_dir = Path(data_dir)
     path = data_dir / META_NAME
     if not path.is_file():
@@ -242,14 +265,17 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(meta, dict) and "attnid_prepare" in meta:
-            raise UserError(f"{path} says the data is incomplete (attnid prepare was interrupted): "
-                            f"{_rerun_hint(data_dir)}")
+            raise UserError(
+                f"{path} says the data is incomplete (attnid prepare was interrupted): "
+                f"{_rerun_hint(data_dir)}"
+            )
         itos = [meta["itos"][str(i)] for i in range(int(meta["vocab_size"]))]
         for key in ("stoi", "train_tokens", "val_tokens", "source_sha256"):
             meta[key]  # noqa: B018 - presence check
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
-        raise UserError(f"{path} is damaged or from another tool ({type(err).__name__}: {err}): "
-                        f"{_rerun_hint(data_dir)}") from None
+        raise UserError(
+            f"{path} is damaged or from another tool ({type(err).__name__}: {err}): {_rerun_hint(data_dir)}"
+        ) from None
     meta["itos"] = itos
     return meta
 
@@ -272,14 +298,18 @@ def load_split(data_dir: str | os.PathLike, split: str, check_tokens: bool = Tru
     itemsize = np.dtype(TOKEN_DTYPE).itemsize
     size = path.stat().st_size
     if size != expected * itemsize:
-        raise UserError(f"{path} has {size:,} bytes but meta.json records {expected:,} tokens "
-                        f"({expected * itemsize:,} bytes): the file is truncated or stale; {_rerun_hint(data_dir)}")
+        raise UserError(
+            f"{path} has {size:,} bytes but meta.json records {expected:,} tokens "
+            f"({expected * itemsize:,} bytes): the file is truncated or stale; {_rerun_hint(data_dir)}"
+        )
     if expected == 0:
         raise UserError(f"{path} holds no tokens: {_rerun_hint(data_dir)}")
     tokens = np.memmap(path, dtype=TOKEN_DTYPE, mode="r")
     if check_tokens:
         largest = int(tokens.max())
         if largest >= int(meta["vocab_size"]):
-            raise UserError(f"{path} contains token {largest} but the vocabulary has {meta['vocab_size']} symbols: "
-                            f"the file is corrupt; {_rerun_hint(data_dir)}")
+            raise UserError(
+                f"{path} contains token {largest} but the vocabulary has {meta['vocab_size']} symbols: "
+                f"the file is corrupt; {_rerun_hint(data_dir)}"
+            )
     return tokens

@@ -45,8 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TextIO
 
 from attnid.common.errors import UserError
 
@@ -58,7 +59,7 @@ POLL_EVERY_S = 1.0
 
 # The slot this process holds: (index, open file whose flock is the lock). Kept open for the
 # process's lifetime; closing the file releases the lock.
-_held: tuple[int, object] | None = None
+_held: tuple[int, TextIO] | None = None
 
 
 def default_slot_dir() -> Path:
@@ -84,8 +85,13 @@ def gpu_count() -> int:
         return count
     # without NVML torch.cuda.device_count() initialises the driver, which fixes CUDA_VISIBLE_DEVICES: count
     # in a child process instead
-    result = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     return int(result.stdout.strip() or 0) if result.returncode == 0 else 0
 
 
@@ -95,7 +101,9 @@ def slot_count(n_slots: int | None) -> int:
         try:
             n_slots = int(raw)
         except ValueError:
-            raise UserError(f"{SLOTS_ENV}={raw!r} must be a whole number of GPU slots (0 turns slots off)") from None
+            raise UserError(
+                f"{SLOTS_ENV}={raw!r} must be a whole number of GPU slots (0 turns slots off)"
+            ) from None
     if n_slots is None:
         n_slots = gpu_count()
     if n_slots < 0:
@@ -103,7 +111,7 @@ def slot_count(n_slots: int | None) -> int:
     return n_slots
 
 
-def _try_lock(path: Path):
+def _try_lock(path: Path) -> TextIO | None:
     """The open lock file if this process got the slot's exclusive lock, else None."""
     handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - must stay open to hold the lock
     try:
@@ -126,8 +134,13 @@ def _holders(paths: list[Path]) -> str:
     return ", ".join(pids)
 
 
-def acquire_gpu_slot(n_slots: int | None = None, slot_dir: str | os.PathLike | None = None, *,
-                     wait_message_every: float = WAIT_MESSAGE_EVERY_S, poll_every: float = POLL_EVERY_S) -> int | None:
+def acquire_gpu_slot(
+    n_slots: int | None = None,
+    slot_dir: str | os.PathLike | None = None,
+    *,
+    wait_message_every: float = WAIT_MESSAGE_EVERY_S,
+    poll_every: float = POLL_EVERY_S,
+) -> int | None:
     """Take a free GPU slot, set ``CUDA_VISIBLE_DEVICES`` to its index and return the index.
 
     Returns None and changes nothing when ``CUDA_VISIBLE_DEVICES`` was set by someone
@@ -149,8 +162,10 @@ def acquire_gpu_slot(n_slots: int | None = None, slot_dir: str | os.PathLike | N
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"cannot create the GPU slot directory {directory} ({err.strerror}); "
-                        f"set {SLOT_DIR_ENV} to a writable local directory") from None
+        raise UserError(
+            f"cannot create the GPU slot directory {directory} ({err.strerror}); "
+            f"set {SLOT_DIR_ENV} to a writable local directory"
+        ) from None
     paths = [directory / f"slot{index}.lock" for index in range(n_slots)]
     waiting_since, last_message = None, -float("inf")
     while True:
@@ -160,15 +175,22 @@ def acquire_gpu_slot(n_slots: int | None = None, slot_dir: str | os.PathLike | N
                 _held = (index, handle)
                 os.environ[VISIBLE_ENV] = str(index)
                 if waiting_since is not None:
-                    print(f"attnid: got GPU slot {index} after {time.monotonic() - waiting_since:.0f} s",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"attnid: got GPU slot {index} after {time.monotonic() - waiting_since:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return index
         now = time.monotonic()
         waiting_since = now if waiting_since is None else waiting_since
         if now - last_message >= wait_message_every:
             last_message = now
-            print(f"attnid: all {n_slots} GPU slots in {directory} are taken (pids {_holders(paths)}); "
-                  f"waiting {now - waiting_since:.0f} s so far", file=sys.stderr, flush=True)
+            print(
+                f"attnid: all {n_slots} GPU slots in {directory} are taken (pids {_holders(paths)}); "
+                f"waiting {now - waiting_since:.0f} s so far",
+                file=sys.stderr,
+                flush=True,
+            )
         time.sleep(poll_every)
 
 

@@ -23,13 +23,14 @@ keep ``attnid train`` the same (:func:`get_lr` is nanoGPT's learning-rate schedu
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from attnid.common.errors import UserError
 
 
-def get_lr(it: int, cfg) -> float:
+def get_lr(it: int, cfg: Any) -> float:  # a resolved TrainConfig, or run.json's config as a namespace
     """nanoGPT's schedule for 0-based step ``it``: linear warmup, cosine decay to min_lr, then flat."""
     if it < cfg.warmup_iters:
         return cfg.lr * (it + 1) / (cfg.warmup_iters + 1)
@@ -73,7 +74,10 @@ class LossWatch:
         return pending
 
     def threshold(self) -> float:
-        return self.diverge_threshold if self.diverge_threshold is not None else 3.0 * self.first_loss
+        if self.diverge_threshold is not None:
+            return self.diverge_threshold
+        assert self.first_loss is not None, "threshold() before the first loss was read (sync)"
+        return 3.0 * self.first_loss
 
     def check(self) -> tuple[int, float] | None:
         """Sync, then the first pending ``(step, loss)`` that is NaN/inf or above the threshold, or None."""
@@ -114,5 +118,7 @@ def other_gpu_warning(saved: str | None, current: str | None) -> str | None:
     """One warning line when a checkpoint from one GPU model is resumed on another, else None."""
     if saved is None or current is None or saved == current:
         return None
-    return (f"warning: the checkpoint was written on a {saved}, resuming on a {current}: the run continues, "
-            f"but its numbers are not those it would have had on the {saved}")
+    return (
+        f"warning: the checkpoint was written on a {saved}, resuming on a {current}: the run continues, "
+        f"but its numbers are not those it would have had on the {saved}"
+    )

@@ -43,6 +43,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +51,10 @@ from attnid.measure import rebalancing
 from attnid.measure.products import Point, steps_between
 from attnid.model.layout import attention_tensors, layout_of
 from attnid.training import precision
+
+if TYPE_CHECKING:
+    from attnid.measure.drift import DriftTracker
+    from attnid.measure.metrics import MetricTracker
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,18 @@ class MetricsPipeline:
     (then τ's forward passes stay on the training thread). Call :meth:`restart` before the first step.
     """
 
-    def __init__(self, model, tracker, drift, *, threads: int, queue_steps: int, tf32_training: bool,
-                 probes: bool, tau_target: str = "initial"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tracker: MetricTracker,
+        drift: DriftTracker,
+        *,
+        threads: int,
+        queue_steps: int,
+        tf32_training: bool,
+        probes: bool,
+        tau_target: str = "initial",
+    ) -> None:
         self.tracker, self.drift, self.threads, self.tau_target = tracker, drift, threads, tau_target
         self.layout = layout_of(model)
         self.probe_on_worker = threads > 0 and not tf32_training
@@ -106,7 +121,7 @@ class MetricsPipeline:
 
     # ----- the training thread's calls --------------------------------------------------
 
-    def restart(self, model, step: int) -> None:
+    def restart(self, model: torch.nn.Module, step: int) -> None:
         """The model's current weights become the next step's pre-step point (the start, a resume, after a
         rebalance). Drains first."""
         self.drain()
@@ -115,7 +130,9 @@ class MetricsPipeline:
         if self._probe_model is not None:
             self.tracker.rebalance_targets(self.tau_target)  # prepared here (after a resume), not by a worker
 
-    def after_step(self, model, step: int, lr: float, row: RowRequest | None) -> Future | None:
+    def after_step(
+        self, model: torch.nn.Module, step: int, lr: float, row: RowRequest | None
+    ) -> Future | None:
         """Hand over optimizer step ``step`` (just taken, at rate ``lr``); returns the future of the row's
         metric columns when ``row`` asks for them (resolved in the order steps were handed over)."""
         self._raise_if_failed()
@@ -139,12 +156,15 @@ class MetricsPipeline:
             self._put(job)
         return job.future
 
-    def initial_row(self, model, tau: bool) -> dict[str, float]:
+    def initial_row(self, model: torch.nn.Module, tau: bool) -> dict[str, float]:
         """The metric columns of row 0, at the model's current weights (after :meth:`restart`): τ of a probe
         rebalance (``tau``), β and μ, the drift columns (all zero but the closure)."""
         self.drain()
         point = self._last
-        columns, minima = {}, None
+        if point is None:
+            raise RuntimeError("MetricsPipeline.restart was not called before initial_row")
+        columns: dict[str, float] = {}
+        minima: dict | None = None
         with torch.no_grad(), precision.no_tf32():
             if tau:
                 columns, minima = self._probe(rebalancing.model_weights(model, copy=False), point)
@@ -189,9 +209,9 @@ class MetricsPipeline:
             step.cross_a, step.cross_b, step.step_gram_a, step.step_gram_b  # noqa: B018
         with self._turn(job.step):
             self.drift.add_step(drift_steps, job.lr)
-            drift_row = self.drift.row_at(job.post.pairs()) if job.row is not None else None
-        if job.row is None:
-            return None
+            if job.row is None:
+                return None
+            drift_row = self.drift.row_at(job.post.pairs())
         device = self.tracker.compute_device
         steps = drift_steps  # the same pairs unless the metrics run on another device: reuse their products
         if job.post.pairs(device) is not job.post.pairs():
@@ -199,7 +219,11 @@ class MetricsPipeline:
         columns = self.tracker.step_row(steps) | drift_row
         minima = None
         if job.row.tau:
-            tau_columns, minima = job.tau if job.tau is not None else self._probe(job.weights, job.post)
+            if job.tau is not None:
+                tau_columns, minima = job.tau
+            else:
+                assert job.weights is not None  # after_step takes the weights whenever it does not probe
+                tau_columns, minima = self._probe(job.weights, job.post)
             columns |= tau_columns
         if job.row.state:
             columns |= self.tracker.state_row(job.post.pairs(device), minima)
@@ -211,8 +235,9 @@ class MetricsPipeline:
             raise RuntimeError("MetricsPipeline made without probes was asked for tau")
         pairs = point.pairs(self.tracker.compute_device)
         with self._probe_lock:
-            return rebalancing.tau_probe_on_copy(self._probe_model, weights, self.tracker, self.tau_target,
-                                                 pairs=pairs)
+            return rebalancing.tau_probe_on_copy(
+                self._probe_model, weights, self.tracker, self.tau_target, pairs=pairs
+            )
 
     @contextlib.contextmanager
     def _turn(self, step: int):
@@ -231,8 +256,10 @@ class MetricsPipeline:
 
     def _put(self, job: _Job) -> None:
         if not self._workers:
-            self._workers = [threading.Thread(target=self._work, name=f"attnid-metrics-{i}", daemon=True)
-                             for i in range(self.threads)]
+            self._workers = [
+                threading.Thread(target=self._work, name=f"attnid-metrics-{i}", daemon=True)
+                for i in range(self.threads)
+            ]
             for worker in self._workers:
                 worker.start()
         try:

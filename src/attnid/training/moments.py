@@ -27,8 +27,14 @@ from __future__ import annotations
 
 import torch
 
-from attnid.model.layout import LayerTensors, attention_blocks, attention_tensors, layout_of, stacked_pairs
-from attnid.model.layout import write_layer_pairs
+from attnid.model.layout import (
+    LayerTensors,
+    attention_blocks,
+    attention_tensors,
+    layout_of,
+    stacked_pairs,
+    write_layer_pairs,
+)
 from attnid.theory.circuits import CIRCUITS
 
 REBALANCE_MOMENTS = ("keep", "transport", "reset")
@@ -42,8 +48,13 @@ def move_element(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return torch.linalg.lstsq(before.transpose(-1, -2), after.transpose(-1, -2)).solution.transpose(-1, -2)
 
 
-def transported_pair(element_a: torch.Tensor, element_b: torch.Tensor, moment_a: torch.Tensor,
-                     moment_b: torch.Tensor, power: int) -> tuple[torch.Tensor, torch.Tensor]:
+def transported_pair(
+    element_a: torch.Tensor,
+    element_b: torch.Tensor,
+    moment_a: torch.Tensor,
+    moment_b: torch.Tensor,
+    power: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A pair's moments after the move ``A -> T_a A``, ``B -> T_b B`` (``T_b = T_a^{-T}``): the ``A`` side
     moves by ``T_b = S^{-T}``, the ``B`` side by ``T_a = S`` (module docstring); ``power`` 2 takes the
     entrywise square of each matrix (the second moment)."""
@@ -58,13 +69,19 @@ def _moment_tensors(optimizer, layer_params: LayerTensors, key: str) -> LayerTen
 
 
 @torch.no_grad()
-def transport_moments(optimizer, model, before: list[LayerTensors]) -> None:
+def transport_moments(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, before: list[LayerTensors]
+) -> None:
     """Map AdamW's moments of the attention tensors with the orbit move from ``before`` (a float64 snapshot,
     :func:`attnid.measure.drift.attention_snapshot`, taken right before the move) to the model's weights now,
     in place (docs/design.md §15). Tensors without state (no step yet) are left alone."""
     layout, params = layout_of(model), attention_tensors(model)
-    if not all(tensor in optimizer.state and "exp_avg" in optimizer.state[tensor]
-               for layer in params for tensor in layer if tensor is not None):
+    if not all(
+        tensor in optimizer.state and "exp_avg" in optimizer.state[tensor]
+        for layer in params
+        for tensor in layer
+        if tensor is not None
+    ):
         return
     n_layer = len(params)
     for circuit in CIRCUITS:
@@ -79,7 +96,7 @@ def transport_moments(optimizer, model, before: list[LayerTensors]) -> None:
                 write_layer_pairs(layer, layout, circuit, a, b)
 
 
-def reset_moments(optimizer, model) -> None:
+def reset_moments(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
     """Drop the optimizer state of every attention parameter (``--rebalance-moments reset``)."""
     for block in attention_blocks(model):
         for param in block.attn.parameters():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import TypeVar
 
 import torch
 
@@ -40,11 +41,11 @@ _TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def _device_type(device) -> str:
+def _device_type(device: torch.device | str) -> str:
     return torch.device(device).type
 
 
-def resolve_dtype(requested: str | None, device) -> str:
+def resolve_dtype(requested: str | None, device: torch.device | str) -> str:
     """The precision a run on ``device`` uses: ``bf16``, ``fp16``, ``float32`` or ``float64``.
 
     ``None`` or ``"auto"``: ``bf16`` on CUDA, ``float32`` elsewhere. ``bf16`` on a
@@ -59,8 +60,10 @@ def resolve_dtype(requested: str | None, device) -> str:
         raise UserError(f"unknown --dtype {requested!r}: choose one of {', '.join(DTYPES)}")
     if requested == "bf16":
         if device_type != "cuda":
-            raise UserError(f"--dtype bf16 needs a CUDA GPU (this run is on {device_type}): "
-                            f"use --dtype float32 (the default there) or float64")
+            raise UserError(
+                f"--dtype bf16 needs a CUDA GPU (this run is on {device_type}): "
+                f"use --dtype float32 (the default there) or float64"
+            )
         if not torch.cuda.is_bf16_supported(including_emulation=False):
             return "fp16"
     return requested
@@ -77,15 +80,19 @@ def parameter_dtype(dtype: str) -> torch.dtype:
     return _TORCH_DTYPES.get(dtype, torch.float32)
 
 
-def apply_model_dtype(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
-    """Cast the model's parameters to :func:`parameter_dtype` in place (before the optimizer is made); returns it.
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+
+
+def apply_model_dtype(model: ModelT, dtype: str) -> ModelT:
+    """Cast the model's parameters to :func:`parameter_dtype` in place (before the optimizer is made);
+    returns it.
 
     ``Module.to`` keeps parameter identity, so weight tying (``wte`` = ``lm_head``) survives.
     """
     return model.to(parameter_dtype(dtype))
 
 
-def autocast_context(dtype: str, device) -> contextlib.AbstractContextManager:
+def autocast_context(dtype: str, device: torch.device | str) -> contextlib.AbstractContextManager:
     """The context for forward passes: CUDA autocast for ``bf16``/``fp16``, nothing for float32/float64."""
     _check(dtype)
     if dtype in _AUTOCAST_DTYPES:
@@ -93,7 +100,7 @@ def autocast_context(dtype: str, device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def grad_scaler(dtype: str, device) -> torch.amp.GradScaler:
+def grad_scaler(dtype: str, device: torch.device | str) -> torch.amp.GradScaler:
     """nanoGPT's gradient scaler: active for ``fp16`` only, a pass-through otherwise.
 
     The loop then runs ``scaler.scale(loss).backward()``, ``scaler.unscale_(optimizer)``
@@ -111,12 +118,13 @@ def set_tf32(enabled: bool) -> None:
 
 
 def configure_tf32(dtype: str) -> None:
-    """The precision policy's TF32 setting for training: on for ``bf16``/``fp16``, off for float32 and float64."""
+    """The precision policy's TF32 setting for training: on for ``bf16``/``fp16``, off for float32 and
+    float64."""
     _check(dtype)
     set_tf32(dtype in _AUTOCAST_DTYPES)
 
 
-def trains_with_tf32(dtype: str, device) -> bool:
+def trains_with_tf32(dtype: str, device: torch.device | str) -> bool:
     """Whether training in ``dtype`` on ``device`` runs with TF32 on (:func:`configure_tf32`)."""
     _check(dtype)
     return dtype in _AUTOCAST_DTYPES and _device_type(device) == "cuda"
@@ -136,11 +144,15 @@ def no_tf32() -> Iterator[None]:
 def describe(dtype: str) -> str:
     """A few words for the run's log line."""
     _check(dtype)
-    return {"bf16": "bf16 autocast, TF32", "fp16": "fp16 autocast + grad scaler, TF32",
-            "float32": "float32", "float64": "float64"}[dtype]
+    return {
+        "bf16": "bf16 autocast, TF32",
+        "fp16": "fp16 autocast + grad scaler, TF32",
+        "float32": "float32",
+        "float64": "float64",
+    }[dtype]
 
 
-def slow_float64_warning(device) -> str | None:
+def slow_float64_warning(device: torch.device | str) -> str | None:
     """The warning for a CUDA GPU whose float64 runs far below its float32 rate, or None."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -149,12 +161,14 @@ def slow_float64_warning(device) -> str | None:
     if capability in FAST_FLOAT64_CAPABILITIES:
         return None
     name = torch.cuda.get_device_name(device)
-    return (f"warning: {name} (compute capability {capability[0]}.{capability[1]}) runs float64 at a small "
-            f"fraction of its float32 speed; --dtype float64 will be slow (full-rate float64: P100, V100, "
-            f"A100, H100)")
+    return (
+        f"warning: {name} (compute capability {capability[0]}.{capability[1]}) runs float64 at a small "
+        f"fraction of its float32 speed; --dtype float64 will be slow (full-rate float64: P100, V100, "
+        f"A100, H100)"
+    )
 
 
-def warn_if_slow_float64(device) -> bool:
+def warn_if_slow_float64(device: torch.device | str) -> bool:
     """Print :func:`slow_float64_warning` as one line on stderr if it applies; returns whether it did."""
     message = slow_float64_warning(device)
     if message is not None:

@@ -26,6 +26,7 @@ import json
 import math
 import platform
 import subprocess
+from collections.abc import Collection
 from pathlib import Path
 
 import pandas as pd
@@ -36,9 +37,32 @@ from attnid.common.errors import UserError
 from attnid.common.files import torch_save_atomic, write_csv_atomic, write_json_atomic
 
 # metrics.csv: these columns first, in this order; per-layer columns (e.g. rho_qk_l0) follow.
-BASE_COLUMNS = ("step", "lr", "train_loss", "eval_train_loss", "val_loss", "rho_qk", "rho_ov", "beta_qk", "beta_ov",
-                "tau", "tau_logits", "mu_qk", "mu_ov", "grad_norm", "tokens_per_s", "wall_s", "rebalanced",
-                "skipped_pairs", "drift1_qk", "drift1_ov", "drift2_qk", "drift2_ov", "closure_qk", "closure_ov")
+BASE_COLUMNS = (
+    "step",
+    "lr",
+    "train_loss",
+    "eval_train_loss",
+    "val_loss",
+    "rho_qk",
+    "rho_ov",
+    "beta_qk",
+    "beta_ov",
+    "tau",
+    "tau_logits",
+    "mu_qk",
+    "mu_ov",
+    "grad_norm",
+    "tokens_per_s",
+    "wall_s",
+    "rebalanced",
+    "skipped_pairs",
+    "drift1_qk",
+    "drift1_ov",
+    "drift2_qk",
+    "drift2_ov",
+    "closure_qk",
+    "closure_ov",
+)
 # Columns that measure the clock, not the run: the only ones that differ between identical runs.
 TIMING_COLUMNS = ("tokens_per_s", "wall_s")
 
@@ -50,6 +74,7 @@ RUN_JSON = outputs.json_report("status", "case")  # what a run.json of attnid tr
 # --------------------------------------------------------------------------------------
 # writing
 # --------------------------------------------------------------------------------------
+
 
 def _finite_or_none(value):
     if isinstance(value, float) and not math.isfinite(value):
@@ -72,15 +97,24 @@ def versions() -> dict:
     import torch
 
     # str(): torch.__version__ is a TorchVersion, which weights_only loading refuses
-    return {"python": platform.python_version(), "torch": str(torch.__version__), "numpy": str(np.__version__),
-            "attnid": str(__version__)}
+    return {
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "numpy": str(np.__version__),
+        "attnid": str(__version__),
+    }
 
 
 def git_commit() -> str | None:
     """The commit of the attnid source tree, or None outside a git checkout."""
     try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                                capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout.strip() or None if result.returncode == 0 else None
@@ -97,7 +131,8 @@ def remove_outputs(out: Path) -> None:
 # the checkpoint
 # --------------------------------------------------------------------------------------
 
-def resume_key(config: dict, free_keys, device_type: str, meta: dict) -> dict:
+
+def resume_key(config: dict, free_keys: Collection[str], device_type: str, meta: dict) -> dict:
     """What must agree between a checkpoint and the command resuming it (``config`` as a dict)."""
     key = {k: v for k, v in config.items() if k not in free_keys}
     key["device"] = device_type
@@ -105,15 +140,31 @@ def resume_key(config: dict, free_keys, device_type: str, meta: dict) -> dict:
     return key
 
 
-def save_run_checkpoint(path: Path, *, model_state: dict, optimizer_state: dict, model_args: dict, iter_num: int,
-                    best_val_loss: float, config: dict, ours: dict) -> None:
+def save_run_checkpoint(
+    path: Path,
+    *,
+    model_state: dict,
+    optimizer_state: dict,
+    model_args: dict,
+    iter_num: int,
+    best_val_loss: float,
+    config: dict,
+    ours: dict,
+) -> None:
     """Write ``ckpt.pt`` atomically: nanoGPT's keys (nanoGPT and load_nanogpt_checkpoint read
     model_args + model), ours under ``attnid`` with the format number."""
-    torch_save_atomic(path, {
-        "model": model_state, "optimizer": optimizer_state, "model_args": model_args, "iter_num": iter_num,
-        "best_val_loss": best_val_loss, "config": config,
-        "attnid": {"format": CHECKPOINT_FORMAT, **ours},
-    })
+    torch_save_atomic(
+        path,
+        {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "model_args": model_args,
+            "iter_num": iter_num,
+            "best_val_loss": best_val_loss,
+            "config": config,
+            "attnid": {"format": CHECKPOINT_FORMAT, **ours},
+        },
+    )
 
 
 def _move_aside(path: Path) -> Path:
@@ -136,28 +187,36 @@ def load_run_checkpoint(path: Path, key: dict) -> dict:
     import torch
 
     try:
-        # on the CPU: RNG states must stay CPU tensors; load_state_dict moves weights and moments to the device
+        # on the CPU: RNG states must stay CPU tensors; load_state_dict moves weights and moments to the
+        # device
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
         stored_format, stored_key = checkpoint["attnid"]["format"], checkpoint["attnid"]["resume_key"]
     except Exception as err:  # noqa: BLE001 - a damaged or foreign file
         aside = _move_aside(path)
-        raise UserError(f"{path} is not a readable attnid checkpoint ({type(err).__name__}); moved it to "
-                        f"{aside.name}; rerun to start over") from None
+        raise UserError(
+            f"{path} is not a readable attnid checkpoint ({type(err).__name__}); moved it to "
+            f"{aside.name}; rerun to start over"
+        ) from None
     if stored_format != CHECKPOINT_FORMAT:
         aside = _move_aside(path)
-        raise UserError(f"{path} has checkpoint format {stored_format}, this attnid reads {CHECKPOINT_FORMAT}; "
-                        f"moved it to {aside.name}; rerun to start over")
+        raise UserError(
+            f"{path} has checkpoint format {stored_format}, this attnid reads {CHECKPOINT_FORMAT}; "
+            f"moved it to {aside.name}; rerun to start over"
+        )
     if stored_key != key:
         differing = sorted(k for k in set(key) | set(stored_key) if key.get(k) != stored_key.get(k))
         shown = ", ".join(f"{k}: {stored_key.get(k)!r} in ckpt vs {key.get(k)!r} now" for k in differing[:3])
-        raise UserError(f"{path} belongs to a run with another configuration ({shown}); "
-                        f"delete it or pass --fresh to start over")
+        raise UserError(
+            f"{path} belongs to a run with another configuration ({shown}); "
+            f"delete it or pass --fresh to start over"
+        )
     return checkpoint
 
 
 # --------------------------------------------------------------------------------------
 # reading finished runs
 # --------------------------------------------------------------------------------------
+
 
 def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> list[Path]:
     """The run directories to gather: ``listed`` when given, else every one under ``root``.
@@ -169,8 +228,10 @@ def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> l
     if listed:
         missing = [d for d in listed if not (Path(d) / RUN_FILE).is_file()]
         if missing:
-            raise UserError(f"no run.json in {missing[0]} ({len(missing)} listed runs unfinished); "
-                            "run the training jobs first (snakemake --cores all)")
+            raise UserError(
+                f"no run.json in {missing[0]} ({len(missing)} listed runs unfinished); "
+                "run the training jobs first (snakemake --cores all)"
+            )
         return [Path(d) for d in listed]
     if root is None or not Path(root).is_dir():
         return []
@@ -192,8 +253,9 @@ def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
     return info, metrics
 
 
-def load_runs_by_case(runs_dir: str | Path | None,
-                      listed: list[str] | None = None) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
+def load_runs_by_case(
+    runs_dir: str | Path | None, listed: list[str] | None = None
+) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
     """{case: [(run.json, metrics.csv) per seed]} for the listed runs (or every run under ``runs_dir``),
     in the case registry's order (unknown cases last)."""
     from attnid.training.cases import CASES
@@ -213,7 +275,9 @@ def initial_imbalance_scale(info: dict, circuit: str) -> float | None:
     that lacks the entry altogether comes from an older attnid and is an error.
     """
     if "initial_imbalance_scale" not in info:
-        raise UserError(f"{Path(info.get('run_dir', '?')) / RUN_FILE} has no initial_imbalance_scale "
-                        f"(written by an older attnid); rerun that training job")
+        raise UserError(
+            f"{Path(info.get('run_dir', '?')) / RUN_FILE} has no initial_imbalance_scale "
+            f"(written by an older attnid); rerun that training job"
+        )
     scales = info["initial_imbalance_scale"]
     return None if scales is None else float(scales[circuit])

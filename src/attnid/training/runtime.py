@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+from types import FrameType
+from typing import Any
 
 import torch
 
@@ -33,20 +35,19 @@ def say(message: str) -> None:
 class StopSignals:
     """Turns SIGTERM/SIGINT into a flag the loop checks after each step (then: checkpoint, exit 143/130)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signum: int | None = None
-        self._previous = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler it had (signal.signal's return)
 
-    def __enter__(self):
+    def __enter__(self) -> StopSignals:
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not the main thread: no handlers, no graceful stop
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
-        return False

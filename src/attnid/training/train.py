@@ -24,37 +24,37 @@ thread (``--metrics-threads 0``) or on worker threads while training goes on, wi
 The options are :class:`attnid.training.config.TrainConfig`, the optimizer cases
 :data:`attnid.training.cases.CASES`, and the run directory (``metrics.csv``, ``run.json``,
 ``ckpt.pt``, resuming) :mod:`attnid.training.rundir`. See the README's "experiments" section.
-Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``: :mod:`attnid.training.loop`.
+Host syncs only at log steps, batch prefetch, ``--compile``, ``--metrics-device``:
+:mod:`attnid.training.loop`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
+from concurrent.futures import Future
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from attnid.common import progress
-from attnid.training import gpu_slots
-from attnid.training import loop
-from attnid.training import moments
-from attnid.training import precision
-from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
+from attnid.common.errors import UserError
 from attnid.measure import rebalancing
 from attnid.measure.drift import attention_snapshot
-from attnid.training import rundir
-from attnid.training.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
-from attnid.training.loop import get_lr
-from attnid.training.cases import get_case
-from attnid.common.errors import UserError
-from attnid.training.config import TrainConfig, resume_free_keys
 from attnid.model import gauge
 from attnid.model.gpt import GPT, GPTConfig
 from attnid.model.step_projection import remove_orbit_component
+from attnid.training import gpu_slots, loop, moments, precision, rundir
+from attnid.training.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
+from attnid.training.cases import get_case
+from attnid.training.config import TrainConfig, resume_free_keys
+from attnid.training.loop import get_lr
+from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
 from attnid.training.runtime import StopSignals, format_duration, resolve_device, say
 
 # Offset that gives the fixed probe batch its own seed, apart from the training batches'.
@@ -71,6 +71,7 @@ def _isnan(value) -> bool:
 # --------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------
+
 
 class Run:
     """One training run: its data, model, optimizer, tracker, the metric rows, the step and the clocks.
@@ -90,27 +91,43 @@ class Run:
         precision.configure_tf32(self.dtype)
         if self.dtype == "float64":
             precision.warn_if_slow_float64(self.device)
+        if cfg.data is None or cfg.out is None:
+            raise ValueError("Run needs a TrainConfig from attnid.training.config.resolve_config")
         self.meta = load_meta(cfg.data)
         self.splits = {"train": load_split(cfg.data, "train"), "val": load_split(cfg.data, "val")}
         for name, data in self.splits.items():
             if len(data) <= cfg.block_size + 1:
-                raise UserError(f"{name}.bin has {len(data)} tokens, fewer than --block-size {cfg.block_size} + 2")
-        self.model_config = GPTConfig(block_size=cfg.block_size, vocab_size=int(self.meta["vocab_size"]),
-                                      n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
-                                      dropout=cfg.dropout, bias=cfg.bias, n_kv_head=cfg.n_kv_head,
-                                      rope=cfg.rope, head_dim=cfg.head_dim)
+                raise UserError(
+                    f"{name}.bin has {len(data)} tokens, fewer than --block-size {cfg.block_size} + 2"
+                )
+        self.model_config = GPTConfig(
+            block_size=cfg.block_size,
+            vocab_size=int(self.meta["vocab_size"]),
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_embd=cfg.n_embd,
+            dropout=cfg.dropout,
+            bias=cfg.bias,
+            n_kv_head=cfg.n_kv_head,
+            rope=cfg.rope,
+            head_dim=cfg.head_dim,
+        )
         self.check_memory()
         self.out = Path(cfg.out)
         self.ckpt_path = self.out / rundir.CHECKPOINT_FILE
         # the resolved dtype: '--dtype auto' and the dtype it stands for resume each other
-        self.key = rundir.resume_key(asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type,
-                                     self.meta)
+        self.key = rundir.resume_key(
+            asdict(cfg) | {"dtype": self.dtype}, resume_free_keys(), self.device.type, self.meta
+        )
         self.rows: list[dict] = []
         # rows whose metric columns are still being computed: (head, future of the metrics, tail)
-        self.pending_rows: list[tuple[dict, object, dict]] = []
+        self.pending_rows: list[tuple[dict, Future | None, dict]] = []
         self.metrics_waited = {"queue": 0.0, "drain": 0.0}  # before this process (resumed runs)
-        self.step, self.best_val_loss, self.wall_before, self.resumed_at = 0, 1e9, 0.0, []
-        self.status, self.diverged_step, self.diverged_loss = "completed", None, None
+        self.step, self.best_val_loss, self.wall_before = 0, 1e9, 0.0
+        self.resumed_at: list[int] = []  # the steps this run was resumed at
+        self.status = "completed"
+        self.diverged_step: int | None = None
+        self.diverged_loss: float | None = None
         self.tokens_per_step = cfg.batch_size * cfg.block_size
         self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
         self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
@@ -124,11 +141,13 @@ class Run:
 
         cfg = self.cfg
         parts = training_footprint(self.model_config, cfg.batch_size, self.dtype, self.case.optimizer_states)
-        what = (f"--batch-size {cfg.batch_size} x --block-size {cfg.block_size} with this model "
-                f"({format_size(parameter_count(self.model_config), ' parameters')}, {self.dtype})")
+        what = (
+            f"--batch-size {cfg.batch_size} x --block-size {cfg.block_size} with this model "
+            f"({format_size(parameter_count(self.model_config), ' parameters')}, {self.dtype})"
+        )
         require_memory(parts, self.device, what, "lower --batch-size, --block-size or the model's size")
 
-    def autocast(self):
+    def autocast(self) -> contextlib.AbstractContextManager:
         return precision.autocast_context(self.dtype, self.device)
 
     def load_checkpoint(self) -> dict | None:
@@ -142,38 +161,52 @@ class Run:
         torch.manual_seed(cfg.seed)
         self.model = precision.apply_model_dtype(GPT(self.model_config).to(self.device), self.dtype)
         self.model.train()
-        self.removed = None  # adamw_projected: the last step's removed and whole squared norms per circuit
+        # adamw_projected: the last step's removed and whole squared norms per circuit
+        self.removed: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
         probe_generator = torch.Generator().manual_seed(cfg.seed + PROBE_SEED_OFFSET)
         train_data = self.splits["train"]
-        probe_starts = random_starts(len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size,
-                                     probe_generator)
+        probe_starts = random_starts(
+            len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size, probe_generator
+        )
         probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
         self.gauge = self.fix_gauge(probe_batch) if self.case.gauge_fixed else None
         # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
         self.compiled = loop.resolve_compile(cfg.compile, self.device)
-        self.forward_model = torch.compile(self.model) if self.compiled else self.model
+        # torch.compile's wrapper forwards the GPT's calls and attributes to it
+        self.forward_model = cast(GPT, torch.compile(self.model)) if self.compiled else self.model
         self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
         self.scaler = precision.grad_scaler(self.dtype, self.device)
-        self.batches = TrainBatches(self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed)
+        self.batches = TrainBatches(
+            self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed
+        )
         self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
         self.tracker, self.drift, self.metrics = None, None, None
         if cfg.metrics or self.case.rebalances:
             from attnid.measure.metrics import MetricTracker
 
             # records I_0 from the initial weights
-            self.tracker = MetricTracker(self.model, probe_batch=probe_batch, metrics_device=self.metrics_device)
+            self.tracker = MetricTracker(
+                self.model, probe_batch=probe_batch, metrics_device=self.metrics_device
+            )
         if cfg.metrics:
             from attnid.measure.drift import DriftTracker
 
+            assert self.tracker is not None  # made above: cfg.metrics makes one
             decay = cfg.weight_decay if self.case.coupled_weight_decay else None
             self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
-            self.metrics = MetricsPipeline(self.model, self.tracker, self.drift, threads=cfg.metrics_threads,
-                                           queue_steps=queue_steps_for(cfg.log_every),
-                                           tf32_training=precision.trains_with_tf32(self.dtype, self.device),
-                                           probes=not self.case.rebalances, tau_target=cfg.rebalance_target)
+            self.metrics = MetricsPipeline(
+                self.model,
+                self.tracker,
+                self.drift,
+                threads=cfg.metrics_threads,
+                queue_steps=queue_steps_for(cfg.log_every),
+                tf32_training=precision.trains_with_tf32(self.dtype, self.device),
+                probes=not self.case.rebalances,
+                tau_target=cfg.rebalance_target,
+            )
 
     @torch.no_grad()
-    def fix_gauge(self, probe_batch) -> dict:
+    def fix_gauge(self, probe_batch: tuple[torch.Tensor, torch.Tensor]) -> dict:
         """adamw_gauge_fixed: move the initial weights into the gauge (docs/design.md §14), before the
         optimizer, the tracker's I_0 and torch.compile see the model. Returns what run.json records of it:
         the largest condition number inverted, and the change of the probe batch's logits (eval mode),
@@ -184,8 +217,10 @@ class Run:
         after = self.model(probe_batch[0], full_logits=True)[0]
         self.model.train()
         change = float((after - before).abs().max() / before.abs().max())
-        say(f"gauge fixed: blocks inverted with condition number <= {condition:.3g}, probe logits changed by "
-            f"{change:.2e} (relative)")
+        say(
+            f"gauge fixed: blocks inverted with condition number <= {condition:.3g}, probe logits changed by "
+            f"{change:.2e} (relative)"
+        )
         return {"condition": condition, "logit_change": change}
 
     def resume(self, checkpoint: dict) -> None:
@@ -219,9 +254,12 @@ class Run:
         self.last_row_step = self.step
         overlap = self.metrics is not None and cfg.metrics_threads
         metrics = f" + {cfg.metrics_threads} metrics" if overlap else ""
-        say(f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, {self.model.get_num_params() / 1e6:.2f}M parameters, "
-             f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads}{metrics} thread(s), "
-             f"{cfg.max_iters} steps -> {self.out}")
+        say(
+            f"case {cfg.case}, lr {cfg.lr:g}, seed {cfg.seed}, "
+            f"{self.model.get_num_params() / 1e6:.2f}M parameters, "
+            f"{device.type} ({precision.describe(self.dtype)}), {cfg.threads}{metrics} thread(s), "
+            f"{cfg.max_iters} steps -> {self.out}"
+        )
 
     def wall_s(self) -> float:
         return self.wall_before + time.time() - self.started
@@ -237,21 +275,34 @@ class Run:
         self.collect_rows()  # the trackers' state and every row up to this step
         device = self.device
         rundir.save_run_checkpoint(
-            self.ckpt_path, model_state=self.model.state_dict(), optimizer_state=self.optimizer.state_dict(),
-            model_args=self.model_config.model_args(), iter_num=self.step, best_val_loss=self.best_val_loss,
+            self.ckpt_path,
+            model_state=self.model.state_dict(),
+            optimizer_state=self.optimizer.state_dict(),
+            model_args=self.model_config.model_args(),
+            iter_num=self.step,
+            best_val_loss=self.best_val_loss,
             config=asdict(self.cfg),
-            ours={"resume_key": self.key, "rows": self.rows, "summary": summary,
-                  "batch_generator": self.batches.generator_state(), "torch_rng": torch.get_rng_state(),
-                  "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                  "tracker": self.tracker.state_dict() if self.tracker is not None else None,
-                  "drift": self.drift.state_dict() if self.drift is not None else None,
-                  "scaler": self.scaler.state_dict(),
-                  "first_loss": self.losses.first_loss, "wall_s": self.wall_s(), "resumed_at": self.resumed_at,
-                  "device_name": self.device_name, "metrics_waited": self.metrics_wait()})
+            ours={
+                "resume_key": self.key,
+                "rows": self.rows,
+                "summary": summary,
+                "batch_generator": self.batches.generator_state(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "tracker": self.tracker.state_dict() if self.tracker is not None else None,
+                "drift": self.drift.state_dict() if self.drift is not None else None,
+                "scaler": self.scaler.state_dict(),
+                "first_loss": self.losses.first_loss,
+                "wall_s": self.wall_s(),
+                "resumed_at": self.resumed_at,
+                "device_name": self.device_name,
+                "metrics_waited": self.metrics_wait(),
+            },
+        )
 
     # ----- logging and evaluation -----------------------------------------------------
 
-    def finish_row(self, row: dict, metrics=None, tail: dict | None = None) -> None:
+    def finish_row(self, row: dict, metrics: Future | None = None, tail: dict | None = None) -> None:
         """Append ``row | metrics | tail | timing`` to the rows, in step order; ``metrics`` (a future of the
         row's metric columns) may still be being computed."""
         now = time.time()
@@ -285,7 +336,7 @@ class Run:
 
     def log_initial_state(self) -> None:
         """Row 0: eval losses, beta = 0, mu and tau of the initialisation."""
-        row = {"step": 0, "rebalanced": 0}
+        row: dict[str, float] = {"step": 0, "rebalanced": 0}
         if self.metrics is not None:
             row.update(self.metrics.initial_row(self.model, tau=not self.case.rebalances))
         self.evaluate(row)
@@ -299,8 +350,10 @@ class Run:
         since = self.resumed_at[-1] if self.resumed_at else 0
         rate = (self.step - since) * self.tokens_per_step / max(now - self.started, 1e-9)
         eta = (self.cfg.max_iters - self.step) * self.tokens_per_step / max(rate, 1e-9)
-        say(f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
-             f"eta {format_duration(eta)}")
+        say(
+            f"step {self.step}/{self.cfg.max_iters} loss {loss_value:.4f} lr {lr:.2e} {rate:,.0f} tok/s "
+            f"eta {format_duration(eta)}"
+        )
 
     # ----- one step -------------------------------------------------------------------
 
@@ -329,9 +382,12 @@ class Run:
         bad = self.losses.check()
         if bad is not None:
             self.status, (self.diverged_step, self.diverged_loss) = "diverged", bad
-            self.step = self.diverged_step - 1  # the steps after it until this sync are not part of the record
-            say(f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold "
-                f"{self.losses.threshold():.4g}): run diverged")
+            # the steps after it until this sync are not part of the record
+            self.step = self.diverged_step - 1
+            say(
+                f"loss {self.diverged_loss:.4g} at step {self.diverged_step} (threshold "
+                f"{self.losses.threshold():.4g}): run diverged"
+            )
         return bad is None
 
     def train_step(self) -> bool:
@@ -363,16 +419,22 @@ class Run:
         if not is_row:
             return True
         loss_value = loss.item()
-        row = {"step": step, "lr": lr, "train_loss": loss_value, "grad_norm": grad_norm.item(), "rebalanced": 0}
+        row = {
+            "step": step,
+            "lr": lr,
+            "train_loss": loss_value,
+            "grad_norm": grad_norm.item(),
+            "rebalanced": 0,
+        }
         if self.removed is not None:
             for circuit, (removed_sq, step_sq) in self.removed.items():
-                step_sq = float(step_sq)
-                row[f"projected_out_{circuit}"] = float(removed_sq) / step_sq if step_sq > 0 else 0.0
+                whole = float(step_sq)
+                row[f"projected_out_{circuit}"] = float(removed_sq) / whole if whole > 0 else 0.0
         if is_rebalance:
             with precision.no_tf32():
                 self.rebalance(row, metrics)
             metrics = None
-        tail = {}
+        tail: dict[str, float] = {}
         if is_eval:
             self.evaluate(tail)
         self.finish_row(row, metrics, tail)
@@ -389,10 +451,12 @@ class Run:
         probe = not self.case.rebalances and self.rows_logged() % self.cfg.tau_every == 0
         return RowRequest(tau=probe)
 
-    def rebalance(self, row: dict, metrics) -> None:
+    def rebalance(self, row: dict, metrics: Future | None) -> None:
         """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
         after; the drift's reference becomes the rebalanced imbalance), row marked."""
+        assert self.tracker is not None  # build makes one for every case that rebalances
         if metrics is not None:
+            assert self.metrics is not None  # the future of a row's metrics comes from the pipeline
             self.metrics.drain()
             row.update(metrics.result())
         before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "transport" else None
@@ -419,8 +483,10 @@ class Run:
         if stop_requested and step < cfg.max_iters:
             self.save_checkpoint()
             signum = stop.signum if stop.signum is not None else signal.SIGTERM
-            say(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
-                 f"rerun the same command to resume")
+            say(
+                f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint saved, "
+                f"rerun the same command to resume"
+            )
             return 128 + int(signum)
         if step % cfg.ckpt_every == 0 and step < cfg.max_iters:
             self.save_checkpoint()
@@ -432,24 +498,39 @@ class Run:
         """run.json: status, final losses, what the figures need, and how the run was made."""
         cfg, device = self.cfg, self.device
         waited = self.metrics_wait()
-        last_eval = next((r for r in reversed(self.rows) if not _isnan(r.get("val_loss"))), {})
+        last_eval: dict = next((r for r in reversed(self.rows) if not _isnan(r.get("val_loss"))), {})
         scale = self.tracker.initial_imbalance_scale() if self.tracker is not None and cfg.metrics else None
         return {
-            "status": self.status, "case": cfg.case, "lr": cfg.lr, "seed": cfg.seed,
-            "steps_completed": self.step, "max_iters": cfg.max_iters,
-            "diverged_step": self.diverged_step, "diverged_loss": self.diverged_loss,
-            "final_train_loss": last_eval.get("eval_train_loss"), "final_val_loss": last_eval.get("val_loss"),
+            "status": self.status,
+            "case": cfg.case,
+            "lr": cfg.lr,
+            "seed": cfg.seed,
+            "steps_completed": self.step,
+            "max_iters": cfg.max_iters,
+            "diverged_step": self.diverged_step,
+            "diverged_loss": self.diverged_loss,
+            "final_train_loss": last_eval.get("eval_train_loss"),
+            "final_val_loss": last_eval.get("val_loss"),
             "final_eval_step": last_eval.get("step"),
-            "wall_time_s": self.wall_s(), "device": device.type,
+            "wall_time_s": self.wall_s(),
+            "device": device.type,
             "dtype": self.dtype,
-            "metrics_device": self.metrics_device, "compiled": self.compiled, "device_name": self.device_name,
-            "threads": cfg.threads, "n_params": self.model.get_num_params(), "resumed_at": self.resumed_at,
-            "trained_attention_params": gauge.trainable_attention_params(self.model), "gauge": self.gauge,
+            "metrics_device": self.metrics_device,
+            "compiled": self.compiled,
+            "device_name": self.device_name,
+            "threads": cfg.threads,
+            "n_params": self.model.get_num_params(),
+            "resumed_at": self.resumed_at,
+            "trained_attention_params": gauge.trainable_attention_params(self.model),
+            "gauge": self.gauge,
             "metrics_threads": cfg.metrics_threads if self.metrics is not None else None,
-            "metrics_queue_wait_s": waited["queue"], "metrics_drain_s": waited["drain"],
+            "metrics_queue_wait_s": waited["queue"],
+            "metrics_drain_s": waited["drain"],
             "initial_imbalance_scale": scale,
-            "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": rundir.versions(), "git_commit": rundir.git_commit(), "config": asdict(cfg),
+            "finished_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+            "versions": rundir.versions(),
+            "git_commit": rundir.git_commit(),
+            "config": asdict(cfg),
         }
 
     def finish(self) -> int:
@@ -458,8 +539,11 @@ class Run:
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)
-        say(f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
-             f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, {self.out / rundir.RUN_FILE}")
+        say(
+            f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
+            f"{summary['wall_time_s']:.1f} s -> {self.out / rundir.METRICS_FILE}, "
+            f"{self.out / rundir.RUN_FILE}"
+        )
         return 0
 
 
@@ -472,8 +556,10 @@ def train(cfg: TrainConfig) -> int:
     progress.stage(f"reading {run.ckpt_path}")
     checkpoint = run.load_checkpoint()
     if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
-        say(f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
-             f"rewriting metrics.csv and run.json from it")
+        say(
+            f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
+            f"rewriting metrics.csv and run.json from it"
+        )
         rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
         return 0
     rundir.remove_outputs(run.out)
@@ -486,7 +572,8 @@ def train(cfg: TrainConfig) -> int:
         if run.step == 0:
             progress.stage("evaluating the initial model")
             run.log_initial_state()
-        # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's own lines
+        # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's
+        # own lines
         progress.stage(lambda: f"step {run.step}/{cfg.max_iters}")
         with StopSignals() as stop:
             # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
@@ -498,5 +585,3 @@ def train(cfg: TrainConfig) -> int:
     finally:
         if run.metrics is not None:
             run.metrics.close()
-
-
