@@ -8,32 +8,13 @@ import signal
 
 import pandas as pd
 import pytest
+import tiny_runs
 
-from attnid.cli import main
-
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "4",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--progress-every",
-    "1000",
-    "--eval-every",
-    "1000",
-]
 CIRCUITS = ("qk", "ov")
 
 
 def train(data_dir, out, *flags) -> int:
-    return main(["train", "--data", str(data_dir), "--out", str(out), *TINY, *map(str, flags)])
+    return tiny_runs.train(data_dir, out, "--eval-every", "1000", *flags)
 
 
 def metrics(out) -> pd.DataFrame:

@@ -12,9 +12,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_runs import train
 from variant_models import TINY
 
-from attnid.cli import main
 from attnid.measure.drift import attention_snapshot, imbalance_step_terms
 from attnid.measure.metrics import MetricTracker
 from attnid.model import gauge, moves
@@ -28,26 +28,6 @@ from attnid.training import moments
 
 F64 = torch.float64
 PROPERTY = settings(max_examples=40, deadline=None, database=None, derandomize=True)
-TRAIN = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "4",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--progress-every",
-    "1000",
-]
-
-
-def train(data_dir, out, *flags) -> int:
-    return main(["train", "--data", str(data_dir), "--out", str(out), *TRAIN, *map(str, flags)])
 
 
 def run_outputs(out) -> tuple[dict, pd.DataFrame]:

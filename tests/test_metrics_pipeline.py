@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from tiny_runs import train
 
-from attnid.cli import main
 from attnid.measure import rebalancing
 from attnid.measure.drift import DriftTracker
 from attnid.measure.metrics import MetricTracker
@@ -22,28 +22,8 @@ from attnid.training import precision
 from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
 from attnid.training.rundir import TIMING_COLUMNS
 
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "4",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--progress-every",
-    "1000",
-]
 # the tolerance the issue states for "identical": every metric column to 1e-12 (they are bit-identical)
 RTOL = 1e-12
-
-
-def train(data_dir, out, *flags) -> int:
-    return main(["train", "--data", str(data_dir), "--out", str(out), *TINY, *map(str, flags)])
 
 
 def rows(out) -> pd.DataFrame:

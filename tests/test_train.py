@@ -17,6 +17,7 @@ import time
 import pandas as pd
 import pytest
 import torch
+from tiny_runs import TINY_TRAIN_FLAGS, train
 
 from attnid.cli import build_parser, main
 from attnid.cli.train import config_from_args
@@ -26,27 +27,6 @@ from attnid.training.cases import CASES
 from attnid.training.config import resolve_config
 from attnid.training.loop import get_lr
 from attnid.training.rundir import BASE_COLUMNS, TIMING_COLUMNS
-
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "4",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--progress-every",
-    "1000",
-]
-
-
-def train(data_dir, out, *flags) -> int:
-    return main(["train", "--data", str(data_dir), "--out", str(out), *TINY, *map(str, flags)])
 
 
 def metrics(out) -> pd.DataFrame:
@@ -276,7 +256,7 @@ def test_sigterm_checkpoints_and_exits_nonzero(prepared_data_dir, tmp_path):
         str(prepared_data_dir),
         "--out",
         str(out),
-        *TINY,
+        *TINY_TRAIN_FLAGS,
         "--case",
         "sgd",
         "--max-iters",

@@ -16,9 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from tiny_runs import train
 
 import attnid
-from attnid.cli import main
 from attnid.measure import rebalancing
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
@@ -26,27 +26,7 @@ from attnid.training import gpu_slots, loop
 from attnid.training.rundir import TIMING_COLUMNS
 from attnid.training.train import Run
 
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "4",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--progress-every",
-    "1000",
-]
 SOURCE = Path(attnid.__file__).resolve().parent
-
-
-def train(data_dir, out, *flags) -> int:
-    return main(["train", "--data", str(data_dir), "--out", str(out), *TINY, *map(str, flags)])
 
 
 def run_json(out) -> dict:

@@ -13,6 +13,7 @@ import signal
 import pandas as pd
 import pytest
 import torch
+from tiny_runs import train
 
 from attnid.cli import main
 from attnid.measure import rebalancing
@@ -25,22 +26,6 @@ from attnid.theory.orbits import ORBITS
 from attnid.theory.rope import planes, rope_plane_traces, rope_unidentified_sq_norm
 from attnid.training.rundir import TIMING_COLUMNS
 
-TINY = [
-    "--n-layer",
-    "2",
-    "--n-head",
-    "4",
-    "--n-embd",
-    "32",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-iters",
-    "2",
-    "--progress-every",
-    "1000",
-]
 VARIANT_FLAGS = {
     "mha": [],
     "gqa G=2": ["--n-kv-head", "2"],
@@ -48,10 +33,6 @@ VARIANT_FLAGS = {
     "rope": ["--rope"],
     "rope+gqa G=2": ["--rope", "--n-kv-head", "2"],
 }
-
-
-def train(data_dir, out, *flags) -> int:
-    return main(["train", "--data", str(data_dir), "--out", str(out), *TINY, *map(str, flags)])
 
 
 def metrics(out) -> pd.DataFrame:
