@@ -189,7 +189,7 @@ def _hf_model(folder: Path, model_class: str):
     float16 weight is exact in float32, so before and after are compared on what is stored, and buffers the
     model computes at load (Gemma's embedding scale) are not rounded to the stored dtype either."""
     transformers = require("transformers", "evaluating a Hugging Face model")
-    from packaging.version import Version  # a dependency of transformers
+    from packaging.version import Version  # in the hf extra (transformers needs it too)
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
