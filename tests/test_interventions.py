@@ -149,6 +149,41 @@ def test_projected_adamw_step_is_off_the_orbit_in_every_variant(variant):
         assert first.norm() < 1e-9 * second.norm()
 
 
+def rho_of_step(orbit, pre_a, pre_b, post_a, post_b) -> float:
+    """ρ of the step from ``(pre_a, pre_b)`` to ``(post_a, post_b)`` on ``orbit`` (docs/design.md §3.1)."""
+    step_a, step_b = post_a - pre_a, post_b - pre_b
+    unidentified = orbit.unidentified_sq_norm(pre_a, pre_b, step_a, step_b)[0].sum()
+    return float(unidentified / (step_a.square().sum() + step_b.square().sum()))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_projected_step_of_a_float32_model_is_at_the_float32_floor(variant):
+    """A float32 model's projection runs in float32 (docs/design.md §13): the rho of its kept step is
+    float32 round-off, as is that of the float64 projection once rounded to the float32 weights, and the
+    two kept steps agree to float32 precision."""
+    model32 = tiny_model(VARIANTS[variant], bias=True, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model32.optimizer_groups(0.1), lr=1e-2)
+    adamw_step(model32, optimizer)
+    pre = attention_snapshot(model32)
+    adamw_step(model32, optimizer)
+    model64 = copy.deepcopy(model32)  # the same float32 weights, for the float64 projection by hand
+    remove_orbit_component(model32, pre)
+    layout = layout_of(model32)
+    for circuit in CIRCUITS:
+        orbit = orbit_of(model64, circuit)
+        pre_a, pre_b = stacked_pairs(pre, layout, circuit)
+        now_a, now_b = stacked_pairs(attention_tensors(model64), layout, circuit)
+        step_a, step_b = now_a - pre_a, now_b - pre_b
+        along_a, along_b = orbit.tangent_projection(pre_a, pre_b, step_a, step_b)
+        by_float64 = ((now_a - along_a).float().double(), (now_b - along_b).float().double())
+        by_float32 = stacked_pairs(attention_tensors(model32), layout, circuit)
+        assert rho_of_step(orbit, pre_a, pre_b, now_a, now_b) > 1e-4  # AdamW's step moves along the orbit
+        for kept in (by_float64, by_float32):
+            assert rho_of_step(orbit, pre_a, pre_b, *kept) < 1e-12, (circuit, kept is by_float32)
+        for kept32, kept64, step in zip(by_float32, by_float64, (step_a, step_b), strict=True):
+            assert (kept32 - kept64).norm() <= 1e-5 * step.norm()
+
+
 def test_projected_adamw_conserves_the_imbalance_in_float64(prepared_data_dir, tmp_path):
     """The identity in a training run (docs/design.md §13): float64 adamw_projected has rho < 1e-20 and
     drift1/drift2 < 1e-9 on every log row, both circuits; float64 adamw on the same seed does not."""

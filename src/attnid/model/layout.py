@@ -134,12 +134,18 @@ def attention_tensors(model: torch.nn.Module) -> list[LayerTensors]:
 # --------------------------------------------------------------------------------------
 
 
-def _rows(weight: torch.Tensor, bias: torch.Tensor | None, n_heads: int, head_dim: int) -> torch.Tensor:
-    """(heads*D, E) rows [+ (heads*D,) bias] -> (heads, D, E[+1]) float64."""
-    per_head = weight.detach().to(torch.float64).reshape(n_heads, head_dim, -1)
+def _rows(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    n_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """(heads*D, E) rows [+ (heads*D,) bias] -> (heads, D, E[+1]) in ``dtype``."""
+    per_head = weight.detach().to(dtype).reshape(n_heads, head_dim, -1)
     if bias is None:
         return per_head
-    return torch.cat([per_head, bias.detach().to(torch.float64).reshape(n_heads, head_dim, 1)], dim=-1)
+    return torch.cat([per_head, bias.detach().to(dtype).reshape(n_heads, head_dim, 1)], dim=-1)
 
 
 def _side_by_side(per_head: torch.Tensor, n_groups: int) -> torch.Tensor:
@@ -170,8 +176,9 @@ def pairs_from_tensors(
     c_proj_weight: torch.Tensor,
     layout: AttentionLayout,
     circuit: str,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One layer's pairs of one circuit, each ``(G, D, n)`` float64 (see the module docstring)."""
+    """One layer's pairs of one circuit, each ``(G, D, n)`` in ``dtype`` (see the module docstring)."""
     expected = (layout.n_head * layout.head_dim + 2 * layout.n_kv_head * layout.head_dim, layout.n_embd)
     if tuple(c_attn_weight.shape) != expected:
         raise ValueError(f"c_attn.weight is {tuple(c_attn_weight.shape)}, the layout needs {expected}")
@@ -182,20 +189,23 @@ def pairs_from_tensors(
 
     g, d = layout.n_kv_head, layout.head_dim
     if circuit == "qk":
-        queries = _rows(c_attn_weight[query], bias_of(query), layout.n_head, d)  # (H, D, E[+1])
-        return _side_by_side(queries, g), _rows(c_attn_weight[key], bias_of(key), g, d)
+        queries = _rows(c_attn_weight[query], bias_of(query), layout.n_head, d, dtype)  # (H, D, E[+1])
+        return _side_by_side(queries, g), _rows(c_attn_weight[key], bias_of(key), g, d, dtype)
     if circuit == "ov":
-        outputs = _rows(c_proj_weight.t(), None, layout.n_head, d)  # (H, D, E_out)
-        return _rows(c_attn_weight[value], bias_of(value), g, d), _side_by_side(outputs, g)
+        outputs = _rows(c_proj_weight.t(), None, layout.n_head, d, dtype)  # (H, D, E_out)
+        return _rows(c_attn_weight[value], bias_of(value), g, d, dtype), _side_by_side(outputs, g)
     raise ValueError(f"unknown circuit {circuit!r}; expected one of {CIRCUITS}")
 
 
 def stacked_pairs(
-    tensors_per_layer: list[LayerTensors], layout: AttentionLayout, circuit: str
+    tensors_per_layer: list[LayerTensors],
+    layout: AttentionLayout,
+    circuit: str,
+    dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One circuit's pairs of every layer, ``(L*G, D, n)`` float64, layer-major, from per-layer
+    """One circuit's pairs of every layer, ``(L*G, D, n)`` in ``dtype``, layer-major, from per-layer
     ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
-    per_layer = [pairs_from_tensors(w, b, p, layout, circuit) for w, b, p in tensors_per_layer]
+    per_layer = [pairs_from_tensors(w, b, p, layout, circuit, dtype) for w, b, p in tensors_per_layer]
     return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
 
 

@@ -18,6 +18,11 @@ The circuits' pairs use disjoint rows of the attention tensors (query/key rows f
 ``qk``; value rows and ``c_proj`` for ``ov``), so projecting one circuit after the
 other is the projection onto the whole model's orbit tangent. ``c_proj.bias`` and
 everything outside attention belong to no pair and keep their step.
+
+The maths runs in float64 for a float64 model and in float32 otherwise: the kept step of a
+float32 model is rounded to float32 when it is written back, so its ρ sits at the float32 floor
+whichever precision solved for it, and the float32 solve costs about half as much
+(docs/design.md §13).
 """
 
 from __future__ import annotations
@@ -43,19 +48,20 @@ def remove_orbit_component(
 
     ``pre`` is a float64 copy of every layer's ``(c_attn.weight, c_attn.bias, c_proj.weight)`` taken right
     before ``optimizer.step()`` (:func:`attnid.measure.drift.attention_snapshot`), on the model's device.
-    The maths runs in float64 there; the corrected weights are cast back to each tensor's dtype.
+    The maths runs there in :func:`solve_dtype`; the corrected weights are cast back to each tensor's dtype.
 
     Returns per circuit ``(removed_sq, step_sq)``, two 0-dim tensors (no host sync): the squared norm of
     the removed tangent component and of the optimizer's whole step, summed over pairs. Their ratio is the
     ρ the step had before the projection (docs/design.md §3.1).
     """
     layout, tensors = layout_of(model), attention_tensors(model)
-    n_layer = len(tensors)
+    n_layer, dtype = len(tensors), solve_dtype(tensors)
     removed: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for circuit in CIRCUITS:
-        pre_a, pre_b = stacked_pairs(pre, layout, circuit)  # (L*G, D, n_a), (L*G, D, n_b)
-        now_a, now_b = stacked_pairs(tensors, layout, circuit)
-        step_a, step_b = now_a - pre_a, now_b - pre_b  # exact: differences of float32 numbers in float64
+        pre_a, pre_b = stacked_pairs(pre, layout, circuit, dtype)  # (L*G, D, n_a), (L*G, D, n_b)
+        now_a, now_b = stacked_pairs(tensors, layout, circuit, dtype)
+        # float64: exact; float32: one rounding, smaller than the write-back's
+        step_a, step_b = now_a - pre_a, now_b - pre_b
         along_a, along_b = orbit_of(model, circuit).tangent_projection(pre_a, pre_b, step_a, step_b)
         kept_a, kept_b = now_a - along_a, now_b - along_b
         for layer, a, b in zip(tensors, kept_a.chunk(n_layer), kept_b.chunk(n_layer), strict=True):
@@ -65,3 +71,9 @@ def remove_orbit_component(
             step_a.square().sum() + step_b.square().sum(),
         )
     return removed
+
+
+def solve_dtype(tensors: list[LayerTensors]) -> torch.dtype:
+    """float64 when any attention weight is float64, else float32 (see the module docstring)."""
+    weights = [t for layer in tensors for t in layer if t is not None]
+    return torch.float64 if any(t.dtype == torch.float64 for t in weights) else torch.float32

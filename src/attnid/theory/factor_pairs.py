@@ -9,7 +9,8 @@ symmetry ``A -> G A, B -> G^{-T} B`` for ``G`` in GL_D:
 - output-value (Lemma 4.6): ``A = [W_V^h | b_V^h]``, ``B = (W_O^h)^T``; the head's
   contribution to the output is ``B^T A [x;1]``.
 
-Everything here is a pure function on float64 tensors. Pairs are *batched*: ``A``
+Everything here is a pure function on float64 tensors (the tangent projection also takes
+float32, for the projected step of a float32 model). Pairs are *batched*: ``A``
 is ``(..., D, n_a)`` and ``B`` is ``(..., D, n_b)`` with any leading batch shape
 (heads, or layers x heads), so one ``torch.linalg.eigh`` call serves every head of
 the model. Nothing depends on the device or on global RNG state.
@@ -33,6 +34,9 @@ import torch
 # float64 round-off (eigh's absolute error is ~1e-16 * ||M||): that direction of S
 # moves nothing and is dropped (pseudo-inverse), and the pair is counted as singular.
 SINGULAR_RTOL = 1e-12
+# The same cut for float32 (the projected step's solve in a float32 model, docs/design.md §13):
+# float32's eigh error is ~1e-7 * ||M||, so sums below ten times that are round-off.
+SINGULAR_RTOL_FLOAT32 = 1e-6
 # Rebalancing divides by the product's singular values: a pair whose product is this
 # close to rank-deficient (s_min / s_max) is left alone and counted (docs/design.md §4).
 REBALANCE_MIN_SV_RATIO = 1e-6
@@ -45,6 +49,11 @@ CHOLESKY_MIN_PIVOT_RATIO = 1e-3
 # --------------------------------------------------------------------------------------
 # Orbit geometry
 # --------------------------------------------------------------------------------------
+
+
+def singular_rtol(dtype: torch.dtype) -> float:
+    """:data:`SINGULAR_RTOL` for float64, :data:`SINGULAR_RTOL_FLOAT32` for anything narrower."""
+    return SINGULAR_RTOL if dtype == torch.float64 else SINGULAR_RTOL_FLOAT32
 
 
 def gram(matrix: torch.Tensor) -> torch.Tensor:
@@ -78,7 +87,7 @@ def _sylvester_in_eigenbases(
     rhs_eig = vec_b.transpose(-1, -2) @ rhs @ vec_a
     denom = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)  # (..., D, D): b_i + a_j
     scale = torch.maximum(eig_a.amax(-1), eig_b.amax(-1)).unsqueeze(-1).unsqueeze(-1)
-    solvable = denom > SINGULAR_RTOL * scale
+    solvable = denom > singular_rtol(denom.dtype) * scale
     inv_denom = torch.where(
         solvable, 1 / torch.where(solvable, denom, torch.ones_like(denom)), torch.zeros_like(denom)
     )

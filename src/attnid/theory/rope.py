@@ -10,8 +10,8 @@
   onto that algebra, per plane the trace of ``I``'s 2x2 diagonal block (Lemma 5.1
   restricted to the subgroup).
 
-Pure functions on float64 pairs batched over any leading shape, like
-:mod:`attnid.theory.factor_pairs`; :class:`attnid.theory.orbits.RopeCommutantOrbit` is the
+Pure functions on float64 pairs (the tangent projection also float32) batched over any leading
+shape, like :mod:`attnid.theory.factor_pairs`; :class:`attnid.theory.orbits.RopeCommutantOrbit` is the
 interface the rest of the package uses.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from attnid.theory.factor_pairs import REBALANCE_MIN_SV_RATIO, SINGULAR_RTOL
+from attnid.theory.factor_pairs import REBALANCE_MIN_SV_RATIO, singular_rtol
 
 ROPE_BASE = 10000.0
 
@@ -115,7 +115,7 @@ def _rope_coefficients(
     norm = block_trace(gram_a) + block_trace(gram_b)
     r_1 = block_trace(cross_a) - block_trace(cross_b)
     r_2 = block_rotation(cross_a) + block_rotation(cross_b)
-    solvable = norm > SINGULAR_RTOL * norm.amax(-1, keepdim=True)
+    solvable = norm > singular_rtol(norm.dtype) * norm.amax(-1, keepdim=True)
     return r_1, r_2, norm, solvable
 
 
