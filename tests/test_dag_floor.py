@@ -1,0 +1,53 @@
+"""benchmarks/dag_floor.py reads the workflow's own training commands: every `attnid train` job of a dry
+run parses with `attnid train`'s flags and lands in a stage, and a build's benchmark files add up per
+stage. (The timing itself is a benchmark, never a test.)"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+
+import pytest
+from pipeline_helpers import REPO, copy_pipeline
+
+from attnid.cli.train import add_train_arguments
+
+
+@pytest.fixture(scope="module")
+def dag_floor():
+    spec = importlib.util.spec_from_file_location("dag_floor", REPO / "benchmarks" / "dag_floor.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_training_job_of_the_smoke_build_is_read(dag_floor, monkeypatch, tmp_path):
+    monkeypatch.chdir(copy_pipeline(tmp_path))  # the dry run's .snakemake/ goes there, not into the checkout
+    jobs = dag_floor.train_commands(tmp_path / "config" / "smoke.yaml")
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    stages: dict[str, int] = {}
+    for words in jobs:
+        flags = parser.parse_args(words)  # a shell word the parser does not know would exit here
+        stage = dag_floor.stage_of(flags.out, "results/smoke")
+        stages[stage] = stages.get(stage, 0) + 1
+        assert flags.max_iters > 0
+    # the smoke config: 5 cases x 2 seeds; 6 sweep runs; heads 4 x 2 and variants 3 (mha is copied);
+    # edits 2; interventions 3 arms x 2 seeds and the identity run
+    assert stages == {"runs": 10, "sweep": 6, "studies": 11, "edits": 2, "interventions": 7}
+
+
+def test_benchmark_files_add_up_per_stage(dag_floor, tmp_path):
+    header = "s\th:m:s\tmax_rss\n"
+    for relative, seconds in [
+        ("runs/adamw/seed0.tsv", 10.5),
+        ("runs/sgd/seed0.tsv", 20.0),
+        ("interventions/identity/seed0.tsv", 4.0),
+        ("census.tsv", 3.0),
+    ]:
+        path = tmp_path / relative
+        os.makedirs(path.parent, exist_ok=True)
+        path.write_text(header + f"{seconds}\t0:00:10\t100\n")
+    assert dag_floor.measured_job_seconds(tmp_path) == {"runs": 30.5, "interventions": 4.0, "census": 3.0}
