@@ -43,7 +43,16 @@ MODEL_FIELDS = (
 
 def train_commands(configfile: Path | None) -> list[list[str]]:
     """The argument lists of every ``attnid train`` job of a full build (after ``attnid train``)."""
-    command = ["snakemake", "--dry-run", "--forceall", "--printshellcmds", "--cores", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "snakemake",
+        "--dry-run",
+        "--forceall",
+        "--printshellcmds",
+        "--cores",
+        "1",
+    ]
     if configfile is not None:
         command += ["--configfile", str(configfile)]
     listing = subprocess.run(command, capture_output=True, text=True)
