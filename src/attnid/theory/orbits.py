@@ -201,7 +201,7 @@ class GeneralLinearOrbit(Orbit):
         eig_b = torch.linalg.eigvalsh(factor_pairs.gram(pair_b)).clamp_min(0)
         sums = eig_b.unsqueeze(-1) + eig_a.unsqueeze(-2)
         scale = sums.flatten(-2).amax(-1)[..., None, None]
-        return int((sums > factor_pairs.SINGULAR_RTOL * scale).sum())
+        return int((sums > factor_pairs.singular_rtol(sums.dtype) * scale).sum())
 
     def generic_dimension(self, head_dim: int, n_a: int, n_b: int) -> int:
         """``D^2`` minus the stabiliser ``{X : X A = 0, X^T B = 0}``, of dimension
@@ -279,7 +279,7 @@ class RopeCommutantOrbit(Orbit):
         """Per plane the two tangent directions have norm ``|A_p|^2 + |B_p|^2`` and are orthogonal:
         2 per plane that is not zero."""
         norm = rope.plane_sq_norms(pair_a) + rope.plane_sq_norms(pair_b)
-        return int(2 * (norm > factor_pairs.SINGULAR_RTOL * norm.amax(-1, keepdim=True)).sum())
+        return int(2 * (norm > factor_pairs.singular_rtol(norm.dtype) * norm.amax(-1, keepdim=True)).sum())
 
     def generic_dimension(self, head_dim: int, n_a: int, n_b: int) -> int:
         """``D``: a scale and a rotation per plane."""
