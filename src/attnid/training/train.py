@@ -50,7 +50,13 @@ from attnid.model import gauge
 from attnid.model.gpt import GPT, GPTConfig
 from attnid.model.step_projection import remove_orbit_component
 from attnid.training import gpu_slots, loop, moments, precision, rundir
-from attnid.training.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
+from attnid.training.batches import (
+    FixedEvalBatches,
+    TrainBatches,
+    batch_from_starts,
+    random_starts,
+    split_loss,
+)
 from attnid.training.cases import get_case
 from attnid.training.config import TrainConfig, resume_free_keys
 from attnid.training.loop import get_lr
@@ -124,6 +130,7 @@ class Run:
         self.pending_rows: list[tuple[dict, Future | None, dict]] = []
         self.metrics_waited = {"queue": 0.0, "drain": 0.0}  # before this process (resumed runs)
         self.step, self.best_val_loss, self.wall_before = 0, 1e9, 0.0
+        self.final_val_loss_full: float | None = None  # the final model on the whole val split (finish)
         self.resumed_at: list[int] = []  # the steps this run was resumed at
         self.status = "completed"
         self.diverged_step: int | None = None
@@ -512,6 +519,7 @@ class Run:
             "final_train_loss": last_eval.get("eval_train_loss"),
             "final_val_loss": last_eval.get("val_loss"),
             "final_eval_step": last_eval.get("step"),
+            "final_val_loss_full": self.final_val_loss_full,
             "wall_time_s": self.wall_s(),
             "device": device.type,
             "dtype": self.dtype,
@@ -536,6 +544,17 @@ class Run:
     def finish(self) -> int:
         self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
         self.collect_rows()
+        if self.status == "completed":  # the interventions' primary metric (docs/design.md §11.5)
+            progress.stage("evaluating the final model on the whole val split")
+            # the plain module: a compiled one would compile again for the last, shorter batch
+            self.final_val_loss_full = split_loss(
+                self.model,
+                self.splits["val"],
+                self.cfg.block_size,
+                self.cfg.batch_size,
+                self.device,
+                self.autocast,
+            )
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)
