@@ -23,6 +23,7 @@ from synthetic_runs import write_run
 
 from attnid.reports import figures, interventions, tables
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
+from attnid.reports.statistics import minimum_seeds
 from attnid.training.rundir import load_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -31,7 +32,7 @@ DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 # ---------------------------------------------------------------------------- the plan
 
 
-def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
+def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run():
     arms = interventions.intervention_arms(DEFAULT)
     assert [arm.name for arm in arms] == [
         "adamw",
@@ -40,9 +41,16 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
         "adamw_rebalance",
         "adamw_rebalance_transport",
     ]
-    assert len(DEFAULT["interventions"]["seeds"]) >= 5
-    paper = yaml.safe_load((REPO / "config/paper.yaml").read_text())
-    assert len(paper["interventions"]["seeds"]) >= 10
+    # the rule's minimum: the smallest n at which the exact test can reject after Holm over the family
+    smoke = smoke_config()
+    for config, seeds in ((DEFAULT, 8), (yaml.safe_load((REPO / "config/paper.yaml").read_text()), 16)):
+        section = config["interventions"]
+        assert len(section["seeds"]) >= seeds
+        rule = section["verdict"]
+        assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
+        assert interventions.check_interventions_config(config) == []
+    rule = smoke["interventions"]["verdict"]
+    assert len(smoke["interventions"]["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
     keep, transport = arms[3], arms[4]
     # a rebalancing arm rebalances as its case does; only the moments tell the two apart
     rebalance = {k: DEFAULT["cases"]["adamw_rebalance"][k] for k in ("rebalance_every", "rebalance_target")}
@@ -54,6 +62,15 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
     assert "seeds" not in identity
     assert interventions.check_interventions_config(DEFAULT) == []
     assert interventions.intervention_arms({**DEFAULT, "interventions": None}) == []
+    assert interventions.planned_comparisons(DEFAULT) == [
+        "adamw_projected",
+        "adamw_gauge_fixed",
+        "adamw_rebalance",
+        "adamw_rebalance_transport",
+        "adamw_rebalance_transport-adamw_rebalance",
+    ]
+    flags = interventions.verdict_options(DEFAULT)
+    assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4] == "--family"
 
 
 @pytest.mark.parametrize(
@@ -71,6 +88,15 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
         (
             {"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
             "adamw_rebalance listed twice",
+        ),
+        (
+            {
+                "verdict": {
+                    **DEFAULT["interventions"]["verdict"],
+                    "family": ["adamw_projected", "start_x_frozen"],
+                }
+            },
+            "interventions/verdict/family: start_x_frozen is no comparison of the arms",
         ),
     ],
 )
