@@ -281,6 +281,34 @@ def test_the_cost_ratio_comes_from_the_kept_benchmark(intervention_runs, tmp_pat
     assert kept.of("a", "b") == pytest.approx(1.25) and math.isnan(kept.of("a", "c"))
 
 
+def test_the_cost_benchmark_writes_what_the_table_reads(tmp_path):
+    """benchmarks/arms_cost.py's table (its timing is a benchmark, never a test): medians of per-round ratios
+    to adamw, the machine and date on every row, read back by the table; its arms carry the table's names
+    (those of attnid train's options; the lr arm is named with --arm)."""
+    import importlib.util
+
+    from pipeline_helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("arms_cost", REPO / "benchmarks" / "arms_cost.py")
+    assert spec is not None and spec.loader is not None
+    arms_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arms_cost)
+    for arm, (case, extra) in arms_cost.ARMS.items():
+        named = interventions_table.arm_name(
+            case, extra.get("rebalance_moments"), extra.get("initial_point"), extra.get("freeze_mlp", False)
+        )
+        assert named == arm or (arm == "adamw_lr2x" and extra == {"lr": 2 * arms_cost.ADAMW_LR}), arm
+    seconds = {"adamw": [2.0, 2.2, 2.0], "adamw_gauge_fixed": [2.2, 2.2, 2.4], "adamw_lr2x": [2.1, 2.31, 2.0]}
+    machine = {"platform": "Linux-x", "cpu": "Some CPU", "torch": "2.1", "date": "2026-01-02"}
+    table = arms_cost.cost_table(seconds, 40, machine)
+    assert table.set_index("arm").loc["adamw_gauge_fixed", "ratio_to_adamw"] == pytest.approx(1.1)
+    assert table.set_index("arm").loc["adamw_gauge_fixed", "ms_per_step"] == pytest.approx(55.0)
+    table.to_csv(tmp_path / "arms_cost.csv", index=False)
+    costs = interventions_table.read_arm_costs(tmp_path / "arms_cost.csv")
+    assert costs.ratio["adamw"] == 1.0 and costs.ratio["adamw_lr2x"] == pytest.approx(1.05)
+    assert costs.source == "arms_cost.csv: Some CPU, torch 2.1, 2026-01-02"
+
+
 def test_a_seed_without_a_baseline_run_is_a_one_line_error(intervention_runs, tmp_path, capsys):
     write_arm_run(intervention_runs, "arm_lower", 11, 2.0)
     assert main(table_command(intervention_runs, tmp_path)) == 2
