@@ -328,6 +328,7 @@ def test_a_seed_without_a_baseline_run_is_a_one_line_error(intervention_runs, tm
         ("no baseline", "no adamw runs among the runs given"),
         ("only baseline", "only adamw runs given: nothing to compare"),
         ("family", "the family names arm_elsewhere, not among the runs' comparisons"),
+        ("family twice", "the family names arm_lower twice"),
         ("no full loss", "has no final_val_loss_full"),
     ],
 )
@@ -345,6 +346,8 @@ def test_other_selection_mistakes_are_one_line_errors(intervention_runs, tmp_pat
         runs = [r for r in runs if "/adamw/" in r]
     elif mistake == "family":
         flags = ["--family", "arm_lower", "arm_elsewhere"]
+    elif mistake == "family twice":
+        flags = ["--family", "arm_lower", "arm_same", "arm_lower"]
     else:  # a run from before the whole-split evaluation
         run_json = intervention_runs / "arm_same" / "seed3" / "run.json"
         info = json.loads(run_json.read_text())

@@ -177,7 +177,7 @@ def load_runs_by_arm(
     return {arm: by_arm[arm] for arm in sorted(by_arm, key=position)}
 
 
-def kept_moments_baseline(arm: str, runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
+def kept_moments_baseline(runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
     """The case an arm with transported or reset moments is also compared with (its moments kept), or None."""
     info = runs[0][0]
     moments = (info.get("config") or {}).get("rebalance_moments")
@@ -314,7 +314,7 @@ def paired_seed_table(
         raise UserError(f"only {baseline} runs given: nothing to compare with them; pass the arms' runs too")
     pairs = [(arm, baseline) for arm in arms]
     for arm in arms:
-        kept = kept_moments_baseline(arm, by_arm[arm])
+        kept = kept_moments_baseline(by_arm[arm])
         if kept is not None and kept in by_arm and kept != baseline:
             pairs.insert(pairs.index((arm, baseline)) + 1, (arm, kept))
     rows = [
@@ -384,6 +384,11 @@ def comparisons_table(
     the smallest effect it could detect, and the arm's cost per step over the baseline's from ``costs``."""
     names = list(dict.fromkeys(seeds["comparison"]))
     members = names if family is None else list(family)
+    repeated = sorted({name for name in members if members.count(name) > 1})
+    if repeated:
+        raise UserError(
+            f"the family names {', '.join(repeated)} twice: each comparison counts once in Holm's m"
+        )
     unknown = [name for name in members if name not in names]
     if unknown:
         raise UserError(
@@ -468,14 +473,15 @@ def interventions_table(
 # ---------------------------------------------------------------------------- writing
 
 
-def comparison_tex(row: dict, baseline: str = BASELINE_CASE) -> str:
-    """A comparison's name in the LaTeX table."""
+def comparison_tex(row: dict) -> str:
+    """A comparison's name in the LaTeX table: the arm (against the table's baseline), the arm minus another
+    baseline, or the interaction."""
     from attnid.reports.latex import tex_escape
 
     if row["comparison"] == INTERACTION:
         return r"interaction: starting point $\times$ frozen"
     text = rf"\texttt{{{tex_escape(row['arm'])}}}"
-    if row["baseline"] != baseline:
+    if row["comparison"] != row["arm"]:
         text += rf" $-$ \texttt{{{tex_escape(row['baseline'])}}}"
     return text
 
