@@ -412,8 +412,145 @@ def test_gauge_fixed_refuses_what_it_cannot_fix(tmp_path):
     stock = tiny_model({})
     gauge.fix_gauge(stock)
     other = tiny_model({}, seed=5)
-    with pytest.raises(RuntimeError, match="not c I"):
+    with pytest.raises(RuntimeError, match="a fixed block differs from this model's"):
         stock.load_state_dict(other.state_dict())
+
+
+# --------------------------------------------------------------------------------------
+# §14: the gauge arm's controls (the 2 x 2 of starting point and frozen blocks, and the MLP control)
+# --------------------------------------------------------------------------------------
+
+
+def test_the_controls_start_where_they_should():
+    """The from-gauge-point arm starts at the gauge arm's weights, bit for bit; the at-initial-values arm at
+    adamw's, bit for bit, with the same windows fixed as the gauge arm."""
+    stock = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    gauged = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    moved = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    at_init = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    gauge.fix_gauge(gauged)
+    gauge.move_to_gauge_point(moved)
+    condition = gauge.fix_gauge(at_init, at=gauge.INITIAL_VALUES)
+    for key, value in gauged.state_dict().items():
+        assert torch.equal(moved.state_dict()[key], value), key
+    for key, value in stock.state_dict().items():
+        assert torch.equal(at_init.state_dict()[key], value), key
+    assert not gauge.gauge_fixed_layers(moved)  # nothing fixed
+    for fixed, initial in zip(
+        gauge.gauge_fixed_layers(gauged), gauge.gauge_fixed_layers(at_init), strict=True
+    ):
+        assert fixed.windows == initial.windows  # the same blocks, fixed at another point of the orbit
+        assert not gauge.gauge_holds(initial)  # the initial blocks are not c I ...
+        for block in initial.fixed_blocks():  # ... but invertible, so they fix the gauge as well
+            assert torch.linalg.matrix_rank(block.double()) == block.shape[0]
+    assert 1 <= condition < 1e3
+
+
+def _closed_form(model) -> int:
+    shape = layer_shape_of(model)
+    return model.config.n_layer * (
+        counts.unidentified_qk_params(shape) + counts.unidentified_ov_params(shape)
+    )
+
+
+def test_the_controls_freeze_the_closed_form_and_frozen_entries_never_move():
+    """At initial values: 2 L G D^2 fewer trained attention entries; the MLP control: as many MLP entries,
+    drawn from the seed. AdamW with weight decay for a few steps moves none of them, and the rest trains."""
+    stock = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
+    at_init = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
+    gauge.fix_gauge(at_init, at=gauge.INITIAL_VALUES)
+    closed_form = _closed_form(stock)
+    assert gauge.trainable_attention_params(stock) - gauge.trainable_attention_params(at_init) == closed_form
+    mlp = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
+    frozen = gauge.freeze_random_mlp_entries(mlp, seed=0)
+    assert frozen.count == closed_form
+    again = gauge.freeze_random_mlp_entries(tiny_model({"n_kv_head": 2}, dtype=torch.float32), seed=0)
+    other = gauge.freeze_random_mlp_entries(tiny_model({"n_kv_head": 2}, dtype=torch.float32), seed=1)
+    masks = [mask for _, mask, _ in frozen.frozen]
+    assert all(torch.equal(a, b) for a, (_, b, _) in zip(masks, again.frozen, strict=True))  # fixed by seed
+    assert not all(torch.equal(a, b) for a, (_, b, _) in zip(masks, other.frozen, strict=True))
+    assert gauge.trainable_attention_params(mlp) == gauge.trainable_attention_params(stock)  # not attention
+
+    blocks = [b.clone() for layer in gauge.gauge_fixed_layers(at_init) for b in layer.fixed_blocks()]
+    mlp_before = [(param.detach().clone(), mask) for param, mask, _ in frozen.frozen]
+    for model in (at_init, mlp):
+        optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2)
+        if model is mlp:
+            optimizer.register_step_post_hook(lambda *_: frozen.restore())
+        for _ in range(3):
+            adamw_step(model, optimizer)
+    after = [b for layer in gauge.gauge_fixed_layers(at_init) for b in layer.fixed_blocks()]
+    assert all(torch.equal(a, b) for a, b in zip(blocks, after, strict=True))
+    for (before, mask), (param, _, _) in zip(mlp_before, frozen.frozen, strict=True):
+        assert torch.equal(param.detach()[mask], before[mask])
+        assert (param.detach()[~mask] != before[~mask]).float().mean() > 0.99
+        state = optimizer.state[param]  # the frozen entries' gradient was zero: no moments either
+        assert not state["exp_avg"][mask].any() and not state["exp_avg_sq"][mask].any()
+
+
+def test_the_control_runs_train_and_record_what_they_froze(prepared_data_dir, tmp_path):
+    """attnid train: --initial-point gauge starts adamw at the gauge point (step-0 val loss unchanged,
+    nothing fixed); adamw_gauge_fixed --initial-point init starts exactly at adamw's (the same step-0 row) and
+    its checkpoint keeps the initial blocks; --freeze-mlp keeps its entries at their initial values through
+    training with metrics (the tau probe copies the model), and a stopped run resumes to the same rows."""
+    flags = ["--max-iters", "10", "--log-every", "5", "--eval-every", "5", "--ckpt-every", "5", "--seed", "2"]
+    runs = {
+        "adamw": ["--case", "adamw"],
+        "moved": ["--case", "adamw", "--initial-point", "gauge"],
+        "at_init": ["--case", "adamw_gauge_fixed", "--initial-point", "init"],
+        "mlp": ["--case", "adamw", "--freeze-mlp"],
+    }
+    for name, case in runs.items():
+        assert train(prepared_data_dir, tmp_path / name, *case, *flags) == 0, name
+    info = {name: run_outputs(tmp_path / name) for name in runs}
+    plain_info, plain = info["adamw"]
+    closed_form = 2 * 2 * 4 * 8**2  # L = 2, G = H = 4, D = 8
+    moved_info, moved = info["moved"]
+    assert moved.val_loss[0] == pytest.approx(plain.val_loss[0], rel=1e-6)
+    assert moved_info["gauge"]["fixed"] is False and moved_info["gauge"]["initial_point"] == "gauge"
+    assert moved_info["trained_attention_params"] == plain_info["trained_attention_params"]
+    at_info, at_init = info["at_init"]
+    assert at_init.val_loss[0] == plain.val_loss[0] and at_info["gauge"]["logit_change"] == 0.0
+    assert plain_info["trained_attention_params"] - at_info["trained_attention_params"] == closed_form
+    mlp_info, _ = info["mlp"]
+    assert mlp_info["frozen_mlp_entries"] == closed_form and plain_info["frozen_mlp_entries"] is None
+
+    config = load_nanogpt_checkpoint(tmp_path / "adamw" / "ckpt.pt").config
+    torch.manual_seed(2)
+    initial = GPT(config)
+    frozen = gauge.freeze_random_mlp_entries(initial, seed=2)
+    trained = torch.load(tmp_path / "mlp" / "ckpt.pt", weights_only=True)["model"]
+    names = {id(param): name for name, param in initial.named_parameters()}
+    for param, mask, values in frozen.frozen:
+        assert torch.equal(trained[names[id(param)]][mask], values)
+        assert not torch.equal(trained[names[id(param)]], param.detach())
+    trained_at_init = torch.load(tmp_path / "at_init" / "ckpt.pt", weights_only=True)["model"]
+    torch.manual_seed(2)
+    fixed = GPT(initial.config)
+    gauge.fix_gauge(fixed, at=gauge.INITIAL_VALUES)
+    fixed.load_state_dict(trained_at_init)  # refuses blocks that are not the initial ones
+
+    stopped = tmp_path / "stopped"
+    assert train(prepared_data_dir, stopped, *runs["mlp"], *flags, "--stop-after", "5") != 0
+    assert train(prepared_data_dir, stopped, *runs["mlp"], *flags) == 0
+    timing = ["tokens_per_s", "wall_s"]
+    pd.testing.assert_frame_equal(
+        run_outputs(stopped)[1].drop(columns=timing), info["mlp"][1].drop(columns=timing)
+    )
+
+
+def test_the_control_options_refuse_what_they_cannot_do(tmp_path, capsys):
+    from attnid.cli import main
+
+    data = tmp_path / "data"
+    for flags, message in (
+        (["--initial-point", "somewhere"], "unknown --initial-point 'somewhere'"),
+        (["--initial-point", "gauge", "--rope"], "does not support --rope"),
+        (["--arm", "Bad-Name"], "--arm 'Bad-Name'"),
+    ):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / "out"), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
 
 
 # --------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from synthetic_runs import write_run
 
 from attnid.reports import figures, interventions, tables
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
+from attnid.reports.statistics import minimum_seeds
 from attnid.training.rundir import load_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -31,7 +32,7 @@ DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 # ---------------------------------------------------------------------------- the plan
 
 
-def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
+def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run():
     arms = interventions.intervention_arms(DEFAULT)
     assert [arm.name for arm in arms] == [
         "adamw",
@@ -40,9 +41,16 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
         "adamw_rebalance",
         "adamw_rebalance_transport",
     ]
-    assert len(DEFAULT["interventions"]["seeds"]) >= 5
-    paper = yaml.safe_load((REPO / "config/paper.yaml").read_text())
-    assert len(paper["interventions"]["seeds"]) >= 10
+    # the rule's minimum: the smallest n at which the exact test can reject after Holm over the family
+    smoke = smoke_config()
+    for config, seeds in ((DEFAULT, 8), (yaml.safe_load((REPO / "config/paper.yaml").read_text()), 16)):
+        section = config["interventions"]
+        assert len(section["seeds"]) >= seeds
+        rule = section["verdict"]
+        assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
+        assert interventions.check_interventions_config(config) == []
+    rule = smoke["interventions"]["verdict"]
+    assert len(smoke["interventions"]["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
     keep, transport = arms[3], arms[4]
     # a rebalancing arm rebalances as its case does; only the moments tell the two apart
     rebalance = {k: DEFAULT["cases"]["adamw_rebalance"][k] for k in ("rebalance_every", "rebalance_target")}
@@ -54,6 +62,15 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
     assert "seeds" not in identity
     assert interventions.check_interventions_config(DEFAULT) == []
     assert interventions.intervention_arms({**DEFAULT, "interventions": None}) == []
+    assert interventions.planned_comparisons(DEFAULT) == [
+        "adamw_projected",
+        "adamw_gauge_fixed",
+        "adamw_rebalance",
+        "adamw_rebalance_transport",
+        "adamw_rebalance_transport-adamw_rebalance",
+    ]
+    flags = interventions.verdict_options(DEFAULT)
+    assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4] == "--family"
 
 
 @pytest.mark.parametrize(
@@ -71,6 +88,15 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
         (
             {"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
             "adamw_rebalance listed twice",
+        ),
+        (
+            {
+                "verdict": {
+                    **DEFAULT["interventions"]["verdict"],
+                    "family": ["adamw_projected", "start_x_frozen"],
+                }
+            },
+            "interventions/verdict/family: start_x_frozen is no comparison of the arms",
         ),
     ],
 )
@@ -214,7 +240,7 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
         "adamw_gauge_fixed",
     ]
     table, notes = interventions_table(by_arm)
-    final = table[table["metric"] == "final_val_loss"].set_index(["arm", "baseline"])
+    final = table.set_index(["arm", "baseline"])
     assert set(final.index) == {
         ("adamw_rebalance", "adamw"),
         ("adamw_rebalance_transport", "adamw"),
@@ -222,8 +248,13 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
         ("adamw_projected", "adamw"),
         ("adamw_gauge_fixed", "adamw"),
     }
+    assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "comparison"] == (
+        "adamw_rebalance_transport-adamw_rebalance"
+    )
     assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "delta_mean"] == pytest.approx(0.029)
-    assert final.loc[("adamw_gauge_fixed", "adamw"), "verdict"] == "better" and not notes
+    gauge = final.loc[("adamw_gauge_fixed", "adamw")]
+    assert gauge["delta_mean"] == pytest.approx(-0.05) and not notes
+    assert gauge["verdict"] == "n too small"  # 3 seeds, five comparisons: the rule needs 8
 
 
 def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
@@ -296,6 +327,6 @@ def test_paired_differences_per_step_are_the_table_s_at_the_last_evaluation(tmp_
     assert differences["step"].tolist() == [0, 20, 40] and (differences["n_seeds"] == 3).all()
     assert differences["mean"].tolist() == pytest.approx([0.0, -0.05, -0.05])
     table, _ = interventions_table(by_arm)
-    row = table[(table["arm"] == "adamw_gauge_fixed") & (table["metric"] == "final_val_loss")].iloc[0]
-    last = differences.iloc[-1]
-    assert (last["low"], last["high"]) == pytest.approx((row["ci_low"], row["ci_high"]))
+    row = table[table["arm"] == "adamw_gauge_fixed"].iloc[0]
+    # these synthetic runs' whole-split loss is their last evaluation's: the same mean difference
+    assert differences.iloc[-1]["mean"] == pytest.approx(row["delta_mean"])

@@ -304,7 +304,7 @@ def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
         == 0
     )
     info = run_json(out)
-    assert info["status"] == "diverged"
+    assert info["status"] == "diverged" and info["final_val_loss_full"] is None
     assert 1 < info["diverged_step"] <= 50 and info["steps_completed"] == info["diverged_step"] - 1
     frame = metrics(out)
     assert frame.step.max() == info["diverged_step"] - 1  # rows up to the last good step
@@ -336,6 +336,32 @@ def test_no_metrics_logs_losses_only_and_progress_lines(prepared_data_dir, tmp_p
     assert frame[["rho_qk", "beta_qk", "tau", "mu_ov"]].isna().all().all()
     progress = [line for line in capsys.readouterr().err.splitlines() if " tok/s eta " in line]
     assert progress and progress[-1].startswith("attnid train: step 20/20 loss ")
+
+
+def test_the_final_model_is_evaluated_on_the_whole_val_split(prepared_data_dir, tmp_path):
+    """run.json's final_val_loss_full is the final checkpoint's mean next-token loss over every token of the
+    val split, counted once (consecutive windows; docs/design.md §11.5), not the sampled eval batches."""
+    import numpy as np
+    from torch.nn import functional as F
+
+    out = tmp_path / "full"
+    assert train(prepared_data_dir, out, "--case", "adamw", "--no-metrics", "--max-iters", "6") == 0
+    info = run_json(out)
+    model = load_nanogpt_checkpoint(out / "ckpt.pt")
+    val = np.fromfile(prepared_data_dir / "val.bin", dtype=np.uint16).astype(np.int64)
+    block = 32  # TINY_TRAIN_FLAGS
+    n_windows = (len(val) - 1) // block
+    x = torch.from_numpy(val[: n_windows * block].reshape(n_windows, block))
+    y = torch.from_numpy(val[1 : n_windows * block + 1].reshape(n_windows, block))
+    total = 0.0
+    with torch.no_grad():
+        for first in range(0, n_windows, 512):
+            logits, _ = model(x[first : first + 512], full_logits=True)  # (B, T, V)
+            total += float(
+                F.cross_entropy(logits.flatten(0, 1), y[first : first + 512].flatten(), reduction="sum")
+            )
+    assert info["final_val_loss_full"] == pytest.approx(total / y.numel(), rel=1e-5)
+    assert info["final_val_loss_full"] != info["final_val_loss"]  # 2 sampled batches are not the split
 
 
 def test_config_file_and_flag_precedence(tmp_path):

@@ -383,7 +383,7 @@ INTERVENTION_OUTPUTS = [
     for name in ("metrics.csv", "run.json")
 ]
 INTERVENTION_TABLE_FILES = (
-    [f"{TABLES_DIR}/interventions.{ext}" for ext in ("csv", "tex")]
+    [f"{TABLES_DIR}/interventions{tail}" for tail in (".csv", "_seeds.csv", ".tex")]
     if INTERVENTIONS
     else []
 )

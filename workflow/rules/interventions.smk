@@ -6,6 +6,10 @@
 # projected arm under interventions/identity/seed<N>/; `attnid interventions-table` pairs every arm with
 # adamw seed by seed.
 
+import shlex
+
+from attnid.reports.interventions import verdict_options
+
 
 use rule train_case as train_intervention with:
     output:
@@ -36,6 +40,10 @@ use rule train_case as train_intervention_identity with:
         flags=identity_flags,
 
 
+# Each arm's cost per step over adamw's, measured by benchmarks/arms_cost.py and kept in the repository.
+ARM_COSTS = "docs/figures/arms_cost.csv"
+
+
 if INTERVENTIONS:
 
     rule intervention_table:
@@ -54,5 +62,10 @@ if INTERVENTIONS:
         params:
             runs=" ".join(INTERVENTION_RUN_DIRS),
             out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+            # the verdict rule of the config (docs/design.md §11.3), and the kept per-step costs when
+            # benchmarks/arms_cost.py has written them
+            rule=" ".join(map(shlex.quote, verdict_options(config))),
+            costs=f"--arm-costs {ARM_COSTS}" if os.path.exists(ARM_COSTS) else "",
         shell:
-            "attnid interventions-table --runs {params.runs} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+            "attnid interventions-table --runs {params.runs} --out-dir {params.out_dir:q} {params.rule} "
+            "{params.costs} > {log:q} 2>&1"

@@ -73,7 +73,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "interventions-table": (
         "attnid.cli.reports",
-        "compare every arm with the adamw baseline, seed by seed: mean difference, bootstrap CI, p, verdict",
+        "compare every arm with the adamw baseline, seed by seed: mean difference, t-CI, exact p, Holm, "
+        "verdict",
     ),
 }
 

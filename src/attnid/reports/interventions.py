@@ -21,7 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnid.reports.interventions_table import BASELINE_CASE, DEFAULT_MOMENTS, arm_name
+from attnid.reports.interventions_table import (
+    AT_INIT_ARM,
+    BASELINE_CASE,
+    DEFAULT_MOMENTS,
+    FROM_GAUGE_ARM,
+    GAUGE_ARM,
+    INTERACTION,
+    arm_name,
+    comparison_name,
+)
 from attnid.training.cases import CASES
 
 # The settings a rebalancing arm takes from its case's section of the config (the rest are adamw's).
@@ -76,6 +85,35 @@ def identity_overrides(config: dict) -> dict:
     }
 
 
+def planned_comparisons(config: dict) -> list[str]:
+    """The comparisons the table will make of the section's arms (attnid.reports.interventions_table): each
+    arm against adamw, an arm with moved moments also against its case's kept-moments arm when that is
+    listed, and the 2 x 2's interaction when its three arms are."""
+    arms = intervention_arms(config)[1:]
+    names = [arm.name for arm in arms]
+    comparisons = []
+    for arm in arms:
+        comparisons.append(arm.name)
+        if arm.name != arm.case and arm.case in names:
+            comparisons.append(comparison_name(arm.name, arm.case))
+    if {GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM} <= set(names):
+        comparisons.append(INTERACTION)
+    return comparisons
+
+
+def verdict_options(config: dict) -> list[str]:
+    """`attnid interventions-table`'s flags for the section's verdict rule (docs/design.md §11.3)."""
+    rule = config["interventions"]["verdict"]
+    return [
+        "--alpha",
+        str(rule["alpha"]),
+        "--equivalence-margin",
+        str(rule["equivalence_margin"]),
+        "--family",
+        *rule["family"],
+    ]
+
+
 def check_interventions_config(config: dict) -> list[str]:
     """The cross-key rules of the ``interventions`` section that the schema cannot say, one line each."""
     section = config.get("interventions")
@@ -104,4 +142,13 @@ def check_interventions_config(config: dict) -> list[str]:
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         problems.append(f"interventions/arms: {', '.join(repeated)} listed twice")
+    if problems:  # the family is judged against arms that are right
+        return problems
+    planned = planned_comparisons(config)
+    unplanned = [name for name in section["verdict"]["family"] if name not in planned]
+    if unplanned:
+        problems.append(
+            f"interventions/verdict/family: {', '.join(unplanned)} is no comparison of the arms "
+            f"(they make: {', '.join(planned)})"
+        )
     return problems

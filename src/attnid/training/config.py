@@ -12,13 +12,14 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
 from attnid.measure.metrics import METRICS_DEVICES
-from attnid.model.gauge import check_gauge_layout
+from attnid.model.gauge import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, check_gauge_layout
 from attnid.model.layout import AttentionLayout
 from attnid.model.moves import REBALANCE_TARGETS
 from attnid.training import cases
@@ -26,6 +27,8 @@ from attnid.training.moments import REBALANCE_MOMENTS
 from attnid.training.precision import DTYPES
 
 DEVICES = ("auto", "cpu", "cuda")
+# An arm's name (--arm): it names a results folder and a row of the interventions table
+ARM_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Options that were replaced: each gives one line that says what to use instead
 REPLACED_OPTIONS = {
     "reset_optimizer_state": "--reset-optimizer-state was replaced by --rebalance-moments reset "
@@ -124,6 +127,27 @@ class TrainConfig:
         "each rebalance: keep (as they are), transport (mapped with the "
         "orbit move) or reset (dropped) (default keep)",
         metavar="HOW",
+    )
+    initial_point: str | None = option(
+        None,
+        "where training starts on each attention pair's orbit: init (the initialisation of --seed) or gauge "
+        "(moved along the orbits to adamw_gauge_fixed's gauge point: the same function, docs/design.md §14); "
+        "for adamw_gauge_fixed also where its blocks are fixed (init: at their initial values) (default: "
+        "gauge for adamw_gauge_fixed, init otherwise)",
+        metavar="WHERE",
+    )
+    freeze_mlp: bool = option(
+        False,
+        "freeze as many MLP weight entries as adamw_gauge_fixed fixes in attention (2 G D^2 per layer), "
+        "drawn at random from --seed, at their initial values: a control outside attention "
+        "(docs/design.md §14)",
+    )
+    arm: str | None = option(
+        None,
+        "the run's name as an arm of 'attnid interventions-table' (default: its case and options, e.g. "
+        "adamw_gauge_fixed_at_init); name an arm that differs from another only by its settings (--lr)",
+        metavar="NAME",
+        resume=False,
     )
     diverge_threshold: float | None = option(
         None, "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)"
@@ -294,10 +318,18 @@ def resolve_config(values: dict) -> TrainConfig:
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
         raise UserError("--beta1 and --beta2 must be in [0, 1)")
     _check_attention_shape(cfg)
-    if case.gauge_fixed:
+    if cfg.initial_point is None:
+        cfg.initial_point = GAUGE_POINT if case.gauge_fixed else INITIAL_VALUES
+    if cfg.initial_point not in INITIAL_POINTS:
+        raise UserError(f"unknown --initial-point {cfg.initial_point!r}: choose init or gauge")
+    if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
         head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
         check_gauge_layout(
             AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim, cfg.rope, cfg.bias)
+        )
+    if cfg.arm is not None and not ARM_NAME.fullmatch(cfg.arm):
+        raise UserError(
+            f"--arm {cfg.arm!r}: a name of lower-case letters, digits and _, starting with a letter"
         )
     if cfg.metrics_device not in ("auto", *METRICS_DEVICES):
         raise UserError(f"unknown --metrics-device {cfg.metrics_device!r}: choose auto, host or device")
