@@ -273,7 +273,8 @@ def test_census_closes(shape):
     assert row["measured"] == row["theory"], row
     assert row["gap"] >= census.GAP_REQUIRED
     assert row["n_rows"] >= census.ROW_FACTOR * row["n_params"]
-    assert row["near_null_scale"] > 100 * census.RANK_RTOL  # epsilon breaks the scaling, resolvably
+    # epsilon breaks the scaling: its singular value lies inside the gap, resolved from round-off
+    assert row["largest_dropped"] < row["near_null_singular"] < row["smallest_kept"]
 
 
 def test_the_issue_measurement_and_the_attention_shortfall():
@@ -294,6 +295,67 @@ def test_without_epsilon_the_residual_scaling_is_exact():
     row = census.census(dataclasses.replace(FAST_SHAPES[3], norm_eps=0.0))
     assert row["class_residual_scale"] == 1 and row["measured"] == row["theory"]
     assert row["near_null_scale"] < 1e-13
+
+
+# ---------------------------------------------------------------------------------------------
+# The rank cut allows for epsilon (docs/theory.md, "The measurement")
+
+
+def test_spectrum_cut_takes_the_largest_gap_and_no_round_off_spread():
+    spectrum = torch.tensor([1.0, 0.3, 1e-4, 2e-15, 1e-15, 5e-17], dtype=torch.float64)
+    rank, gap = census.spectrum_cut(spectrum)
+    assert rank == 3 and gap == pytest.approx(1e-4 / 2e-15)
+    # full rank: the machine-epsilon floor closes the spectrum; exact zeros are round-off, not a gap
+    assert census.spectrum_cut(torch.tensor([1.0, 0.5, 0.2], dtype=torch.float64))[0] == 3
+    assert census.spectrum_cut(torch.tensor([1.0, 1e-3, 0.0, 0.0], dtype=torch.float64))[0] == 2
+
+
+@pytest.mark.parametrize("eps_singular", [1e-6, 1e-10, 1e-14, 1.6e-15])
+def test_spectrum_cut_keeps_the_value_epsilon_leaves_in_the_gap(eps_singular):
+    """Wherever the eps-broken singular value falls between the informative band (down to 1e-4) and
+    round-off (1.5e-15), even unresolved at round-off, the cut keeps it and drops the round-off band:
+    the gap with one value inside, that value at most the near-null scale (here 10x the value)."""
+    spectrum = torch.tensor(
+        [1.0, 0.3, 1e-4, eps_singular, 1.5e-15, 1.2e-15, 1e-15, 5e-17], dtype=torch.float64
+    )
+    rank, gap = census.spectrum_cut(spectrum, inside=1, inside_at_most=10 * eps_singular)
+    assert rank == 4 and gap == pytest.approx(1e-4 / 1.5e-15)
+
+
+def test_spectrum_cut_needs_both_the_allowance_and_the_near_null_bound():
+    """A fixed cut, or the largest single gap, drops the eps-broken value once it is nearer round-off than
+    the informative band; the largest gap with one value inside, unbounded, may take the informative
+    band's last value for it when that value stands apart (0.3 -> 1e-4) more than the eps value does
+    from round-off."""
+    spectrum = torch.tensor([1.0, 0.3, 1e-4, 1e-14, 1.5e-15, 1.2e-15, 1e-15], dtype=torch.float64)
+    assert int((spectrum > 1e-9).sum()) == 3
+    assert census.spectrum_cut(spectrum)[0] == 3
+    assert census.spectrum_cut(spectrum, inside=1)[0] == 3
+    assert census.spectrum_cut(spectrum, inside=1, inside_at_most=1e-13)[0] == 4
+
+
+EPS_SWEEP = (1e-12, 1e-10, 1e-8, 1e-6, 1e-5)
+
+
+@pytest.mark.parametrize("shape", FAST_SHAPES[1:3], ids=["nanogpt-bias", "llama"])
+def test_the_census_closes_for_every_epsilon_and_the_broken_direction_scales_with_it(shape):
+    """From eps = 1e-12 to 1e-5 the census closes on both norms, and the singular value inside the gap is
+    the eps-broken residual scaling: it is ``a * eps`` (derived in docs/theory.md), the same ``a`` at every
+    eps. The fixed threshold of before (1e-9 of the largest) dropped it at eps = 1e-8."""
+    rows = [census.census(dataclasses.replace(shape, norm_eps=eps)) for eps in EPS_SWEEP]
+    for eps, row in zip(EPS_SWEEP, rows):
+        assert row["closes"] and row["measured"] == row["theory"] and row["class_residual_scale"] == 0, eps
+        assert row["largest_dropped"] < row["near_null_singular"] < row["smallest_kept"], eps
+    slopes = [row["near_null_singular"] / eps for eps, row in zip(EPS_SWEEP, rows)]
+    assert max(slopes) / min(slopes) < 1.02, slopes
+    assert rows[EPS_SWEEP.index(1e-8)]["near_null_singular"] < 1e-9
+
+
+def test_the_issue_shape_closes_at_eps_1e_8(capsys):
+    """issue 29 item 7: ``attnid census --family llama --norm-eps 1e-8`` measured 133 against 132."""
+    assert main(["census", "--family", "llama", "--norm-eps", "1e-8"]) == 0
+    out = capsys.readouterr().out
+    assert "closes: sum 132 = measured 132" in out and "residual scaling broken by eps" in out
 
 
 @pytest.mark.parametrize(

@@ -293,10 +293,20 @@ def class_report(row: dict) -> str:
     )
     lines.append(
         f"  gap {row['gap']:.2e} (smallest kept {row['smallest_kept']:.1e}, largest dropped "
-        f"{row['largest_dropped']:.1e} of the largest singular value); residual scaling "
-        f"{'exact' if row['class_residual_scale'] else 'broken by eps'}: |J v| / |v| s_max = "
-        f"{row['near_null_scale']:.1e}"
+        f"{row['largest_dropped']:.1e} of the largest singular value)"
     )
+    if row["class_residual_scale"]:
+        lines.append(f"  residual scaling exact: |J v| / |v| s_max = {row['near_null_scale']:.1e}")
+    else:
+        above = (
+            f"{row['near_null_singular'] / row['largest_dropped']:.1e}x the largest dropped"
+            if row["largest_dropped"] > 0
+            else "above an exact zero"
+        )
+        lines.append(
+            f"  residual scaling broken by eps: its singular value {row['near_null_singular']:.1e} lies in "
+            f"the gap, {above} (|J v| / |v| s_max = {row['near_null_scale']:.1e})"
+        )
     verdict = "closes" if row["closes"] else "DOES NOT CLOSE"
     lines.append(
         f"  {verdict}: sum {row['theory']} {'=' if row['theory'] == row['measured'] else '!='} measured "

@@ -4,9 +4,10 @@ For one whole model at a generic random point (float64), the census lists each s
 class of :mod:`attnid.theory.whole_model` with its closed-form dimension and compares their sum
 with the **measured** nullity of the Jacobian of the per-position log-probabilities with
 respect to every parameter, on enough random token sequences that the informative rows
-outnumber the parameters ``ROW_FACTOR`` times. The rank is read as in :mod:`attnid.theory.nullity`
-(relative threshold ``RANK_RTOL``, gap ``GAP_REQUIRED``); a shape *closes* when the sum equals
-the measurement and the gap is at least ``GAP_REQUIRED`` (docs/theory.md, "The whole model").
+outnumber the parameters ``ROW_FACTOR`` times. The rank is cut in the largest gap of the singular
+values (:func:`spectrum_cut`), allowing inside that gap for the one direction that only epsilon
+breaks; a shape *closes* when the sum equals the measurement and the gap is at least
+``GAP_REQUIRED`` (docs/theory.md, "The whole model" and "The measurement").
 
 The model is written out here, independently of model.py (as nullity.py does for one
 layer), so that one function covers both families: nanoGPT / GPT-2 (LayerNorm with or
@@ -19,9 +20,10 @@ count holds for any distinct nonzero frequencies, and short sequences would bare
 slow planes of base 10,000, blurring the rank.
 
 The norms keep their epsilon (``--norm-eps``, model.py's 1e-5 by default). Epsilon breaks
-one symmetry, the global scaling of the residual stream; the census does not count it then
-but reports how close to null that direction is (``near_null_scale``: ``||J v|| / ||v||``
-over the largest singular value). With ``--norm-eps 0`` it is exact and counted.
+one symmetry, the global scaling of the residual stream, by a singular value proportional to
+epsilon (``near_null_singular``); the census does not count it then but reports it, with the
+direction's own ``||J v|| / ||v||`` over the largest singular value (``near_null_scale``). With
+``--norm-eps 0`` it is exact and counted.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from attnid.theory import whole_model as theory
-from attnid.theory.nullity import GAP_REQUIRED, RANK_RTOL, ROW_FACTOR, unflatten
+from attnid.theory.nullity import GAP_REQUIRED, ROW_FACTOR, unflatten
 from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
 
 if TYPE_CHECKING:
@@ -318,13 +320,48 @@ def residual_scale_direction(
     return direction
 
 
+def spectrum_cut(
+    singular: torch.Tensor, inside: int = 0, inside_at_most: float | None = None
+) -> tuple[int, float]:
+    """The rank read off singular values (descending), and the gap it is cut in: ``(rank, gap)``.
+
+    The cut lies in the largest gap of the spectrum that holds exactly ``inside`` values, which are kept:
+    the rank ``r`` maximises ``s[r - 1 - inside] / s[r]``, among the cuts whose values inside are at most
+    ``inside_at_most * s[0]`` (when given, and when any cut qualifies). ``inside`` is the number of
+    directions the closed forms expect between the informative spectrum and round-off
+    (``theory.eps_broken_dim``: the residual scaling, whose singular value is proportional to epsilon and
+    may sit anywhere in that gap, at or below its measured near-null scale; docs/theory.md, "The
+    measurement"). Values below the dtype's machine epsilon times ``s[0]`` count as that floor, and the
+    floor closes the spectrum, so that neither round-off's own spread nor exact zeros can pose as the gap,
+    and a matrix of full rank has rank ``n``.
+    """
+    n = singular.numel()
+    if n == 0 or singular[0] <= 0:
+        return 0, float("inf")
+    floor = torch.finfo(singular.dtype).eps * singular[0]
+    padded = torch.cat([singular.clamp(min=floor), floor.reshape(1)])  # (n + 1,)
+    ratios = padded[: n - inside] / padded[inside + 1 :]  # the cut at r = inside + 1 .. n
+    if inside and inside_at_most is not None:
+        # the largest value inside the gap of the cut at r is s[r - inside]
+        allowed = padded[1 : n - inside + 1] <= max(inside_at_most * singular[0], floor)
+        if bool(allowed.any()):
+            ratios = torch.where(allowed, ratios, torch.zeros_like(ratios))
+    best = int(ratios.argmax())
+    return best + inside + 1, ratios[best].item()
+
+
 def measure(
     shape: theory.WholeModelShape,
     seed: int = 0,
     row_factor: float = ROW_FACTOR,
     rope_base: float = CENSUS_ROPE_BASE,
 ) -> dict:
-    """The measured nullity of the whole model's log-probabilities at a random point, with its gap."""
+    """The measured nullity of the whole model's log-probabilities at a random point, with its gap.
+
+    ``smallest_kept`` and ``largest_dropped`` are the singular values on either side of the gap, over the
+    largest. With epsilon, the residual scaling's singular value inside the gap is ``near_null_singular``,
+    and the direction's own ``|J v| / (|v| s_max)`` is ``near_null_scale``, which bounds where the cut
+    may place it."""
     generator = torch.Generator().manual_seed(seed)
     point = random_point(shape, generator)
     shapes = {name: tuple(value.shape) for name, value in point.items()}
@@ -342,21 +379,24 @@ def measure(
             for start in range(0, n_sequences, SEQUENCES_PER_CHUNK)
         ]
     )  # (rows, n_params)
-    singular = torch.linalg.svdvals(jacobian)  # descending
-    rank = int((singular > RANK_RTOL * singular[0]).sum())
-    kept = singular[rank - 1].item() if rank > 0 else float("nan")
-    dropped = singular[rank].item() if rank < singular.numel() else 0.0
+    singular = torch.linalg.svdvals(jacobian)  # (n_params,), descending
+    largest = singular[0].item()
     scale = torch.cat([v.reshape(-1) for v in residual_scale_direction(shape, point).values()])
-    near_null = (jacobian @ scale).norm().item() / (scale.norm().item() * singular[0].item())
+    near_null_scale = (jacobian @ scale).norm().item() / (scale.norm().item() * largest)
+    inside = theory.eps_broken_dim(shape)
+    rank, _ = spectrum_cut(singular, inside, inside_at_most=near_null_scale)
+    kept = singular[rank - 1 - inside].item() if rank > inside else float("nan")
+    dropped = singular[rank].item() if rank < singular.numel() else 0.0
     return {
         "n_params": n_params,
         "n_rows": jacobian.shape[0],
         "n_sequences": n_sequences,
         "measured": n_params - rank,
         "gap": kept / dropped if dropped > 0 else float("inf"),
-        "smallest_kept": kept / singular[0].item(),
-        "largest_dropped": dropped / singular[0].item(),
-        "near_null_scale": near_null,
+        "smallest_kept": kept / largest,
+        "largest_dropped": dropped / largest,
+        "near_null_singular": singular[rank - 1].item() / largest if inside else float("nan"),
+        "near_null_scale": near_null_scale,
     }
 
 

@@ -504,6 +504,14 @@ def residual_scale_dim(shape: WholeModelShape) -> int:
     return 1 if shape.norm_eps == 0 else 0
 
 
+def eps_broken_dim(shape: WholeModelShape) -> int:
+    """Directions that only the norms' epsilon breaks: the residual scaling when ``norm_eps > 0`` (then
+    ``residual_scale`` counts 0), else none. Its singular value is proportional to epsilon
+    (docs/theory.md, "The measurement"), so it may lie anywhere between round-off and the informative
+    spectrum: the census's cut allows for it (:func:`attnid.theory.census.spectrum_cut`)."""
+    return 1 - residual_scale_dim(shape)
+
+
 @dataclass(frozen=True)
 class SymmetryClass:
     name: str
