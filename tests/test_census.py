@@ -17,9 +17,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from attnid.cli import main
+from attnid.cli.theory import load_architectures
 from attnid.model.gpt import GPT, GPTConfig
 from attnid.reports import latex, tables
-from attnid.theory import census, counts
+from attnid.theory import architectures, census, census_grid
 from attnid.theory import whole_model as theory
 from attnid.theory.rope import ROPE_BASE
 
@@ -77,11 +78,9 @@ def test_the_issue_shape_has_188_null_directions_of_which_attention_explains_64(
     assert theory.whole_model_unidentified(shape) == 188
 
 
-def test_published_parameter_totals():
-    architectures = counts.load_architectures(
-        counts.Path(__file__).parents[1] / "config" / "architectures.yaml"
-    )
-    table = theory.whole_model_table(architectures).set_index("architecture")
+def test_published_parameter_totals(repo_root):
+    published = load_architectures(repo_root / "config" / "architectures.yaml")
+    table = architectures.whole_model_table(published).set_index("architecture")
     # Hugging Face's num_parameters() of the published checkpoints
     assert table.loc["GPT-2 124M", "whole_params"] == 124_439_808
     assert table.loc["Llama-2 7B", "whole_params"] == 6_738_415_616
@@ -477,8 +476,8 @@ def test_whole_model_counts_of_a_hugging_face_config(tmp_path, repo_root):
     (tmp_path / "config.json").write_text(json.dumps(published))
     assert main(["counts", "--hf-config", str(tmp_path), "--out", str(tmp_path / "row.csv")]) == 0
     ours = pd.read_csv(tmp_path / "row.csv").iloc[0]
-    spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 7B"]
-    expected = theory.whole_model_row("Llama-2 7B", spec)
+    spec = load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 7B"]
+    expected = architectures.whole_model_row("Llama-2 7B", spec)
     assert (
         ours.whole_unidentified == expected["whole_unidentified"]
         and ours.whole_params == expected["whole_params"]
@@ -518,7 +517,7 @@ def test_appendix_tables_a4_a5_carry_the_csvs(tmp_path, repo_root):
         )
         == 0
     )
-    measured = census.run_grid(FAST_SHAPES[2:4])
+    measured = census_grid.run_grid(FAST_SHAPES[2:4])
     # 30 rows (the measured two, repeated with other labels): the table breaks after 24 rows
     grid = pd.concat([measured] * 15, ignore_index=True)
     grid["shape"] = [f"{label} #{i}" for i, label in enumerate(grid["shape"])]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+import os
 from fractions import Fraction
 
 import pandas as pd
@@ -11,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnid.cli import main
-from attnid.theory import counts, nullity
+from attnid.cli.theory import load_architectures
+from attnid.theory import architectures, counts, nullity
 
 REQUIRED_ARCHITECTURES = {
     "nanoGPT shakespeare-char",
@@ -66,8 +69,8 @@ def test_t3_eight_heads_is_fifteen_sixteenths_and_one_head_is_half():
 
 
 def test_t5_llama2_70b_gqa_query_key_count(repo_root):
-    spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 70B"]
-    row = counts.architecture_row("Llama-2 70B", spec)
+    spec = load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 70B"]
+    row = architectures.architecture_row("Llama-2 70B", spec)
     assert row["qk_with_gqa_only_per_layer"] == 131_072
     assert row["qk_if_mha_per_layer"] == 1_048_576
     # RoPE shrinks it further, to D per KV group (Prop. 4.8).
@@ -241,14 +244,14 @@ def test_t6_single_head_unidentified_count_is_the_jacobian_nullity():
 
 
 def test_architectures_file_has_required_models_with_sources(repo_root):
-    architectures = counts.load_architectures(repo_root / "config" / "architectures.yaml")
-    assert REQUIRED_ARCHITECTURES <= set(architectures)
-    assert len(architectures) >= 12
+    published = load_architectures(repo_root / "config" / "architectures.yaml")
+    assert REQUIRED_ARCHITECTURES <= set(published)
+    assert len(published) >= 12
     assert any(
         s.get("rope") and s.get("bias") and s.get("n_kv_head", s["n_head"]) < s["n_head"]
-        for s in architectures.values()
+        for s in published.values()
     ), "need one with biases + RoPE + GQA"
-    for name, spec in architectures.items():
+    for name, spec in published.items():
         assert len(spec["source"]) > 10, name
 
 
@@ -313,3 +316,24 @@ def test_counts_cli_missing_file(tmp_path, capsys):
         == 2
     )
     assert "not found" in capsys.readouterr().err
+
+
+def test_theory_reads_no_files():
+    """theory/ is pure functions (docs/design.md): no module of it opens, reads or lists a file."""
+    theory_dir = os.path.join(os.path.dirname(counts.__file__))
+    forbidden = {"open", "read_text", "read_bytes", "iterdir", "glob", "rglob", "exists", "is_file", "is_dir"}
+    for name in sorted(os.listdir(theory_dir)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(theory_dir, name), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            called = node.func if isinstance(node, ast.Call) else None
+            attribute = getattr(called, "attr", None) or getattr(called, "id", None)
+            assert attribute not in forbidden, f"theory/{name}:{node.lineno} calls {attribute}"
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not imported & {"json", "yaml", "attnid.common.files", "attnid.common.hf_config_file"}, name

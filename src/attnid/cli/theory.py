@@ -1,10 +1,15 @@
-"""``attnid counts``, ``attnid verify`` and ``attnid census``: the closed forms (:mod:`attnid.theory.counts`),
-their Jacobian-nullity check (:mod:`attnid.theory.nullity`), and every symmetry of a whole model checked
-against its Jacobian (:mod:`attnid.theory.census`)."""
+"""``attnid counts``, ``attnid verify`` and ``attnid census``: the closed forms (:mod:`attnid.theory.counts`,
+:mod:`attnid.theory.architectures`), their Jacobian-nullity check (:mod:`attnid.theory.nullity`), and every
+symmetry of a whole model checked against its Jacobian (:mod:`attnid.theory.census`).
+
+The theory is pure functions; this module reads the files they need (an architectures file, a Hugging
+Face ``config.json``) and writes what they compute. torch is imported only by the commands that measure.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,26 +17,55 @@ from typing import Any
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
-from attnid.theory.counts import (
-    DEFAULT_COUNTS_OUT,
-    counts_table,
-    hf_whole_model_columns,
-    load_architectures,
-    single_head_table,
-)
+from attnid.theory.architectures import counts_table, single_head_table, whole_model_columns
+
+DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
+DEFAULT_ARCHITECTURES = "config/architectures.yaml"
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading what the theory needs
+
+
+def load_architectures(path: str | os.PathLike = DEFAULT_ARCHITECTURES) -> dict[str, dict]:
+    """The checked entries of an architectures file. Every problem is one UserError line naming the file,
+    the entry and the field."""
+    from attnid.common.files import read_yaml
+    from attnid.theory.architectures import check_architectures
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(
+            f"architectures file {path} not found: pass --architectures PATH "
+            f"(default {DEFAULT_ARCHITECTURES})"
+        )
+    return check_architectures(read_yaml(path, "architectures file"), str(path))
+
+
+def hf_architecture(path: str | os.PathLike) -> tuple[str, dict]:
+    """``(name, entry)`` of the Hugging Face config at ``path`` (a ``config.json`` or its folder)."""
+    from attnid.common.hf_config_file import hf_config_path, read_hf_config
+    from attnid.theory.hf_config import architecture_from_hf_config, hf_model_name
+
+    config = read_hf_config(path)
+    where = hf_config_path(path)
+    spec = architecture_from_hf_config(config, source=str(where))
+    return hf_model_name(config, where.parent.name), spec
+
+
+# ---------------------------------------------------------------------------------------------------------
+# counts
 
 
 def run_hf_config_counts(path: str, out: str | None) -> int:
     """``attnid counts --hf-config PATH``: print (and with ``--out`` write) the model's counts row."""
     from attnid.common.files import write_csv_atomic
-    from attnid.theory.hf_config import hf_architecture
 
     name, spec = hf_architecture(path)
     try:
         table = counts_table({name: spec})
     except (TypeError, ValueError) as err:
         raise UserError(f"{spec['source']}: {err}") from None
-    table = table.assign(**hf_whole_model_columns(name, spec))
+    table = table.assign(**whole_model_columns(name, spec))
     row = {str(key): value for key, value in table.iloc[0].to_dict().items()}  # the column names
     width = max(len(key) for key in row)
     print("\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items()))
@@ -43,7 +77,7 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--architectures",
-        default="config/architectures.yaml",
+        default=DEFAULT_ARCHITECTURES,
         help="YAML of architecture shapes (default: %(default)s)",
     )
     parser.add_argument(
@@ -91,7 +125,7 @@ def run_counts(args: argparse.Namespace) -> int:
     if args.single_head_out:
         write_csv_atomic(args.single_head_out, single_head_table(architectures))
     if args.whole_model_out:
-        from attnid.theory.whole_model import whole_model_table
+        from attnid.theory.architectures import whole_model_table
 
         write_csv_atomic(args.whole_model_out, whole_model_table(architectures))
     return 0
@@ -137,7 +171,8 @@ FAMILIES: dict[str, dict[str, Any]] = {  # presets; every flag given explicitly 
 
 
 def add_census_arguments(parser: argparse.ArgumentParser) -> None:
-    from attnid.theory.census import CENSUS_ROPE_BASE, RANDOM_SHAPES
+    from attnid.theory.census import CENSUS_ROPE_BASE
+    from attnid.theory.census_grid import RANDOM_SHAPES
 
     model = parser.add_argument_group("model (the options of attnid train, plus the whole-model choices)")
     model.add_argument(
@@ -319,7 +354,8 @@ def run_census(args: argparse.Namespace) -> int:
     import torch
 
     from attnid.common.files import write_csv_atomic
-    from attnid.theory.census import default_grid, describe_shape, measurable, run_grid
+    from attnid.theory.census import describe_shape, measurable
+    from attnid.theory.census_grid import default_grid, run_grid
     from attnid.theory.nullity import GAP_REQUIRED
 
     outputs.current().write(args.out, outputs.CSV, "--out")
