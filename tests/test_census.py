@@ -78,9 +78,8 @@ def test_the_issue_shape_has_188_null_directions_of_which_attention_explains_64(
     assert theory.whole_model_unidentified(shape) == 188
 
 
-def test_published_parameter_totals(repo_root):
-    published = load_architectures(repo_root / "config" / "architectures.yaml")
-    table = architectures.whole_model_table(published).set_index("architecture")
+def test_published_parameter_totals():
+    table = architectures.whole_model_table(load_architectures()).set_index("architecture")
     # Hugging Face's num_parameters() of the published checkpoints
     assert table.loc["GPT-2 124M", "whole_params"] == 124_439_808
     assert table.loc["Llama-2 7B", "whole_params"] == 6_738_415_616
@@ -461,7 +460,7 @@ def test_census_claim_row():
     assert tables.census_claim(_census_frame([True, False, True]))["result"] == "fail"
 
 
-def test_whole_model_counts_of_a_hugging_face_config(tmp_path, repo_root):
+def test_whole_model_counts_of_a_hugging_face_config(tmp_path):
     published = {
         "model_type": "llama",
         "hidden_size": 4096,
@@ -476,7 +475,7 @@ def test_whole_model_counts_of_a_hugging_face_config(tmp_path, repo_root):
     (tmp_path / "config.json").write_text(json.dumps(published))
     assert main(["counts", "--hf-config", str(tmp_path), "--out", str(tmp_path / "row.csv")]) == 0
     ours = pd.read_csv(tmp_path / "row.csv").iloc[0]
-    spec = load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 7B"]
+    spec = load_architectures()["Llama-2 7B"]
     expected = architectures.whole_model_row("Llama-2 7B", spec)
     assert (
         ours.whole_unidentified == expected["whole_unidentified"]
@@ -499,14 +498,12 @@ def _table_rows(tex: str, label: str) -> list[list[str]]:
     ]
 
 
-def test_appendix_tables_a4_a5_carry_the_csvs(tmp_path, repo_root):
+def test_appendix_tables_a4_a5_carry_the_csvs(tmp_path):
     theory_dir = tmp_path / "theory"
     assert (
         main(
             [
                 "counts",
-                "--architectures",
-                str(repo_root / "config" / "architectures.yaml"),
                 "--out",
                 str(theory_dir / "counts.csv"),
                 "--single-head-out",

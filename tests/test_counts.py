@@ -5,6 +5,9 @@ from __future__ import annotations
 import ast
 import math
 import os
+import subprocess
+import sys
+import tomllib
 from fractions import Fraction
 
 import pandas as pd
@@ -68,8 +71,8 @@ def test_t3_eight_heads_is_fifteen_sixteenths_and_one_head_is_half():
     assert 1 - _exact_unidentified_share(counts.layer_shape(512, 1)) == Fraction(1, 2)
 
 
-def test_t5_llama2_70b_gqa_query_key_count(repo_root):
-    spec = load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 70B"]
+def test_t5_llama2_70b_gqa_query_key_count():
+    spec = load_architectures()["Llama-2 70B"]
     row = architectures.architecture_row("Llama-2 70B", spec)
     assert row["qk_with_gqa_only_per_layer"] == 131_072
     assert row["qk_if_mha_per_layer"] == 1_048_576
@@ -243,8 +246,8 @@ def test_t6_single_head_unidentified_count_is_the_jacobian_nullity():
     assert row["gap"] >= nullity.GAP_REQUIRED
 
 
-def test_architectures_file_has_required_models_with_sources(repo_root):
-    published = load_architectures(repo_root / "config" / "architectures.yaml")
+def test_architectures_file_has_required_models_with_sources():
+    published = load_architectures()
     assert REQUIRED_ARCHITECTURES <= set(published)
     assert len(published) >= 12
     assert any(
@@ -255,14 +258,12 @@ def test_architectures_file_has_required_models_with_sources(repo_root):
         assert len(spec["source"]) > 10, name
 
 
-def test_counts_cli_writes_csv(tmp_path, repo_root):
+def test_counts_cli_writes_csv(tmp_path):
     out, single = tmp_path / "t" / "counts.csv", tmp_path / "t" / "single_head.csv"
     assert (
         main(
             [
                 "counts",
-                "--architectures",
-                str(repo_root / "config" / "architectures.yaml"),
                 "--out",
                 str(out),
                 "--single-head-out",
@@ -316,6 +317,45 @@ def test_counts_cli_missing_file(tmp_path, capsys):
         == 2
     )
     assert "not found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The architectures file is package data (issue 27 item 8)
+
+
+def test_architectures_file_is_package_data_and_has_one_copy(repo_root):
+    """The published shapes ship inside the package (pyproject's package-data), and nowhere else in the
+    checkout: the workflow reads the package's file."""
+    assert architectures.PACKAGED_ARCHITECTURES.is_file()
+    assert architectures.PACKAGED_ARCHITECTURES.parent == repo_root / "src" / "attnid" / "theory"
+    patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = repo_root / "src" / "attnid"
+    assert architectures.PACKAGED_ARCHITECTURES in {
+        path for glob in patterns["attnid"] for path in package.glob(glob)
+    }
+    copies = [
+        p for p in repo_root.rglob("architectures.yaml") if ".git" not in p.parts and "results" not in p.parts
+    ]
+    assert copies == [architectures.PACKAGED_ARCHITECTURES]
+    assert "PACKAGED_ARCHITECTURES" in (repo_root / "workflow" / "rules" / "theory.smk").read_text()
+
+
+def _attnid(args: list[str], cwd, repo_root) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(repo_root / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "attnid", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_counts_runs_outside_the_repository(tmp_path, repo_root):
+    """From a directory that is not a checkout, ``attnid counts`` finds the published shapes."""
+    out = tmp_path / "out" / "counts.csv"
+    (tmp_path / "elsewhere").mkdir()
+    result = _attnid(["counts", "--out", str(out)], tmp_path / "elsewhere", repo_root)
+    assert result.returncode == 0, result.stderr
+    frame = pd.read_csv(out).set_index("architecture")
+    assert REQUIRED_ARCHITECTURES <= set(frame.index)
+    assert frame.loc["GPT-2 124M", "total_attn_params"] == 12 * (4 * 768**2 + 4 * 768)
 
 
 def test_theory_reads_no_files():

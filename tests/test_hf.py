@@ -109,7 +109,7 @@ def test_hf_config_counts_equal_the_architecture_table(name, tmp_path, repo_root
     assert main(["counts", "--hf-config", str(folder), "--out", str(tmp_path / "row.csv")]) == 0
     assert "total_unidentified" in capsys.readouterr().out
     ours = pd.read_csv(tmp_path / "row.csv").iloc[0].to_dict()
-    spec = load_architectures(repo_root / "config" / "architectures.yaml")[name]
+    spec = load_architectures()[name]
     expected = pd.DataFrame([architectures.architecture_row(name, spec)]).iloc[0].to_dict()
     compared = set(expected) - {"architecture", "source"}
     assert {k: ours[k] for k in compared} == {k: expected[k] for k in compared}

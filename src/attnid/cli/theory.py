@@ -17,18 +17,22 @@ from typing import Any
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
-from attnid.theory.architectures import counts_table, single_head_table, whole_model_columns
+from attnid.theory.architectures import (
+    PACKAGED_ARCHITECTURES,
+    counts_table,
+    single_head_table,
+    whole_model_columns,
+)
 
 DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
-DEFAULT_ARCHITECTURES = "config/architectures.yaml"
 
 # ---------------------------------------------------------------------------------------------------------
 # Reading what the theory needs
 
 
-def load_architectures(path: str | os.PathLike = DEFAULT_ARCHITECTURES) -> dict[str, dict]:
-    """The checked entries of an architectures file. Every problem is one UserError line naming the file,
-    the entry and the field."""
+def load_architectures(path: str | os.PathLike = PACKAGED_ARCHITECTURES) -> dict[str, dict]:
+    """The checked entries of an architectures file (default: the published shapes shipped with attnid).
+    Every problem is one UserError line naming the file, the entry and the field."""
     from attnid.common.files import read_yaml
     from attnid.theory.architectures import check_architectures
 
@@ -36,7 +40,7 @@ def load_architectures(path: str | os.PathLike = DEFAULT_ARCHITECTURES) -> dict[
     if not path.exists():
         raise UserError(
             f"architectures file {path} not found: pass --architectures PATH "
-            f"(default {DEFAULT_ARCHITECTURES})"
+            f"(default: the published shapes shipped with attnid)"
         )
     return check_architectures(read_yaml(path, "architectures file"), str(path))
 
@@ -77,8 +81,11 @@ def run_hf_config_counts(path: str, out: str | None) -> int:
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--architectures",
-        default=DEFAULT_ARCHITECTURES,
-        help="YAML of architecture shapes (default: %(default)s)",
+        type=Path,
+        default=PACKAGED_ARCHITECTURES,
+        metavar="PATH",
+        help="YAML of architecture shapes (default: the published shapes shipped with attnid, "
+        "attnid/theory/architectures.yaml; fields in docs/theory.md)",
     )
     parser.add_argument(
         "--out",

@@ -1,5 +1,5 @@
-"""Real architectures: the entries of ``architectures.yaml`` and of Hugging Face configs
-(:mod:`attnid.theory.hf_config`), checked, and their tables.
+"""Real architectures: the entries of ``architectures.yaml`` (shipped with the package beside this
+module) and of Hugging Face configs (:mod:`attnid.theory.hf_config`), checked, and their tables.
 
 An entry is a mapping of fields (docs/theory.md): the attention's (``n_layer``, ``n_embd``, ``n_head``,
 ``n_kv_head``, ``head_dim``, ``value_dim``, ``rope``, ``bias``, ``out_bias``), the whole model's
@@ -16,6 +16,7 @@ Pure functions of the parsed entries: reading the file is the command line's
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnid.common.errors import UserError
@@ -25,6 +26,8 @@ from attnid.theory.counts import architecture_shape, layer_counts, single_head_r
 if TYPE_CHECKING:
     import pandas as pd
 
+# The published architectures: the one copy, package data, read by ``attnid counts`` and the workflow.
+PACKAGED_ARCHITECTURES = Path(__file__).with_name("architectures.yaml")
 ATTENTION_KEYS = (
     "n_layer",
     "n_embd",
