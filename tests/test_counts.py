@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import math
 import os
 import subprocess
@@ -320,7 +321,7 @@ def test_counts_cli_missing_file(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# The architectures file is package data (issue 27 item 8)
+# The architectures file is package data; --csv and --json (issue 27 item 8)
 
 
 def test_architectures_file_is_package_data_and_has_one_copy(repo_root):
@@ -348,14 +349,70 @@ def _attnid(args: list[str], cwd, repo_root) -> subprocess.CompletedProcess:
 
 
 def test_counts_runs_outside_the_repository(tmp_path, repo_root):
-    """From a directory that is not a checkout, ``attnid counts`` finds the published shapes."""
-    out = tmp_path / "out" / "counts.csv"
-    (tmp_path / "elsewhere").mkdir()
-    result = _attnid(["counts", "--out", str(out)], tmp_path / "elsewhere", repo_root)
-    assert result.returncode == 0, result.stderr
-    frame = pd.read_csv(out).set_index("architecture")
+    """From a directory that is not a checkout, ``attnid counts`` finds the published shapes, prints them
+    (as text, CSV or JSON) and writes nothing there."""
+    text = _attnid(["counts"], tmp_path, repo_root)
+    assert text.returncode == 0, text.stderr
+    assert "GPT-2 124M" in text.stdout and "unidentified" in text.stdout
+    as_csv = _attnid(["counts", "--csv"], tmp_path, repo_root)
+    assert as_csv.returncode == 0, as_csv.stderr
+    from io import StringIO
+
+    frame = pd.read_csv(StringIO(as_csv.stdout)).set_index("architecture")
     assert REQUIRED_ARCHITECTURES <= set(frame.index)
     assert frame.loc["GPT-2 124M", "total_attn_params"] == 12 * (4 * 768**2 + 4 * 768)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_counts_csv_and_json_agree_with_the_table(tmp_path, capsys):
+    expected = architectures.counts_table(load_architectures()).set_index("architecture")
+    assert main(["counts", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["architectures"]
+    assert set(printed) == set(expected.index)
+    for name, row in printed.items():
+        assert row["total_unidentified"] == expected.loc[name, "total_unidentified"]
+        assert row["identified_fraction"] == expected.loc[name, "identified_fraction"]  # every digit
+        assert row["rope"] is bool(expected.loc[name, "rope"])
+    # to files: CSV and JSON at once, and the JSON file may be rewritten by the next run
+    out_csv, out_json = tmp_path / "c.csv", tmp_path / "c.json"
+    for _ in range(2):
+        assert main(["counts", "--csv", str(out_csv), "--json", str(out_json)]) == 0
+    assert "attention params" in capsys.readouterr().out  # standard output free: the text table
+    assert json.loads(out_json.read_text())["architectures"] == printed
+    frame = pd.read_csv(out_csv).set_index("architecture")
+    assert (frame["total_unidentified"] == expected["total_unidentified"]).all()
+
+
+def test_counts_json_of_a_hugging_face_config_has_its_whole_model(tmp_path, capsys):
+    config = {
+        "model_type": "gpt2",
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 12,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+        "layer_norm_epsilon": 1e-5,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["counts", "--hf-config", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["architectures"].values()
+    spec = load_architectures()["GPT-2 124M"]
+    assert (
+        row["whole_unidentified"] == architectures.whole_model_row("GPT-2 124M", spec)["whole_unidentified"]
+    )
+
+
+def test_counts_refuses_both_tables_on_standard_output(capsys):
+    assert main(["counts", "--csv", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "standard output" in err
+
+
+def test_counts_json_file_is_held_to_the_output_rule(tmp_path, capsys):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}\n')
+    assert main(["counts", "--json", str(notes)]) == 2
+    assert "--force" in capsys.readouterr().err and notes.read_text() == '{"mine": 1}\n'
 
 
 def test_theory_reads_no_files():

@@ -9,22 +9,20 @@ Face ``config.json``) and writes what they compute. torch is imported only by th
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
-from attnid.theory.architectures import (
-    PACKAGED_ARCHITECTURES,
-    counts_table,
-    single_head_table,
-    whole_model_columns,
-)
+from attnid.theory.architectures import PACKAGED_ARCHITECTURES
 
-DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
+if TYPE_CHECKING:
+    import pandas as pd
 
 # ---------------------------------------------------------------------------------------------------------
 # Reading what the theory needs
@@ -59,23 +57,22 @@ def hf_architecture(path: str | os.PathLike) -> tuple[str, dict]:
 # ---------------------------------------------------------------------------------------------------------
 # counts
 
-
-def run_hf_config_counts(path: str, out: str | None) -> int:
-    """``attnid counts --hf-config PATH``: print (and with ``--out`` write) the model's counts row."""
-    from attnid.common.files import write_csv_atomic
-
-    name, spec = hf_architecture(path)
-    try:
-        table = counts_table({name: spec})
-    except (TypeError, ValueError) as err:
-        raise UserError(f"{spec['source']}: {err}") from None
-    table = table.assign(**whole_model_columns(name, spec))
-    row = {str(key): value for key, value in table.iloc[0].to_dict().items()}  # the column names
-    width = max(len(key) for key in row)
-    print("\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items()))
-    if out:
-        write_csv_atomic(out, table)
-    return 0
+COUNTS_JSON = outputs.json_report("architectures")  # {"architectures": {name: row}}
+STDOUT = "-"
+# The columns of the table printed when neither --csv nor --json takes standard output.
+COUNTS_TEXT_COLUMNS = {
+    "architecture": "architecture",
+    "n_layer": "L",
+    "n_embd": "E",
+    "n_head": "H",
+    "n_kv_head": "G",
+    "head_dim": "D",
+    "rope": "rope",
+    "bias": "bias",
+    "total_attn_params": "attention params",
+    "total_unidentified": "unidentified",
+    "identified_fraction": "identified",
+}
 
 
 def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,54 +85,143 @@ def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
         "attnid/theory/architectures.yaml; fields in docs/theory.md)",
     )
     parser.add_argument(
-        "--out",
-        default=None,
-        help=f"CSV to write (default: {DEFAULT_COUNTS_OUT}; with --hf-config only when given)",
-    )
-    parser.add_argument(
-        "--single-head-out",
-        default=None,
-        help="also write the §4.10 single-head matching table here (e.g. results/theory/single_head.csv)",
-    )
-    parser.add_argument(
-        "--whole-model-out",
-        default=None,
-        help="also write the whole-model counts (every symmetry class, attnid census) here "
-        "(e.g. results/theory/whole_model.csv)",
-    )
-    parser.add_argument(
         "--hf-config",
         default=None,
         metavar="PATH",
         help="count one Hugging Face model instead: its config.json, or the folder holding it "
-        "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon); prints its row",
+        "(GPT-2, Llama, Mistral, Qwen2, Gemma, Falcon)",
+    )
+    output = parser.add_argument_group(
+        "output (without --csv or --json the table is printed as text; FILE omitted or '-': standard output)"
+    )
+    output.add_argument(
+        "--csv",
+        "--out",
+        dest="csv",
+        nargs="?",
+        const=STDOUT,
+        default=None,
+        metavar="FILE",
+        help="the table as CSV, one row per architecture (--out FILE is the same)",
+    )
+    output.add_argument(
+        "--json",
+        nargs="?",
+        const=STDOUT,
+        default=None,
+        metavar="FILE",
+        help='the table as JSON: {"architectures": {name: {column: value}}}',
+    )
+    output.add_argument(
+        "--single-head-out",
+        default=None,
+        metavar="FILE",
+        help="also write the §4.10 single-head matching table here (e.g. results/theory/single_head.csv)",
+    )
+    output.add_argument(
+        "--whole-model-out",
+        default=None,
+        metavar="FILE",
+        help="also write the whole-model counts (every symmetry class, attnid census) here "
+        "(e.g. results/theory/whole_model.csv)",
     )
 
 
 def run_counts(args: argparse.Namespace) -> int:
     from attnid.common.files import write_csv_atomic
+    from attnid.common.hf_config_file import hf_config_path
+    from attnid.theory.architectures import counts_table, single_head_table, whole_model_table
 
     rule = outputs.current()
     if args.hf_config is not None:
-        config = Path(args.hf_config)
-        rule.read(
-            config / "config.json" if config.is_dir() else config
-        )  # what is read: the folder may take --out
-        rule.write(args.out, outputs.CSV, "--out")
-        return run_hf_config_counts(args.hf_config, args.out)
+        rule.read(hf_config_path(args.hf_config))  # the file, not its folder: the folder may take --csv
+        declare_table_outputs(rule, args)
+        table = hf_counts_table(args.hf_config)
+        if not write_table(table, args):
+            print(format_row(table))
+        return 0
     rule.read(args.architectures)
-    rule.write(args.out or DEFAULT_COUNTS_OUT, outputs.CSV, "--out")
+    declare_table_outputs(rule, args)
     rule.write(args.single_head_out, outputs.CSV, "--single-head-out")
     rule.write(args.whole_model_out, outputs.CSV, "--whole-model-out")
     architectures = load_architectures(args.architectures)
-    write_csv_atomic(args.out or DEFAULT_COUNTS_OUT, counts_table(architectures))
+    table = counts_table(architectures)
+    if not write_table(table, args):
+        print(format_counts_table(table))
     if args.single_head_out:
         write_csv_atomic(args.single_head_out, single_head_table(architectures))
     if args.whole_model_out:
-        from attnid.theory.architectures import whole_model_table
-
         write_csv_atomic(args.whole_model_out, whole_model_table(architectures))
     return 0
+
+
+def hf_counts_table(path: str) -> pd.DataFrame:
+    """The counts row of one Hugging Face config, with its whole-model columns."""
+    from attnid.theory.architectures import counts_table, whole_model_columns
+
+    name, spec = hf_architecture(path)
+    try:
+        table = counts_table({name: spec})
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{spec['source']}: {err}") from None
+    return table.assign(**whole_model_columns(name, spec))
+
+
+def declare_table_outputs(rule: outputs.OutputRule, args: argparse.Namespace) -> None:
+    """--csv and --json: at most one on standard output; files declared before the work."""
+    if args.csv == STDOUT and args.json == STDOUT:
+        raise UserError("--csv and --json both print to standard output: give one of them a FILE")
+    rule.write(None if args.csv in (None, STDOUT) else args.csv, outputs.CSV, "--csv")
+    rule.write(None if args.json in (None, STDOUT) else args.json, COUNTS_JSON, "--json")
+
+
+def write_table(table: pd.DataFrame, args: argparse.Namespace) -> bool:
+    """Write ``table`` where --csv and --json say; True when one of them took standard output."""
+    from attnid.common.files import write_csv_atomic, write_text_atomic
+
+    if args.csv == STDOUT:
+        table.to_csv(sys.stdout, index=False)
+    elif args.csv is not None:
+        write_csv_atomic(args.csv, table)
+    if args.json is not None:
+        text = json.dumps({"architectures": json_rows(table)}, indent=2) + "\n"
+        if args.json == STDOUT:
+            sys.stdout.write(text)
+        else:
+            write_text_atomic(args.json, text, COUNTS_JSON)
+    return STDOUT in (args.csv, args.json)
+
+
+def json_value(value: Any) -> Any:
+    """A table cell as JSON: numpy scalars as Python numbers, an empty (NaN) cell as null."""
+    value = value.item() if hasattr(value, "item") else value
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def json_rows(table: pd.DataFrame) -> dict[str, dict]:
+    """``{architecture: {column: value}}`` of a counts table."""
+    rows = {}
+    for record in table.to_dict("records"):
+        name = str(record.pop("architecture"))
+        rows[name] = {str(key): json_value(value) for key, value in record.items()}
+    return rows
+
+
+def format_counts_table(table: pd.DataFrame) -> str:
+    """The counts table as text: the attention's shape and totals, one line per architecture."""
+    shown = table[list(COUNTS_TEXT_COLUMNS)].rename(columns=COUNTS_TEXT_COLUMNS)
+    return shown.to_string(index=False, float_format=lambda x: f"{x:.4f}")
+
+
+def format_row(table: pd.DataFrame) -> str:
+    """The one row of ``table`` as ``column  value`` lines."""
+    row = {str(key): value for key, value in table.iloc[0].to_dict().items()}
+    width = max(len(key) for key in row)
+    return "\n".join(f"{key.ljust(width)}  {value}" for key, value in row.items())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# verify
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
