@@ -9,6 +9,9 @@ import dataclasses
 import itertools
 import json
 import math
+import re
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -16,7 +19,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnid.cli import main
+from attnid.cli import build_parser, main
 from attnid.cli.theory import load_architectures
 from attnid.model.gpt import GPT, GPTConfig
 from attnid.reports import latex, tables
@@ -485,6 +488,109 @@ def test_whole_model_counts_of_a_hugging_face_config(tmp_path):
     assert main(["counts", "--hf-config", str(tmp_path), "--out", str(tmp_path / "row.csv")]) == 0
     row = pd.read_csv(tmp_path / "row.csv").iloc[0]
     assert pd.isna(row.whole_unidentified) and "sandwich" in row.whole_model_note
+
+
+# published config.json files (openai-community/gpt2, meta-llama/Llama-2-7b-hf), the fields that count
+HF_CONFIGS = {
+    "GPT-2 124M": {
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-05,
+        "n_ctx": 1024,
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 12,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+    },
+    "Llama-2 7B": {
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "max_position_embeddings": 4096,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 32,
+        "rms_norm_eps": 1e-05,
+        "tie_word_embeddings": False,
+        "vocab_size": 32000,
+    },
+}
+
+
+def readme_whole_model_claims(repo_root) -> dict[str, int]:
+    """The README's whole-model counts: "GPT-2 124M has N unidentified parameters ...; Llama-2 7B M, not"."""
+    readme = " ".join((repo_root / "README.md").read_text().split())
+    gpt2 = re.search(r"GPT-2 124M has ([\d,]+) unidentified parameters", readme)
+    llama = re.search(r"Llama-2 7B ([\d,]+), not", readme)
+    assert gpt2 and llama, "the README's whole-model sentence changed"
+    return {"GPT-2 124M": int(gpt2[1].replace(",", "")), "Llama-2 7B": int(llama[1].replace(",", ""))}
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_census_of_a_hugging_face_config_is_its_closed_form_and_no_jacobian(
+    name, tmp_path, capsys, monkeypatch, repo_root
+):
+    def no_jacobian(*args, **kwargs):
+        raise AssertionError("census --hf-config measured a model above --max-params")
+
+    monkeypatch.setattr(census, "measure", no_jacobian)
+    (tmp_path / "config.json").write_text(json.dumps(HF_CONFIGS[name]))
+    out_csv = tmp_path / "row.csv"
+    assert main(["census", "--hf-config", str(tmp_path), "--out", str(out_csv)]) == 0
+    text = capsys.readouterr().out
+    total = int(re.search(r"sum \(closed forms\)\s+(\d+)", text)[1])
+    assert total == readme_whole_model_claims(repo_root)[name]
+    assert total == architectures.whole_model_row(name, load_architectures()[name])["whole_unidentified"]
+    assert "not measured" in text and "--max-params 3,000" in text
+    row = pd.read_csv(out_csv).iloc[0]
+    assert row.theory == total and row.n_params == theory.whole_model_params(
+        architectures.shape_from_architecture(name, load_architectures()[name])
+    )
+
+
+def test_census_measures_a_hugging_face_config_small_enough(tmp_path, capsys):
+    """A tiny GPT-2 config (GPT-2's choices: every bias, tied, learned positions) is measured, and closes."""
+    tiny = {"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 1, "n_positions": 4, "n_inner": 8}
+    (tmp_path / "config.json").write_text(json.dumps({**tiny, "vocab_size": 12}))
+    assert main(["census", "--hf-config", str(tmp_path / "config.json")]) == 0
+    text = capsys.readouterr().out
+    expected = theory.whole_model_unidentified(FAST_SHAPES[1])
+    assert f"closes: sum {expected} = measured {expected}" in text
+
+
+def test_census_of_a_config_it_does_not_cover_is_one_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({**HF_CONFIGS["Llama-2 7B"], "model_type": "gemma2"}))
+    assert main(["census", "--hf-config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sandwich" in err
+    with pytest.raises(SystemExit) as usage:  # one or the other: a usage error
+        main(["census", "--hf-config", str(tmp_path), "--grid"])
+    assert usage.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_census_help_points_to_a_doc_that_exists_and_builds_without_torch(repo_root):
+    from attnid.theory.census import CENSUS_ROPE_BASE
+    from attnid.theory.census_grid import RANDOM_SHAPES
+
+    help_text = " ".join(
+        build_parser("census")._subparsers._group_actions[0].choices["census"].format_help().split()
+    )
+    pointers = set(re.findall(r"docs/[\w./-]+\.md", help_text))
+    assert pointers == {"docs/theory.md"}
+    heading = re.search(r'docs/theory.md, "([^"]+)"', help_text)[1]
+    assert f"## {heading}" in (repo_root / "docs" / "theory.md").read_text()
+    assert (
+        f"the theory stage's, {RANDOM_SHAPES})" in help_text
+        and f"the census's, {CENSUS_ROPE_BASE:g}," in help_text
+    )
+    probe = (
+        "import sys; from attnid.cli import build_parser; build_parser('census'); "
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def _table_rows(tex: str, label: str) -> list[list[str]]:

@@ -253,7 +253,8 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------- census
+# ---------------------------------------------------------------------------------------------------------
+# census
 
 DEFAULT_CENSUS_OUT = "results/theory/census.csv"
 MAX_PARAMS = 3000  # the Jacobian has ROW_FACTOR x this many rows squared: minutes beyond it on a CPU
@@ -261,13 +262,18 @@ FAMILIES: dict[str, dict[str, Any]] = {  # presets; every flag given explicitly 
     "nanogpt": dict(norm="layernorm", mlp="gelu", tied=True),
     "llama": dict(norm="rmsnorm", mlp="swiglu", tied=False, rope=True),
 }
+CENSUS_DOC = 'docs/theory.md, "The whole model"'
 
 
 def add_census_arguments(parser: argparse.ArgumentParser) -> None:
-    from attnid.theory.census import CENSUS_ROPE_BASE
-    from attnid.theory.census_grid import RANDOM_SHAPES
-
     model = parser.add_argument_group("model (the options of attnid train, plus the whole-model choices)")
+    add_census_size_arguments(model)
+    add_census_component_arguments(model)
+    add_census_measurement_arguments(parser.add_argument_group(f"measurement (see {CENSUS_DOC})"))
+
+
+def add_census_size_arguments(model: argparse._ArgumentGroup) -> None:
+    """The family preset and the sizes: attnid train's flags, plus the vocabulary."""
     model.add_argument(
         "--family",
         choices=sorted(FAMILIES),
@@ -296,6 +302,10 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="learned (wpe), rope or none (default: rope with --rope, else learned)",
     )
+
+
+def add_census_component_arguments(model: argparse._ArgumentGroup) -> None:
+    """Biases, norm, MLP, tying, block and epsilon: the whole-model choices beyond attention."""
     model.add_argument(
         "--bias",
         action=argparse.BooleanOptionalAction,
@@ -332,18 +342,33 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
         default=whole_model.DEFAULT_NORM_EPS,
         help="the norms' epsilon (default %(default)g, model.py's); 0 makes the residual scaling exact",
     )
-    run = parser.add_argument_group("measurement")
-    run.add_argument(
+
+
+def add_census_measurement_arguments(run: argparse._ArgumentGroup) -> None:
+    """What is measured (one shape, the grid, or a Hugging Face config), how and where it goes.
+
+    The defaults of --random-shapes and --rope-base are the census's own, resolved when it runs, so that
+    building this parser (``--help``) does not import torch."""
+    which = run.add_mutually_exclusive_group()
+    which.add_argument(
         "--grid",
         action="store_true",
         help="run the theory stage's grid of tiny shapes instead of one shape (the model options are "
         "then ignored)",
     )
+    which.add_argument(
+        "--hf-config",
+        default=None,
+        metavar="PATH",
+        help="the whole model of a Hugging Face config.json (or its folder; GPT-2 and Llama families): its "
+        "closed-form count class by class, measured only up to --max-params (the model options are then "
+        "ignored)",
+    )
     run.add_argument(
         "--random-shapes",
         type=int,
-        default=RANDOM_SHAPES,
-        help="with --grid: random shapes added to the hand-picked ones (default %(default)s)",
+        default=None,
+        help="with --grid: random shapes added to the hand-picked ones (default: the theory stage's, 8)",
     )
     run.add_argument(
         "--seed", type=int, default=0, help="random point (and random shapes) seed (default %(default)s)"
@@ -351,14 +376,15 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--rope-base",
         type=float,
-        default=CENSUS_ROPE_BASE,
-        help="RoPE base of the measurement (default %(default)g; see docs/whole_model.md)",
+        default=None,
+        help="RoPE base of the measurement (default: the census's, 10, for a resolved rank; see "
+        f"{CENSUS_DOC})",
     )
     run.add_argument(
         "--max-params",
         type=int,
         default=MAX_PARAMS,
-        help="refuse larger models: the Jacobian grows with the square (default %(default)s)",
+        help="measure no larger model: the Jacobian grows with the square (default %(default)s)",
     )
     run.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
     run.add_argument(
@@ -404,10 +430,21 @@ def shape_from_args(args: argparse.Namespace) -> whole_model.WholeModelShape:
         raise UserError(str(err)) from None
 
 
-def class_report(row: dict) -> str:
-    """The census of one shape as text: one line per class, the sum, the measurement, the verdict."""
-    from attnid.theory.nullity import GAP_REQUIRED
+def shape_from_hf_config(path: str) -> tuple[str, whole_model.WholeModelShape]:
+    """The whole-model shape of a Hugging Face config, or one UserError line saying why there is none."""
+    from attnid.theory.architectures import shape_from_architecture
 
+    name, spec = hf_architecture(path)
+    if "whole_model_note" in spec:
+        raise UserError(f"{spec['source']}: no whole-model census for this model: {spec['whole_model_note']}")
+    try:
+        return name, shape_from_architecture(name, spec)
+    except UserError as err:
+        raise UserError(f"{spec['source']}: {err}") from None
+
+
+def class_lines(row: dict) -> list[str]:
+    """The closed forms of one census row: one line per class, then the sum."""
     lines = [row["shape"], f"  {'class':<22} {'dimension':>10}  what"]
     for symmetry in whole_model.CLASSES:
         dimension = row[f"class_{symmetry.name}"]
@@ -415,14 +452,19 @@ def class_report(row: dict) -> str:
         lines.append(f"  {symmetry.name:<22} {dimension:>10}  {symmetry.summary}{note}")
     total = f"  {'sum (closed forms)':<22} {row['theory']:>10}"
     lines.append(f"{total}  attention alone (the paper): {row['attention_only']}")
-    lines.append(
+    return lines
+
+
+def measurement_lines(row: dict) -> list[str]:
+    """The measurement of one census row: nullity, gap, the residual scaling and the verdict."""
+    from attnid.theory.nullity import GAP_REQUIRED
+
+    lines = [
         f"  {'measured nullity':<22} {row['measured']:>10}  of {row['n_params']} parameters, "
-        f"{row['n_rows']} Jacobian rows ({row['n_sequences']} sequences)"
-    )
-    lines.append(
+        f"{row['n_rows']} Jacobian rows ({row['n_sequences']} sequences)",
         f"  gap {row['gap']:.2e} (smallest kept {row['smallest_kept']:.1e}, largest dropped "
-        f"{row['largest_dropped']:.1e} of the largest singular value)"
-    )
+        f"{row['largest_dropped']:.1e} of the largest singular value)",
+    ]
     if row["class_residual_scale"]:
         lines.append(f"  residual scaling exact: |J v| / |v| s_max = {row['near_null_scale']:.1e}")
     else:
@@ -440,35 +482,92 @@ def class_report(row: dict) -> str:
         f"  {verdict}: sum {row['theory']} {'=' if row['theory'] == row['measured'] else '!='} measured "
         f"{row['measured']}, gap {'>=' if row['gap'] >= GAP_REQUIRED else '<'} {GAP_REQUIRED:.0e}"
     )
-    return "\n".join(lines)
+    return lines
+
+
+def class_report(row: dict) -> str:
+    """The census of one shape as text: one line per class, the sum, the measurement, the verdict."""
+    return "\n".join(class_lines(row) + measurement_lines(row))
 
 
 def run_census(args: argparse.Namespace) -> int:
-    import torch
+    rule = outputs.current()
+    if args.hf_config is not None:
+        from attnid.common.hf_config_file import hf_config_path
 
-    from attnid.common.files import write_csv_atomic
-    from attnid.theory.census import describe_shape, measurable
-    from attnid.theory.census_grid import default_grid, run_grid
-    from attnid.theory.nullity import GAP_REQUIRED
-
-    outputs.current().write(args.out, outputs.CSV, "--out")
-    torch.set_num_threads(max(1, args.threads))
+        rule.read(hf_config_path(args.hf_config))
+    rule.write(args.out, outputs.CSV, "--out")
+    if args.hf_config is not None:
+        return census_of_hf_config(args)
     if args.grid:
-        shapes = default_grid(args.random_shapes, args.seed)
+        from attnid.theory.census_grid import RANDOM_SHAPES, default_grid
+
+        count = RANDOM_SHAPES if args.random_shapes is None else args.random_shapes
+        shapes = default_grid(count, args.seed)
     else:
         shapes = [shape_from_args(args)]
     for shape in shapes:
+        check_measurable(shape, args.max_params)
+    return measure_shapes(shapes, args)
+
+
+def check_measurable(shape: whole_model.WholeModelShape, max_params: int) -> None:
+    from attnid.theory.census import describe_shape, measurable
+
+    try:
+        measurable(shape, max_params)
+    except ValueError as err:
+        advice = " (see --max-params)" if "parameters >" in str(err) else ""
+        raise UserError(f"{describe_shape(shape)}: {err}{advice}") from None
+
+
+def census_of_hf_config(args: argparse.Namespace) -> int:
+    """``census --hf-config``: the closed forms of a real model, class by class; measured only when it is
+    small enough (--max-params) and its inputs can pin its parameters. No Jacobian is built otherwise."""
+    from attnid.common.files import write_csv_atomic
+    from attnid.theory.census import closed_form_row, measurable
+
+    name, shape = shape_from_hf_config(args.hf_config)
+    n_params = whole_model.whole_model_params(shape)
+    if n_params > args.max_params:
+        reason = f"{n_params:,} parameters > --max-params {args.max_params:,}"
+    else:
         try:
-            measurable(shape, args.max_params)
+            measurable(shape)
         except ValueError as err:
-            raise UserError(
-                f"{describe_shape(shape)}: {err} (see --max-params)"
-                if "parameters >" in str(err)
-                else f"{describe_shape(shape)}: {err}"
-            ) from None
-    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if args.grid else None
-    table = run_grid(shapes, progress=progress, rope_base=args.rope_base)
-    if not args.grid:
+            reason = str(err)
+        else:
+            return measure_shapes([shape], args)
+    row = {
+        **closed_form_row(shape),
+        "n_params": n_params,
+        "attention_only": whole_model.attention_only_unidentified(shape),
+    }
+    print(f"{name} ({args.hf_config})")
+    print("\n".join(class_lines(row)))
+    print(f"  {'parameters':<22} {n_params:>10}  not measured: {reason}")
+    if args.out:
+        import pandas as pd
+
+        write_csv_atomic(args.out, pd.DataFrame([row]))
+    return 0
+
+
+def measure_shapes(shapes: list[whole_model.WholeModelShape], args: argparse.Namespace) -> int:
+    """Measure every shape, print (one shape: its report; a grid: one line each), write --out, and return 1
+    when a shape does not close."""
+    import torch
+
+    from attnid.common.files import write_csv_atomic
+    from attnid.theory.census import CENSUS_ROPE_BASE
+    from attnid.theory.census_grid import run_grid
+    from attnid.theory.nullity import GAP_REQUIRED
+
+    torch.set_num_threads(max(1, args.threads))
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if len(shapes) > 1 else None
+    rope_base = CENSUS_ROPE_BASE if args.rope_base is None else args.rope_base
+    table = run_grid(shapes, progress=progress, rope_base=rope_base)
+    if len(shapes) == 1:
         print(class_report(table.iloc[0].to_dict()))
     if args.out:
         write_csv_atomic(args.out, table)
@@ -480,7 +579,7 @@ def run_census(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.grid:
+    if len(shapes) > 1:
         print(
             f"attnid census: all {len(table)} shapes close (worst gap {table['gap'].min():.1e})"
             + (f"; wrote {args.out}" if args.out else ""),
