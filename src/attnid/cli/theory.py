@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnid.common import outputs
+from attnid.common import outputs, progress
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
 from attnid.theory.architectures import PACKAGED_ARCHITECTURES
@@ -564,9 +564,10 @@ def measure_shapes(shapes: list[whole_model.WholeModelShape], args: argparse.Nam
     from attnid.theory.nullity import GAP_REQUIRED
 
     torch.set_num_threads(max(1, args.threads))
-    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if len(shapes) > 1 else None
+    progress.stage(f"measuring the Jacobian of {len(shapes)} shape(s) in float64")
+    per_shape = (lambda line: print(line, file=sys.stderr, flush=True)) if len(shapes) > 1 else None
     rope_base = CENSUS_ROPE_BASE if args.rope_base is None else args.rope_base
-    table = run_grid(shapes, progress=progress, rope_base=rope_base)
+    table = run_grid(shapes, progress=per_shape, rope_base=rope_base)
     if len(shapes) == 1:
         print(class_report(table.iloc[0].to_dict()))
     if args.out:
