@@ -53,8 +53,6 @@ def theory_csvs(tmp_path_factory, repo_root):
         main(
             [
                 "counts",
-                "--architectures",
-                str(repo_root / "config" / "architectures.yaml"),
                 "--out",
                 str(folder / "counts.csv"),
                 "--single-head-out",

@@ -157,8 +157,6 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     assert (
         run(
             "counts",
-            "--architectures",
-            repo_root / "config" / "architectures.yaml",
             "--out",
             theory / "counts.csv",
             "--single-head-out",

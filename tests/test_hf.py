@@ -16,9 +16,10 @@ import torch
 import transformers
 
 from attnid.cli import main
+from attnid.cli.theory import load_architectures
 from attnid.common.errors import UserError
 from attnid.model.layout import AttentionLayout, pairs_from_tensors
-from attnid.theory import counts, factor_pairs
+from attnid.theory import architectures, factor_pairs
 from attnid.theory.hf_config import architecture_from_hf_config
 
 TOLERANCE = 1e-5
@@ -108,8 +109,8 @@ def test_hf_config_counts_equal_the_architecture_table(name, tmp_path, repo_root
     assert main(["counts", "--hf-config", str(folder), "--out", str(tmp_path / "row.csv")]) == 0
     assert "total_unidentified" in capsys.readouterr().out
     ours = pd.read_csv(tmp_path / "row.csv").iloc[0].to_dict()
-    spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")[name]
-    expected = pd.DataFrame([counts.architecture_row(name, spec)]).iloc[0].to_dict()
+    spec = load_architectures()[name]
+    expected = pd.DataFrame([architectures.architecture_row(name, spec)]).iloc[0].to_dict()
     compared = set(expected) - {"architecture", "source"}
     assert {k: ours[k] for k in compared} == {k: expected[k] for k in compared}
 

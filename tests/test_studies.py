@@ -459,8 +459,6 @@ def _theory(tmp_path):
         main(
             [
                 "counts",
-                "--architectures",
-                str(REPO / "config/architectures.yaml"),
                 "--out",
                 str(theory / "counts.csv"),
                 "--single-head-out",

@@ -33,6 +33,7 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_json_atomic
+from attnid.common.hf_config_file import read_hf_config
 from attnid.edits.checkpoints import (
     HF_LLAMA,
     AttentionLayer,
@@ -43,7 +44,7 @@ from attnid.edits.checkpoints import (
 )
 from attnid.model.layout import AttentionLayout, row_blocks
 from attnid.theory import counts
-from attnid.theory.hf_config import architecture_from_hf_config, read_hf_config
+from attnid.theory.hf_config import architecture_from_hf_config
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "gemma")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
