@@ -10,7 +10,8 @@ and ``metrics.csv`` (torch-free, testable on synthetic runs):
 writes ``interventions.csv``, one row per arm and metric with the columns :data:`INTERVENTION_COLUMNS`, and
 ``interventions.tex`` (templates/interventions.tex.j2). Every arm among the runs other than the baseline
 is compared with it, in the case registry's order (cases it does not know last). An arm is a case, or a
-rebalancing case with its AdamW moments transported or reset (:func:`arm_name`:
+rebalancing case with its AdamW moments transported or reset
+(:func:`attnid.plan.interventions.arm_name`:
 ``adamw_rebalance_transport``); such an arm is also compared with its case's runs with the moments kept,
 when those are among the runs (a row with that case as the baseline).
 
@@ -36,6 +37,7 @@ import pandas as pd
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.plan.interventions import BASELINE_CASE, arm_name
 from attnid.reports.latex import records, render_table
 from attnid.reports.statistics import (
     BOOTSTRAP_RESAMPLES,
@@ -48,8 +50,6 @@ from attnid.reports.statistics import (
 from attnid.reports.tables import summarize_run
 from attnid.training.rundir import find_run_dirs, load_run
 
-# The paired baseline of every arm.
-BASELINE_CASE = "adamw"
 METRICS = ("final_val_loss", "best_val_loss", "val_loss_at_equal_wall_time")
 INTERVENTION_COLUMNS = (
     "arm",
@@ -64,8 +64,6 @@ INTERVENTION_COLUMNS = (
 )
 # The verdict of a row with too few usable pairs for a CI (not one of attnid.reports.statistics.VERDICTS).
 TOO_FEW_SEEDS = "too few seeds"
-# An arm whose rebalancing keeps AdamW's moments is named after its case alone (docs/design.md §15).
-DEFAULT_MOMENTS = "keep"
 METRIC_TEX = {
     "final_val_loss": "final val loss",
     "best_val_loss": "best val loss",
@@ -76,17 +74,10 @@ METRIC_TEX = {
 # ---------------------------------------------------------------------------- one run
 
 
-def arm_name(case: str, rebalance_moments: str | None = None) -> str:
-    """An arm's name in the tables and figures: its case, with ``_<option>`` for a rebalancing case whose
-    AdamW moments are not kept (``adamw_rebalance_transport``, docs/design.md §15)."""
-    if rebalance_moments in (None, DEFAULT_MOMENTS):
-        return case
-    return f"{case}_{rebalance_moments}"
-
-
 def run_arm_name(info: dict) -> str:
-    """The arm a finished run belongs to, from its run.json: its case and ``--rebalance-moments``."""
-    return arm_name(str(info.get("case")), (info.get("config") or {}).get("rebalance_moments"))
+    """The arm a finished run belongs to, from its run.json: its case and its arm options
+    (``--rebalance-moments``, :data:`attnid.plan.interventions.ARM_OPTIONS`)."""
+    return arm_name(str(info.get("case")), info.get("config") or {})
 
 
 def load_runs_by_arm(
