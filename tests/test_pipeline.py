@@ -124,6 +124,30 @@ def test_second_run_has_nothing_to_do(smoke_dir, shakespeare_url):
 
 
 @pytest.mark.slow
+def test_a_changed_setting_reruns_exactly_the_runs_it_changes(smoke_dir, shakespeare_url, tmp_path):
+    """A built smoke DAG (a copy, times kept) with one case's weight decay changed: the plan rewrites that
+    case's spec files only, and Snakemake plans only those training jobs (and the gathers after them)."""
+    workdir = tmp_path / "built"
+    shutil.copytree(smoke_dir, workdir, symlinks=True)
+    proc = run_smoke_dag(workdir, shakespeare_url, "-n", config={"cases": {"sgd_wd": {"weight_decay": 0.2}}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout)
+    training = {rule: n for rule, n in counts.items() if rule.startswith("train_")}
+    assert training == {"train_case": len(smoke_config()["seeds"])}, counts
+    reruns = re.findall(r"output: (\S+)/metrics.csv", proc.stdout)
+    assert sorted(reruns) == [f"{SMOKE}/runs/sgd_wd/seed{seed}" for seed in smoke_config()["seeds"]]
+    assert f"reason: Updated input files: {SMOKE}/specs/runs/sgd_wd/seed0.yaml" in proc.stdout
+    # changed back (never built in between): those runs were trained with these settings, nothing to do
+    proc = run_smoke_dag(workdir, shakespeare_url, "-n")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    # so is a deleted specs/ folder: rewritten, dated before the runs that trained them
+    shutil.rmtree(workdir / SMOKE / "specs")
+    proc = run_smoke_dag(workdir, shakespeare_url, "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_report_has_all_six_figures(smoke_dir, shakespeare_url, tmp_path):
     report = tmp_path / "report.html"
     proc = run_smoke_dag(smoke_dir, shakespeare_url, "--nolock", "--report", str(report))

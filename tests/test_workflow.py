@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import re
 import shutil
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import yaml
@@ -28,7 +30,7 @@ from pipeline_helpers import (
 
 from attnid.cli import build_parser
 from attnid.cli.train import add_train_arguments, config_from_args
-from attnid.plan import plan
+from attnid.plan import plan, write_spec_files
 from attnid.plan.runs import spec_text
 from attnid.plan.schema import JOB_OPTIONS, config_schema, option_schema, section_settings
 from attnid.training import cases
@@ -184,6 +186,31 @@ def test_spec_files_change_only_with_their_runs_settings(tmp_path):
     assert changed == {"runs/sgd_wd/seed0.yaml", "runs/sgd_wd/seed1.yaml"}, changed
     assert "weight_decay: 0.2" in (workdir / "results/smoke/specs/runs/sgd_wd/seed0.yaml").read_text()
     assert not list((workdir / "results/smoke/specs").rglob(".*.tmp"))
+
+
+def test_a_spec_rewritten_for_a_run_trained_with_it_is_dated_before_the_run(tmp_path, monkeypatch):
+    """A spec file written anew for a finished run whose run.json records exactly its settings is dated
+    before the run's outputs (Snakemake then has nothing to rerun); for any other run it is new."""
+    monkeypatch.chdir(tmp_path)
+    planned = plan(smoke_config())
+    run_dir = planned.case_runs[0]
+    spec = planned.runs[run_dir]
+    Path(run_dir).mkdir(parents=True)
+    recorded = asdict(resolve_config({**spec.options(), "data": "elsewhere", "out": run_dir, "threads": 3}))
+    Path(run_dir, "run.json").write_text(json.dumps({"status": "done", "config": recorded}))
+    Path(run_dir, "metrics.csv").write_text("step\n0\n")
+    assert len(write_spec_files(planned)) == len(planned.trained())
+    outputs = Path(run_dir, "run.json").stat().st_mtime
+    assert Path(planned.spec_file(run_dir)).stat().st_mtime < outputs
+    other = planned.case_runs[1]
+    assert not Path(other).exists() and Path(planned.spec_file(other)).stat().st_mtime >= outputs - 1
+    assert write_spec_files(planned) == []  # unchanged: nothing written
+    # a run trained with other settings: its rewritten spec is newer than its outputs
+    changed = smoke_config()
+    changed["cases"][spec.case]["lr"] *= 2
+    replanned = plan(changed)
+    assert planned.spec_file(run_dir) in write_spec_files(replanned)
+    assert Path(planned.spec_file(run_dir)).stat().st_mtime >= outputs - 1e-3
 
 
 @pytest.mark.parametrize(

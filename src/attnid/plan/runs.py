@@ -22,8 +22,9 @@ before any job starts. The workflow writes each trained run's spec to
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,8 @@ from attnid.plan.interventions import (
     intervention_arms,
 )
 from attnid.plan.studies import STUDY_CASE, study_points, study_run_settings
-from attnid.training.config import option_type, resolve_config
+from attnid.training.config import option_type, resolve_config, resume_free_keys
+from attnid.training.rundir import METRICS_FILE, RUN_FILE
 
 # Where a run's spec file lies, under the results folder: specs/<run directory>.yaml.
 SPECS_DIR = "specs"
@@ -228,10 +230,28 @@ def spec_text(spec: RunSpec, spec_file: str, run_dir: str) -> str:
     return header + yaml.safe_dump(spec.options(), sort_keys=False, default_flow_style=False)
 
 
+def trained_with(run_dir: str, spec: RunSpec) -> bool:
+    """Whether the finished run in ``run_dir`` was trained with exactly ``spec``'s settings: its run.json
+    records the same resolved options (the job's own, such as threads and device, aside)."""
+    try:
+        recorded = json.loads(Path(run_dir, RUN_FILE).read_text(encoding="utf-8")).get("config")
+        (Path(run_dir) / METRICS_FILE).stat()
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(recorded, dict):
+        return False
+    expected = asdict(resolve_config({**spec.options(), "data": "data", "out": run_dir}))
+    ignored = {*resume_free_keys(), "device"}
+    return all(recorded.get(key) == value for key, value in expected.items() if key not in ignored)
+
+
 def write_spec_files(result: Plan) -> list[str]:
     """Write each trained run's spec file (:meth:`Plan.spec_file`) whose content changed, atomically;
     returns those written. An unchanged file keeps its modification time, so a job reruns only when
-    its own settings change (Snakemake compares an input's time with its outputs')."""
+    its own settings change (Snakemake reruns a job whose input is newer than its outputs). A spec
+    written anew for a run already trained with exactly its settings (a setting changed and changed
+    back, a deleted ``specs/``) is dated just before that run's outputs, so that run is not trained
+    again."""
     written = []
     for run_dir, spec in result.trained().items():
         path = result.spec_file(run_dir)
@@ -243,6 +263,9 @@ def write_spec_files(result: Plan) -> list[str]:
             pass  # none yet, or not ours: written anew
         try:
             write_text_atomic(path, text)
+            if trained_with(run_dir, spec):
+                outputs = min(Path(run_dir, name).stat().st_mtime for name in (METRICS_FILE, RUN_FILE))
+                os.utime(path, (outputs - 1, outputs - 1))
         except OSError as err:
             raise ConfigError("results_dir", f"cannot write {path}: {err.strerror or err}") from None
         written.append(path)
