@@ -130,10 +130,10 @@ def check_cross_keys(config: dict) -> None:
 def check_results_dir(results_dir: str, checkout: str | os.PathLike | None) -> None:
     """``results_dir`` is neither ``/``, nor the checkout (``checkout``, and the working directory), nor a
     folder that holds it: each config writes only below its own results folder."""
-    where = Path(os.path.abspath(results_dir))
+    where = Path(os.path.realpath(results_dir))  # symlinks resolved: a link to .. is ..
     if where == Path(where.anchor):
         raise ConfigError("results_dir", f"{results_dir} is the root folder; give each config its own folder")
-    for folder in {Path(os.path.abspath(p)) for p in (os.getcwd(), checkout) if p is not None}:
+    for folder in {Path(os.path.realpath(p)) for p in (os.getcwd(), checkout) if p is not None}:
         if where == folder or where in folder.parents:
             raise ConfigError(
                 "results_dir",
