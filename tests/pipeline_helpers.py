@@ -11,10 +11,12 @@ that only read them.
 
 from __future__ import annotations
 
+import copy
 import fcntl
-import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,9 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from attnid.reports.interventions import arm_overrides, intervention_arms
-from attnid.reports.interventions_table import BASELINE_CASE
-from attnid.reports.studies import reused_points, study_points
+from attnid.plan import plan
 
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).
@@ -121,18 +121,6 @@ def config_text(value) -> str:
     return str(value)
 
 
-def pipeline_config():
-    """workflow/rules/pipeline_config.py, the config's contracts with the package (common.smk imports it
-    the same way: snakemake puts each included file's folder on sys.path)."""
-    path = REPO / "workflow" / "rules" / "pipeline_config.py"
-    if "pipeline_config" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("pipeline_config", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["pipeline_config"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["pipeline_config"]
-
-
 def smoke_config() -> dict:
     return yaml.safe_load((REPO / SMOKE_CONFIG).read_text())
 
@@ -144,36 +132,26 @@ def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return lines[1:]
 
 
-def lr_label(lr: float) -> str:
-    """Same as workflow/rules/common.smk."""
-    return f"{float(lr):.10g}"
-
-
-def reused_study_runs(config: dict) -> list[str]:
-    """The study run directories the DAG copies from an earlier point's instead of training (rule
+def copied_study_runs(config: dict) -> list[str]:
+    """The study run directories the DAG copies from an earlier study run instead of training (rule
     ``reuse_study_run``)."""
-    out = config["results_dir"]
-    return [
-        f"{out}/studies/{study}/{point}/seed{seed}"
-        for study, point in reused_points(config)
-        for seed in config[study]["seeds"]
-    ]
+    return [run_dir for run_dir in plan(copy.deepcopy(config)).copied() if "/studies/" in run_dir]
 
 
-def trained_intervention_runs(config: dict) -> list[str]:
-    """The interventions' run directories the DAG trains (rule ``train_intervention``): every arm and seed
-    except those whose run is a case run, i.e. an arm of a configured case whose section equals the adamw
-    case's with the arm's own settings on top, for the cases' seeds (those runs are gathered from runs/)."""
-    out, cases = config["results_dir"], config["cases"]
-    trained = []
-    for arm in intervention_arms(config):
-        same = arm.case in cases and cases[arm.case] == {**cases[BASELINE_CASE], **arm_overrides(config, arm)}
-        trained += [
-            f"{out}/interventions/{arm.name}/seed{seed}"
-            for seed in config["interventions"]["seeds"]
-            if not (same and seed in config["seeds"])
-        ]
-    return trained
+def train_jobs(workdir: str | os.PathLike, printed: str) -> dict[str, dict]:
+    """{run directory: the options its job trains with} for every ``attnid train`` command that
+    ``snakemake -n -p`` printed: the spec file its ``--config`` names (read in ``workdir``), and the
+    command's own flags on top, as ``attnid train`` reads them."""
+    jobs = {}
+    for line in printed.splitlines():
+        match = re.search(r"attnid train (.*?) > \S+ 2>&1$", line)
+        if not match:
+            continue
+        words = shlex.split(match.group(1))
+        flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
+        options = yaml.safe_load((Path(workdir) / flags.pop("config")).read_text())
+        jobs[flags["out"]] = options | flags
+    return jobs
 
 
 def expected_outputs(config: dict) -> list[str]:
@@ -182,45 +160,23 @@ def expected_outputs(config: dict) -> list[str]:
     All of them but the shared data lie under the config's ``results_dir``.
     """
     out = config["results_dir"]
-    runs = [f"{out}/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
-    sweeps = [
-        f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
-        for opt, sweep in config["sweep"].items()
-        for lr in sweep["lrs"]
-        for seed in sweep["seeds"]
-    ]
-    plan = study_points(config)  # the study sections the config has (each optional)
-    studies = [
-        f"{out}/studies/{study}/{point.name}/seed{seed}"
-        for study, points in plan.items()
-        for point in points
-        for seed in config[study]["seeds"]
-    ]
+    planned = plan(copy.deepcopy(config))
     edits = config.get("edits")
-    edit_runs = [f"{out}/edits/{edits['case']}/seed{seed}" for seed in edits["seeds"]] if edits else []
     interventions = config.get("interventions")
-    intervention_runs = trained_intervention_runs(config) if interventions else []
-    intervention_runs += [
-        f"{out}/interventions/identity/seed{seed}"
-        for seed in (interventions["identity"]["seeds"] if interventions else [])
-    ]
-    files = [
-        f"{d}/{name}"
-        for d in runs + sweeps + studies + edit_runs + intervention_runs
-        for name in ("metrics.csv", "run.json")
-    ]
+    files = [f"{d}/{name}" for d in planned.runs for name in ("metrics.csv", "run.json")]
     files += [
         f"{d}/{name}"
-        for d in edit_runs
+        for d in planned.edit_runs
         for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")
     ]
     if edits:
         files += [f"{out}/tables/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
     files += [f"{out}/tables/{name}" for name in TABLES]
-    if plan:
-        files += [f"{out}/tables/{study}.{ext}" for study in plan for ext in ("csv", "tex")]
+    studies = planned.study_runs
+    if studies:
+        files += [f"{out}/tables/{study}.{ext}" for study in studies for ext in ("csv", "tex")]
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
-    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if plan else 5) for ext in ("png", "pdf")]
+    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if studies else 5) for ext in ("png", "pdf")]
     if interventions:
         files += [f"{out}/tables/interventions.{ext}" for ext in ("csv", "tex")]
         files += [f"{out}/figures/fig6.{ext}" for ext in ("png", "pdf", "rst")]

@@ -1,4 +1,4 @@
-"""The interventions study around the arms (attnid.reports.interventions and the gathers): its plan and
+"""The interventions study around the arms (attnid.plan.interventions and the gathers): its plan and
 config checks, the DAG's reuse of the cases' runs, the arms told apart by their moments, the identities in
 claims.csv computed from the runs (passing and failing), and Figure 6 with its caption filled from the
 same numbers as interventions.csv."""
@@ -17,11 +17,12 @@ from pipeline_helpers import (
     run_snakemake,
     smoke_config,
     stderr_lines,
-    trained_intervention_runs,
+    train_jobs,
 )
 from synthetic_runs import write_run
 
-from attnid.reports import figures, interventions, tables
+from attnid.plan import ConfigError, interventions, plan
+from attnid.reports import figures, tables
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
 from attnid.reports.statistics import minimum_seeds
 from attnid.training.rundir import load_run
@@ -96,18 +97,29 @@ def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run()
                     "family": ["adamw_projected", "start_x_frozen"],
                 }
             },
-            "interventions/verdict/family: start_x_frozen is no comparison of the arms",
+            "start_x_frozen is no comparison of the arms",
         ),
+        ({"arms": [{"case": "adamw", "lr": 2e-3}]}, "an arm that sets lr names itself (arm: NAME)"),
     ],
 )
 def test_a_bad_interventions_section_is_one_problem(change, message):
     config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], **change}}
     problems = interventions.check_interventions_config(config)
-    assert len(problems) == 1 and message in problems[0], problems
+    assert len(problems) == 1 and message in problems[0][1], problems
     no_baseline = {**DEFAULT, "cases": {k: v for k, v in DEFAULT["cases"].items() if k != "adamw"}}
-    assert "no case 'adamw' under cases" in interventions.check_interventions_config(no_baseline)[0]
-    rope = {**DEFAULT, "model": {**DEFAULT["model"], "rope": True}}
-    assert any("does not support a RoPE model" in p for p in interventions.check_interventions_config(rope))
+    key, problem = interventions.check_interventions_config(no_baseline)[0]
+    assert key == "interventions" and "no case 'adamw' under cases" in problem
+
+
+def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
+    """The identity run's warmup longer than its steps passes the schema; the plan checks every run as
+    `attnid train` will, and names the section that asks for it."""
+    config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    config["interventions"]["identity"].update(max_iters=10, warmup_iters=20)
+    with pytest.raises(ConfigError) as caught:
+        plan(config)
+    assert str(caught.value).startswith("interventions/identity: need 0 <= --warmup-iters (20) <")
+    assert "(run results/smoke/interventions/identity/seed0)" in str(caught.value)
 
 
 def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
@@ -117,21 +129,35 @@ def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
     proc = run_snakemake(tmp_path, "-n", "-p", configfile=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = DEFAULT["results_dir"]
-    planned = set(re.findall(rf"--out ({out}/interventions/\S+)", proc.stdout))
-    expected = set(trained_intervention_runs(DEFAULT)) | {f"{out}/interventions/identity/seed0"}
-    assert planned == expected
+    jobs = train_jobs(tmp_path, proc.stdout)
+    planned = {run_dir for run_dir in jobs if run_dir.startswith(f"{out}/interventions/")}
     extra_seeds = [s for s in DEFAULT["interventions"]["seeds"] if s not in DEFAULT["seeds"]]
-    assert {f"{out}/interventions/adamw/seed{s}" for s in extra_seeds} <= planned
+    keep_arms = ("adamw", "adamw_rebalance")  # their runs for the cases' seeds are the case runs
+    expected = {
+        f"{out}/interventions/{arm}/seed{seed}"
+        for arm in (
+            "adamw",
+            "adamw_projected",
+            "adamw_gauge_fixed",
+            "adamw_rebalance",
+            "adamw_rebalance_transport",
+        )
+        for seed in DEFAULT["interventions"]["seeds"]
+        if arm not in keep_arms or seed in extra_seeds
+    }
+    assert planned == expected | {f"{out}/interventions/identity/seed0"}
     assert f"{out}/interventions/adamw/seed{DEFAULT['seeds'][0]}" not in planned  # the case run is gathered
     adamw = DEFAULT["cases"]["adamw"]
-    for job in re.findall(r"attnid train [^\n]*--out " + out + r"/interventions/[^\n]*", proc.stdout):
-        assert f"--lr {adamw['lr']} " in job and f"--weight-decay {adamw['weight_decay']} " in job, job
-        if "/identity/" in job:
-            assert "--case adamw_projected" in job and "--dtype float64" in job
+    for run_dir in planned:
+        job = jobs[run_dir]
+        assert job["lr"] == adamw["lr"] and job["weight_decay"] == adamw["weight_decay"], job
+        if "/identity/" in run_dir:
+            assert job["case"] == "adamw_projected" and job["dtype"] == "float64"
         else:
-            assert f"--max-iters {DEFAULT['training']['max_iters']} " in job
-    transport = re.search(r"attnid train [^\n]*--rebalance-moments transport[^\n]*", proc.stdout).group(0)
-    assert "--case adamw_rebalance" in transport and "/interventions/adamw_rebalance_transport/" in transport
+            assert job["max_iters"] == DEFAULT["training"]["max_iters"]
+    transport = [run_dir for run_dir, job in jobs.items() if job.get("rebalance_moments") == "transport"]
+    assert transport and all("/interventions/adamw_rebalance_transport/" in run_dir for run_dir in transport)
+    assert {jobs[run_dir]["case"] for run_dir in transport} == {"adamw_rebalance"}
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
     assert f"{out}/runs/adamw/seed0" in gather and f"{out}/runs/adamw_rebalance/seed0" in gather
     assert len(gather) == len(DEFAULT["interventions"]["seeds"]) * 5

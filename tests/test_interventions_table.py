@@ -294,9 +294,7 @@ def test_the_cost_benchmark_writes_what_the_table_reads(tmp_path):
     arms_cost = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(arms_cost)
     for arm, (case, extra) in arms_cost.ARMS.items():
-        named = interventions_table.arm_name(
-            case, extra.get("rebalance_moments"), extra.get("initial_point"), extra.get("freeze_mlp", False)
-        )
+        named = interventions_table.arm_name(case, extra)
         assert named == arm or (arm == "adamw_lr2x" and extra == {"lr": 2 * arms_cost.ADAMW_LR}), arm
     seconds = {"adamw": [2.0, 2.2, 2.0], "adamw_gauge_fixed": [2.2, 2.2, 2.4], "adamw_lr2x": [2.1, 2.31, 2.0]}
     machine = {"platform": "Linux-x", "cpu": "Some CPU", "torch": "2.1", "date": "2026-01-02"}

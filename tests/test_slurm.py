@@ -29,9 +29,9 @@ import yaml
 from pipeline_helpers import (
     REPO,
     TABLES,
+    copied_study_runs,
     copy_pipeline,
     expected_outputs,
-    reused_study_runs,
     shared_smoke_run,
     smoke_config,
     snakemake_env,
@@ -203,7 +203,7 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     workdir = copy_pipeline(tmp_path / "wf")
     config = smoke_config()
     runs = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
-    n_training = runs - len(reused_study_runs(config))  # a repeated study point is copied, not trained
+    n_training = runs - len(copied_study_runs(config))  # a repeated study point is copied, not trained
 
     with SlurmCluster(tmp_path / "slurm") as cluster:
         env = snakemake_env()
@@ -248,7 +248,7 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     # every other rule of the DAG ran on SLURM too, without a GPU
     ran = sorted(job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in others)
     expected = list(OTHER_RULES) + [rule for rule in PER_EDIT_SEED_RULES for _ in config["edits"]["seeds"]]
-    expected += ["reuse_study_run" for _ in reused_study_runs(config)]  # copies of a repeated study point
+    expected += ["reuse_study_run" for _ in copied_study_runs(config)]  # copies of a repeated study point
     assert ran == sorted(expected), others
     assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
     # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed

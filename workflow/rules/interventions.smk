@@ -1,17 +1,20 @@
-# Does identification change training? The interventions on the orbit (src/attnid/reports/interventions.py).
+# Does identification change training? The interventions on the orbit (src/attnid/plan/interventions.py).
 #
 # One training job per arm and seed under <results_dir>/interventions/<arm>/seed<N>/ (the adamw case's
 # settings, the model and training sections, then the arm's own), except where a case run already trains
-# exactly that run (common.smk: INTERVENTION_RUN_DIRS lists it instead); the float64 identity run of the
+# exactly that run (attnid.plan: INTERVENTION_RUN_DIRS lists it instead); the float64 identity run of the
 # projected arm under interventions/identity/seed<N>/; `attnid interventions-table` pairs every arm with
 # adamw seed by seed.
 
 import shlex
 
-from attnid.reports.interventions import verdict_options
+from attnid.plan import verdict_options
 
 
 use rule train_case as train_intervention with:
+    input:
+        data=rules.prepare_data.output,
+        spec=f"{SPECS}/interventions/{{arm}}/seed{{seed}}.yaml",
     output:
         metrics=f"{RESULTS}/interventions/{{arm}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/interventions/{{arm}}/seed{{seed}}/run.json",
@@ -20,13 +23,14 @@ use rule train_case as train_intervention with:
     benchmark:
         f"{BENCHMARKS}/interventions/{{arm}}/seed{{seed}}.tsv"
     wildcard_constraints:
-        arm="|".join(map(re.escape, INTERVENTION_ARMS)) or "none",
+        arm="|".join(map(re.escape, PLAN.arms)) or "none",
         seed=r"\d+",
-    params:
-        flags=intervention_flags,
 
 
 use rule train_case as train_intervention_identity with:
+    input:
+        data=rules.prepare_data.output,
+        spec=f"{SPECS}/interventions/identity/seed{{seed}}.yaml",
     output:
         metrics=f"{RESULTS}/interventions/identity/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/interventions/identity/seed{{seed}}/run.json",
@@ -36,8 +40,6 @@ use rule train_case as train_intervention_identity with:
         f"{BENCHMARKS}/interventions/identity/seed{{seed}}.tsv"
     wildcard_constraints:
         seed=r"\d+",
-    params:
-        flags=identity_flags,
 
 
 # Each arm's cost per step over adamw's, measured by benchmarks/arms_cost.py and kept in the repository.

@@ -6,7 +6,7 @@
 # Figures 1-4 always; Figure 5 draws the identification studies and Figure 6 the interventions, when the
 # config has them.
 FIGURE_NUMBERS = (
-    [1, 2, 3, 4] + ([5] if STUDY_POINTS else []) + ([6] if INTERVENTIONS else [])
+    [1, 2, 3, 4] + ([5] if STUDY_RUN_DIRS else []) + ([6] if INTERVENTIONS else [])
 )
 # The caption a figure's report entry shows: the package's, or the one its build filled in.
 FIGURE_CAPTIONS = {
@@ -22,7 +22,7 @@ FIGURE_CAPTIONS = {
 OMITTED_PARTS = [
     part
     for part, on in (
-        ("studies", STUDY_POINTS),
+        ("studies", STUDY_RUN_DIRS),
         ("edits", EDITS),
         ("interventions", config.get("interventions")),
     )
@@ -78,7 +78,7 @@ rule figures:
         tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
         theory=lambda wildcards, input: os.path.dirname(input.nullity),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-        studies="" if STUDY_POINTS else "--no-studies",
+        studies="" if STUDY_RUN_DIRS else "--no-studies",
         interventions=INTERVENTION_SELECTION,
     shell:
         "attnid figures --tables {params.tables:q} --runs {params.runs} {params.studies} {params.interventions}"

@@ -47,6 +47,17 @@ import pandas as pd
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.plan.interventions import (
+    AT_INIT_ARM,
+    BASELINE_CASE,
+    FROM_GAUGE_ARM,
+    GAUGE_ARM,
+    INTERACTION,
+    INTERACTION_TERMS,
+    arm_name,
+    comparison_name,
+    moved_moments,
+)
 from attnid.reports.latex import records, render_table
 from attnid.reports.statistics import (
     ALPHA,
@@ -62,25 +73,8 @@ from attnid.reports.statistics import (
 )
 from attnid.training.rundir import find_run_dirs, load_run
 
-# The paired baseline of every arm.
-BASELINE_CASE = "adamw"
 # The primary metric (docs/design.md §11.5): run.json's loss of the final model on the whole val split.
 PRIMARY_METRIC = "final_val_loss_full"
-# An arm whose rebalancing keeps AdamW's moments is named after its case alone (docs/design.md §15).
-DEFAULT_MOMENTS = "keep"
-# The 2 x 2 of docs/design.md §14, one arm per cell (starting point on the orbit, blocks frozen), and its
-# interaction per seed: the effect of freezing at the gauge point minus the effect of freezing at the
-# initialisation, (gauge_fixed - from_gauge_point) - (gauge_fixed_at_init - adamw). Negative: freezing
-# helps more (or hurts less) at the gauge point.
-GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM = (
-    "adamw_gauge_fixed",
-    "adamw_gauge_fixed_at_init",
-    "adamw_from_gauge_point",
-)
-INTERACTION = "start_x_frozen"
-INTERACTION_TERMS = ((GAUGE_ARM, FROM_GAUGE_ARM), (AT_INIT_ARM, BASELINE_CASE))
-# Arm-name suffixes of the gauge arm's controls (attnid train --initial-point, --freeze-mlp)
-AT_INITIAL_VALUES, FROM_GAUGE_POINT, FROZEN_MLP = "_at_init", "_from_gauge_point", "_frozen_mlp"
 
 SEED_COLUMNS = ("comparison", "arm", "baseline", "seed", "arm_value", "baseline_value", "difference")
 INTERVENTION_COLUMNS = (
@@ -112,49 +106,10 @@ INTERVENTION_COLUMNS = (
 # ---------------------------------------------------------------------------- one run
 
 
-def arm_name(
-    case: str,
-    rebalance_moments: str | None = None,
-    initial_point: str | None = None,
-    freeze_mlp: bool = False,
-) -> str:
-    """An arm's name in the tables and figures: its case, with ``_<option>`` for a rebalancing case whose
-    AdamW moments are not kept (``adamw_rebalance_transport``, docs/design.md §15), ``_at_init`` for the
-    gauge-fixed case with its blocks fixed at their initial values, ``_from_gauge_point`` for another case
-    started at the gauge point, and ``_frozen_mlp`` with MLP entries frozen (§14)."""
-    from attnid.training.cases import CASES
-
-    name = case
-    if rebalance_moments not in (None, DEFAULT_MOMENTS):
-        name += f"_{rebalance_moments}"
-    gauge_fixed = case in CASES and CASES[case].gauge_fixed
-    if gauge_fixed and initial_point == "init":
-        name += AT_INITIAL_VALUES
-    elif not gauge_fixed and initial_point == "gauge":
-        name += FROM_GAUGE_POINT
-    if freeze_mlp:
-        name += FROZEN_MLP
-    return name
-
-
 def run_arm_name(info: dict) -> str:
     """The arm a finished run belongs to, from its run.json: its ``--arm`` name, or the name its case and
-    options give (:func:`arm_name`)."""
-    config = info.get("config") or {}
-    if config.get("arm"):
-        return str(config["arm"])
-    return arm_name(
-        str(info.get("case")),
-        config.get("rebalance_moments"),
-        config.get("initial_point"),
-        bool(config.get("freeze_mlp")),
-    )
-
-
-def comparison_name(arm: str, baseline: str, table_baseline: str = BASELINE_CASE) -> str:
-    """A comparison's name (the family lists these): the arm's name against the table's baseline,
-    ``arm-baseline`` against another one."""
-    return arm if baseline == table_baseline else f"{arm}-{baseline}"
+    options give (:func:`attnid.plan.interventions.arm_name`)."""
+    return arm_name(str(info.get("case")), info.get("config") or {})
 
 
 def load_runs_by_arm(
@@ -180,8 +135,7 @@ def load_runs_by_arm(
 def kept_moments_baseline(runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
     """The case an arm with transported or reset moments is also compared with (its moments kept), or None."""
     info = runs[0][0]
-    moments = (info.get("config") or {}).get("rebalance_moments")
-    return str(info.get("case")) if moments not in (None, DEFAULT_MOMENTS) else None
+    return str(info.get("case")) if moved_moments(info.get("config") or {}) else None
 
 
 def run_value(info: dict) -> float:

@@ -303,8 +303,8 @@ EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune
 LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
 # The figures of `attnid figures`, in order; each has its caption in templates/captions/<name>.rst.
 FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5", "fig6")
-# Drawn only for a build with the identification studies (attnid.reports.studies) or the interventions
-# (attnid.reports.interventions): included when present.
+# Drawn only for a build with the identification studies (attnid.plan.studies) or the interventions
+# (attnid.plan.interventions): included when present.
 OPTIONAL_FIGURES = ("fig5", "fig6")
 # A figure whose caption is filled with its build's numbers: attnid figures writes <name>.rst next to it,
 # and that is the caption shown (the package's captions/<name>.rst is its template).
