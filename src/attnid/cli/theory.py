@@ -137,8 +137,6 @@ FAMILIES: dict[str, dict[str, Any]] = {  # presets; every flag given explicitly 
 
 
 def add_census_arguments(parser: argparse.ArgumentParser) -> None:
-    from attnid.theory.census import CENSUS_ROPE_BASE, RANDOM_SHAPES
-
     model = parser.add_argument_group("model (the options of attnid train, plus the whole-model choices)")
     model.add_argument(
         "--family",
@@ -214,7 +212,7 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--random-shapes",
         type=int,
-        default=RANDOM_SHAPES,
+        default=whole_model.RANDOM_SHAPES,
         help="with --grid: random shapes added to the hand-picked ones (default %(default)s)",
     )
     run.add_argument(
@@ -223,7 +221,7 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--rope-base",
         type=float,
-        default=CENSUS_ROPE_BASE,
+        default=whole_model.CENSUS_ROPE_BASE,
         help="RoPE base of the measurement (default %(default)g; see docs/whole_model.md)",
     )
     run.add_argument(

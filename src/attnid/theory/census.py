@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from attnid.theory import whole_model as theory
 from attnid.theory.nullity import GAP_REQUIRED, RANK_RTOL, ROW_FACTOR, unflatten
 from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
+from attnid.theory.whole_model import CENSUS_ROPE_BASE, RANDOM_SHAPES
 
 if TYPE_CHECKING:
     import pandas as pd
 
-CENSUS_ROPE_BASE = 10.0
 SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time (memory)
 
 
@@ -533,7 +533,7 @@ def measurable(shape: theory.WholeModelShape, max_params: int | None = None) -> 
         )
 
 
-RANDOM_SHAPES, RANDOM_SEED = 8, 0
+RANDOM_SEED = 0
 
 
 def default_grid(random_count: int = RANDOM_SHAPES, seed: int = RANDOM_SEED) -> list[theory.WholeModelShape]:

@@ -44,6 +44,10 @@ GATED_MLPS = ("swiglu", "geglu")
 POSITIONS = ("learned", "rope", "none")
 BLOCKS = ("sequential", "parallel")  # parallel: x + attn(n(x)) + mlp(n(x)), one shared norm
 DEFAULT_NORM_EPS = 1e-5  # model.py's LayerNorm
+# The census's measurement defaults (attnid.theory.census), here without torch so that `attnid census
+# --help` shows them at once: the RoPE base it measures with, the random shapes added to its grid.
+CENSUS_ROPE_BASE = 10.0
+RANDOM_SHAPES = 8
 
 # Fields of config/architectures.yaml that the whole-model counts need on top of the attention ones.
 WHOLE_MODEL_KEYS = (

@@ -17,13 +17,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
-from attnid.measure.metrics import METRICS_DEVICES
-from attnid.model.gauge import check_gauge_layout
-from attnid.model.layout import AttentionLayout
-from attnid.model.moves import REBALANCE_TARGETS
 from attnid.training import cases
-from attnid.training.moments import REBALANCE_MOMENTS
-from attnid.training.precision import DTYPES
 
 DEVICES = ("auto", "cpu", "cuda")
 # Options that were replaced: each gives one line that says what to use instead
@@ -270,6 +264,15 @@ def _check_attention_shape(cfg: TrainConfig) -> None:
 
 def resolve_config(values: dict) -> TrainConfig:
     """Fill the derived defaults and check every value; raises UserError with one clear line."""
+    # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
+    # are TrainConfig's fields) answers without importing torch
+    from attnid.measure.metrics import METRICS_DEVICES
+    from attnid.model.gauge import check_gauge_layout
+    from attnid.model.layout import AttentionLayout
+    from attnid.model.moves import REBALANCE_TARGETS
+    from attnid.training.moments import REBALANCE_MOMENTS
+    from attnid.training.precision import DTYPES
+
     cfg = TrainConfig(**{k: v for k, v in values.items() if v is not None})
     if cfg.data is None:
         raise UserError("missing --data DIR (the prepared data directory from 'attnid prepare')")
