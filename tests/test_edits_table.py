@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, shared_smoke_run, smoke_config, stderr_lines
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.theory import counts
@@ -186,7 +187,7 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     assert "tab:prune" not in (tmp_path / "without.tex").read_text()
 
 
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_prune_table_fits_the_text_width(edit_reports, tmp_path, repo_root):
     """The widest cells (every number a mean +- sd in scientific notation) stay inside the page."""
     wide = []

@@ -9,8 +9,8 @@ preempts one running training job with ``scontrol requeue``, and checks:
 - the preempted job was requeued by SLURM (the profile's ``slurm-requeue``) and the DAG finished;
 - the tables equal those of a local run of the same DAG.
 
-Needs root and Debian's slurm/munge/mariadb packages (``.ci/run`` installs them); without
-them the test fails and says so: it never skips.
+Needs root and Debian's slurm/munge/mariadb packages (the README's apt line; ``.ci/run`` installs
+them): without them it skips and names what is missing, except under ``.ci/run``, where it fails.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pipeline_helpers import (
     snakemake_env,
 )
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
+from system_packages import require_or_skip
 
 PROFILE = REPO / "profiles" / "slurm"
 SNAKEMAKE_TIMEOUT_S = 1500
@@ -191,12 +192,7 @@ def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.slurm
 def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_path_factory):
-    missing = missing_requirements()
-    if missing:
-        pytest.fail(
-            "the SLURM test needs " + ", ".join(missing) + ": run it as root after .ci/run installed "
-            "slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
-        )
+    require_or_skip(missing_requirements(), "the SLURM test")
     local_dir = shared_smoke_run(
         tmp_path_factory, shakespeare_url
     )  # the local reference (shared, built once)

@@ -16,6 +16,7 @@ import yaml
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines
 from scipy import stats
 from synthetic_runs import write_run
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.reports import figures, latex, studies
@@ -567,7 +568,7 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_study_tables_fit_the_page(tmp_path):
     """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
     parameters) compile at 9 pt with no box more than 5 pt too wide."""
