@@ -297,15 +297,20 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "eval_every": 2,
             "warmup_iters": 1,
         },  # the default's points
+        # one arm (a list replaces the default's four): each arm writes under the same folder
         "interventions": {
+            "arms": [{"case": "adamw_projected"}],
             "seeds": [0],
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
-        },  # the default's arms
+        },
+        "edits": {"seeds": [0]},
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert default["results_dir"] != SMOKE
-    proc = run_snakemake(workdir, configfile=None, config=shortened, timeout=1800)
+    proc = run_snakemake(
+        workdir, configfile=None, config=shortened, timeout=1800, progress="a shortened default build"
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     merged = {
         **default,
@@ -316,9 +321,11 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         "variants": {**default["variants"], **shortened["variants"]},
         "interventions": {
             **default["interventions"],
+            "arms": shortened["interventions"]["arms"],
             "seeds": [0],
             "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
         },
+        "edits": {**default["edits"], "seeds": [0]},
     }
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing

@@ -32,6 +32,7 @@ from pipeline_helpers import (
     copy_pipeline,
     expected_outputs,
     reused_study_runs,
+    run_showing_progress,
     shared_smoke_run,
     smoke_config,
     snakemake_env,
@@ -211,13 +212,12 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
         watcher.start()
         started = time.monotonic()
         try:
-            proc = subprocess.run(
+            proc = run_showing_progress(
                 slurm_snakemake_command(shakespeare_url),
-                cwd=workdir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=SNAKEMAKE_TIMEOUT_S + 60,
+                workdir,
+                env,
+                SNAKEMAKE_TIMEOUT_S + 60,
+                "the smoke build on a SLURM test cluster",
             )
         finally:
             stop.set()
