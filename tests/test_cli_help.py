@@ -54,3 +54,16 @@ def test_figures_help_names_every_figure(helps):
 
     text = helps[""]["help"] + helps["figures"]["help"]
     assert re.findall(r"figures 1-(\d+)", text) == [str(len(FIGURES))] * 2
+
+
+def test_every_file_a_help_text_points_to_exists(helps):
+    from test_pointers import REPO, pointers_of, unresolved
+
+    problems = [
+        f"attnid {command} --help: {problem}"
+        for command, answer in helps.items()
+        for target in pointers_of(answer["help"], links=False)
+        if (problem := unresolved(target, REPO))
+    ]
+    assert not problems, problems
+    assert any(pointers_of(answer["help"], links=False) for answer in helps.values())  # some are checked

@@ -222,7 +222,7 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
         "--rope-base",
         type=float,
         default=whole_model.CENSUS_ROPE_BASE,
-        help="RoPE base of the measurement (default %(default)g; see docs/whole_model.md)",
+        help="RoPE base of the measurement (default %(default)g; see docs/theory.md#the-measurement)",
     )
     run.add_argument(
         "--max-params",
