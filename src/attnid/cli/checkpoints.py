@@ -62,22 +62,16 @@ def _inspect_file(path: Path) -> dict:
 
 def _inspect_folder(path: Path) -> dict:
     """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
+    from attnid.edits.api import inspect_checkpoint
     from attnid.edits.checkpoints import load_checkpoint
-    from attnid.edits.operations import checkpoint_layout, checkpoint_shape, layer_tensors_of
-    from attnid.measure.inspect import inspect_layers
 
     progress.stage(f"reading {path}")
     checkpoint = load_checkpoint(path)
-    report = inspect_layers(
-        checkpoint_layout(checkpoint),
-        checkpoint_shape(checkpoint),
-        layer_tensors_of(checkpoint.attention_layers()),
-    )
     return {
         "format": checkpoint.kind,
         "model_type": checkpoint.payload.get("model_type"),
         "dtype": _stored_dtype(checkpoint),
-        **report,
+        **inspect_checkpoint(checkpoint),
     }
 
 
@@ -288,24 +282,11 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
 
 def run_prune_biases(args: argparse.Namespace) -> int:
-    from attnid.edits.operations import (
-        checkpoint_layout,
-        prune_layer_biases,
-        redundant_bias_count,
-        store_layers,
-    )
+    from attnid.edits.api import prune_checkpoint
+    from attnid.edits.operations import redundant_bias_count
 
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
-        layout = checkpoint_layout(checkpoint)
-        edited = [prune_layer_biases(layer, layout) for layer in checkpoint.attention_layers()]
-        rounding = store_layers(checkpoint, [layer for layer, _, _ in edited])
-        return {
-            **redundant_bias_count(checkpoint),
-            "rope": rope,
-            "write_back_rel_error": rounding,
-            "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
-            "nonzero_value_biases_folded": sum(v for _, _, v in edited),
-        }
+        return prune_checkpoint(checkpoint)
 
     def nothing_to_prune(checkpoint: Checkpoint, rope: bool) -> str | None:
         count = redundant_bias_count(checkpoint)
@@ -338,34 +319,10 @@ def run_prune_biases(args: argparse.Namespace) -> int:
 
 
 def run_balance(args: argparse.Namespace) -> int:
-    from attnid.edits.checkpoints import HF_LLAMA
-    from attnid.edits.operations import (
-        attention_variant,
-        balance_layers,
-        balance_on_own_orbit,
-        checkpoint_layout,
-        pair_summary,
-        store_layers,
-        stored_initial_imbalance,
-    )
+    from attnid.edits.api import balance_checkpoint
 
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
-        if checkpoint.kind != HF_LLAMA and (rope or attention_variant(checkpoint)[1]):
-            return balance_on_own_orbit(checkpoint, args.target)
-        targets = stored_initial_imbalance(checkpoint) if args.target == "initial" else None
-        layout, layers = checkpoint_layout(checkpoint), checkpoint.attention_layers()
-        before = pair_summary(layers, layout)
-        skipped = balance_layers(layers, layout, targets)
-        rounding = store_layers(checkpoint, layers)
-        after = pair_summary(checkpoint.attention_layers(), layout)  # as stored (its dtype)
-        return {
-            "target": args.target,
-            "orbit": "own",
-            "skipped_pairs": skipped,
-            "write_back_rel_error": rounding,
-            **{f"{k}_before": v for k, v in before.items()},
-            **{f"{k}_after": v for k, v in after.items()},
-        }
+        return balance_checkpoint(checkpoint, args.target)
 
     report = _edit_and_prove(args, "balance", edit, allow_rope=True, allow_resized=True)
     assert report is not None  # balance always writes its copy (a balanced model is moved by 0)
