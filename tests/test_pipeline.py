@@ -274,6 +274,7 @@ def _snapshot(root):
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # a second whole build: .ci/run runs it after the README's command
 def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tmp_path):
     """After the smoke build, a (shortened) default build in the same checkout succeeds, writes
     only under its own results_dir, and leaves the smoke build complete and untouched."""

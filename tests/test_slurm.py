@@ -192,6 +192,7 @@ def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.slurm
+@pytest.mark.ci  # the smoke build again, through SLURM: .ci/run runs it after the README's command
 def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_path_factory):
     require_or_skip(missing_requirements(), "the SLURM test")
     local_dir = shared_smoke_run(
