@@ -149,7 +149,7 @@ INSPECT_LEGEND = (
     ("|I_qk|_F, |I_ov|_F", "Frobenius norm of the conserved imbalance A A^T - B B^T (§3.2)"),
     ("attn params", "attention parameters of the layer (weights and biases of Q, K, V and the output)"),
     ("orbit qk", "the query-key pair's orbit: gl (all of GL_D) or rope (the RoPE commutant, §8)"),
-    ("dim qk, dim ov", "orbit dimension measured at these weights (the tangent map's rank, §5.2)"),
+    ("dim qk, dim ov", "orbit dimension measured at these weights (the tangent map's rank, §9)"),
     ("unid qk, unid ov", "unidentified parameters by the closed forms (Lemmas 4.1-4.6, Prop. 4.8; §5.1)"),
     ("unid bias", "unidentified key and value biases (§4.7 of the paper)"),
     ("unid", "their sum"),
