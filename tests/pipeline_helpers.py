@@ -293,7 +293,15 @@ def expected_outputs(config: dict) -> list[str]:
         f"{out}/paper/main.tex",
         f"{out}/paper/appendix.tex",
     ]
+    if builds_pdf(config):
+        files.append(f"{out}/paper/main.pdf")
     return files + ["data/tinyshakespeare/train.bin"]
+
+
+def builds_pdf(config: dict) -> bool:
+    """Whether a build of ``config`` here makes the appendix PDF (common.smk's want_pdf)."""
+    setting = config.get("paper_pdf", "auto")
+    return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
 
 
 def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:

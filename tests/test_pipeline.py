@@ -65,6 +65,18 @@ def test_smoke_dag_builds_every_target(smoke_dir):
 
 
 @pytest.mark.slow
+def test_smoke_build_makes_the_appendix_pdf_where_latexmk_is_installed(smoke_dir):
+    """config/smoke.yaml's paper_pdf: auto, as the README says: the PDF where latexmk exists, else none."""
+    assert smoke_config()["paper_pdf"] == "auto"
+    pdf = smoke_dir / SMOKE / "paper" / "main.pdf"
+    if shutil.which("latexmk") is None:
+        assert not pdf.exists()
+    else:
+        assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 50_000
+        assert not list(pdf.parent.glob(".latexmk-*")), "scratch build folder left behind"
+
+
+@pytest.mark.slow
 def test_smoke_diverged_sweep_point_is_a_finished_job(smoke_dir):
     config = smoke_config()
     huge = max(config["sweep"]["sgd"]["lrs"])
@@ -327,6 +339,7 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
         },
         "edits": {**default["edits"], "seeds": [0]},
+        "paper_pdf": False,
     }
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing
