@@ -17,12 +17,12 @@ every round holds one rebalance; they skip the τ probe of the other log steps, 
 less than ``adamw``. The last line is ``adamw_rebalance_transport`` over ``adamw_rebalance``
 per round: what transporting AdamW's moments adds to a rebalance (docs/design.md §15).
 
-The result is written to ``--out`` (default: docs/figures/arms_cost.csv, the kept copy the
+The result is written to ``--out`` (default: benchmarks/arms_cost.csv, the kept copy the
 pipeline's interventions table reads) with the machine (platform, CPU model, torch version)
 and the date it was measured on; ``--out ''`` writes nothing. Measure on a quiet machine:
 
     python benchmarks/arms_cost.py [--rounds 7] [--steps 40] [--threads 1] [--no-metrics] [--data DIR]
-        [--out docs/figures/arms_cost.csv]
+        [--out benchmarks/arms_cost.csv]
 
 ``--data`` is a directory prepared by ``attnid prepare``; without it one is prepared in a
 temporary directory from the shipped tiny shakespeare.
@@ -61,7 +61,7 @@ ARMS = {
     "adamw_rebalance_transport": ("adamw_rebalance", {"rebalance_moments": "transport"}),
 }
 CLOCK = time.process_time
-KEPT = REPO / "docs" / "figures" / "arms_cost.csv"
+KEPT = REPO / "benchmarks" / "arms_cost.csv"
 
 
 def make_run(data_dir: Path, out: Path, case: str, extra: dict, args) -> Run:

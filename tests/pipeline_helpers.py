@@ -11,6 +11,7 @@ that only read them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import json
@@ -20,8 +21,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from attnid.plan import plan
@@ -67,6 +72,22 @@ def snakemake_env() -> dict:
     return env
 
 
+# pytest's config, set by conftest.py: say() needs its capture manager
+PYTEST_CONFIG: pytest.Config | None = None
+PROGRESS_EVERY_S = 15.0  # at most one "N of M steps" line per this many seconds per build
+STEPS_DONE = re.compile(r"^\d+ of \d+ steps \(\d+%\) done$")
+
+
+def say(line: str) -> None:
+    """Print ``line`` on the terminal at once, past pytest's output capture, also from an xdist worker
+    (whose standard error is the terminal's): what a long fixture is doing."""
+    capture = PYTEST_CONFIG.pluginmanager.getplugin("capturemanager") if PYTEST_CONFIG else None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        sys.stderr.write(f"\n[{worker + ' ' if worker else ''}{time.strftime('%H:%M:%S')}] {line}\n")
+        sys.stderr.flush()
+
+
 def run_snakemake(
     workdir: str | os.PathLike,
     *args: str,
@@ -75,12 +96,14 @@ def run_snakemake(
     cores: int = 2,
     timeout: float = 600,
     env: dict | None = None,
+    progress: str | None = None,
 ) -> subprocess.CompletedProcess:
     """``snakemake --cores N [--configfile F] [ARGS] [--config K=V ...]`` in ``workdir``.
 
     ``--config`` goes last because it swallows every following argument. A mapping or list
     value is written as YAML flow text (``cases={sgd: {lr: 0.1}}``), as a user would type it.
     ``env`` adds to (or replaces) the child's environment variables, e.g. ``PYTHONPATH``.
+    ``progress``: name the build on the terminal, then show snakemake's "N of M steps" lines as they come.
     """
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
     if configfile:
@@ -88,14 +111,45 @@ def run_snakemake(
     command += list(args)
     if config:
         command += ["--config"] + [f"{key}={config_text(value)}" for key, value in config.items()]
-    return subprocess.run(
-        command,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**snakemake_env(), **(env or {})},
+    child_env = {**snakemake_env(), **(env or {})}
+    if progress is None:
+        return subprocess.run(
+            command, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=child_env
+        )
+    return run_showing_progress(command, workdir, child_env, timeout, progress)
+
+
+def run_showing_progress(command, workdir, env, timeout: float, what: str) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True) that relays snakemake's progress lines (its standard error)."""
+    say(f"{what}: snakemake in {workdir}")
+    started, last = time.monotonic(), 0.0
+    with tempfile.TemporaryFile("w+") as stdout:
+        child = subprocess.Popen(
+            command, cwd=workdir, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True
+        )
+        killer = threading.Timer(timeout, child.kill)
+        killer.start()
+        stderr = []
+        try:
+            assert child.stderr is not None
+            for line in child.stderr:
+                stderr.append(line)
+                now = time.monotonic()
+                if STEPS_DONE.match(line.strip()) and (now - last >= PROGRESS_EVERY_S or "(100%)" in line):
+                    say(f"{what}: {line.strip()} after {now - started:.0f} s")
+                    last = now
+            child.wait()
+        finally:
+            killer.cancel()
+        if time.monotonic() - started >= timeout:
+            raise subprocess.TimeoutExpired(command, timeout, "".join(stderr))
+        stdout.seek(0)
+        output = stdout.read()
+    say(
+        f"{what}: {'done' if child.returncode == 0 else f'failed (exit {child.returncode})'} "
+        f"after {time.monotonic() - started:.0f} s"
     )
+    return subprocess.CompletedProcess(command, child.returncode, output, "".join(stderr))
 
 
 def run_smoke_dag(
@@ -104,13 +158,18 @@ def run_smoke_dag(
     *args: str,
     config: dict | None = None,
     timeout: float = 1800,
+    progress: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``.
 
     About 100 s of CPU time on 2 idle cores; the generous timeout is for a machine shared with other jobs.
     """
     return run_snakemake(
-        workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout
+        workdir,
+        *args,
+        config={"data_url": shakespeare_url, **(config or {})},
+        timeout=timeout,
+        progress=progress,
     )
 
 
@@ -189,7 +248,15 @@ def expected_outputs(config: dict) -> list[str]:
         f"{out}/paper/main.tex",
         f"{out}/paper/appendix.tex",
     ]
+    if builds_pdf(config):
+        files.append(f"{out}/paper/main.pdf")
     return files + ["data/tinyshakespeare/train.bin"]
+
+
+def builds_pdf(config: dict) -> bool:
+    """Whether a build of ``config`` here makes the appendix PDF (common.smk's want_pdf)."""
+    setting = config.get("paper_pdf", "auto")
+    return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
 
 
 def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
@@ -205,10 +272,14 @@ def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
     workdir = root / "smoke_pipeline"
     status_file = root / "smoke_pipeline.status.json"
     with open(root / "smoke_pipeline.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("the shared smoke build: waiting for the worker that makes it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if not status_file.exists():
             copy_pipeline(workdir)
-            proc = run_smoke_dag(workdir, shakespeare_url)
+            proc = run_smoke_dag(workdir, shakespeare_url, progress="the shared smoke build (once a session)")
             status = {"returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-6000:]}
             status_file.write_text(json.dumps(status))
         status = json.loads(status_file.read_text())

@@ -174,18 +174,16 @@ def test_prune_then_balance_keeps_the_function(tmp_path):
     assert float((independent - expected).abs().max() / expected.abs().max()) <= TOLERANCE
 
 
-def test_prune_without_biases_changes_nothing(tmp_path):
+def test_prune_without_biases_writes_nothing_and_says_so(tmp_path, capsys):
     model = trained_model(bias=False)
     save_nanogpt(model, tmp_path / "ckpt.pt")
-    assert (
-        run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", "--json", tmp_path / "r.json")
-        == 0
-    )
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["redundant_params"] == 0 and report["bias"] is False
-    written = torch.load(tmp_path / "out.pt", weights_only=True)["model"]
-    original = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
-    assert all(torch.equal(written[k], original[k]) for k in original)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    argv = ("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", "--json", tmp_path / "r.json")
+    assert run(*argv) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{tmp_path / 'ckpt.pt'}: nothing to prune: no attention biases; no copy written\n"
+    assert err == "" and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
 
 
 def test_balance_to_the_runs_initial_imbalance(prepared_data_dir, tmp_path):

@@ -10,9 +10,10 @@ from dataclasses import fields
 import pytest
 
 from attnid.cli import build_parser
-from attnid.model import gauge, moves
+from attnid.model import options as model_options
 from attnid.plan.schema import config_schema
-from attnid.training import cases, config, moments, precision
+from attnid.training import cases, config
+from attnid.training import options as training_options
 
 JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 
@@ -49,12 +50,12 @@ def test_schema_options_are_train_options_of_the_same_type():
     for name, spec in options.items():
         if "enum" in spec:
             allowed = {
-                "rebalance_target": moves.REBALANCE_TARGETS,
-                "device": config.DEVICES,
-                "rebalance_moments": moments.REBALANCE_MOMENTS,
-                "dtype": ("auto", *precision.DTYPES),
+                "rebalance_target": model_options.REBALANCE_TARGETS,
+                "device": training_options.DEVICES,
+                "rebalance_moments": training_options.REBALANCE_MOMENTS,
+                "dtype": ("auto", *training_options.DTYPES),
                 "metrics_device": ("auto", "host", "device"),
-                "initial_point": gauge.INITIAL_POINTS,
+                "initial_point": model_options.INITIAL_POINTS,
             }[name]
             assert tuple(spec["enum"]) == allowed, name
         else:

@@ -24,6 +24,7 @@ from pipeline_helpers import (
     stderr_lines,
     train_jobs,
 )
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.theory import counts
@@ -192,7 +193,7 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     assert "tab:prune" not in (tmp_path / "without.tex").read_text()
 
 
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_prune_table_fits_the_text_width(edit_reports, tmp_path, repo_root):
     """The widest cells (every number a mean +- sd in scientific notation) stay inside the page."""
     wide = []

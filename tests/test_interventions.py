@@ -20,11 +20,13 @@ from attnid.measure.metrics import MetricTracker
 from attnid.model import gauge, moves
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from attnid.model.layout import attention_tensors, layer_shape_of, layout_of, orbit_of, stacked_pairs
+from attnid.model.options import INITIAL_VALUES
 from attnid.model.step_projection import remove_orbit_component
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT
 from attnid.training import moments
+from attnid.training.options import REBALANCE_MOMENTS
 
 F64 = torch.float64
 PROPERTY = settings(max_examples=40, deadline=None, database=None, derandomize=True)
@@ -430,7 +432,7 @@ def test_the_controls_start_where_they_should():
     at_init = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
     gauge.fix_gauge(gauged)
     gauge.move_to_gauge_point(moved)
-    condition = gauge.fix_gauge(at_init, at=gauge.INITIAL_VALUES)
+    condition = gauge.fix_gauge(at_init, at=INITIAL_VALUES)
     for key, value in gauged.state_dict().items():
         assert torch.equal(moved.state_dict()[key], value), key
     for key, value in stock.state_dict().items():
@@ -458,7 +460,7 @@ def test_the_controls_freeze_the_closed_form_and_frozen_entries_never_move():
     drawn from the seed. AdamW with weight decay for a few steps moves none of them, and the rest trains."""
     stock = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
     at_init = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
-    gauge.fix_gauge(at_init, at=gauge.INITIAL_VALUES)
+    gauge.fix_gauge(at_init, at=INITIAL_VALUES)
     closed_form = _closed_form(stock)
     assert gauge.trainable_attention_params(stock) - gauge.trainable_attention_params(at_init) == closed_form
     mlp = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
@@ -527,7 +529,7 @@ def test_the_control_runs_train_and_record_what_they_froze(prepared_data_dir, tm
     trained_at_init = torch.load(tmp_path / "at_init" / "ckpt.pt", weights_only=True)["model"]
     torch.manual_seed(2)
     fixed = GPT(initial.config)
-    gauge.fix_gauge(fixed, at=gauge.INITIAL_VALUES)
+    gauge.fix_gauge(fixed, at=INITIAL_VALUES)
     fixed.load_state_dict(trained_at_init)  # refuses blocks that are not the initial ones
 
     stopped = tmp_path / "stopped"
@@ -620,7 +622,7 @@ def test_rebalance_moments_options_in_training(prepared_data_dir, tmp_path):
         "20",
     ]
     frames = {}
-    for option in moments.REBALANCE_MOMENTS:
+    for option in REBALANCE_MOMENTS:
         assert train(prepared_data_dir, tmp_path / option, *flags, "--rebalance-moments", option) == 0
         info, frames[option] = run_outputs(tmp_path / option)
         assert info["config"]["rebalance_moments"] == option

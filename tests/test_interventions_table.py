@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 from synthetic_runs import write_run
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.reports import interventions_table, latex, statistics
@@ -395,7 +396,7 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_the_table_fits_the_page(tmp_path, repo_root):
     """The widest rows the table gets (long arm names, another baseline, the interaction, differences in
     scientific notation) compile with no box more than 5 pt too wide."""

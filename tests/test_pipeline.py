@@ -67,6 +67,18 @@ def test_smoke_dag_builds_every_target(smoke_dir):
 
 
 @pytest.mark.slow
+def test_smoke_build_makes_the_appendix_pdf_where_latexmk_is_installed(smoke_dir):
+    """config/smoke.yaml's paper_pdf: auto, as the README says: the PDF where latexmk exists, else none."""
+    assert smoke_config()["paper_pdf"] == "auto"
+    pdf = smoke_dir / SMOKE / "paper" / "main.pdf"
+    if shutil.which("latexmk") is None:
+        assert not pdf.exists()
+    else:
+        assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 50_000
+        assert not list(pdf.parent.glob(".latexmk-*")), "scratch build folder left behind"
+
+
+@pytest.mark.slow
 def test_smoke_diverged_sweep_point_is_a_finished_job(smoke_dir):
     config = smoke_config()
     huge = max(config["sweep"]["sgd"]["lrs"])
@@ -303,6 +315,7 @@ def _snapshot(root):
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # a second whole build: .ci/run runs it after the README's command
 def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tmp_path):
     """After the smoke build, a (shortened) default build in the same checkout succeeds, writes
     only under its own results_dir, and leaves the smoke build complete and untouched."""
@@ -326,15 +339,20 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "eval_every": 2,
             "warmup_iters": 1,
         },  # the default's points
+        # one arm (a list replaces the default's four): each arm writes under the same folder
         "interventions": {
+            "arms": [{"case": "adamw_projected"}],
             "seeds": [0],
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
-        },  # the default's arms
+        },
+        "edits": {"seeds": [0]},
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert default["results_dir"] != SMOKE
-    proc = run_snakemake(workdir, configfile=None, config=shortened, timeout=1800)
+    proc = run_snakemake(
+        workdir, configfile=None, config=shortened, timeout=1800, progress="a shortened default build"
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     merged = {
         **default,
@@ -345,9 +363,12 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         "variants": {**default["variants"], **shortened["variants"]},
         "interventions": {
             **default["interventions"],
+            "arms": shortened["interventions"]["arms"],
             "seeds": [0],
             "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
         },
+        "edits": {**default["edits"], "seeds": [0]},
+        "paper_pdf": False,
     }
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing

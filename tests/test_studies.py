@@ -17,6 +17,7 @@ import yaml
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines, train_jobs
 from scipy import stats
 from synthetic_runs import write_run
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.plan import plan
@@ -576,7 +577,7 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_study_tables_fit_the_page(tmp_path):
     """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
     parameters) compile at 9 pt with no box more than 5 pt too wide."""

@@ -42,19 +42,22 @@ use rule train_case as train_intervention_identity with:
         seed=r"\d+",
 
 
-# Each arm's cost per step over adamw's, measured by benchmarks/arms_cost.py and kept in the repository.
-ARM_COSTS = "docs/figures/arms_cost.csv"
+# Each arm's cost per step over adamw's, measured by benchmarks/arms_cost.py and kept in the repository:
+# an input of the table where it exists, so a new measurement redraws the table.
+ARM_COSTS = "benchmarks/arms_cost.csv"
+ARM_COST_FILES = [ARM_COSTS] if os.path.exists(ARM_COSTS) else []
 
 
 if INTERVENTIONS:
 
     rule intervention_table:
         input:
-            [
+            runs=[
                 f"{run_dir}/{name}"
                 for run_dir in INTERVENTION_RUN_DIRS
                 for name in ("metrics.csv", "run.json")
             ],
+            costs=ARM_COST_FILES,
         output:
             INTERVENTION_TABLE_FILES,
         log:
@@ -64,10 +67,11 @@ if INTERVENTIONS:
         params:
             runs=" ".join(INTERVENTION_RUN_DIRS),
             out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-            # the verdict rule of the config (docs/design.md §11.3), and the kept per-step costs when
-            # benchmarks/arms_cost.py has written them
+            # the verdict rule of the config (docs/design.md §11.3)
             rule=" ".join(map(shlex.quote, verdict_options(config))),
-            costs=f"--arm-costs {ARM_COSTS}" if os.path.exists(ARM_COSTS) else "",
+            costs=lambda wildcards, input: (
+                f"--arm-costs {input.costs[0]}" if input.costs else ""
+            ),
         shell:
             "attnid interventions-table --runs {params.runs} --out-dir {params.out_dir:q} {params.rule} "
             "{params.costs} > {log:q} 2>&1"

@@ -65,7 +65,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "appendix": ("attnid.cli.reports", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.cli.reports", "gather run logs into per-run, per-case and LR-sweep tables"),
-    "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),
+    "figures": ("attnid.cli.reports", "draw figures 1-6 from the tables and logs"),
     "studies": (
         "attnid.cli.reports",
         "gather the heads and variants studies (does identification buy anything?) "

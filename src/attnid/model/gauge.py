@@ -64,14 +64,11 @@ from attnid.model.layout import (
     row_blocks,
     write_layer_pairs,
 )
+from attnid.model.options import GAUGE_POINT, INITIAL_POINTS
 
 # Which factor of each circuit's pair carries the fixed block: the key B of a query-key pair, the value A of
 # an output-value pair (the factors with one D x E matrix per group)
 GAUGED_FACTOR = {"qk": "b", "ov": "a"}
-# Where the fixed blocks are fixed (and where training starts on the orbit, attnid train --initial-point):
-# at the gauge point (moved there along the orbit, each block c I) or at the initialisation's own values
-GAUGE_POINT, INITIAL_VALUES = "gauge", "init"
-INITIAL_POINTS = (INITIAL_VALUES, GAUGE_POINT)
 # Offset that gives the draw of the frozen MLP entries its own seed, apart from the init's and the batches'
 FROZEN_SEED_OFFSET = 15_485_863
 

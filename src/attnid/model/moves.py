@@ -33,12 +33,10 @@ from attnid.model.layout import (
     stacked_pairs,
     write_pairs_back,
 )
+from attnid.model.options import REBALANCE_TARGETS
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import Orbit, RebalanceTarget
-
-REBALANCE_TARGETS = ("initial", "balanced")
-
 
 # --------------------------------------------------------------------------------------
 # Orbit dimension (compare with counts.py's closed forms)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 
-from attnid.model.gauge import GAUGE_POINT, INITIAL_VALUES
+from attnid.model.options import GAUGE_POINT, INITIAL_VALUES
 from attnid.training.cases import CASES, Case
 from attnid.training.config import TrainConfig
 

@@ -37,11 +37,11 @@ import torch.nn.functional as F
 from attnid.theory import whole_model as theory
 from attnid.theory.nullity import GAP_REQUIRED, ROW_FACTOR, unflatten
 from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
+from attnid.theory.whole_model import CENSUS_ROPE_BASE
 
 if TYPE_CHECKING:
     pass
 
-CENSUS_ROPE_BASE = 10.0
 SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time (memory)
 
 

@@ -39,6 +39,9 @@ GATED_MLPS = ("swiglu", "geglu")
 POSITIONS = ("learned", "rope", "none")
 BLOCKS = ("sequential", "parallel")  # parallel: x + attn(n(x)) + mlp(n(x)), one shared norm
 DEFAULT_NORM_EPS = 1e-5  # model.py's LayerNorm
+# The census's measurement defaults (attnid.theory.census), here without torch so that `attnid census
+# --help` shows it at once: the RoPE base it measures with.
+CENSUS_ROPE_BASE = 10.0
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,11 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
-from attnid.measure.metrics import METRICS_DEVICES
-from attnid.model.gauge import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, check_gauge_layout
-from attnid.model.layout import AttentionLayout
-from attnid.model.moves import REBALANCE_TARGETS
+from attnid.measure.options import METRICS_DEVICES
+from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
 from attnid.training import cases
-from attnid.training.moments import REBALANCE_MOMENTS
-from attnid.training.precision import DTYPES
+from attnid.training.options import DEVICES, DTYPES, REBALANCE_MOMENTS
 
-DEVICES = ("auto", "cpu", "cuda")
 # An arm's name (--arm): it names a results folder and a row of the interventions table
 ARM_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Options that were replaced: each gives one line that says what to use instead
@@ -362,6 +358,11 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.initial_point is None:
         cfg.initial_point = GAUGE_POINT if case.gauge_fixed else INITIAL_VALUES
     if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
+        # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
+        # are TrainConfig's fields) answers without importing torch
+        from attnid.model.gauge import check_gauge_layout
+        from attnid.model.layout import AttentionLayout
+
         head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
         check_gauge_layout(
             AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim, cfg.rope, cfg.bias)

@@ -37,7 +37,6 @@ from attnid.model.layout import (
 )
 from attnid.theory.circuits import CIRCUITS
 
-REBALANCE_MOMENTS = ("keep", "transport", "reset")
 # AdamW's state entries: the first moment moves like a gradient, the second like its entrywise square
 MOMENT_POWERS = {"exp_avg": 1, "exp_avg_sq": 2}
 

@@ -48,6 +48,7 @@ from attnid.measure import rebalancing
 from attnid.measure.drift import attention_snapshot
 from attnid.model import gauge
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.options import GAUGE_POINT
 from attnid.model.step_projection import remove_orbit_component
 from attnid.training import gpu_slots, loop, moments, precision, rundir
 from attnid.training.batches import (
@@ -176,7 +177,7 @@ class Run:
             len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size, probe_generator
         )
         probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
-        on_orbit = self.case.gauge_fixed or cfg.initial_point == gauge.GAUGE_POINT
+        on_orbit = self.case.gauge_fixed or cfg.initial_point == GAUGE_POINT
         self.gauge = self.fix_gauge(probe_batch) if on_orbit else None
         # the control outside attention: as many MLP entries frozen as the gauge fixes (docs/design.md §14)
         self.frozen = gauge.freeze_random_mlp_entries(self.model, cfg.seed) if cfg.freeze_mlp else None
