@@ -11,8 +11,8 @@ and the median ms/step. Targets: ``adamw_projected`` <= 1.15 (docs/design.md §1
 
 The rebalancing arms rebalance every ``--steps`` steps here (the pipeline: every 200), so that
 every round holds one rebalance; they skip the τ probe of the other log steps, so they can cost
-less than ``adamw``. The last line is ``rebalance_transport`` over ``rebalance_keep`` per round:
-what transporting AdamW's moments adds to a rebalance (docs/design.md §15).
+less than ``adamw``. The last line is ``rebalance_first_moment`` over ``rebalance_keep`` per round:
+what transporting AdamW's first moment adds to a rebalance (docs/design.md §15).
 
     python benchmarks/arms_cost.py [--rounds 7] [--steps 40] [--threads 1] [--no-metrics] [--data DIR]
 
@@ -40,7 +40,7 @@ ARMS = {
     "adamw_projected": ("adamw_projected", {}),
     "adamw_gauge_fixed": ("adamw_gauge_fixed", {}),
     "rebalance_keep": ("adamw_rebalance", {"rebalance_moments": "keep"}),
-    "rebalance_transport": ("adamw_rebalance", {"rebalance_moments": "transport"}),
+    "rebalance_first_moment": ("adamw_rebalance", {"rebalance_moments": "first-moment"}),
 }
 CLOCK = time.process_time
 
@@ -111,10 +111,10 @@ def main() -> None:
             f"  {quartiles[0]:6.3f}-{quartiles[2]:.3f}"
         )
     transport = [
-        t / k for t, k in zip(seconds["rebalance_transport"], seconds["rebalance_keep"], strict=True)
+        t / k for t, k in zip(seconds["rebalance_first_moment"], seconds["rebalance_keep"], strict=True)
     ]
     print(
-        f"  rebalance_transport / rebalance_keep (one rebalance per {args.steps} steps): "
+        f"  rebalance_first_moment / rebalance_keep (one rebalance per {args.steps} steps): "
         f"{statistics.median(transport):.3f}"
     )
 

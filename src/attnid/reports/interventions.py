@@ -9,7 +9,7 @@ and each arm's run with seed ``s`` is compared with ``adamw``'s run with seed ``
 * ``adamw_projected``: every step's orbit component removed (docs/design.md §13);
 * ``adamw_gauge_fixed``: the identified parametrisation (§14);
 * ``adamw_rebalance``: the paper's rebalancing with AdamW's moments kept, and
-  ``adamw_rebalance_transport`` with them transported across each move (§15).
+  ``adamw_rebalance_first-moment`` with the first moment transported across each move (§15).
 
 A pipeline config's ``interventions`` section lists the arms (a case and its options), the seeds and
 the identity run: ``adamw_projected`` in float64, short, where ρ and the first-order drift sit at float64

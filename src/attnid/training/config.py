@@ -22,7 +22,7 @@ from attnid.model.gauge import check_gauge_layout
 from attnid.model.layout import AttentionLayout
 from attnid.model.moves import REBALANCE_TARGETS
 from attnid.training import cases
-from attnid.training.moments import REBALANCE_MOMENTS
+from attnid.training.moments import REBALANCE_MOMENTS, RETIRED_MOMENTS
 from attnid.training.precision import DTYPES
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -121,8 +121,9 @@ class TrainConfig:
     rebalance_moments: str = option(
         "keep",
         "rebalancing cases: the attention weights' AdamW moments at "
-        "each rebalance: keep (as they are), transport (mapped with the "
-        "orbit move) or reset (dropped) (default keep)",
+        "each rebalance: keep (as they are), first-moment (the first "
+        "mapped with the orbit move, the second kept) or reset (dropped) "
+        "(default keep)",
         metavar="HOW",
     )
     diverge_threshold: float | None = option(
@@ -278,9 +279,11 @@ def resolve_config(values: dict) -> TrainConfig:
     case = cases.get_case(cfg.case)
     if cfg.rebalance_target not in REBALANCE_TARGETS:
         raise UserError(f"unknown --rebalance-target {cfg.rebalance_target!r}: choose initial or balanced")
+    if cfg.rebalance_moments in RETIRED_MOMENTS:
+        raise UserError(RETIRED_MOMENTS[cfg.rebalance_moments])
     if cfg.rebalance_moments not in REBALANCE_MOMENTS:
         raise UserError(
-            f"unknown --rebalance-moments {cfg.rebalance_moments!r}: choose keep, transport or reset"
+            f"unknown --rebalance-moments {cfg.rebalance_moments!r}: choose keep, first-moment or reset"
         )
     if cfg.device not in DEVICES:
         raise UserError(f"unknown --device {cfg.device!r}: choose auto, cpu or cuda")
