@@ -10,8 +10,10 @@ import json
 import pandas as pd
 import pytest
 import torch
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pipeline_helpers import REPO
 from tiny_runs import train
 from variant_models import TINY
 
@@ -21,7 +23,7 @@ from attnid.model import gauge, moves
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from attnid.model.layout import attention_tensors, layer_shape_of, layout_of, orbit_of, stacked_pairs
 from attnid.model.step_projection import remove_orbit_component
-from attnid.theory import counts
+from attnid.theory import counts, whole_model
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT
 from attnid.training import moments
@@ -120,6 +122,100 @@ def test_the_removed_part_changes_no_product_to_first_order(sample):
     change = first_order(step_a, step_b)
     difference = first_order(step_a - along_a, step_b - along_b) - change
     assert difference.abs().max() <= 1e-12 * change.abs().max()
+
+
+def orbit_share_in_metric(pair_a, pair_b, step_a, step_b, weight_a, weight_b) -> float:
+    """The share of a step on the orbit's tangent (``(M A, -Mᵀ B)``) in the metric ``<x, y> = sum w x y``,
+    summed over the pairs ``(P, D, n)``: an independent least-squares projection onto the tangent basis."""
+    projected = whole = 0.0
+    dim = pair_a.shape[-2]
+    for a, b, d_a, d_b, w_a, w_b in zip(pair_a, pair_b, step_a, step_b, weight_a, weight_b, strict=True):
+        root = torch.cat([w_a.sqrt().flatten(), w_b.sqrt().flatten()])
+        basis = []
+        for index in range(dim * dim):
+            unit = torch.zeros(dim * dim, dtype=F64)
+            unit[index] = 1
+            unit = unit.reshape(dim, dim)
+            basis.append(torch.cat([(unit @ a).flatten(), (-unit.T @ b).flatten()]) * root)
+        tangent = torch.stack(basis, dim=1)
+        target = torch.cat([d_a.flatten(), d_b.flatten()]) * root
+        along = tangent @ torch.linalg.lstsq(tangent, target).solution
+        projected, whole = projected + float(along @ along), whole + float(target @ target)
+    return projected / whole
+
+
+def test_adamw_preconditioned_gradient_is_orthogonal_to_the_orbit_in_its_own_metric():
+    """docs/design.md §13: with P = sqrt(v_hat) + eps, AdamW's preconditioned gradient P^-1 g is orthogonal to
+    the orbit in the metric P (its inner product with a tangent vector t is gᵀ t = 0, the loss being constant
+    on the orbit), though not in the Euclidean one. AdamW's actual step is not: its momentum averages
+    gradients taken at earlier points, and its decoupled weight decay is not orthogonal in either metric."""
+    model = tiny_model({})
+    optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2, betas=(0.9, 0.99))
+    for _ in range(5):
+        adamw_step(model, optimizer)
+    _, loss = model(*batch(2))
+    loss.backward()
+    beta1, beta2 = optimizer.param_groups[0]["betas"]
+    eps = optimizer.param_groups[0]["eps"]
+
+    def per_tensor(make):
+        return [tuple(None if t is None else make(t) for t in layer) for layer in attention_tensors(model)]
+
+    def next_moments(t):  # AdamW's moments and preconditioner of the step it would take now
+        state, count = optimizer.state[t], float(optimizer.state[t]["step"]) + 1
+        first = (beta1 * state["exp_avg"] + (1 - beta1) * t.grad) / (1 - beta1**count)
+        second = (beta2 * state["exp_avg_sq"] + (1 - beta2) * t.grad.square()) / (1 - beta2**count)
+        return first, second.sqrt() + eps
+
+    layout = layout_of(model)
+    with torch.no_grad():
+        weights = per_tensor(lambda t: t.detach())
+        metric = per_tensor(lambda t: next_moments(t)[1])
+        directions = {
+            "gradient": per_tensor(lambda t: t.grad / next_moments(t)[1]),
+            "momentum": per_tensor(lambda t: next_moments(t)[0] / next_moments(t)[1]),
+            "decay": weights,
+        }
+        share = {}
+        for circuit in CIRCUITS:
+            pair_a, pair_b = stacked_pairs(weights, layout, circuit)
+            weight_a, weight_b = stacked_pairs(metric, layout, circuit)
+            for name, direction in directions.items():
+                step_a, step_b = stacked_pairs(direction, layout, circuit)
+                ones = (torch.ones_like(weight_a), torch.ones_like(weight_b))
+                share[name, circuit, "P"] = orbit_share_in_metric(
+                    pair_a, pair_b, step_a, step_b, weight_a, weight_b
+                )
+                share[name, circuit, "euclid"] = orbit_share_in_metric(pair_a, pair_b, step_a, step_b, *ones)
+    for circuit in CIRCUITS:
+        assert share["gradient", circuit, "P"] < 1e-20
+        assert share["gradient", circuit, "euclid"] > 1e-3
+        assert share["momentum", circuit, "P"] > 1e-6
+        assert share["decay", circuit, "P"] > 1e-3 and share["decay", circuit, "euclid"] > 1e-3
+
+
+def test_the_projection_covers_the_attention_orbits_of_the_census_only():
+    """docs/design.md §13 states the share of the default model's unidentified directions (the whole-model
+    census, §12) that the projected step removes: the attention GL_D orbits, from the same closed forms."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]
+    vocab_size = len(set((REPO / "assets" / "tinyshakespeare.txt").read_text(encoding="utf-8")))
+    shape = whole_model.whole_model_shape(
+        n_layer=config["n_layer"],
+        n_embd=config["n_embd"],
+        n_head=config["n_head"],
+        vocab_size=vocab_size,
+        block_size=config["block_size"],
+        norm_bias=config["bias"],
+        qkv_bias=config["bias"],
+        mlp_bias=config["bias"],
+    )
+    classes = whole_model.class_dims(shape)
+    attention = classes["attention_qk"] + classes["attention_ov"]
+    assert attention == whole_model.attention_only_unidentified(shape)
+    total = whole_model.whole_model_unidentified(shape)
+    assert attention < total
+    design = " ".join((REPO / "docs" / "design.md").read_text().split())
+    assert f"{attention:,} of the default model's {total:,} unidentified directions" in design
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
