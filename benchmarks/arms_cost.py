@@ -14,8 +14,8 @@ this file): the gauge arm's controls (docs/design.md §14) and ``adamw_lr2x`` (a
 the lr, which costs what adamw costs: its ratio shows the measurement's own spread). The
 rebalancing arms rebalance every ``--steps`` steps here (the pipeline: every 200), so that
 every round holds one rebalance; they skip the τ probe of the other log steps, so they can cost
-less than ``adamw``. The last line is ``adamw_rebalance_transport`` over ``adamw_rebalance``
-per round: what transporting AdamW's moments adds to a rebalance (docs/design.md §15).
+less than ``adamw``. The last line is ``adamw_rebalance_first_moment`` over ``adamw_rebalance``
+per round: what transporting AdamW's first moment adds to a rebalance (docs/design.md §15).
 
 The result is written to ``--out`` (default: benchmarks/arms_cost.csv, the kept copy the
 pipeline's interventions table reads) with the machine (platform, CPU model, torch version)
@@ -58,7 +58,7 @@ ARMS = {
     "adamw_frozen_mlp": ("adamw", {"freeze_mlp": True}),
     "adamw_lr2x": ("adamw", {"lr": 2 * ADAMW_LR}),
     "adamw_rebalance": ("adamw_rebalance", {"rebalance_moments": "keep"}),
-    "adamw_rebalance_transport": ("adamw_rebalance", {"rebalance_moments": "transport"}),
+    "adamw_rebalance_first_moment": ("adamw_rebalance", {"rebalance_moments": "first-moment"}),
 }
 CLOCK = time.process_time
 KEPT = REPO / "benchmarks" / "arms_cost.csv"
@@ -174,10 +174,11 @@ def main() -> None:
             f"  {row['ratio_q1']:6.3f}-{row['ratio_q3']:.3f}"
         )
     transport = [
-        t / k for t, k in zip(seconds["adamw_rebalance_transport"], seconds["adamw_rebalance"], strict=True)
+        t / k
+        for t, k in zip(seconds["adamw_rebalance_first_moment"], seconds["adamw_rebalance"], strict=True)
     ]
     print(
-        f"  adamw_rebalance_transport / adamw_rebalance (one rebalance per {args.steps} steps): "
+        f"  adamw_rebalance_first_moment / adamw_rebalance (one rebalance per {args.steps} steps): "
         f"{statistics.median(transport):.3f}"
     )
     if args.out:

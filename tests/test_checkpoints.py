@@ -155,6 +155,28 @@ def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
     assert report["skipped_pairs"] == 0 and report["max_rel_logit_change"] <= TOLERANCE
 
 
+def attention_move(edited: dict, original: dict) -> float:
+    """Relative Frobenius change of a state dict's attention tensors (``attn.c_attn.*``, ``c_proj.*``)."""
+    keys = [k for k in original if ".attn.c_attn." in k or ".attn.c_proj." in k]
+    moved = sum(float((edited[k].double() - original[k].double()).square().sum()) for k in keys)
+    return (moved / sum(float(original[k].double().square().sum()) for k in keys)) ** 0.5
+
+
+@pytest.mark.parametrize("variant", [{}, {"n_kv_head": 1}, {"rope": True}], ids=["mha", "mqa", "rope"])
+def test_balancing_a_balanced_checkpoint_changes_nothing(tmp_path, variant):
+    """docs/design.md §4, §9: balance takes the nearest balanced point, so a second balance moves the
+    attention weights by float32 round-off only, and two balanced copies of one model compare entry by
+    entry."""
+    save_nanogpt(trained_model(seed=3, **variant), tmp_path / "ckpt.pt", compiled=False)
+    assert run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "once.pt") == 0
+    assert run("balance", tmp_path / "once.pt", "--out", tmp_path / "twice.pt") == 0
+    original, once, twice = (
+        torch.load(tmp_path / name, weights_only=True)["model"] for name in ("ckpt.pt", "once.pt", "twice.pt")
+    )
+    assert attention_move(once, original) > 1e-2  # the first balance moved the weights
+    assert attention_move(twice, once) < 1e-6
+
+
 def test_prune_then_balance_keeps_the_function(tmp_path):
     model = trained_model(seed=2)
     save_nanogpt(model, tmp_path / "ckpt.pt")

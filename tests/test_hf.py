@@ -247,6 +247,27 @@ def test_balance_and_prune_on_a_gpt2_folder(tmp_path):
             assert float(factor_pairs.imbalance(pair_a, pair_b).abs().max()) < 1e-5 * scale
 
 
+def test_balancing_a_balanced_gpt2_folder_changes_nothing(tmp_path):
+    """docs/design.md §4, §9: the nearest balanced point of a balanced folder is the folder itself."""
+    tiny_gpt2(tmp_path / "gpt2")
+    assert main(["balance", str(tmp_path / "gpt2"), "--out", str(tmp_path / "once")]) == 0
+    assert main(["balance", str(tmp_path / "once"), "--out", str(tmp_path / "twice")]) == 0
+    original, once, twice = (load_gpt2(tmp_path / name) for name in ("gpt2", "once", "twice"))
+
+    def move(edited, start) -> float:
+        """Relative Frobenius change of the attention tensors."""
+        attention = [
+            (a.detach().double(), b.detach().double())
+            for (name, a), (_, b) in zip(edited.named_parameters(), start.named_parameters(), strict=True)
+            if ".attn.c_attn." in name or ".attn.c_proj." in name
+        ]
+        moved = sum(float((a - b).square().sum()) for a, b in attention)
+        return (moved / sum(float(b.square().sum()) for _, b in attention)) ** 0.5
+
+    assert move(once, original) > 1e-2
+    assert move(twice, once) < 1e-6
+
+
 def test_initial_target_needs_an_attnid_checkpoint(tmp_path, capsys):
     tiny_gpt2(tmp_path / "gpt2")
     assert main(["balance", str(tmp_path / "gpt2"), "--out", str(tmp_path / "x"), "--target", "initial"]) == 2

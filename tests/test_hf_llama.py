@@ -320,6 +320,25 @@ def test_balance_reaches_mu_zero_on_the_own_orbit(tmp_path, capsys, family, dtyp
         assert storage / 10 < change < 10 * storage
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_balancing_a_balanced_folder_changes_nothing(tmp_path, capsys, family):
+    """docs/design.md §4, §9: balance takes the nearest point of the own orbit (Procrustes on GL_D, the plane
+    scales on the RoPE commutant), so balancing a balanced float32 folder moves its attention tensors by
+    float32 round-off only."""
+    folder = save_tiny(family, tmp_path / "in")
+    edit(capsys, "balance", folder, tmp_path / "once")
+    edit(capsys, "balance", tmp_path / "once", tmp_path / "twice")
+    original, once, twice = (stored_tensors(tmp_path / name) for name in ("in", "once", "twice"))
+    attention = [key for key in original if ".self_attn." in key]
+
+    def move(edited, start) -> float:
+        moved = sum(float((edited[k].double() - start[k].double()).square().sum()) for k in attention)
+        return (moved / sum(float(start[k].double().square().sum()) for k in attention)) ** 0.5
+
+    assert move(once, original) > 1e-2
+    assert move(twice, once) < 1e-6
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_balance_a_bfloat16_folder_in_float32(tmp_path, capsys, family):
     folder = save_tiny(family, tmp_path / "in", "bfloat16", sharded=True)

@@ -40,7 +40,7 @@ def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run()
         "adamw_projected",
         "adamw_gauge_fixed",
         "adamw_rebalance",
-        "adamw_rebalance_transport",
+        "adamw_rebalance_first_moment",
     ]
     # the rule's minimum: the smallest n at which the exact test can reject after Holm over the family
     smoke = smoke_config()
@@ -52,11 +52,12 @@ def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run()
         assert interventions.check_interventions_config(config) == []
     rule = smoke["interventions"]["verdict"]
     assert len(smoke["interventions"]["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
-    keep, transport = arms[3], arms[4]
+    keep, first_moment = arms[3], arms[4]
     # a rebalancing arm rebalances as its case does; only the moments tell the two apart
     rebalance = {k: DEFAULT["cases"]["adamw_rebalance"][k] for k in ("rebalance_every", "rebalance_target")}
     assert interventions.arm_overrides(DEFAULT, keep) == rebalance
-    assert interventions.arm_overrides(DEFAULT, transport) == rebalance | {"rebalance_moments": "transport"}
+    moments = {"rebalance_moments": "first-moment"}
+    assert interventions.arm_overrides(DEFAULT, first_moment) == rebalance | moments
     assert interventions.arm_overrides(DEFAULT, arms[1]) == {}
     identity = interventions.identity_overrides(DEFAULT)
     assert identity["dtype"] == "float64" and identity["max_iters"] < DEFAULT["training"]["max_iters"]
@@ -67,8 +68,8 @@ def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run()
         "adamw_projected",
         "adamw_gauge_fixed",
         "adamw_rebalance",
-        "adamw_rebalance_transport",
-        "adamw_rebalance_transport-adamw_rebalance",
+        "adamw_rebalance_first_moment",
+        "adamw_rebalance_first_moment-adamw_rebalance",
     ]
     flags = interventions.verdict_options(DEFAULT)
     assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4] == "--family"
@@ -79,7 +80,7 @@ def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run()
     [
         ({"arms": [{"case": "adamw"}]}, "'adamw' is the baseline of every arm"),
         (
-            {"arms": [{"case": "adamw_projected", "rebalance_moments": "transport"}]},
+            {"arms": [{"case": "adamw_projected", "rebalance_moments": "first-moment"}]},
             "needs a rebalancing case",
         ),
         (
@@ -140,7 +141,7 @@ def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
             "adamw_projected",
             "adamw_gauge_fixed",
             "adamw_rebalance",
-            "adamw_rebalance_transport",
+            "adamw_rebalance_first_moment",
         )
         for seed in DEFAULT["interventions"]["seeds"]
         if arm not in keep_arms or seed in extra_seeds
@@ -155,8 +156,10 @@ def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
             assert job["case"] == "adamw_projected" and job["dtype"] == "float64"
         else:
             assert job["max_iters"] == DEFAULT["training"]["max_iters"]
-    transport = [run_dir for run_dir, job in jobs.items() if job.get("rebalance_moments") == "transport"]
-    assert transport and all("/interventions/adamw_rebalance_transport/" in run_dir for run_dir in transport)
+    transport = [run_dir for run_dir, job in jobs.items() if job.get("rebalance_moments") == "first-moment"]
+    assert transport and all(
+        "/interventions/adamw_rebalance_first_moment/" in run_dir for run_dir in transport
+    )
     assert {jobs[run_dir]["case"] for run_dir in transport} == {"adamw_rebalance"}
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
     assert f"{out}/runs/adamw/seed0" in gather and f"{out}/runs/adamw_rebalance/seed0" in gather
@@ -223,11 +226,11 @@ def study_runs(root, gauge_drop: int = 1024, rho_identity: float = 1e-29, transp
         dirs.append(
             _run(
                 root,
-                "adamw_rebalance_transport",
+                "adamw_rebalance_first_moment",
                 "adamw_rebalance",
                 seed,
                 base + 0.03,
-                moments="transport",
+                moments="first-moment",
                 rebalance_every=20,
                 tau=transported_tau,
             )
@@ -261,7 +264,7 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
     assert list(by_arm) == [
         "adamw",
         "adamw_rebalance",
-        "adamw_rebalance_transport",
+        "adamw_rebalance_first_moment",
         "adamw_projected",
         "adamw_gauge_fixed",
     ]
@@ -269,15 +272,17 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
     final = table.set_index(["arm", "baseline"])
     assert set(final.index) == {
         ("adamw_rebalance", "adamw"),
-        ("adamw_rebalance_transport", "adamw"),
-        ("adamw_rebalance_transport", "adamw_rebalance"),
+        ("adamw_rebalance_first_moment", "adamw"),
+        ("adamw_rebalance_first_moment", "adamw_rebalance"),
         ("adamw_projected", "adamw"),
         ("adamw_gauge_fixed", "adamw"),
     }
-    assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "comparison"] == (
-        "adamw_rebalance_transport-adamw_rebalance"
+    assert final.loc[("adamw_rebalance_first_moment", "adamw_rebalance"), "comparison"] == (
+        "adamw_rebalance_first_moment-adamw_rebalance"
     )
-    assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "delta_mean"] == pytest.approx(0.029)
+    assert final.loc[("adamw_rebalance_first_moment", "adamw_rebalance"), "delta_mean"] == pytest.approx(
+        0.029
+    )
     gauge = final.loc[("adamw_gauge_fixed", "adamw")]
     assert gauge["delta_mean"] == pytest.approx(-0.05) and not notes
     assert gauge["verdict"] == "n too small"  # 3 seeds, five comparisons: the rule needs 8
@@ -293,7 +298,7 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     assert results["interventions: projected rho max < 1e-20"]["measured"] == pytest.approx(1e-29)
     assert results["interventions: projected drift1/drift2 < 1e-9"]["measured"] == pytest.approx(1e-13)
     assert results["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 0
-    assert results["interventions: transported rebalance tau max < 1e-5"]["measured"] == pytest.approx(2e-7)
+    assert results["interventions: first-moment rebalance tau max < 1e-5"]["measured"] == pytest.approx(2e-7)
     # a wrong count, a projected step that moved along the orbit, a move that changed the function: fail
     arm_dirs, identity = study_runs(
         tmp_path / "bad", gauge_drop=1012, rho_identity=1e-12, transported_tau=1e-3
@@ -307,7 +312,7 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     assert bad["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 12
     for claim in (
         "interventions: projected rho max < 1e-20",
-        "interventions: transported rebalance tau max < 1e-5",
+        "interventions: first-moment rebalance tau max < 1e-5",
         "interventions: gauge-fixed trains 2 L G D^2 fewer attention entries",
     ):
         assert bad[claim]["result"] == "fail", bad[claim]

@@ -29,8 +29,9 @@ def move_and_measure(
     """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place, and
     measure τ across the move on the tracker's probe batch.
 
-    Returns ``({'tau', 'tau_logits', 'skipped_pairs'}, {circuit: the Move})``. ``pairs``: per circuit the
-    :class:`attnid.measure.products.CircuitPairs` of the model's weights where the maths runs, when the
+    Returns ``({'tau', 'tau_logits', 'skipped_pairs', 'move_qk', 'move_ov'}, {circuit: the Move})``, with
+    ``move_<circuit>`` the move's relative Frobenius distance (docs/design.md §3.5). ``pairs``: per circuit
+    the :class:`attnid.measure.products.CircuitPairs` of the model's weights where the maths runs, when the
     caller has them. The optimizer state is not touched.
     """
     targets = tracker.rebalance_targets(target)
@@ -42,7 +43,8 @@ def move_and_measure(
             model, circuit, targets[circuit], compute_device=tracker.compute_device, pairs=given
         )
         skipped += done[circuit].skipped
-    return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}, done
+    moved = {f"move_{circuit}": move.relative_move for circuit, move in done.items()}
+    return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped} | moved, done
 
 
 @torch.no_grad()
@@ -50,7 +52,7 @@ def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "ini
     """:func:`move_and_measure`, and the tracker remembers each move (μ at the weights it moved from reuses
     the move's orbit minimum, :meth:`attnid.measure.metrics.MetricTracker.state_metrics`).
 
-    Returns ``{'tau', 'tau_logits', 'skipped_pairs'}``."""
+    Returns ``{'tau', 'tau_logits', 'skipped_pairs', 'move_qk', 'move_ov'}``."""
     row, done = move_and_measure(model, tracker, target)
     for circuit, move in done.items():
         tracker.remember_move(circuit, move)  # a τ probe restores these weights: μ reuses the move's SVD

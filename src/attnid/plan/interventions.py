@@ -60,7 +60,8 @@ NAMED_ARM_SETTINGS = ("lr",)
 
 
 def _moments_suffix(case: Case, value: object) -> str:
-    return "" if value in (None, DEFAULT_MOMENTS) else f"_{value}"
+    """``_first_moment``: a name joins its words with ``_``, as a comparison joins arms with ``-``."""
+    return "" if value in (None, DEFAULT_MOMENTS) else "_" + str(value).replace("-", "_")
 
 
 def _start_suffix(case: Case, value: object) -> str:
@@ -104,7 +105,7 @@ ARM_SETTINGS = (*(option.name for option in ARM_OPTIONS), *NAMED_ARM_SETTINGS, A
 def arm_name(case: str, options: Mapping[str, object] | None = None) -> str:
     """An arm's name in the run directories, the tables and the figures: the name it gives itself
     (``arm``), else its case with the suffix of each :data:`ARM_OPTIONS` value off the case's default
-    (``adamw_rebalance_transport``, ``adamw_gauge_fixed_at_init``; docs/design.md §14, §15). ``options``
+    (``adamw_rebalance_first_moment``, ``adamw_gauge_fixed_at_init``; docs/design.md §14, §15). ``options``
     may hold other keys (a run.json's whole config): they are ignored."""
     chosen = options or {}
     if chosen.get(ARM_NAME_SETTING):

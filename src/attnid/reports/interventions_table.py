@@ -26,7 +26,7 @@ baseline) is a gain of the arm.
 
 The **comparisons**: every arm among the runs other than the baseline, against it, in the case registry's
 order (cases it does not know last); an arm with transported or reset moments also against its case's
-runs with the moments kept (:func:`comparison_name` ``adamw_rebalance_transport-adamw_rebalance``); and,
+runs with the moments kept (:func:`comparison_name` ``adamw_rebalance_first_moment-adamw_rebalance``); and,
 when its four arms are among the runs, the 2 x 2 interaction of starting point and frozen blocks
 (:data:`INTERACTION`, docs/design.md §14). An arm is named by its run (:func:`run_arm_name`).
 

@@ -53,7 +53,7 @@ BETA_REBALANCE_RATIO_MAX = 1e-2
 # so in float64 its ρ and first-order drift are round-off (the thresholds of E1's SGD identities); the
 # gauge-fixed arm starts from adamw's function (its logits and step-0 val loss equal to float32 rounding).
 GAUGE_INITIAL_CHANGE_MAX = 1e-5
-PROJECTED_CASE, GAUGE_FIXED_CASE, TRANSPORT_MOMENTS = "adamw_projected", "adamw_gauge_fixed", "transport"
+PROJECTED_CASE, GAUGE_FIXED_CASE, FIRST_MOMENT = "adamw_projected", "adamw_gauge_fixed", "first-moment"
 
 # Unit round-off of each training precision (run.json "dtype", as :func:`run_dtype` reads it): the one
 # round-off table of the claims and of the figures' floors.
@@ -574,7 +574,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
     - the gauge-fixed arm: the trained attention entries drop (``adamw``'s run of the same seed minus
       the arm's) by exactly the closed form ``2 L G D^2``; its initial function equals ``adamw``'s (logits
       on the probe batch, and the step-0 val loss against ``adamw``'s run of the same seed);
-    - the rebalancing arm with transported moments: its orbit moves keep the function (τ).
+    - the rebalancing arm with the first moment transported: its orbit moves keep the function (τ).
     """
 
     def of_case(frame: pd.DataFrame, case: str) -> pd.DataFrame:
@@ -591,7 +591,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
         else arms
     )
     transported = (
-        rebalancing[rebalancing["rebalance_moments"] == TRANSPORT_MOMENTS]
+        rebalancing[rebalancing["rebalance_moments"] == FIRST_MOMENT]
         if not rebalancing.empty
         else rebalancing
     )
@@ -663,13 +663,13 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
             _dtypes(paired),
         ),
         _claim(
-            "interventions: transported rebalance tau max < 1e-5",
+            "interventions: first-moment rebalance tau max < 1e-5",
             "design §15 (ours)",
             _extreme(transported, ["tau_max"]),
             "<",
             TAU_MAX,
             f"largest relative loss change of an orbit move over {len(transported)} rebalancing runs with "
-            f"the moments transported",
+            f"the first moment transported",
             _dtypes(transported),
         ),
     ]

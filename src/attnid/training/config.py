@@ -23,7 +23,7 @@ from attnid.common.errors import UserError
 from attnid.measure.options import METRICS_DEVICES
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
 from attnid.training import cases
-from attnid.training.options import DEVICES, DTYPES, REBALANCE_MOMENTS
+from attnid.training.options import DEVICES, DTYPES, REBALANCE_MOMENTS, RETIRED_MOMENTS
 
 # An arm's name (--arm): it names a results folder and a row of the interventions table
 ARM_NAME = re.compile(r"[a-z][a-z0-9_]*")
@@ -147,8 +147,9 @@ class TrainConfig:
     rebalance_moments: str = option(
         "keep",
         "rebalancing cases: the attention weights' AdamW moments at "
-        "each rebalance: keep (as they are), transport (mapped with the "
-        "orbit move) or reset (dropped) (default keep)",
+        "each rebalance: keep (as they are), first-moment (the first "
+        "mapped with the orbit move, the second kept) or reset (dropped) "
+        "(default keep)",
         metavar="HOW",
         choices=REBALANCE_MOMENTS,
     )
@@ -348,6 +349,8 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.out is None:
         raise UserError("missing --out RUN_DIR (where metrics.csv, run.json and ckpt.pt go)")
     case = cases.get_case(cfg.case)
+    if cfg.rebalance_moments in RETIRED_MOMENTS:
+        raise UserError(RETIRED_MOMENTS[cfg.rebalance_moments])
     _check_choices(cfg)
     if cfg.lr is None:
         cfg.lr = case.default_lr

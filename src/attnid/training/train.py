@@ -15,7 +15,7 @@ after the optimizer step (:meth:`Run.train_step`), in the precision of ``--dtype
         #   tau by a probe rebalance on a copy of the model (every --tau-every rows), beta, mu
     rebalance steps: rebalancing.rebalance(model, tracker, ...)  # orbit move in place (E3), after the
         # step's rho and drift columns; then drift.reset_reference(model), beta, mu; AdamW's moments
-        # kept, transported or reset (attnid.training.moments)
+        # kept, the first transported, or reset (attnid.training.moments)
     row = head | future.result() | eval losses  # appended in step order
 
 :class:`attnid.training.metrics_pipeline.MetricsPipeline` runs the metrics: on the training
@@ -480,13 +480,13 @@ class Run:
             assert self.metrics is not None  # the future of a row's metrics comes from the pipeline
             self.metrics.drain()
             row.update(metrics.result())
-        before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "transport" else None
+        before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "first-moment" else None
         row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
         if self.drift is not None:
             self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
-        if before is not None:  # the moments map with the move (docs/design.md §15)
-            moments.transport_moments(self.optimizer, self.model, before)
+        if before is not None:  # the first moment maps with the move (docs/design.md §15)
+            moments.transport_first_moment(self.optimizer, self.model, before)
         elif self.cfg.rebalance_moments == "reset":  # the moved tensors' moments point the old way
             moments.reset_moments(self.optimizer, self.model)
         if self.metrics is not None:
