@@ -82,6 +82,7 @@ def test_every_option_has_a_type_and_help():
         "stop_after",
         "progress_every",
         "arm",  # a name for the tables, not a setting of the run
+        "full_val_eval",  # an evaluation after the last step, not a setting of the training
     }
 
 

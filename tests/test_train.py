@@ -300,6 +300,7 @@ def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
             "1000",
             "--warmup-iters",
             "0",
+            "--full-val-eval",
         )
         == 0
     )
@@ -344,8 +345,11 @@ def test_the_final_model_is_evaluated_on_the_whole_val_split(prepared_data_dir, 
     import numpy as np
     from torch.nn import functional as F
 
-    out = tmp_path / "full"
-    assert train(prepared_data_dir, out, "--case", "adamw", "--no-metrics", "--max-iters", "6") == 0
+    out, without = tmp_path / "full", tmp_path / "without"
+    assert train(prepared_data_dir, without, "--case", "adamw", "--no-metrics", "--max-iters", "6") == 0
+    assert run_json(without)["final_val_loss_full"] is None  # only when asked: the interventions ask
+    flags = ("--case", "adamw", "--no-metrics", "--max-iters", "6", "--full-val-eval")
+    assert train(prepared_data_dir, out, *flags) == 0
     info = run_json(out)
     model = load_nanogpt_checkpoint(out / "ckpt.pt")
     val = np.fromfile(prepared_data_dir / "val.bin", dtype=np.uint16).astype(np.int64)

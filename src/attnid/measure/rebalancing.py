@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from attnid.measure.metrics import MetricTracker
 from attnid.theory.circuits import CIRCUITS
 
+# The probe of a run that does not rebalance moves every pair to its nearest balanced point (docs/design.md
+# §3.3): the minimum-norm representative that μ measures, in closed form (one SVD per pair), and a move as
+# large as the pair's whole imbalance, so τ tests the symmetry at full size whatever the run conserves.
+PROBE_TARGET = "balanced"
+
 
 @torch.no_grad()
 def move_and_measure(
@@ -60,7 +65,7 @@ def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "ini
 
 
 @torch.no_grad()
-def tau_probe(model: torch.nn.Module, tracker: MetricTracker, target: str = "initial") -> dict[str, float]:
+def tau_probe(model: torch.nn.Module, tracker: MetricTracker, target: str = PROBE_TARGET) -> dict[str, float]:
     """:func:`rebalance` without side effects: the model's weights are bit-identical afterwards."""
     with moves.kept_attention_weights(model):
         return rebalance(model, tracker, target)
@@ -71,7 +76,7 @@ def tau_probe_on_copy(
     probe_model: torch.nn.Module,
     weights: list[torch.Tensor],
     tracker: MetricTracker,
-    target: str = "initial",
+    target: str = PROBE_TARGET,
     pairs: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """τ of a probe rebalance of a model whose parameters and buffers (in ``named_parameters``,

@@ -156,10 +156,16 @@ def intervention_arms(config: dict) -> list[Arm]:
     return [Arm(BASELINE_CASE)] + arms
 
 
+# Every run the table pairs is evaluated on the whole val split at its end: the primary metric
+# (attnid.reports.interventions_table.PRIMARY_METRIC, docs/design.md §11.5).
+PRIMARY_METRIC_SETTINGS = {"full_val_eval": True}
+
+
 def arm_overrides(config: dict, arm: Arm) -> dict:
-    """What an arm's run sets over the model, training and ``adamw`` case sections: a rebalancing arm's
-    rebalance settings (from its own case section, where the config has one) and the arm's settings."""
-    overrides = {}
+    """What an arm's run sets over the model, training and ``adamw`` case sections: the primary metric's
+    evaluation, a rebalancing arm's rebalance settings (from its own case section, where the config has
+    one) and the arm's settings."""
+    overrides = dict(PRIMARY_METRIC_SETTINGS)
     if CASES[arm.case].rebalances:
         own = config.get("cases", {}).get(arm.case, {})
         overrides.update({key: own[key] for key in REBALANCE_SETTINGS if key in own})

@@ -175,6 +175,13 @@ class TrainConfig:
         metavar="NAME",
         resume=False,
     )
+    full_val_eval: bool = option(
+        False,
+        "at the end, evaluate the final model on the whole val split, every token once "
+        "(run.json's final_val_loss_full: the interventions' primary metric, docs/design.md §11.5; "
+        "seconds on a CPU)",
+        resume=False,
+    )
     diverge_threshold: float | None = option(
         None, "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)"
     )

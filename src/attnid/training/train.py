@@ -215,7 +215,6 @@ class Run:
                 queue_steps=queue_steps_for(cfg.log_every),
                 tf32_training=precision.trains_with_tf32(self.dtype, self.device),
                 probes=not self.case.rebalances,
-                tau_target=cfg.rebalance_target,
             )
 
     @torch.no_grad()
@@ -559,7 +558,7 @@ class Run:
     def finish(self) -> int:
         self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
         self.collect_rows()
-        if self.status == "completed":  # the interventions' primary metric (docs/design.md §11.5)
+        if self.status == "completed" and self.cfg.full_val_eval:  # the interventions' metric (§11.5)
             progress.stage("evaluating the final model on the whole val split")
             # the plain module: a compiled one would compile again for the last, shorter batch
             self.final_val_loss_full = split_loss(
