@@ -13,12 +13,13 @@ records it (with the config flags that switch it, e.g. Llama's ``attention_bias`
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from attnid.common.errors import UserError
+from attnid.common.files import read_json
+from attnid.common.paths import special_kind
 
 # model_type -> (rope, q/k/v bias, output bias) when the config has no flag saying otherwise
 MODEL_TYPES: dict[str, tuple[bool, bool, bool]] = {
@@ -60,14 +61,11 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not path.is_file() and special_kind(path) is None:
         raise UserError(
             f"Hugging Face config {path} not found: pass a config.json or the model folder holding one"
         )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON: {err}") from None
+    config = read_json(path, "Hugging Face config")  # a FIFO, a huge or deeply nested file: one line
     if not isinstance(config, dict):
         raise UserError(f"{path} must hold a JSON object of model settings")
     return config
