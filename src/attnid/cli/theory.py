@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnid.cli.argument_types import seed_number, thread_count
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
@@ -101,7 +102,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default="results/theory/nullity.csv", help="CSV to write (default: %(default)s)"
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument(
+        "--threads", type=thread_count, default=1, help="torch threads (default: %(default)s)"
+    )
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -218,7 +221,10 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --grid: random shapes added to the hand-picked ones (default %(default)s)",
     )
     run.add_argument(
-        "--seed", type=int, default=0, help="random point (and random shapes) seed (default %(default)s)"
+        "--seed",
+        type=seed_number,
+        default=0,
+        help="random point (and random shapes) seed (default %(default)s)",
     )
     run.add_argument(
         "--rope-base",
@@ -232,7 +238,7 @@ def add_census_arguments(parser: argparse.ArgumentParser) -> None:
         default=MAX_PARAMS,
         help="refuse larger models: the Jacobian grows with the square (default %(default)s)",
     )
-    run.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
+    run.add_argument("--threads", type=thread_count, default=1, help="torch threads (default %(default)s)")
     run.add_argument(
         "--out", default=None, help=f"CSV to write, one row per shape (e.g. {DEFAULT_CENSUS_OUT})"
     )
