@@ -123,8 +123,17 @@ def read_weight_file(folder: Path, name: str) -> tuple[dict[str, torch.Tensor], 
 WeightFiles = tuple[dict[str, torch.Tensor], dict[str, list[str]], dict[str, dict | None]]
 
 
+def check_folder_files(folder: Path) -> None:
+    """Every file of ``folder`` (what an edit copies to ``--out``) lies inside it and is a regular file:
+    checked when the folder is read, before any work, not when it is written."""
+    for item in sorted(folder.iterdir()):
+        if not item.is_dir():  # folders are not copied
+            require_regular_file(inside(folder, item.name, f"the folder {folder}"), "file")
+
+
 def read_weights(folder: Path) -> WeightFiles:
     """Every tensor of ``folder``'s weight files, the keys of each file, and each file's header metadata."""
+    check_folder_files(folder)
     tensors: dict[str, torch.Tensor] = {}
     weight_files: dict[str, list[str]] = {}
     metadata: dict[str, dict | None] = {}

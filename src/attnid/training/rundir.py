@@ -36,6 +36,7 @@ from attnid import __version__
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import torch_save_atomic, write_csv_atomic, write_json_atomic
+from attnid.common.paths import require_regular_file
 
 # metrics.csv: these columns first, in this order; per-layer columns (e.g. rho_qk_l0) follow.
 BASE_COLUMNS = (
@@ -346,6 +347,8 @@ def check_run_info(info: object, path: Path) -> None:
 def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
     """``run.json`` as a dict (plus ``run_dir``) and ``metrics.csv`` as a frame (one row per logged step)."""
     run_dir = Path(run_dir)
+    for name in (RUN_FILE, METRICS_FILE):  # found by --runs-dir too, where no rule declared them
+        require_regular_file(run_dir / name, "run file")
     try:
         info = json.loads((run_dir / RUN_FILE).read_text())
     except (OSError, ValueError, RecursionError) as err:
