@@ -540,7 +540,7 @@ def test_an_update_that_overflows_is_a_divergence_naming_its_step(hostile, tmp_p
 
 def test_a_diverged_run_keeps_its_last_good_checkpoint(hostile, tmp_path, capsys):
     w, out = hostile[0], tmp_path / "run"
-    args = ["--case", "sgd", "--lr", "1e30", "--max-iters", "20", "--log-every", "2", "--ckpt-every", "1"]
+    args = ["--case", "sgd", "--lr", "1e30", "--max-iters", "20", "--log-every", "4", "--ckpt-every", "1"]
     assert _train(w, out, *args, "--warmup-iters", "4") == 0
     err = capsys.readouterr().err
     run = json.loads((out / "run.json").read_text())
