@@ -584,3 +584,17 @@ def test_train_options_carry_their_limits_as_metadata():
         assert isinstance(meta[name]["maximum"], int) and meta[name]["maximum"] >= 1, name
     assert meta["seed"]["maximum"] < 2**64 and meta["seed"]["bound"] == "non_negative"
     assert meta["min_lr"]["bound"] == "non_negative" and meta["diverge_threshold"]["bound"] == "positive"
+
+
+def test_what_a_killed_edit_left_is_taken_over_by_the_next(tmp_path, capsys):
+    """A SIGKILLed edit of a Hugging Face folder leaves its lock (with a dead pid) and a staging folder in
+    --out: the next edit takes the lock over, removes the staging folder, and writes the folder."""
+    _gpt2_folder(tmp_path / "hf")
+    out = tmp_path / "out"
+    (out / ".attnid-staging-killed").mkdir(parents=True)
+    (out / ".attnid-staging-killed" / "model.safetensors").write_bytes(b"half a file")
+    (out / ".attnid.lock").write_text("999999999\n")
+    assert (
+        main(["balance", str(tmp_path / "hf"), "--out", str(out), "--sequences", "1", "--length", "4"]) == 0
+    )
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"], capsys.readouterr().err

@@ -11,7 +11,9 @@ input folder and writes only inside ``--out``:
   is refused in one line naming the entry, before anything is opened;
 - every file read is a regular file (no FIFO, device or socket);
 - the edited folder is first written whole into a staging folder inside ``--out``, then each file is
-  renamed into place: a failure (a full disk) leaves ``--out`` as it was, with no partial folder.
+  renamed into place: a failure (a full disk) leaves ``--out`` as it was, with no partial folder. A
+  staging folder that a killed edit left behind is removed by the next edit of that ``--out`` (which
+  holds its lock, :mod:`attnid.common.locks`).
 
 Safetensors files are read with ``safetensors`` and pickled ``.bin`` files with the weights-only
 loader (:func:`attnid.common.files.load_weights_only`): no code from a folder ever runs.
@@ -30,6 +32,7 @@ import torch
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path, load_weights_only, read_json, require, torch_save_atomic
+from attnid.common.locks import FOLDER_LOCK_NAME
 from attnid.common.paths import inside, require_regular_file
 from attnid.theory.hf_config import read_hf_config
 
@@ -41,8 +44,12 @@ STAGING_PREFIX = ".attnid-staging-"
 
 
 def is_hf_folder(path: Path) -> bool:
-    """A folder with a ``config.json``: what an edit of a Hugging Face model may write over."""
-    return (Path(path) / CONFIG_NAME).is_file()
+    """A folder with a ``config.json``, or one holding only what a killed edit left (its staging folder, its
+    lock): what an edit of a Hugging Face model may write over."""
+    path = Path(path)
+    return (path / CONFIG_NAME).is_file() or all(
+        item.name.startswith((STAGING_PREFIX, FOLDER_LOCK_NAME)) for item in path.iterdir()
+    )
 
 
 HF_FOLDER = outputs.Format("a Hugging Face model folder (with config.json)", is_hf_folder)
@@ -164,6 +171,8 @@ def save_hf_folder(
     if os.path.lexists(out) and not out.is_dir():
         raise UserError(f"--out {out} is a file; a Hugging Face model is written as a folder")
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(STAGING_PREFIX + "*"):  # left by a killed edit; this one holds --out's lock
+        shutil.rmtree(stale, ignore_errors=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out))
     try:
         names = []
