@@ -17,8 +17,10 @@ a heartbeat that reports progress when it is silent (:mod:`attnid.common.progres
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
 import traceback
 from typing import NoReturn
@@ -129,24 +131,35 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     command = chosen if chosen in COMMANDS else None
-    with progress.Heartbeat(command or "attnid"):  # from the start: importing torch takes seconds
-        args = build_parser(command).parse_args(argv)
-        rule = outputs.OutputRule(args.command, force=getattr(args, "force", False))
-        try:
-            with outputs.active(rule):
-                status = args._run(args)
-        except KeyboardInterrupt:
-            print(f"attnid {args.command}: interrupted", file=sys.stderr)
-            return 130
-        except Exception as err:  # noqa: BLE001 - sorted into a user's problem (one line) or our bug
-            message = _one_line(err)
-            if message is None:
-                raise
-            if os.environ.get("ATTNID_DEBUG") == "1":
-                traceback.print_exc()
-            print(f"attnid {args.command}: error: {message}", file=sys.stderr)
-            return 2
+    try:
+        with progress.Heartbeat(command or "attnid"):  # from the start: importing torch takes seconds
+            args = build_parser(command).parse_args(argv)
+            rule = outputs.OutputRule(args.command, force=getattr(args, "force", False))
+            try:
+                with outputs.active(rule):  # a failure removes what the command wrote, then unlocks
+                    status = args._run(args)
+            except BrokenPipeError:
+                return _reader_gone()
+            except Exception as err:  # noqa: BLE001 - sorted into a user's problem (one line) or our bug
+                message = _one_line(err)
+                if message is None:
+                    raise
+                if os.environ.get("ATTNID_DEBUG") == "1":
+                    traceback.print_exc()
+                print(f"attnid {args.command}: error: {message}", file=sys.stderr)
+                return 2
+    except KeyboardInterrupt:  # also while the parser imports torch, before any command runs
+        print(f"attnid{' ' + command if command else ''}: interrupted", file=sys.stderr)
+        return 130
     return int(status or 0)
+
+
+def _reader_gone() -> int:
+    """stdout's reader went away (``attnid inspect ... | head``): stop quietly, as ``head``'s writers do.
+    stdout is pointed at /dev/null so that Python's flush at exit does not fail on the pipe again."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 def _one_line(err: Exception) -> str | None:

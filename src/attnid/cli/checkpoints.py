@@ -44,12 +44,14 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _inspect_file(path: Path) -> dict:
+    from attnid.edits.checkpoints import load_checkpoint
     from attnid.measure.inspect import inspect_model
-    from attnid.model.gpt import load_nanogpt_checkpoint
+    from attnid.model.gpt import model_from_checkpoint
 
     progress.stage(f"reading {path}")
+    checkpoint = load_checkpoint(path)
     try:
-        model = load_nanogpt_checkpoint(path)
+        model = model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors), str(path)).eval()
     except (KeyError, AttributeError, TypeError, ValueError) as err:
         raise UserError(f"{path} is not a usable nanoGPT checkpoint ({type(err).__name__}: {err})") from None
     try:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from attnid.common import outputs
@@ -38,7 +39,7 @@ def add_fetch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_fetch(args: argparse.Namespace) -> int:
-    if not args.timeout > 0:
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
         raise UserError(f"--timeout must be a positive number of seconds, not {args.timeout}")
     rule = outputs.current()
     rule.read(local_source(args.url))

@@ -50,7 +50,7 @@ def declare_report_files(args: argparse.Namespace, *inputs: str | os.PathLike | 
     for listed in ("runs", "sweep_runs", "heads_runs", "variants_runs", "intervention_runs", "identity_runs"):
         rule.read(*(getattr(args, listed, None) or []))
     rule.read(*inputs)
-    return rule.write_dir(args.out_dir, "--out-dir")
+    return rule.write_dir(args.out_dir, "--out-dir", lock=False)  # several commands write tables there
 
 
 @contextlib.contextmanager

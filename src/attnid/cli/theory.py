@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnid.cli.argument_types import seed_number, thread_count
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
 from attnid.theory import whole_model
@@ -228,7 +229,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", default="results/theory/nullity.csv", help="CSV to write (default: %(default)s)"
     )
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument(
+        "--threads", type=thread_count, default=1, help="torch threads (default: %(default)s)"
+    )
 
 
 def run_verify(args: argparse.Namespace) -> int:
@@ -371,7 +374,10 @@ def add_census_measurement_arguments(run: argparse._ArgumentGroup) -> None:
         help="with --grid: random shapes added to the hand-picked ones (default: the theory stage's, 8)",
     )
     run.add_argument(
-        "--seed", type=int, default=0, help="random point (and random shapes) seed (default %(default)s)"
+        "--seed",
+        type=seed_number,
+        default=0,
+        help="random point (and random shapes) seed (default %(default)s)",
     )
     run.add_argument(
         "--rope-base",
@@ -386,7 +392,7 @@ def add_census_measurement_arguments(run: argparse._ArgumentGroup) -> None:
         default=MAX_PARAMS,
         help="measure no larger model: the Jacobian grows with the square (default %(default)s)",
     )
-    run.add_argument("--threads", type=int, default=1, help="torch threads (default %(default)s)")
+    run.add_argument("--threads", type=thread_count, default=1, help="torch threads (default %(default)s)")
     run.add_argument(
         "--out", default=None, help=f"CSV to write, one row per shape (e.g. {DEFAULT_CENSUS_OUT})"
     )

@@ -66,4 +66,5 @@ def run_train(args: argparse.Namespace) -> int:
     rule.write(out / rundir.RUN_FILE, rundir.RUN_JSON)
     # without --fresh, a ckpt.pt that is not a checkpoint of this run is moved aside, never overwritten
     rule.write(out / rundir.CHECKPOINT_FILE, outputs.TORCH_ARCHIVE if cfg.fresh else outputs.ANY)
+    rule.keep_on_failure(out / rundir.CHECKPOINT_FILE)  # a rerun resumes from it
     return train(cfg)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.common.paths import require_regular_file, special_kind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,6 +51,7 @@ def atomic_path(path: str | os.PathLike, fmt: outputs.Format | None = None) -> I
         # mkstemp makes the file 0600; outputs get the usual umask-based mode (shared clusters)
         os.chmod(tmp, 0o666 & ~_current_umask())
         os.replace(tmp, target)
+        outputs.written(target)
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
@@ -88,16 +90,38 @@ def write_csv_atomic(path: str | os.PathLike, frame: pd.DataFrame) -> Path:
 
 
 def torch_save_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    """``torch.save`` atomically. torch writes through a file object of ours, so that a failing write (a full
+    disk, a file-size limit) surfaces as the OSError behind torch's own error: one line naming ``path``."""
     import torch
 
     with atomic_path(path, outputs.TORCH_ARCHIVE) as tmp:
         try:
-            torch.save(obj, tmp)
-        except RuntimeError as err:  # torch's zip writer reports a full disk as a RuntimeError
-            if "PytorchStreamWriter" not in str(err):
+            with open(tmp, "wb") as handle:
+                torch.save(obj, handle)
+        except RuntimeError as err:  # torch's zip writer wraps the failed write
+            cause = _os_error_behind(err)
+            if cause is not None:
+                raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from err
+            if not any(mark in str(err) for mark in TORCH_WRITE_FAILURES):
                 raise
             raise UserError(f"cannot write {path}: {str(err).splitlines()[0]} (is the disk full?)") from None
     return Path(path)
+
+
+# What torch's zip writer says when a write failed and it saw no OSError
+TORCH_WRITE_FAILURES = ("PytorchStreamWriter", "unexpected pos", "iostream error")
+
+
+def _os_error_behind(err: BaseException) -> OSError | None:
+    """The OSError that caused ``err`` (its ``__cause__``/``__context__`` chain), if any."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 # Globals a checkpoint of tensors and plain containers names: torch's tensor rebuilders, OrderedDict, bytes
@@ -133,6 +157,9 @@ def not_a_checkpoint(path: str | os.PathLike) -> str | None:
     path = Path(path)
     if not os.path.lexists(path):
         return "does not exist"
+    kind = special_kind(path)
+    if kind is not None:
+        return f"is {kind}, not a regular file"
     if path.is_dir():
         return "is a directory, not a checkpoint file"
     if path.stat().st_size == 0:
@@ -195,25 +222,97 @@ def load_weights_only(path: str | os.PathLike) -> Any:  # whatever the file hold
         raise UserError(f"cannot read checkpoint {path}: a truncated or corrupt {kind} ({first})") from None
 
 
+JSON_MAX_BYTES = 64 << 20  # a model's config.json or weight index: kilobytes; a report: less
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """The JSON value in ``path`` (``what`` names it: "weight index"); a special file, one over
+    :data:`JSON_MAX_BYTES`, text that is not JSON, and JSON nested too deeply for Python's parser are
+    each one UserError line naming the file."""
+    path = Path(path)
+    require_regular_file(path, what)
+    if not path.is_file():
+        raise UserError(f"{what} {path} does not exist")
+    if path.stat().st_size > JSON_MAX_BYTES:
+        raise UserError(f"{what} {path} has {path.stat().st_size:,} bytes, more than {JSON_MAX_BYTES:,}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{what} {path} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise UserError(f"{what} {path} is JSON nested too deeply to be read") from None
+
+
+# A YAML file attnid reads is a config of tens of keys: far below these. Aliases are followed when the
+# nodes are counted, so a "billion laughs" of nested aliases is refused before anything expands it.
+YAML_MAX_BYTES = 1 << 20
+YAML_MAX_NODES = 10_000
+
+
 def read_yaml(path: str | os.PathLike, what: str) -> Any:
     """The YAML document in ``path`` (``what`` names it in errors: "config file"); every problem is one
-    UserError line naming the file, and for a syntax error its line and column."""
+    UserError line naming the file, and for a syntax error its line and column. A file over
+    :data:`YAML_MAX_BYTES`, or a document of more than :data:`YAML_MAX_NODES` values once its aliases are
+    expanded, is refused."""
     import yaml
 
     path = Path(path)
+    require_regular_file(path, what)
     if path.is_dir():
         raise UserError(f"{what} {path} is a directory; pass a YAML file")
     if not path.is_file():
         raise UserError(f"{what} {path} does not exist")
+    if path.stat().st_size > YAML_MAX_BYTES:
+        raise UserError(
+            f"{what} {path} has {path.stat().st_size:,} bytes, more than the {YAML_MAX_BYTES:,} a "
+            f"config may have"
+        )
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        nodes = _expanded_nodes(yaml.compose(text, Loader=yaml.SafeLoader))
+        if nodes > YAML_MAX_NODES:
+            raise UserError(
+                f"{what} {path} expands to more than {YAML_MAX_NODES:,} values with its aliases "
+                f"followed, more than a config may have (an alias bomb?)"
+            )
+        return yaml.safe_load(text)
     except UnicodeDecodeError:
         raise UserError(f"{what} {path} is not UTF-8 text (a binary file?)") from None
+    except RecursionError:
+        raise UserError(f"{what} {path} is nested too deeply to be a config") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise UserError(f"{what} {path} is not valid YAML{where}: {problem}") from None
+
+
+def _expanded_nodes(root: Any) -> int:
+    """Values in a composed YAML document with every alias expanded: each node counted once per path that
+    reaches it, computed once per node (an alias is the same node object as its anchor)."""
+    if root is None:
+        return 0
+    counted: dict[int, int] = {}
+    # depth first without recursion: (node, children counted?)
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in counted:
+            continue
+        children = _children(node)
+        if ready:
+            counted[id(node)] = min(1 + sum(counted[id(child)] for child in children), YAML_MAX_NODES + 1)
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in counted)
+    return counted[id(root)]
+
+
+def _children(node: Any) -> list:
+    value = node.value
+    if not isinstance(value, list):  # a scalar
+        return []
+    return [part for item in value for part in (item if isinstance(item, tuple) else (item,))]
 
 
 def require(module: str, purpose: str) -> types.ModuleType:

@@ -6,11 +6,12 @@ loaders read the file here and hand its settings to :mod:`attnid.theory.hf_confi
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from attnid.common.errors import UserError
+from attnid.common.files import read_json
+from attnid.common.paths import special_kind
 
 
 def hf_config_path(path: str | os.PathLike) -> Path:
@@ -20,18 +21,14 @@ def hf_config_path(path: str | os.PathLike) -> Path:
 
 
 def read_hf_config(path: str | os.PathLike) -> dict:
-    """The JSON object of ``path`` (a ``config.json``, or a folder that holds one)."""
+    """The JSON object of ``path`` (a ``config.json``, or a folder that holds one); a FIFO, a device, a
+    huge or deeply nested file is one line (:func:`attnid.common.files.read_json`)."""
     path = hf_config_path(path)
-    if not path.is_file():
+    if not path.is_file() and special_kind(path) is None:
         raise UserError(
             f"Hugging Face config {path} not found: pass a config.json or the model folder holding one"
         )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON: {err}") from None
-    except RecursionError:  # nesting deeper than the parser's stack: no config is like that
-        raise UserError(f"{path} is not a model config: its JSON is nested too deeply to read") from None
+    config = read_json(path, "Hugging Face config")
     if not isinstance(config, dict):
         raise UserError(f"{path} must hold a JSON object of model settings")
     return config

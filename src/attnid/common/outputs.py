@@ -11,7 +11,17 @@ An output of a command
    is refused in one line unless the command runs with ``--force``;
 4. is never a directory where a file goes (or a file where a directory goes), and its
    location is writable; both are checked before the work starts;
-5. is written atomically (:func:`attnid.common.files.atomic_path`).
+5. is written atomically (:func:`attnid.common.files.atomic_path`);
+6. is never a FIFO, a device, a socket or a symlink loop, not even with ``--force``
+   (:func:`attnid.common.paths.special_kind`), and neither is an input: both are refused
+   before anything opens them;
+7. lies inside what the command declared: a file written that is neither a declared
+   output nor inside a declared output folder is refused;
+8. has one writer: each declared output is locked for the life of the command
+   (:mod:`attnid.common.locks`), and a second command writing it stops with one line;
+9. is removed again when the command fails, unless the command keeps it on purpose
+   (``attnid train``'s checkpoint, which a rerun resumes from): a failed command leaves
+   no partial output.
 
 Recognising "what this command would write" by format, not by a record of what was
 written, is what lets Snakemake's reruns, ``attnid train``'s resume and the tests'
@@ -24,7 +34,8 @@ command declares its inputs (:meth:`OutputRule.read`) and, before any long work,
 main outputs (:meth:`OutputRule.write`, :meth:`OutputRule.write_dir`). Every atomic
 write then asks the active rule (:func:`guard`), so an output that a command did not
 declare up front is held to the same rule when it is written. Outside the command line
-(library calls, tests) no rule is active and writes are only atomic.
+(library calls, tests) no rule is active and writes are only atomic. Leaving
+:func:`active` gives the locks back, after removing the command's outputs if it failed.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnid.common.errors import UserError
+from attnid.common.locks import OutputLock
+from attnid.common.paths import special_kind
 
 HEAD_BYTES = 4096  # formats are recognised from a file's first bytes
 TEX_MARKER_LINES = 5  # a TeX file of ours names attnid in a comment among its first lines
@@ -55,6 +68,8 @@ class Format:
 
 
 def _head(path: Path) -> bytes:
+    if not os.path.isfile(path):  # a FIFO would block the read, a device never end it
+        return b""
     try:
         with open(path, "rb") as handle:
             return handle.read(HEAD_BYTES)
@@ -108,9 +123,11 @@ def _is_safetensors(path: Path) -> bool:
 
 def json_object(path: Path) -> dict | None:
     """The JSON object in ``path``, or None when it holds something else."""
+    if not os.path.isfile(path):
+        return None
     try:
         value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
@@ -157,7 +174,11 @@ def _file_id(path: Path) -> tuple[int, int] | None:
 
 
 def _resolved(path: str | os.PathLike) -> Path:
-    return Path(os.path.abspath(Path(path).expanduser())).resolve()
+    absolute = Path(os.path.abspath(Path(path).expanduser()))
+    try:
+        return absolute.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: refused by name (_refuse_special), compared as given
+        return absolute
 
 
 class OutputRule:
@@ -168,19 +189,26 @@ class OutputRule:
         self._inputs: dict[Path, str] = {}  # resolved path -> as the user named it
         self._input_ids: dict[tuple[int, int], str] = {}  # (device, inode) -> as named
         self._outputs: dict[Path, str] = {}  # resolved path -> the flag (or path) that named it
+        self._folders: list[Path] = []  # resolved output folders: what is written inside them is declared
         self._checked: set[Path] = set()  # outputs that passed every check; later writes skip them
+        self._locks: dict[Path, OutputLock] = {}  # resolved output -> its lock, held until release()
+        self._written: list[Path] = []  # files this command wrote, in order (removed if it fails)
+        self._kept: set[Path] = set()  # resolved outputs a failed command leaves in place
 
     # ----- inputs ---------------------------------------------------------------------
 
     def read(self, *paths: str | os.PathLike | None) -> None:
         """Declare inputs: files, and folders (every file directly in one). None and missing paths are
         skipped: the command's own reading reports them. A folder itself is no input: writing new files
-        into it overwrites nothing."""
+        into it overwrites nothing. A FIFO, device, socket or symlink loop, named or in a named folder, is
+        refused now, before anything opens it."""
         for path in paths:
             if path is None:
                 continue
             path = Path(path)
+            _refuse_special(path, "input")
             for item in sorted(path.iterdir()) if path.is_dir() else [path]:
+                _refuse_special(item, "input")
                 if item.is_file():
                     self._inputs.setdefault(_resolved(item), str(item))
                     file_id = _file_id(item)
@@ -197,31 +225,46 @@ class OutputRule:
     # ----- outputs --------------------------------------------------------------------
 
     def write(self, path: str | os.PathLike | None, fmt: Format, flag: str | None = None) -> Path | None:
-        """Declare the output file ``path`` (written in ``fmt``) and check it now, before the work."""
+        """Declare the output file ``path`` (written in ``fmt``), check it now, before the work, and lock it
+        (unless it lies in an output folder of this command, whose lock covers it)."""
         if path is None:
             return None
         path = Path(path)
         name = f"{flag} {path}" if flag else str(path)
         self._claim(path, name)
+        _refuse_special(path, "output", name)
         if path.is_dir():
             raise UserError(f"{name} is a directory; expected the path of a file to write")
         self._refuse_foreign(path, fmt, name)
         self._check_writable(path.parent, name)
         self._checked.add(_resolved(path))
+        self._lock_file(path, name)
         return path
 
-    def write_dir(self, path: str | os.PathLike, flag: str | None = None, fmt: Format | None = None) -> Path:
+    def write_dir(
+        self, path: str | os.PathLike, flag: str | None = None, fmt: Format | None = None, lock: bool = True
+    ) -> Path:
         """Declare the output folder ``path``; an existing non-empty folder must satisfy ``fmt`` when given
-        (e.g. "a Hugging Face model folder")."""
+        (e.g. "a Hugging Face model folder"). Every file written inside it counts as declared. ``lock``:
+        the folder is this command's alone (a run directory); without it, as for a folder of tables that
+        several commands write into, each file is locked as it is written."""
         path = Path(path)
         name = f"{flag} {path}" if flag else str(path)
         self._claim(path, name)
+        _refuse_special(path, "output", name)
         if os.path.lexists(path) and not path.is_dir():
             raise UserError(f"{name} is a file; expected a directory (it would hold several outputs)")
         if fmt is not None and path.is_dir() and any(path.iterdir()):
             self._refuse_foreign(path, fmt, name)
         self._check_writable(path, name)
+        self._folders.append(_resolved(path))
+        if lock:
+            self._lock(path, folder=True, name=name)
         return path
+
+    def keep_on_failure(self, path: str | os.PathLike) -> None:
+        """A failed command leaves ``path`` in place (a checkpoint that a rerun resumes from)."""
+        self._kept.add(_resolved(path))
 
     def check_write(self, path: str | os.PathLike, fmt: Format | None = None) -> None:
         """The rule at the moment of writing (called by every atomic write while this rule is active)."""
@@ -229,10 +272,17 @@ class OutputRule:
         if _resolved(path) in self._checked:
             return
         self._refuse_input(path, f"output {path}")
+        _refuse_special(path, "output")
         if path.is_dir():
             raise UserError(f"output {path} is a directory; attnid {self.command} writes a file there")
         self._refuse_foreign(path, fmt or format_for(path), str(path))
+        self._refuse_outside(path)
         self._checked.add(_resolved(path))
+        self._lock_file(path, str(path))
+
+    def wrote(self, path: str | os.PathLike) -> None:
+        """Record a file this command has written (:func:`attnid.common.files.atomic_path`)."""
+        self._written.append(Path(os.path.abspath(path)))
 
     def _refuse_input(self, path: Path, name: str) -> None:
         named = self._input_named(path)
@@ -261,6 +311,32 @@ class OutputRule:
             f"writes there: pass --force to replace it, or choose another path"
         )
 
+    def _folder_of(self, path: Path) -> Path | None:
+        """The declared output folder that holds ``path`` (the entry itself: its folder resolved)."""
+        entry = _resolved(path.parent) / path.name
+        return next((folder for folder in self._folders if folder in entry.parents), None)
+
+    def _refuse_outside(self, path: Path) -> None:
+        """Once a command has declared its outputs, it writes only those and files inside its folders."""
+        if not self._outputs or self._folder_of(path) is not None:
+            return
+        declared = ", ".join(sorted(self._outputs.values()))
+        raise UserError(
+            f"attnid {self.command} would write {path}, outside its outputs ({declared}); refused"
+        )
+
+    def _lock_file(self, path: Path, name: str) -> None:
+        """Lock an output file, unless it lies in an output folder whose lock covers it."""
+        if self._folder_of(path) not in self._locks:
+            self._lock(path, folder=False, name=name)
+
+    def _lock(self, path: Path, folder: bool, name: str) -> None:
+        resolved = _resolved(path)
+        if resolved not in self._locks:
+            lock = OutputLock(path, folder, name)
+            lock.acquire()
+            self._locks[resolved] = lock
+
     @staticmethod
     def _check_writable(folder: Path, name: str) -> None:
         """The nearest existing ancestor of ``folder`` is a directory in which a file can be created."""
@@ -274,6 +350,37 @@ class OutputRule:
         except OSError as err:
             raise UserError(f"{name}: cannot write in {ancestor}: {err.strerror}") from None
 
+    # ----- the end ----------------------------------------------------------------------
+
+    def discard_written(self) -> list[Path]:
+        """A failed command: remove every file it wrote (newest first), except those it keeps; the list."""
+        removed = []
+        for path in reversed(self._written):
+            if _resolved(path) in self._kept:
+                continue
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                path.unlink()
+                removed.append(path)
+        self._written = []
+        return removed
+
+    def release(self) -> None:
+        """Give back every lock (newest first)."""
+        for lock in reversed(list(self._locks.values())):
+            lock.release()
+        self._locks = {}
+
+
+def _refuse_special(path: Path, role: str, name: str | None = None) -> None:
+    """Refuse a FIFO, device, socket or symlink loop as an input or output, naming what it is; no --force
+    replaces one (rule 6)."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise UserError(
+            f"{name or f'{role} {path}'} is {kind}, not a regular file: attnid never reads or "
+            f"replaces one; choose a regular file"
+        )
+
 
 _ACTIVE: contextvars.ContextVar[OutputRule | None] = contextvars.ContextVar(
     "attnid_output_rule", default=None
@@ -286,8 +393,12 @@ def active(rule: OutputRule) -> Iterator[OutputRule]:
     token = _ACTIVE.set(rule)
     try:
         yield rule
+    except BaseException:
+        rule.discard_written()
+        raise
     finally:
         _ACTIVE.reset(token)
+        rule.release()
 
 
 def current() -> OutputRule:
@@ -300,3 +411,10 @@ def guard(path: str | os.PathLike, fmt: Format | None = None) -> None:
     rule = _ACTIVE.get()
     if rule is not None:
         rule.check_write(path, fmt)
+
+
+def written(path: str | os.PathLike) -> None:
+    """Tell the active rule (if any) that ``path`` was written (removed again if the command fails)."""
+    rule = _ACTIVE.get()
+    if rule is not None:
+        rule.wrote(path)

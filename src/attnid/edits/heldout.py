@@ -30,6 +30,7 @@ from torch.nn import functional as F
 
 from attnid.common.errors import UserError
 from attnid.common.files import require
+from attnid.common.paths import require_regular_file
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, Checkpoint
 
 
@@ -87,10 +88,19 @@ def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[n
             ), f"text encoded with {meta_dir / 'meta.json'}"
     elif any((checkpoint.path / name).is_file() for name in ("tokenizer.json", "vocab.json")):
         transformers = require("transformers", "reading a Hugging Face tokenizer")
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint.path), local_files_only=True)
-        return np.asarray(
-            tokenizer(text)["input_ids"], dtype=np.int64
-        ), "text encoded with the folder's tokenizer"
+        transformers.logging.set_verbosity_error()  # its warnings about the folder's config are not ours
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                str(checkpoint.path), local_files_only=True
+            )
+            ids = np.asarray(tokenizer(text)["input_ids"], dtype=np.int64)
+        except Exception as err:  # noqa: BLE001 - tokenizers raise their own types for a broken file
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise UserError(
+                f"the tokenizer files of {checkpoint.path} cannot be read ({type(err).__name__}: {first}); "
+                f"fix or remove them"
+            ) from None
+        return ids, "text encoded with the folder's tokenizer"
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
     return raw % vocab, f"text bytes modulo the vocabulary size {vocab}"
 
@@ -111,6 +121,8 @@ def _tokens(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[np.ndarray | 
                         f"vocabulary of {checkpoint.vocab_size}: pass --data of the model's dataset"
                     )
                 return tokens, f"{folder / 'val.bin'}"
+    if args.text is not None:
+        require_regular_file(args.text, "--text")
     if args.text is not None and not args.text.is_file():
         raise UserError(f"--text {args.text} {'is a directory' if args.text.is_dir() else 'not found'}")
     text_path = args.text if args.text is not None else next((p for p in DEFAULT_TEXTS if p.is_file()), None)
@@ -168,6 +180,11 @@ def heldout_batch(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[torch.T
         ), source
     if len(tokens) < length + 1:
         raise UserError(f"the held-out tokens ({len(tokens)}) are fewer than one sequence of {length + 1}")
+    if int(tokens.max()) >= checkpoint.vocab_size or int(tokens.min()) < 0:
+        raise UserError(
+            f"the held-out tokens ({source}) reach id {int(tokens.max())}, beyond the model's vocabulary of "
+            f"{checkpoint.vocab_size}: pass --text or --data that the model's vocabulary covers"
+        )
     starts = np.linspace(0, len(tokens) - (length + 1), args.sequences).astype(np.int64)
     windows = tokens[starts[:, None] + np.arange(length + 1)]  # (S, T+1)
     return torch.from_numpy(np.ascontiguousarray(windows)), source

@@ -18,9 +18,10 @@ Stacking ``[q_proj; k_proj; v_proj]`` gives nanoGPT's grouped ``c_attn`` rows ``
 and ``o_proj`` is nanoGPT's ``c_proj``, so a layer of these folders (an :class:`AttentionLayer`) is
 cut into pairs, balanced and pruned by the same code as every other model
 (:mod:`attnid.model.layout`, :mod:`attnid.edits.operations`). Weights are read by
-:mod:`attnid.edits.checkpoints` (safetensors or weights-only ``pytorch_model.bin``, sharded with an
-index or not). Written back, each attention tensor keeps its stored dtype (or the one ``--dtype``
-asks for), every other tensor and file is copied, and the shards keep their names and keys.
+:mod:`attnid.edits.hf_files` (safetensors or weights-only ``pytorch_model.bin``, sharded with an
+index or not, every file inside the folder). Written back, each attention tensor keeps its stored dtype
+(or the one ``--dtype`` asks for), every other tensor and file is copied, and the shards keep their
+names and keys. The format's loader and writer are registered in :mod:`attnid.edits.checkpoints`.
 """
 
 from __future__ import annotations
@@ -32,16 +33,10 @@ from pathlib import Path
 import torch
 
 from attnid.common.errors import UserError
-from attnid.common.files import write_json_atomic
-from attnid.common.hf_config_file import read_hf_config
-from attnid.edits.checkpoints import (
-    HF_LLAMA,
-    AttentionLayer,
-    Checkpoint,
-    _hf_weight_files,
-    _read_weight_file,
-    _save_hf,
-)
+from attnid.common.files import read_json
+from attnid.common.paths import inside
+from attnid.edits.checkpoint_types import HF_LLAMA, AttentionLayer, Checkpoint, CheckpointFormat
+from attnid.edits.hf_files import INDEX_NAMES, read_config, read_weights, save_hf_folder
 from attnid.edits.options import STORED_DTYPE_NAMES
 from attnid.model.layout import AttentionLayout, row_blocks
 from attnid.theory import counts
@@ -151,6 +146,8 @@ def _check_rotary(config: dict, where: str) -> None:
     """Only full-width rotation has the half-split planes this module assumes for every coordinate."""
     for settings in (config, config.get("rope_parameters") or {}, config.get("rope_scaling") or {}):
         factor = settings.get("partial_rotary_factor") if isinstance(settings, dict) else None
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, int | float)):
+            raise UserError(f"{where}: partial_rotary_factor={factor!r}; expected a number")
         if factor is not None and float(factor) != 1.0:
             raise UserError(
                 f"{where}: partial_rotary_factor={factor}; only RoPE over the whole head is supported"
@@ -196,7 +193,7 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
     """A Llama, Mistral, Qwen2 or Gemma folder (``config.json`` and its weights), read without building
     the model."""
     folder = Path(folder)
-    config = read_hf_config(folder)
+    config = read_config(folder)
     where = str(folder / "config.json")
     if config.get("model_type") not in LLAMA_FAMILY:
         raise UserError(
@@ -204,8 +201,10 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
         )
     spec = architecture_from_hf_config(config, where)  # the same reading as attnid counts --hf-config
     _check_rotary(config, where)
-    if "max_position_embeddings" not in config or "vocab_size" not in config:
-        raise UserError(f"{where} lacks max_position_embeddings or vocab_size")
+    for name in ("max_position_embeddings", "vocab_size"):
+        value = config.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{where}: {name} is {value!r}; expected a positive integer")
     n_embd, n_head = spec["n_embd"], spec["n_head"]
     if "head_dim" not in spec and n_embd % n_head:
         raise UserError(
@@ -216,11 +215,7 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
         raise UserError(
             f"{where}: num_key_value_heads {spec['n_kv_head']} does not divide num_attention_heads {n_head}"
         )
-    tensors, weight_files, metadata = {}, {}, {}
-    for name in _hf_weight_files(folder):
-        state, metadata[name] = _read_weight_file(folder / name)
-        weight_files[name] = list(state)
-        tensors.update(state)
+    tensors, weight_files, metadata = read_weights(folder)
     prefix = _llama_layer_prefix(tensors, folder)
     n_layer = len(
         {
@@ -276,17 +271,40 @@ def set_stored_dtype(checkpoint: LlamaCheckpoint, dtype: str) -> None:
     checkpoint.rewritten_dtype = dtype
 
 
-def save_hf_llama(checkpoint: LlamaCheckpoint, out: Path) -> Path:
+def save_hf_llama(checkpoint: Checkpoint, out: Path, record: dict | None = None) -> Path:
     """Write the folder to ``out``: the input's shard files with the same keys (and header metadata), every
-    other file copied; ``config.json`` and the shard index rewritten only where ``--dtype`` changed them."""
-    out = _save_hf(checkpoint, Path(out))
-    if checkpoint.rewritten_dtype is None:
-        return out
-    write_json_atomic(out / "config.json", checkpoint.payload)
-    for index_path in out.glob("*.index.json"):  # the weight map is unchanged; the byte count is not
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-        if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
-            total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
-            index["metadata"] = {**index["metadata"], "total_size": total}
-            write_json_atomic(index_path, index)
-    return out
+    other file copied; ``config.json`` and the shard index rewritten only where ``--dtype`` changed them.
+    ``record`` is not stored (HF folders get no file of ours)."""
+    assert isinstance(checkpoint, LlamaCheckpoint)  # the one class load_hf_llama makes of this kind
+    replaced: dict[str, bytes] = {}
+    if checkpoint.rewritten_dtype is not None:
+        replaced["config.json"] = _json_bytes(checkpoint.payload)
+        for index_name in INDEX_NAMES:  # the weight map is unchanged; the byte count is not
+            if not (checkpoint.path / index_name).is_file():
+                continue
+            index = read_json(inside(checkpoint.path, index_name, str(checkpoint.path)), "weight index")
+            if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
+                total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
+                metadata = {**index["metadata"], "total_size": total}
+                replaced[index_name] = _json_bytes({**index, "metadata": metadata})
+    return save_hf_folder(
+        checkpoint.path,
+        Path(out),
+        checkpoint.tensors,
+        checkpoint.weight_files,
+        checkpoint.file_metadata,
+        replaced,
+    )
+
+
+def _json_bytes(value: dict) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8")
+
+
+HF_LLAMA_FORMAT = CheckpointFormat(
+    HF_LLAMA,
+    f"a Hugging Face Llama-family folder (model_type {', '.join(LLAMA_FAMILY)})",
+    claims=lambda path, config: config is not None and config.get("model_type") in LLAMA_FAMILY,
+    load=load_hf_llama,
+    save=save_hf_llama,
+)

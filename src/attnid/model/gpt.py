@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -285,18 +285,42 @@ def strip_compiled_prefix(state_dict: dict) -> dict:
     }
 
 
-def config_from_model_args(model_args: dict) -> GPTConfig:
+# model_args sizes: positive integers up to this (torch indexes tensors with 64-bit sizes; no model comes
+# near 2^31 in any one dimension), so a declared size can never make shape arithmetic run away
+MODEL_ARGS_SIZE_LIMIT = 2**31 - 1
+REQUIRED_MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
+def config_from_model_args(model_args: dict, where: str = "checkpoint") -> GPTConfig:
     """A GPTConfig from a checkpoint's ``model_args`` (unknown keys are ignored, as newer nanoGPTs add
-    some)."""
+    some), each known value checked for its type and range first: sizes positive integers up to
+    :data:`MODEL_ARGS_SIZE_LIMIT`, ``dropout`` a number in [0, 1), ``bias`` and ``rope`` booleans."""
     known = {f.name for f in fields(GPTConfig)}
-    missing = sorted({"n_layer", "n_head", "n_embd", "block_size", "vocab_size"} - set(model_args))
+    missing = sorted(set(REQUIRED_MODEL_ARGS) - set(model_args))
     if missing:
-        raise UserError(f"checkpoint 'model_args' lacks {missing}: not a nanoGPT checkpoint")
-    for name in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
-        value = model_args[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"checkpoint 'model_args' has {name}={value!r}; expected a positive integer")
+        raise UserError(f"{where}: 'model_args' lacks {missing}: not a nanoGPT checkpoint")
+    for name in (*REQUIRED_MODEL_ARGS, "n_kv_head", "head_dim"):
+        value = model_args.get(name)
+        if value is None and name not in REQUIRED_MODEL_ARGS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MODEL_ARGS_SIZE_LIMIT:
+            raise UserError(
+                f"{where}: 'model_args' has {name}={value!r}; expected an integer from 1 to "
+                f"{MODEL_ARGS_SIZE_LIMIT}"
+            )
+    dropout = model_args.get("dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise UserError(f"{where}: 'model_args' has dropout={dropout!r}; expected a number in [0, 1)")
+    for name in ("bias", "rope"):
+        if name in model_args and not isinstance(model_args[name], bool):
+            raise UserError(f"{where}: 'model_args' has {name}={model_args[name]!r}; expected true or false")
     return GPTConfig(**{k: v for k, v in model_args.items() if k in known})
+
+
+def stored_layer_count(state_dict: dict) -> int:
+    """Blocks a state dict stores: the distinct ``i`` of ``transformer.h.{i}.`` keys."""
+    prefix = "transformer.h."
+    return len({k[len(prefix) :].split(".", 1)[0] for k in state_dict if str(k).startswith(prefix)})
 
 
 def expected_state_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
@@ -327,9 +351,15 @@ def expected_state_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
 
 def parameter_count(config: GPTConfig) -> int:
     """Parameters of a GPT with ``config``, counted from :func:`expected_state_shapes` (``lm_head`` is
-    ``wte``: counted once)."""
-    shapes = expected_state_shapes(config)
-    return sum(math.prod(shape) for name, shape in shapes.items() if name != "lm_head.weight")
+    ``wte``: counted once): the shapes of a model with no block and with one, so that the count takes
+    the same time for any ``n_layer`` (a memory check of a declared 10^9 layers must not list them)."""
+
+    def count(n_layer: int) -> int:
+        shapes = expected_state_shapes(replace(config, n_layer=n_layer))
+        return sum(math.prod(shape) for name, shape in shapes.items() if name != "lm_head.weight")
+
+    without_blocks = count(0)
+    return without_blocks + config.n_layer * (count(1) - without_blocks)
 
 
 def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
@@ -341,7 +371,9 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
         raise UserError(f"{where} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
     if not isinstance(checkpoint["model_args"], dict) or not isinstance(checkpoint["model"], dict):
         raise UserError(f"{where} is not a nanoGPT checkpoint: 'model_args' and 'model' must be dicts")
-    config = config_from_model_args(checkpoint["model_args"])
+    config = config_from_model_args(checkpoint["model_args"], where)
+    if not all(isinstance(key, str) for key in checkpoint["model"]):
+        raise UserError(f"{where}: 'model' stores a tensor under a key that is not a name")
     state_dict = strip_compiled_prefix(checkpoint["model"])
     # very old nanoGPTs saved the causal-mask buffer as 'attn.bias'; it carries no weights
     state_dict = {
@@ -351,6 +383,11 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     }
     if not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise UserError(f"{where} is not a nanoGPT checkpoint: 'model' holds something other than tensors")
+    if stored_layer_count(state_dict) != config.n_layer:  # before shapes are derived from a declared size
+        raise UserError(
+            f"{where}: model_args says n_layer={config.n_layer} but the weights have "
+            f"{stored_layer_count(state_dict)} layers"
+        )
     check_tensor_shapes(
         expected_state_shapes(config),
         {k: v.shape for k, v in state_dict.items()},

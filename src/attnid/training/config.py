@@ -2,10 +2,11 @@
 
 Each field of :class:`TrainConfig` carries its type (the annotation, read with
 :func:`typing.get_type_hints`) and its metadata: ``help`` (``None`` hides a test
-hook from ``--help``), ``metavar``, ``bound`` (``positive`` or ``non_negative``),
-``maximum`` and ``below`` (inclusive and exclusive upper limits), ``choices`` (the values
-a text option takes) and ``resume`` (False for keys that may differ between a checkpoint
-and the command that resumes it). Adding an option is adding one field: the flag, the
+hook from ``--help``), ``metavar``, ``bound`` (``positive`` or ``non_negative``, both
+finite), ``maximum`` and ``below`` (inclusive and exclusive upper limits; a size limit says why in a
+comment: a size that would otherwise hang or exhaust the machine before any memory check could see it),
+``choices`` (the values a text option takes) and ``resume`` (False for keys that may differ between a
+checkpoint and the command that resumes it). Adding an option is adding one field: the flag, the
 ``--config`` key and the pipeline config's schema (:mod:`attnid.plan.schema`) follow.
 """
 
@@ -15,11 +16,13 @@ import functools
 import math
 import os
 import re
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
+from attnid.common.limits import SEED_MAXIMUM, THREADS_MAXIMUM
 from attnid.measure.options import METRICS_DEVICES
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
 from attnid.training import cases
@@ -40,7 +43,7 @@ def option(
     *,
     metavar: str | None = None,
     bound: str | None = None,
-    maximum: float | None = None,
+    maximum: int | float | None = None,
     below: float | None = None,
     choices: tuple[str, ...] | None = None,
     resume: bool = True,
@@ -60,8 +63,11 @@ def option(
     )
 
 
-# torch.manual_seed takes an unsigned 64-bit seed
-SEED_MAXIMUM = 2**64 - 1
+# Precomputed before training starts (eval_iters x 2 splits batch starts): beyond this the set-up alone
+# takes minutes
+EVAL_ITERS_MAXIMUM = 100_000
+# Each metrics thread holds its own copies of the attention weights
+METRICS_THREADS_MAXIMUM = 256
 
 
 @dataclass
@@ -92,7 +98,9 @@ class TrainConfig:
     eval_every: int = option(
         250, "eval train/val loss every N steps, at step 0 and at the end (default 250)", bound="positive"
     )
-    eval_iters: int = option(20, "batches per eval split (default 20)", bound="positive")
+    eval_iters: int = option(
+        20, "batches per eval split (default 20)", bound="positive", maximum=EVAL_ITERS_MAXIMUM
+    )
     ckpt_every: int = option(
         250,
         "save ckpt.pt every N steps (default 250); also on SIGTERM/SIGINT and at the end",
@@ -135,7 +143,9 @@ class TrainConfig:
         None, "linear warmup steps (default min(100, max_iters // 10))", bound="non_negative"
     )
     lr_decay_iters: int | None = option(None, "cosine decay length (default max_iters)")
-    min_lr: float | None = option(None, "learning rate at the end of the decay (default lr / 10)")
+    min_lr: float | None = option(
+        None, "learning rate at the end of the decay (default lr / 10)", bound="non_negative"
+    )
     rebalance_every: int = option(
         200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive"
     )
@@ -183,7 +193,9 @@ class TrainConfig:
         resume=False,
     )
     diverge_threshold: float | None = option(
-        None, "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)"
+        None,
+        "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)",
+        bound="positive",
     )
     metrics: bool = option(True, "measure rho, beta, tau, mu (--no-metrics: only losses; for benchmarks)")
     tau_every: int = option(
@@ -199,6 +211,7 @@ class TrainConfig:
         "rows are the same); 0 = on the training thread (default 0)",
         metavar="N",
         bound="non_negative",
+        maximum=METRICS_THREADS_MAXIMUM,
         resume=False,
     )
     metrics_device: str = option(
@@ -215,7 +228,9 @@ class TrainConfig:
         "torch.compile the model for training (default: on for CUDA, off on "
         "the CPU); checkpoints keep nanoGPT's parameter names",
     )
-    threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
+    threads: int = option(
+        1, "torch CPU threads (default 1)", bound="positive", maximum=THREADS_MAXIMUM, resume=False
+    )
     device: str = option(
         "auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE", choices=DEVICES
     )
@@ -263,18 +278,19 @@ def help_text(name: str) -> str | None:
 
 def _coerce(name: str, value, source: str):
     kind = option_type(name)
+    shown = reprlib.repr(value)  # a long list in a config file is named, not printed whole
     if value is None:
         return None
     if kind is bool:
         if not isinstance(value, bool):
-            raise UserError(f"{source}: '{name}' must be true or false, not {value!r}")
+            raise UserError(f"{source}: '{name}' must be true or false, not {shown}")
         return value
     if kind is int and (isinstance(value, bool) or (isinstance(value, float) and not value.is_integer())):
-        raise UserError(f"{source}: '{name}' must be an integer, not {value!r}")
+        raise UserError(f"{source}: '{name}' must be an integer, not {shown}")
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise UserError(f"{source}: '{name}' must be a {kind.__name__}, not {value!r}") from None
+        raise UserError(f"{source}: '{name}' must be a {kind.__name__}, not {shown}") from None
 
 
 def read_config_file(path: str | os.PathLike) -> dict:
@@ -290,7 +306,7 @@ def read_config_file(path: str | os.PathLike) -> dict:
     unknown = sorted(str(k) for k in content if k not in option_names())
     if unknown:
         raise UserError(
-            f"config file {path}: unknown keys {unknown}; valid keys are the flags of "
+            f"config file {path}: unknown keys {reprlib.repr(unknown)}; valid keys are the flags of "
             f"'attnid train --help' with underscores"
         )
     return {k: _coerce(k, v, f"config file {path}") for k, v in content.items()}
@@ -310,23 +326,23 @@ def _check_choices(cfg: TrainConfig) -> None:
 
 
 def _check_bounds(cfg: TrainConfig) -> None:
-    for bound in (
-        "positive",
-        "non_negative",
-    ):  # every positive option is checked before the non-negative ones
+    """Each option's ``bound`` (finite and positive or non-negative) and ``maximum``; every positive option
+    is checked before the non-negative ones."""
+    for bound in ("positive", "non_negative"):
         for f in fields(TrainConfig):
             value = getattr(cfg, f.name)
             if f.metadata["bound"] != bound or value is None:  # None: the option's derived default
                 continue
+            flag = "--" + f.name.replace("_", "-")
             if bound == "positive" and not (value > 0 and math.isfinite(value)):
-                raise UserError(f"--{f.name.replace('_', '-')} must be positive, not {value}")
-            if bound == "non_negative" and not value >= 0:
-                raise UserError(f"--{f.name.replace('_', '-')} must be >= 0, not {value}")
+                raise UserError(f"{flag} must be positive and finite, not {value}")
+            if bound == "non_negative" and not (value >= 0 and math.isfinite(value)):
+                raise UserError(f"{flag} must be >= 0 and finite, not {value}")
     for f in fields(TrainConfig):
         value, maximum, below = getattr(cfg, f.name), f.metadata["maximum"], f.metadata["below"]
-        if value is not None and maximum is not None and not value <= maximum:
-            raise UserError(f"--{f.name.replace('_', '-')} must be at most {maximum}, not {value}")
-        if value is not None and below is not None and not value < below:
+        if maximum is not None and value is not None and value > maximum:
+            raise UserError(f"--{f.name.replace('_', '-')} {value} is above its limit of {maximum}")
+        if below is not None and value is not None and not value < below:
             raise UserError(f"--{f.name.replace('_', '-')} must be below {below}, not {value}")
 
 
@@ -391,8 +407,6 @@ def resolve_config(values: dict) -> TrainConfig:
         raise UserError(
             f"need 0 <= --warmup-iters ({cfg.warmup_iters}) < --lr-decay-iters ({cfg.lr_decay_iters})"
         )
-    if cfg.diverge_threshold is not None and not cfg.diverge_threshold > 0:
-        raise UserError(f"--diverge-threshold must be positive, not {cfg.diverge_threshold}")
     if cfg.stop_after is not None and cfg.stop_after < 1:
         raise UserError("--stop-after must be >= 1")
     return cfg

@@ -39,6 +39,7 @@ import numpy as np
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path, write_bytes_atomic, write_json_atomic
+from attnid.common.paths import require_regular_file
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
@@ -47,6 +48,7 @@ SHAKESPEARE_BYTES = 1_115_394
 TRAIN_FRACTION = 0.9  # nanoGPT: first 90 % train, last 10 % val
 SPLITS = ("train", "val")
 TOKEN_DTYPE = np.uint16  # nanoGPT's on-disk token type; caps the vocabulary at 65,536
+VOCAB_LIMIT = int(np.iinfo(TOKEN_DTYPE).max) + 1
 CHUNK_BYTES = 1 << 20
 PROGRESS_MIN_BYTES = 8 << 20  # only large downloads print progress
 META_NAME = "meta.json"
@@ -138,6 +140,9 @@ def fetch(
     """
     sha256 = check_sha256_argument(sha256)
     out = Path(out)
+    local = local_source(url)
+    if local is not None:  # a FIFO would block the copy, a device never end it
+        require_regular_file(local, "--url")
     if out.is_file() and sha256_of_file(out) == sha256:
         return out
     url = source_url(url)
@@ -205,6 +210,7 @@ def prepare(text_path: str | os.PathLike, out_dir: str | os.PathLike) -> dict:
     Returns the metadata dictionary.
     """
     text_path, out_dir = Path(text_path), Path(out_dir)
+    require_regular_file(text_path, "--text")
     if text_path.is_dir():
         raise UserError(f"--text {text_path} is a directory; pass the text file to encode")
     if not text_path.is_file():
@@ -260,6 +266,7 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
     source sha256."""
     data_dir = Path(data_dir)
     path = data_dir / META_NAME
+    require_regular_file(path, "data file")
     if not path.is_file():
         raise UserError(f"{path} not found: {_rerun_hint(data_dir)}")
     try:
@@ -269,10 +276,16 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
                 f"{path} says the data is incomplete (attnid prepare was interrupted): "
                 f"{_rerun_hint(data_dir)}"
             )
-        itos = [meta["itos"][str(i)] for i in range(int(meta["vocab_size"]))]
-        for key in ("stoi", "train_tokens", "val_tokens", "source_sha256"):
+        for key, largest in (("vocab_size", VOCAB_LIMIT), ("train_tokens", None), ("val_tokens", None)):
+            value = meta[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} is {value!r}, not a count")
+            if largest is not None and not 1 <= value <= largest:
+                raise ValueError(f"{key} is {value}, outside 1..{largest} (uint16 tokens)")
+        itos = [meta["itos"][str(i)] for i in range(meta["vocab_size"])]
+        for key in ("stoi", "source_sha256"):
             meta[key]  # noqa: B018 - presence check
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
         raise UserError(
             f"{path} is damaged or from another tool ({type(err).__name__}: {err}): {_rerun_hint(data_dir)}"
         ) from None
@@ -292,6 +305,7 @@ def load_split(data_dir: str | os.PathLike, split: str, check_tokens: bool = Tru
     data_dir = Path(data_dir)
     meta = load_meta(data_dir)
     path = data_dir / f"{split}.bin"
+    require_regular_file(path, "data file")
     if not path.is_file():
         raise UserError(f"{path} not found: {_rerun_hint(data_dir)}")
     expected = int(meta[f"{split}_tokens"])

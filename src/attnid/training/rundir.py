@@ -25,6 +25,7 @@ import contextlib
 import json
 import math
 import platform
+import reprlib
 import subprocess
 from collections.abc import Collection
 from pathlib import Path
@@ -35,6 +36,7 @@ from attnid import __version__
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import torch_save_atomic, write_csv_atomic, write_json_atomic
+from attnid.common.paths import require_regular_file
 
 # metrics.csv: these columns first, in this order; per-layer columns (e.g. rho_qk_l0) follow.
 BASE_COLUMNS = (
@@ -213,6 +215,64 @@ def load_run_checkpoint(path: Path, key: dict) -> dict:
     return checkpoint
 
 
+# What resuming reads from a checkpoint besides model_args: nanoGPT's keys, and ours under 'attnid'
+RESUME_KEYS = ("model", "optimizer", "iter_num", "best_val_loss")
+RESUME_ATTNID_KEYS = ("rows", "batch_generator", "torch_rng", "first_loss", "wall_s", "resumed_at")
+
+
+def check_resumable(checkpoint: dict, path: Path, model_shapes: dict) -> None:
+    """One line saying what a checkpoint of this run lacks, or which stored weight does not fit the model
+    (``model_shapes``: ``{name: shape}`` of the model being resumed), before anything is loaded from it."""
+    from attnid.common.shapes import shape_problem
+
+    ours = checkpoint.get("attnid")
+    missing = [key for key in RESUME_KEYS if not isinstance(checkpoint.get(key), dict | int | float)]
+    missing += [
+        f"attnid.{key}" for key in RESUME_ATTNID_KEYS if not isinstance(ours, dict) or key not in ours
+    ]
+    if missing:
+        raise UserError(
+            f"{path} cannot be resumed: it lacks {', '.join(missing)} (optimizer state, RNG states, rows); "
+            f"delete it or pass --fresh to start over"
+        )
+    stored = checkpoint["model"]
+    if not all(isinstance(key, str) and hasattr(value, "shape") for key, value in stored.items()):
+        raise UserError(f"{path} cannot be resumed: its 'model' is not a state dict of tensors")
+    problem = shape_problem(
+        model_shapes, {k: v.shape for k, v in stored.items()}, str(path), "this run's model"
+    )
+    if problem is not None:
+        raise UserError(f"{problem}: it cannot be resumed; delete it or pass --fresh to start over")
+
+
+def check_finished(checkpoint: dict, path: Path) -> None:
+    """A finished run's checkpoint holds its summary (with a status) and its rows, from which a rerun
+    rewrites metrics.csv and run.json."""
+    summary, rows = checkpoint["attnid"].get("summary"), checkpoint["attnid"].get("rows")
+    if (
+        not isinstance(summary, dict)
+        or not isinstance(summary.get("status"), str)
+        or not isinstance(rows, list)
+    ):
+        raise UserError(
+            f"{path} says its run finished but lacks its summary or rows; delete it or pass --fresh"
+        )
+
+
+def record_divergence(path: Path, rows: list[dict], summary: dict) -> bool:
+    """A diverged run keeps its last good checkpoint (saved after a loss check, so finite weights): the
+    summary and rows go into it, so that a rerun rewrites metrics.csv and run.json from it as for any
+    finished run. False when there is none."""
+    import torch
+
+    if not path.is_file():
+        return False
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint["attnid"] = {**checkpoint["attnid"], "rows": rows, "summary": summary}
+    torch_save_atomic(path, checkpoint)
+    return True
+
+
 # --------------------------------------------------------------------------------------
 # reading finished runs
 # --------------------------------------------------------------------------------------
@@ -226,6 +286,14 @@ def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> l
     A listed directory without ``run.json`` is an error, not a silent gap.
     """
     if listed:
+        seen: dict[Path, str] = {}  # resolved -> as listed
+        for run_dir in listed:
+            resolved = Path(run_dir).resolve()
+            if resolved in seen:
+                raise UserError(
+                    f"the run {run_dir} is listed twice (also as {seen[resolved]}): each run counts once"
+                )
+            seen[resolved] = str(run_dir)
         missing = [d for d in listed if not (Path(d) / RUN_FILE).is_file()]
         if missing:
             raise UserError(
@@ -238,13 +306,54 @@ def find_run_dirs(root: str | Path | None, listed: list[str] | None = None) -> l
     return sorted(path.parent for path in Path(root).rglob(RUN_FILE))
 
 
+# run.json fields the reports compute with, and what each must be when present: (test, what it is)
+RUN_FIELDS = {
+    "status": (lambda v: isinstance(v, str), "a string"),
+    "case": (lambda v: isinstance(v, str), "a string"),
+    "lr": (lambda v: _is_number(v) and math.isfinite(v) and v > 0, "a positive finite number"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    "steps_completed": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "a non-negative integer",
+    ),
+    "final_val_loss": (
+        lambda v: v is None or (_is_number(v) and math.isfinite(v)),
+        "a finite number or null",
+    ),
+    "final_train_loss": (
+        lambda v: v is None or (_is_number(v) and math.isfinite(v)),
+        "a finite number or null",
+    ),
+}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_run_info(info: object, path: Path) -> None:
+    """run.json is an object whose fields (:data:`RUN_FIELDS`) are of the kind attnid train writes; one line
+    naming the first that is not."""
+    if not isinstance(info, dict):
+        raise UserError(f"{path} is not a JSON object: not a run.json of attnid train")
+    for name, (valid, what) in RUN_FIELDS.items():
+        if name in info and not valid(info[name]):
+            raise UserError(
+                f"{path}: {name} is {reprlib.repr(info[name])}, not {what}: not what attnid train writes; "
+                f"rerun that training job"
+            )
+
+
 def load_run(run_dir: str | Path) -> tuple[dict, pd.DataFrame]:
     """``run.json`` as a dict (plus ``run_dir``) and ``metrics.csv`` as a frame (one row per logged step)."""
     run_dir = Path(run_dir)
+    for name in (RUN_FILE, METRICS_FILE):  # found by --runs-dir too, where no rule declared them
+        require_regular_file(run_dir / name, "run file")
     try:
         info = json.loads((run_dir / RUN_FILE).read_text())
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:
         raise UserError(f"cannot read {run_dir / RUN_FILE}: {err}; rerun that training job") from err
+    check_run_info(info, run_dir / RUN_FILE)
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise UserError(f"{metrics_path} is missing; rerun that training job")

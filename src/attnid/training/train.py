@@ -139,6 +139,7 @@ class Run:
         self.tokens_per_step = cfg.batch_size * cfg.block_size
         self.metrics_device = loop.resolve_metrics_device(cfg.metrics_device, self.device)
         self.losses, self.device_name = loop.LossWatch(cfg.diverge_threshold), loop.device_name(self.device)
+        self.checkpointed = False  # ckpt.pt holds this run (saved or resumed from): a diverged run keeps it
 
     def check_memory(self) -> None:
         """Refuse, before allocating, a model or batch that needs more memory than the device has free
@@ -244,19 +245,29 @@ class Run:
         return {"initial_point": point, "fixed": fixed, "condition": condition, "logit_change": change}
 
     def resume(self, checkpoint: dict) -> None:
+        shapes = {name: tensor.shape for name, tensor in self.model.state_dict().items()}
+        rundir.check_resumable(checkpoint, self.ckpt_path, shapes)
         ours = checkpoint["attnid"]
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
-        if ours.get("scaler"):
-            self.scaler.load_state_dict(ours["scaler"])
-        self.batches.set_generator_state(ours["batch_generator"])
-        torch.set_rng_state(ours["torch_rng"])
-        if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
-        if self.tracker is not None:
-            self.tracker.load_state_dict(ours["tracker"])
-        if self.drift is not None:
-            self.drift.load_state_dict(ours["drift"])
+        try:  # what check_resumable cannot see: optimizer groups, tracker states of another shape
+            self.model.load_state_dict(checkpoint["model"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            if ours.get("scaler"):
+                self.scaler.load_state_dict(ours["scaler"])
+            self.batches.set_generator_state(ours["batch_generator"])
+            torch.set_rng_state(ours["torch_rng"])
+            if self.device.type == "cuda" and ours.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(ours["cuda_rng"], self.device)
+            if self.tracker is not None:
+                self.tracker.load_state_dict(ours["tracker"])
+            if self.drift is not None:
+                self.drift.load_state_dict(ours["drift"])
+        except (KeyError, ValueError, RuntimeError, TypeError, IndexError, AttributeError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise UserError(
+                f"{self.ckpt_path} cannot be resumed ({type(err).__name__}: {first}); delete it or pass "
+                f"--fresh to start over"
+            ) from None
+        self.checkpointed = True
         self.rows, self.step = list(ours["rows"]), int(checkpoint["iter_num"])
         self.best_val_loss, self.losses.first_loss = checkpoint["best_val_loss"], ours["first_loss"]
         self.wall_before, self.resumed_at = ours["wall_s"], ours["resumed_at"] + [self.step]
@@ -293,6 +304,7 @@ class Run:
 
     def save_checkpoint(self, summary: dict | None = None) -> None:
         self.collect_rows()  # the trackers' state and every row up to this step
+        self.checkpointed = True
         device = self.device
         rundir.save_run_checkpoint(
             self.ckpt_path,
@@ -427,7 +439,16 @@ class Run:
         self.step = step
         # adamw_projected removes the orbit part of the realised step, which needs the pre-step weights
         pre = attention_snapshot(self.model) if self.case.projects_steps else None
-        self.scaler.step(self.optimizer)
+        try:
+            self.scaler.step(self.optimizer)
+        except RuntimeError as err:  # an lr like 1e308 makes the update itself unrepresentable
+            if "overflow" not in str(err):
+                raise
+            if self.check_losses():  # no earlier loss was bad: this update is where the run diverged
+                self.status, self.diverged_step, self.diverged_loss = "diverged", step, math.inf
+                self.step = step - 1
+                say(f"the update of step {step} overflows at lr {lr:.4g}: run diverged")
+            return False
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if pre is not None:  # before the drift split and rho see the step (docs/design.md §13)
@@ -570,7 +591,11 @@ class Run:
                 self.autocast,
             )
         summary = self.summary()
-        self.save_checkpoint(summary)
+        if self.status != "diverged":
+            self.save_checkpoint(summary)
+        elif not (self.checkpointed and rundir.record_divergence(self.ckpt_path, self.rows, summary)):
+            # no good checkpoint of this run: none is kept (a --fresh run's older one is not this run's)
+            self.ckpt_path.unlink(missing_ok=True)
         rundir.write_outputs(self.out, self.rows, summary)
         say(
             f"{self.status} at step {self.step}: final val loss {summary['final_val_loss']}, "
@@ -589,6 +614,7 @@ def train(cfg: TrainConfig) -> int:
     progress.stage(f"reading {run.ckpt_path}")
     checkpoint = run.load_checkpoint()
     if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
+        rundir.check_finished(checkpoint, run.ckpt_path)
         say(
             f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
             f"rewriting metrics.csv and run.json from it"
