@@ -191,7 +191,7 @@ class Arm:
         name of an arm at its best lr (its runs' ``--arm``)."""
         defaults = {f.name: f.default for f in fields(TrainConfig)}
         own = {key: value for key, value in self.options if value != defaults[key]}
-        return own | {ARM_NAME_SETTING: self.name} if self.calibrated else own
+        return (own | {ARM_NAME_SETTING: self.name}) if self.calibrated else own
 
 
 def _listed_arms(section: dict) -> list[Arm]:
