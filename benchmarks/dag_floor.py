@@ -15,7 +15,9 @@ passes are PyTorch's own, as in nanoGPT). With ``--benchmarks DIR`` (a finished 
                                    [--benchmarks results/default/benchmarks]
 
 Run it from the repository root, where Snakemake finds the workflow. A job's stage is the first part
-of its ``--out`` under the results directory (runs, interventions, studies, ...).
+of its ``--out`` under the results directory (runs, interventions, calibration, studies, ...). A run at an
+arm's best lr, whose spec the calibration writes, is timed from its pending spec (its lr does not change
+what a pass costs).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 
 from attnid.cli.train import add_train_arguments, config_from_args
+from attnid.plan.runs import PENDING_SUFFIX, calibrated_spec_text, read_pending_spec
 from attnid.training.train import Run
 
 # what changes the cost of a forward and backward pass; everything else (lr, seed, schedule) does not
@@ -66,6 +69,19 @@ def train_commands(configfile: Path | None) -> list[list[str]]:
         words = shlex.split(line.split("attnid train ", 1)[1])
         jobs.append(words[: words.index(">")] if ">" in words else words)
     return jobs
+
+
+def with_written_specs(words: list[str], tmp: Path) -> list[str]:
+    """``words`` with a ``--config`` spec that the calibration has not written yet replaced by a spec made
+    from its pending spec (at any lr: the pass costs the same)."""
+    spec = Path(words[words.index("--config") + 1])
+    pending = spec.with_name(spec.name.removesuffix(".yaml") + PENDING_SUFFIX)
+    if spec.exists() or not pending.exists():
+        return words
+    made = tmp / "specs" / f"{len(list(tmp.glob('specs/*')))}.yaml"
+    made.parent.mkdir(parents=True, exist_ok=True)
+    made.write_text(calibrated_spec_text(read_pending_spec(pending), 1e-3))
+    return [str(made) if word == str(spec) else word for word in words]
 
 
 def stage_of(out: str, results_dir: str) -> str:
@@ -120,7 +136,7 @@ def main() -> None:
         from attnid.training.data import prepare
 
         prepare(Path(__file__).resolve().parents[1] / "assets" / "tinyshakespeare.txt", data_dir)
-        parsed = [train_parser.parse_args(words) for words in jobs]
+        parsed = [train_parser.parse_args(with_written_specs(words, Path(tmp))) for words in jobs]
         results_dir = os.path.commonpath([flags.out for flags in parsed]) if len(parsed) > 1 else "."
         for number, flags in enumerate(parsed):
             stage = stage_of(flags.out, results_dir)

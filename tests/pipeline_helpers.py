@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from attnid.plan import plan
+from attnid.plan.runs import PENDING_SUFFIX
 
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).
@@ -200,7 +201,8 @@ def copied_study_runs(config: dict) -> list[str]:
 def train_jobs(workdir: str | os.PathLike, printed: str) -> dict[str, dict]:
     """{run directory: the options its job trains with} for every ``attnid train`` command that
     ``snakemake -n -p`` printed: the spec file its ``--config`` names (read in ``workdir``), and the
-    command's own flags on top, as ``attnid train`` reads them."""
+    command's own flags on top, as ``attnid train`` reads them. A run at an arm's best lr, whose spec the
+    calibration writes, has its pending spec's options (the lr marked ``{calibrated: ARM}``)."""
     jobs = {}
     for line in printed.splitlines():
         match = re.search(r"attnid train (.*?) > \S+ 2>&1$", line)
@@ -208,7 +210,12 @@ def train_jobs(workdir: str | os.PathLike, printed: str) -> dict[str, dict]:
             continue
         words = shlex.split(match.group(1))
         flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
-        options = yaml.safe_load((Path(workdir) / flags.pop("config")).read_text())
+        spec = Path(workdir) / flags.pop("config")
+        pending = spec.with_name(spec.name.removesuffix(".yaml") + PENDING_SUFFIX)
+        if not spec.exists() and pending.exists():
+            options = yaml.safe_load(pending.read_text())["options"]
+        else:
+            options = yaml.safe_load(spec.read_text())
         jobs[flags["out"]] = options | flags
     return jobs
 

@@ -320,6 +320,17 @@ CASES = [
         "interventions-table --runs {w}/runs/garbled --out-dir {w}/i",
         "no adamw runs",
     ),
+    ("calibration-table-no-runs", "calibration-table --out-dir {w}/c", "say which runs"),
+    (
+        "calibration-table-pending-spec-is-text",
+        "calibration-table --runs {w}/runs/garbled --out-dir {w}/c --pending-specs {w}/notes.txt",
+        "no pending spec",
+    ),
+    (
+        "calibration-table-pending-spec-missing",
+        "calibration-table --runs {w}/runs/garbled --out-dir {w}/c --pending-specs {w}/nope.yaml",
+        "does not exist",
+    ),
     ("edits-table-report-missing", "edits-table --json {w}/nope.json --out-dir {w}/t", "nope.json"),
     ("edits-table-report-is-text", "edits-table --json {w}/notes.txt --out-dir {w}/t", "notes.txt"),
     ("edits-table-report-is-a-checkpoint", "edits-table --json {w}/ckpt.pt --out-dir {w}/t", "ckpt.pt"),

@@ -94,7 +94,7 @@ def test_help_lists_cases_and_their_default_lrs():
     text = " ".join(train_parser.format_help().split())
     assert (
         "optimizer case: sgd, sgd_wd, sgd_momentum, adamw, adamw_rebalance, adamw_projected, "
-        "adamw_gauge_fixed"
+        "adamw_gauge_fixed, sgd_gauge_fixed"
     ) in text
     for case in cases.CASES.values():
         assert f"{case.name} {case.default_lr:g}" in text
@@ -110,10 +110,11 @@ def test_cases_are_one_record_each():
         "adamw_rebalance",
         "adamw_projected",
         "adamw_gauge_fixed",
+        "sgd_gauge_fixed",
     ]
     assert cases.rebalancing_cases() == ["adamw_rebalance"]
     assert [c.name for c in cases.CASES.values() if c.projects_steps] == ["adamw_projected"]
-    assert [c.name for c in cases.CASES.values() if c.gauge_fixed] == ["adamw_gauge_fixed"]
+    assert [c.name for c in cases.CASES.values() if c.gauge_fixed] == ["adamw_gauge_fixed", "sgd_gauge_fixed"]
     assert {c.name: c.default_lr for c in cases.CASES.values()} == {
         "sgd": 0.1,
         "sgd_wd": 0.1,
@@ -122,12 +123,14 @@ def test_cases_are_one_record_each():
         "adamw_rebalance": 1e-3,
         "adamw_projected": 1e-3,
         "adamw_gauge_fixed": 1e-3,
+        "sgd_gauge_fixed": 0.1,
     }
-    # the interventions train adamw's optimizer (docs/design.md §13, §14)
+    # the interventions train adamw's optimizer (docs/design.md §13, §14), the SGD control sgd's
     assert {
         cases.CASES[name].make_optimizer
         for name in ("adamw_rebalance", "adamw_projected", "adamw_gauge_fixed")
     } == {cases.adamw}
+    assert cases.CASES["sgd_gauge_fixed"].make_optimizer is cases.sgd
     styles = [(c.color, c.linestyle, c.marker) for c in cases.CASES.values()]
     assert len({color for color, _, _ in styles}) == len(styles)
     with pytest.raises(ValueError, match="already registered"):

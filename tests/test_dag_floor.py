@@ -35,8 +35,8 @@ def test_every_training_job_of_the_smoke_build_is_read(dag_floor, monkeypatch, t
         stages[stage] = stages.get(stage, 0) + 1
         assert config_from_args(flags).max_iters > 0  # the settings of its spec file (--config)
     # the smoke config: 5 cases x 2 seeds; 6 sweep runs; heads 4 x 2 and variants 3 (mha is copied);
-    # edits 2; interventions 3 arms x 2 seeds and the identity run
-    assert stages == {"runs": 10, "sweep": 6, "studies": 11, "edits": 2, "interventions": 7}
+    # edits 2; interventions 5 arms x 2 seeds (adamw's are the case runs) and the identity run
+    assert stages == {"runs": 10, "sweep": 6, "studies": 11, "edits": 2, "interventions": 11}
 
 
 def test_benchmark_files_add_up_per_stage(dag_floor, tmp_path):

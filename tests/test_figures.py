@@ -102,7 +102,7 @@ def test_missing_inputs_are_a_user_error(tmp_path):
 
 def test_one_style_for_every_case():
     colors = [figures.case_style(case)["color"] for case in CASES]
-    assert len(set(colors)) == len(colors) == 7
+    assert len(set(colors)) == len(colors) == 8
     assert not math.isnan(figures.STYLE["font.size"])
 
 

@@ -5,6 +5,7 @@ same numbers as interventions.csv."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 
@@ -22,87 +23,247 @@ from pipeline_helpers import (
 from synthetic_runs import write_run
 
 from attnid.plan import ConfigError, interventions, plan
+from attnid.plan.schema import config_schema, option_schema
 from attnid.reports import figures, tables
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
 from attnid.reports.statistics import minimum_seeds
 from attnid.training.rundir import load_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
+PAPER = yaml.safe_load((REPO / "config/paper.yaml").read_text())
 
 
 # ---------------------------------------------------------------------------- the plan
 
 
-def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run():
-    arms = interventions.intervention_arms(DEFAULT)
-    assert [arm.name for arm in arms] == [
+def _stage(config: dict) -> dict:
+    """{arm: [its runs' settings]} of the stage's runs (the pairs the table makes), the case runs it
+    reuses included."""
+    planned = plan(copy.deepcopy(config))
+    arms: dict[str, list] = {}
+    for run_dir in planned.intervention_runs:
+        spec = planned.runs[run_dir]
+        arms.setdefault(interventions.arm_name(spec.case, spec.settings), []).append((run_dir, spec))
+    return arms
+
+
+def test_the_default_stage_trains_its_arms_and_adamw_for_750_steps_and_eight_seeds():
+    """config.yaml: adamw, the gauge arm and its three controls, 8 seeds each at the section's 750 steps
+    while the cases train 1,500; no arm run is a case run, so the stage trains its own adamw runs. The
+    family is every comparison the arms make, and 8 seeds is the rule's minimum for it."""
+    stage = _stage(DEFAULT)
+    assert list(stage) == [
         "adamw",
-        "adamw_projected",
         "adamw_gauge_fixed",
-        "adamw_rebalance",
-        "adamw_rebalance_first_moment",
+        "adamw_gauge_fixed_at_init",
+        "adamw_from_gauge_point",
+        "adamw_lr2x",
     ]
-    # the rule's minimum: the smallest n at which the exact test can reject after Holm over the family
-    smoke = smoke_config()
-    for config, seeds in ((DEFAULT, 8), (yaml.safe_load((REPO / "config/paper.yaml").read_text()), 16)):
-        section = config["interventions"]
-        assert len(section["seeds"]) >= seeds
-        rule = section["verdict"]
-        assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
-        assert interventions.check_interventions_config(config) == []
-    rule = smoke["interventions"]["verdict"]
-    assert len(smoke["interventions"]["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
-    keep, first_moment = arms[3], arms[4]
-    # a rebalancing arm rebalances as its case does; only the moments tell the two apart
-    rebalance = {k: DEFAULT["cases"]["adamw_rebalance"][k] for k in ("rebalance_every", "rebalance_target")}
-    assert interventions.arm_overrides(DEFAULT, keep) == rebalance
-    moments = {"rebalance_moments": "first-moment"}
-    assert interventions.arm_overrides(DEFAULT, first_moment) == rebalance | moments
-    assert interventions.arm_overrides(DEFAULT, arms[1]) == {}
-    identity = interventions.identity_overrides(DEFAULT)
-    assert identity["dtype"] == "float64" and identity["max_iters"] < DEFAULT["training"]["max_iters"]
-    assert "seeds" not in identity
+    section = DEFAULT["interventions"]
+    assert section["max_iters"] == 750 and DEFAULT["training"]["max_iters"] == 1500
+    for arm, runs in stage.items():
+        assert [spec.settings["seed"] for _, spec in runs] == section["seeds"] == list(range(8)), arm
+        for run_dir, spec in runs:
+            assert run_dir == f"results/default/interventions/{arm}/seed{spec.settings['seed']}"
+            assert spec.settings["max_iters"] == 750 and spec.settings["weight_decay"] == 0.1
+            lr = (
+                2 * DEFAULT["cases"]["adamw"]["lr"]
+                if arm == "adamw_lr2x"
+                else DEFAULT["cases"]["adamw"]["lr"]
+            )
+            assert spec.settings["lr"] == lr
+    planned = plan(copy.deepcopy(DEFAULT))
+    assert len(planned.intervention_runs) == 40 and not planned.calibration_runs
+    assert all(planned.runs[d].settings["max_iters"] == 1500 for d in planned.case_runs)
+    # the float64 identity run stays in the default, with its own length
+    (identity,) = planned.identity_runs
+    assert planned.runs[identity].case == "adamw_projected"
+    assert (
+        planned.runs[identity].settings.items()
+        >= {"dtype": "float64", "max_iters": 200, "warmup_iters": 20}.items()
+    )
+    family = section["verdict"]["family"]
+    assert family == interventions.planned_comparisons(DEFAULT)
+    assert minimum_seeds(section["verdict"]["alpha"], len(family)) == 8 == len(section["seeds"])
     assert interventions.check_interventions_config(DEFAULT) == []
-    assert interventions.intervention_arms({**DEFAULT, "interventions": None}) == []
-    assert interventions.planned_comparisons(DEFAULT) == [
+    flags = interventions.verdict_options(DEFAULT)
+    assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4:] == [
+        "--family",
+        *family,
+    ]
+
+
+def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_calibration():
+    """paper.yaml: 16 seeds of every arm at the cases' 5,000 steps (adamw's and the kept moments' runs of
+    the cases' seeds are the case runs), sgd_gauge_fixed against sgd with sgd's lr and adamw's settings
+    otherwise (not the sgd case's float64), and every arm but the lr control at its own best lr: a grid of
+    4 lrs on 2 seeds of its own, then the comparison seeds at the best."""
+    section = PAPER["interventions"]
+    stage = _stage(PAPER)
+    plain = [
+        "adamw",
+        "sgd",
         "adamw_projected",
         "adamw_gauge_fixed",
+        "adamw_gauge_fixed_at_init",
+        "adamw_from_gauge_point",
+        "adamw_frozen_mlp",
+        "adamw_lr2x",
         "adamw_rebalance",
         "adamw_rebalance_first_moment",
-        "adamw_rebalance_first_moment-adamw_rebalance",
+        "sgd_gauge_fixed",
     ]
-    flags = interventions.verdict_options(DEFAULT)
-    assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4] == "--family"
+    calibrated = ["adamw", "sgd", *section["calibration"]["arms"]]
+    assert list(stage) == plain + [arm + "_best_lr" for arm in calibrated]
+    assert all(len(runs) == 16 for runs in stage.values()) and section["seeds"] == list(range(16))
+    planned = plan(copy.deepcopy(PAPER))
+    reused = [d for d in planned.intervention_runs if "/runs/" in d]
+    assert sorted(reused) == [
+        f"results/paper/runs/{case}/seed{s}" for case in ("adamw", "adamw_rebalance") for s in range(3)
+    ]
+    assert {spec.settings["max_iters"] for runs in stage.values() for _, spec in runs} == {5000}
+    for arm in ("sgd", "sgd_gauge_fixed"):
+        for _, spec in stage[arm]:
+            assert spec.settings["lr"] == PAPER["cases"]["sgd"]["lr"] and "dtype" not in spec.settings
+            assert spec.settings["weight_decay"] == PAPER["cases"]["sgd"]["weight_decay"]
+    assert interventions.arm_baseline("sgd_gauge_fixed", "sgd_gauge_fixed") == "sgd"
+    # the calibration: 10 arms x 4 lrs x 2 seeds, none a comparison seed; each calibrated run waits for it
+    grid = section["calibration"]
+    assert (
+        len(planned.calibration_runs) == len(calibrated) * len(grid["lr_factors"]) * len(grid["seeds"]) == 80
+    )
+    assert not set(grid["seeds"]) & set(section["seeds"])
+    lrs: dict[str, set] = {}
+    for run_dir in planned.calibration_runs:  # results/paper/calibration/<arm>/lr<lr>/seed<N>
+        lrs.setdefault(run_dir.split("/")[3], set()).add(planned.runs[run_dir].settings["lr"])
+    assert sorted(lrs["adamw_gauge_fixed"]) == [5e-4, 1e-3, 2e-3, 4e-3]
+    assert sorted(lrs["sgd_gauge_fixed"]) == [0.25, 0.5, 1.0, 2.0]
+    assert len(planned.calibrated()) == 16 * len(calibrated) == 160
+    for run_dir in planned.calibrated():
+        arm = run_dir.split("/")[3]
+        assert planned.runs[run_dir].best_lr_of == arm.removesuffix("_best_lr")
+        assert planned.runs[run_dir].settings["arm"] == arm
+    family = section["verdict"]["family"]
+    assert sorted(family) == sorted(interventions.planned_comparisons(PAPER)) and len(family) == 20
+    assert "sgd_gauge_fixed-sgd" in family and "sgd_gauge_fixed_best_lr-sgd_best_lr" in family
+    assert minimum_seeds(section["verdict"]["alpha"], len(family)) == 10 < 16
+    assert interventions.check_interventions_config(PAPER) == []
 
 
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"arms": [{"case": "adamw"}]}, "'adamw' is the baseline of every arm"),
-        (
-            {"arms": [{"case": "adamw_projected", "rebalance_moments": "first-moment"}]},
-            "needs a rebalancing case",
-        ),
-        (
-            {"arms": [{"case": "adamw_projected"}, {"case": "adamw_projected"}]},
-            "adamw_projected listed twice",
-        ),
-        (
-            {"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
-            "adamw_rebalance listed twice",
-        ),
-        (
-            {
-                "verdict": {
-                    **DEFAULT["interventions"]["verdict"],
-                    "family": ["adamw_projected", "start_x_frozen"],
-                }
+def test_the_smoke_stage_is_the_default_s_arms_at_toy_size_below_the_rule_s_minimum():
+    smoke = smoke_config()
+    stage = _stage(smoke)
+    assert list(stage)[:5] == list(_stage(DEFAULT)) and list(stage)[5:] == ["adamw_rebalance_first_moment"]
+    section = smoke["interventions"]
+    assert section["seeds"] == [0, 1] and all(len(runs) == 2 for runs in stage.values())
+    rule = section["verdict"]
+    assert len(section["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
+    assert rule["family"] == interventions.planned_comparisons(smoke)
+    # at the cases' length: adamw's runs are the case runs
+    assert [run_dir for run_dir, _ in stage["adamw"]] == [
+        "results/smoke/runs/adamw/seed0",
+        "results/smoke/runs/adamw/seed1",
+    ]
+
+
+def test_the_stage_s_settings_reach_every_run_of_the_stage_and_the_identity_s_own_win():
+    """Section-level run settings apply to every arm, baseline and calibration run and to the identity run,
+    whose own keys win; the cases keep theirs. They are run settings generated from TrainConfig (typed and
+    bounded as its fields), and not those that make an arm what it is."""
+    config = smoke_config()
+    config["interventions"] |= {"max_iters": 30, "tau_every": 2, "eval_every": 10}
+    config["interventions"]["calibration"] = {
+        "arms": ["adamw_gauge_fixed"],
+        "lr_factors": [0.5, 2],
+        "seeds": [9],
+    }
+    planned = plan(copy.deepcopy(config))
+    stage = planned.intervention_runs + planned.calibration_runs
+    assert stage and all(d.startswith("results/smoke/interventions/") or "/calibration/" in d for d in stage)
+    for run_dir in stage:
+        assert (
+            planned.runs[run_dir].settings.items()
+            >= {"max_iters": 30, "tau_every": 2, "eval_every": 10}.items()
+        )
+    (identity,) = planned.identity_runs
+    own = config["interventions"]["identity"]
+    assert (
+        planned.runs[identity].settings.items()
+        >= {
+            "max_iters": own["max_iters"],
+            "eval_every": own["eval_every"],
+            "tau_every": 2,
+            "dtype": "float64",
+        }.items()
+    )
+    assert all(
+        planned.runs[d].settings["max_iters"] == config["training"]["max_iters"] for d in planned.case_runs
+    )
+    # the identity run measures whatever the stage says
+    config["interventions"]["metrics"] = False
+    planned = plan(copy.deepcopy(config))
+    assert planned.runs[planned.intervention_runs[-1]].settings["metrics"] is False
+    assert planned.runs[planned.identity_runs[0]].settings["metrics"] is True
+    # the schema: generated from the fields
+    section = config_schema()["properties"]["interventions"]["properties"]
+    assert section["max_iters"] == option_schema("max_iters") | section["max_iters"]
+    assert {"arm", "lr", "initial_point", "freeze_mlp", "rebalance_moments"}.isdisjoint(section)
+    for change, message in (
+        ({"max_iters": 0}, "interventions/max_iters: 0 is less than the minimum of 1"),
+        ({"max_iters": 7.5}, "interventions/max_iters: 7.5 is not of type 'integer'"),
+        ({"arm": "x"}, "interventions: Additional properties are not allowed ('arm' was unexpected)"),
+    ):
+        bad = smoke_config()
+        bad["interventions"] |= change
+        with pytest.raises(ConfigError) as caught:
+            plan(bad)
+        assert str(caught.value) == message
+
+
+BAD_SECTIONS = [
+    ({"arms": [{"case": "adamw"}]}, "'adamw' is a baseline (of the arms that train its optimizer)"),
+    ({"arms": [{"case": "sgd"}]}, "'sgd' is a baseline"),
+    ({"arms": [{"case": "sgd_momentum"}]}, "sgd_momentum trains the optimizer of no baseline (adamw, sgd)"),
+    (
+        {"arms": [{"case": "adamw_projected", "rebalance_moments": "first-moment"}]},
+        "needs a rebalancing case",
+    ),
+    (
+        {"arms": [{"case": "adamw_projected"}, {"case": "adamw_projected"}]},
+        "adamw_projected listed twice",
+    ),
+    (
+        {"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
+        "adamw_rebalance listed twice",
+    ),
+    (
+        {
+            "arms": [{"case": "adamw_gauge_fixed"}],
+            "verdict": {
+                **DEFAULT["interventions"]["verdict"],
+                "family": ["adamw_gauge_fixed", "start_x_frozen"],
             },
-            "start_x_frozen is no comparison of the arms",
-        ),
-        ({"arms": [{"case": "adamw", "lr": 2e-3}]}, "an arm that sets lr names itself (arm: NAME)"),
-    ],
-)
+        },
+        "start_x_frozen is no comparison of the arms (they make: adamw_gauge_fixed)",
+    ),
+    ({"arms": [{"case": "adamw", "lr": 2e-3}]}, "an arm that sets lr names itself (arm: NAME)"),
+    ({"arms": [{"case": "adamw", "arm": "adamw_best_lr"}]}, "a name ending in _best_lr is the calibration's"),
+    (
+        {"calibration": {"arms": ["adamw_projected"], "lr_factors": [1, 2], "seeds": [9]}},
+        "adamw_projected is no arm of the stage (they are: adamw, adamw_gauge_fixed,",
+    ),
+    (
+        {"calibration": {"arms": ["adamw_lr2x"], "lr_factors": [1, 2], "seeds": [9]}},
+        "adamw_lr2x sets its own lr: the calibration chooses an arm's lr",
+    ),
+    (
+        {"calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [1, 2], "seeds": [7, 8]}},
+        "seed(s) 7 are also comparison seeds",
+    ),
+]
+
+
+@pytest.mark.parametrize("change, message", BAD_SECTIONS)
 def test_a_bad_interventions_section_is_one_problem(change, message):
     config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], **change}}
     problems = interventions.check_interventions_config(config)
@@ -110,6 +271,22 @@ def test_a_bad_interventions_section_is_one_problem(change, message):
     no_baseline = {**DEFAULT, "cases": {k: v for k, v in DEFAULT["cases"].items() if k != "adamw"}}
     key, problem = interventions.check_interventions_config(no_baseline)[0]
     assert key == "interventions" and "no case 'adamw' under cases" in problem
+    sgd_arm = {**DEFAULT["interventions"], "arms": [{"case": "sgd_gauge_fixed"}]}
+    no_sgd = {**DEFAULT, "interventions": sgd_arm, "cases": {"adamw": DEFAULT["cases"]["adamw"]}}
+    assert interventions.check_interventions_config(no_sgd)[0][1].startswith("no case 'sgd' under cases")
+
+
+def test_a_calibrated_arm_is_compared_with_its_baseline_at_the_baseline_s_best_lr():
+    calibration = {"arms": ["adamw_gauge_fixed"], "lr_factors": [1, 2], "seeds": [9]}
+    config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], "calibration": calibration}}
+    assert interventions.check_interventions_config(config) == []
+    comparisons = interventions.planned_comparisons(config)
+    assert comparisons[-2:] == ["adamw_gauge_fixed_best_lr-adamw_best_lr", "start_x_frozen"]
+    arms = interventions.intervention_arms(config)
+    assert [arm.name for arm in arms][-2:] == ["adamw_best_lr", "adamw_gauge_fixed_best_lr"]
+    assert (
+        arms[-1].settings() == {"arm": "adamw_gauge_fixed_best_lr"} and arms[-1].baseline == "adamw_best_lr"
+    )
 
 
 def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
@@ -123,48 +300,33 @@ def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
     assert "(run results/smoke/interventions/identity/seed0)" in str(caught.value)
 
 
-def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
-    """Dry run of the default config: the baseline and kept-moments arm train only the seeds the cases do
-    not; every arm job carries adamw's lr, weight decay and steps; the identity run is float64."""
+def test_the_default_dag_trains_the_stage_s_own_adamw_runs_at_its_length(tmp_path):
+    """Dry run of the default config: every arm's and adamw's job under interventions/, 750 steps, adamw's
+    lr and weight decay (twice the lr for adamw_lr2x); the gather pairs exactly those runs, no case run;
+    the identity run is float64."""
     copy_pipeline(tmp_path)
     proc = run_snakemake(tmp_path, "-n", "-p", configfile=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = DEFAULT["results_dir"]
     jobs = train_jobs(tmp_path, proc.stdout)
     planned = {run_dir for run_dir in jobs if run_dir.startswith(f"{out}/interventions/")}
-    extra_seeds = [s for s in DEFAULT["interventions"]["seeds"] if s not in DEFAULT["seeds"]]
-    keep_arms = ("adamw", "adamw_rebalance")  # their runs for the cases' seeds are the case runs
-    expected = {
-        f"{out}/interventions/{arm}/seed{seed}"
-        for arm in (
-            "adamw",
-            "adamw_projected",
-            "adamw_gauge_fixed",
-            "adamw_rebalance",
-            "adamw_rebalance_first_moment",
-        )
-        for seed in DEFAULT["interventions"]["seeds"]
-        if arm not in keep_arms or seed in extra_seeds
-    }
+    arms = ("adamw", "adamw_gauge_fixed", "adamw_gauge_fixed_at_init", "adamw_from_gauge_point", "adamw_lr2x")
+    expected = {f"{out}/interventions/{arm}/seed{seed}" for arm in arms for seed in range(8)}
     assert planned == expected | {f"{out}/interventions/identity/seed0"}
-    assert f"{out}/interventions/adamw/seed{DEFAULT['seeds'][0]}" not in planned  # the case run is gathered
     adamw = DEFAULT["cases"]["adamw"]
     for run_dir in planned:
         job = jobs[run_dir]
-        assert job["lr"] == adamw["lr"] and job["weight_decay"] == adamw["weight_decay"], job
+        lr = 2 * adamw["lr"] if "/adamw_lr2x/" in run_dir else adamw["lr"]
+        assert job["lr"] == lr and job["weight_decay"] == adamw["weight_decay"], job
         if "/identity/" in run_dir:
-            assert job["case"] == "adamw_projected" and job["dtype"] == "float64"
+            assert job["case"] == "adamw_projected" and job["dtype"] == "float64" and job["max_iters"] == 200
         else:
-            assert job["max_iters"] == DEFAULT["training"]["max_iters"]
-    transport = [run_dir for run_dir, job in jobs.items() if job.get("rebalance_moments") == "first-moment"]
-    assert transport and all(
-        "/interventions/adamw_rebalance_first_moment/" in run_dir for run_dir in transport
-    )
-    assert {jobs[run_dir]["case"] for run_dir in transport} == {"adamw_rebalance"}
+            assert job["max_iters"] == 750 and "dtype" not in job
+    assert {jobs[f"{out}/runs/adamw/seed{seed}"]["max_iters"] for seed in DEFAULT["seeds"]} == {1500}
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
-    assert f"{out}/runs/adamw/seed0" in gather and f"{out}/runs/adamw_rebalance/seed0" in gather
-    assert len(gather) == len(DEFAULT["interventions"]["seeds"]) * 5
+    assert sorted(gather) == sorted(expected)
     assert "--identity-runs" in re.search(r"attnid figures [^\n]*", proc.stdout).group(0)
+    assert "calibration" not in proc.stdout
 
 
 def test_interventions_null_turns_the_stage_off(tmp_path):
@@ -184,6 +346,107 @@ def test_interventions_null_turns_the_stage_off(tmp_path):
     lines = stderr_lines(proc)
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr
     assert lines[0] == "config error: interventions/arms: adamw_gauge_fixed listed twice"
+
+
+def test_the_paper_dag_waits_for_the_calibration_before_the_runs_at_the_best_lr(tmp_path):
+    """Dry run of paper.yaml: every training job of the plan, the calibration runs' and the calibrated
+    runs' too; each calibrated run's spec is an output of `attnid calibration-table` (its pending spec says
+    which arm's best lr it takes), whose inputs are every calibration run."""
+    copy_pipeline(tmp_path)
+    proc = run_snakemake(tmp_path, "-n", "-p", configfile="config/paper.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = train_jobs(tmp_path, proc.stdout)
+    planned = plan(copy.deepcopy(PAPER))
+    assert set(jobs) == set(planned.trained()) and len(jobs) == 482
+    assert sum(int(job["max_iters"]) for job in jobs.values()) == 2_327_500
+    calibrated = planned.calibrated()
+    for run_dir in calibrated:
+        assert jobs[run_dir]["lr"] == {"calibrated": run_dir.split("/")[3].removesuffix("_best_lr")}
+        assert not (tmp_path / planned.spec_file(run_dir)).exists()
+    command = re.search(r"attnid calibration-table --runs ([^\n]*) > ", proc.stdout).group(1)
+    runs, _, pending = command.partition(" --out-dir ")
+    assert runs.split() == planned.calibration_runs
+    assert sorted(pending.split()[2:]) == sorted(planned.pending_spec_file(d) for d in calibrated)
+
+
+@pytest.mark.slow
+def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
+    """A tiny config through Snakemake: the stage at its own length (its own adamw and sgd runs),
+    sgd_gauge_fixed against sgd, and the gauge arm and adamw calibrated on a seed of their own. The runs at
+    the best lr train with calibration.csv's lowest mean loss; the table pairs runs of equal steps, each arm
+    with its baseline; a second run has nothing to do."""
+    copy_pipeline(tmp_path)
+    smoke = smoke_config()
+    tiny = {key: smoke[key] for key in ("data_sha256", "device", "threads", "resources")}
+    tiny |= {
+        "results_dir": "results/tiny",
+        "data_url": shakespeare_url,
+        "paper_pdf": False,
+        "model": {"n_layer": 1, "n_head": 2, "n_embd": 16, "block_size": 32, "batch_size": 16},
+        "training": {"max_iters": 10, "log_every": 3, "eval_every": 3, "warmup_iters": 1, "eval_iters": 2},
+        "cases": {
+            "adamw": {"lr": 1e-3, "weight_decay": 0.1},
+            "sgd": {"lr": 0.3, "weight_decay": 0.0, "dtype": "float64"},
+        },
+        "seeds": [0],
+        "sweep": {},
+        "interventions": {
+            "max_iters": 6,
+            "arms": [{"case": "adamw_gauge_fixed"}, {"case": "sgd_gauge_fixed"}],
+            "seeds": [0, 1],
+            "calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [0.5, 2], "seeds": [7]},
+            "verdict": {
+                "alpha": 0.05,
+                "equivalence_margin": 0.01,
+                "family": [
+                    "adamw_gauge_fixed",
+                    "sgd_gauge_fixed-sgd",
+                    "adamw_gauge_fixed_best_lr-adamw_best_lr",
+                ],
+            },
+            "identity": {"seeds": [0], "max_iters": 4, "warmup_iters": 1},
+        },
+    }
+    (tmp_path / "config/tiny.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
+    target = "results/tiny/tables/interventions.csv"
+    # a flag between --configfile (which takes every word after it) and the target
+    proc = run_snakemake(
+        tmp_path, "-p", target, configfile="config/tiny.yaml", progress="the calibration at toy size"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = tmp_path / "results/tiny/tables"
+    calibration = pd.read_csv(tables / "calibration.csv")
+    assert calibration[["arm", "lr"]].values.tolist() == [
+        ["adamw", 5e-4],
+        ["adamw", 2e-3],
+        ["adamw_gauge_fixed", 5e-4],
+        ["adamw_gauge_fixed", 2e-3],
+    ]
+    best = calibration.loc[calibration.groupby("arm")["mean"].idxmin()].set_index("arm")["lr"]
+    assert (
+        calibration["best"].sum() == 2
+        and calibration.loc[calibration["best"], "lr"].tolist() == best.tolist()
+    )
+    for seed in (0, 1):
+        for arm in ("adamw", "adamw_gauge_fixed"):
+            info, _ = load_run(tmp_path / f"results/tiny/interventions/{arm}_best_lr/seed{seed}")
+            assert info["lr"] == best[arm] and info["config"]["arm"] == f"{arm}_best_lr"
+            assert info["seed"] == seed and info["max_iters"] == 6
+        info, _ = load_run(tmp_path / f"results/tiny/interventions/sgd/seed{seed}")
+        # sgd with the sgd case's lr, the stage's settings otherwise (not the case's float64)
+        assert info["lr"] == 0.3 and info["dtype"] == "float32" and info["max_iters"] == 6
+    seeds = pd.read_csv(tables / "interventions_seeds.csv")
+    assert sorted(set(zip(seeds["arm"], seeds["baseline"], strict=True))) == [
+        ("adamw_gauge_fixed", "adamw"),
+        ("adamw_gauge_fixed_best_lr", "adamw_best_lr"),
+        ("sgd_gauge_fixed", "sgd"),
+    ]
+    assert len(seeds) == 6 and seeds["difference"].notna().all()
+    table = pd.read_csv(tables / "interventions.csv")
+    assert sorted(table["comparison"]) == sorted(tiny["interventions"]["verdict"]["family"])
+    assert (table["verdict"] == "n too small").all()
+    again = run_snakemake(tmp_path, "-n", target, configfile="config/tiny.yaml")
+    assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
 
 
 # ---------------------------------------------------------------------------- gathering

@@ -257,6 +257,80 @@ def test_an_lr_arm_is_named_apart_or_refused(tmp_path, capsys):
     assert row.arm == "adamw_lr2x" and row.verdict == "better"
 
 
+def test_each_arm_meets_the_baseline_of_its_optimizer_and_at_its_best_lr_its_baseline_s(tmp_path, capsys):
+    """sgd_gauge_fixed against sgd; an arm at its best lr (attnid train --arm <arm>_best_lr) against its
+    baseline at the baseline's, and with moved moments also against its case's kept-moments arm at its
+    best lr; the baselines themselves against nothing. The comparisons are those the plan declares for the
+    same arms (attnid.plan.interventions.planned_comparisons), and a missing baseline is one line."""
+    root = tmp_path / "runs"
+    offsets = {
+        "adamw": ("adamw", {}, 0.0),
+        "adamw_gauge_fixed": ("adamw_gauge_fixed", {}, -0.01),
+        "sgd": ("sgd", {}, 0.3),
+        "sgd_gauge_fixed": ("sgd_gauge_fixed", {}, 0.25),
+        "adamw_best_lr": ("adamw", {"arm": "adamw_best_lr"}, -0.02),
+        "adamw_gauge_fixed_best_lr": ("adamw_gauge_fixed", {"arm": "adamw_gauge_fixed_best_lr"}, -0.025),
+        "adamw_rebalance_best_lr": ("adamw_rebalance", {"arm": "adamw_rebalance_best_lr"}, -0.015),
+        "adamw_rebalance_first_moment_best_lr": (
+            "adamw_rebalance",
+            {"arm": "adamw_rebalance_first_moment_best_lr", "rebalance_moments": "first-moment"},
+            -0.018,
+        ),
+    }
+    for folder, (case, config, offset) in offsets.items():
+        for seed in SEEDS:
+            write_arm_run(root, case, seed, baseline_loss(seed) + offset, folder=folder, **config)
+    assert main(table_command(root, tmp_path / "out")) == 0
+    table = pd.read_csv(tmp_path / "out" / "interventions.csv").set_index("comparison")
+    expected = {
+        "adamw_gauge_fixed": ("adamw_gauge_fixed", "adamw", -0.01),
+        "adamw_rebalance_best_lr-adamw_best_lr": ("adamw_rebalance_best_lr", "adamw_best_lr", 0.005),
+        "adamw_rebalance_first_moment_best_lr-adamw_best_lr": (
+            "adamw_rebalance_first_moment_best_lr",
+            "adamw_best_lr",
+            0.002,
+        ),
+        "adamw_rebalance_first_moment_best_lr-adamw_rebalance_best_lr": (
+            "adamw_rebalance_first_moment_best_lr",
+            "adamw_rebalance_best_lr",
+            -0.003,
+        ),
+        "adamw_gauge_fixed_best_lr-adamw_best_lr": ("adamw_gauge_fixed_best_lr", "adamw_best_lr", -0.005),
+        "sgd_gauge_fixed-sgd": ("sgd_gauge_fixed", "sgd", -0.05),
+    }
+    assert set(table.index) == set(expected)
+    for name, (arm, baseline, delta) in expected.items():
+        row = table.loc[name]
+        assert (row.arm, row.baseline) == (arm, baseline) and row.delta_mean == pytest.approx(delta), name
+    from attnid.plan.interventions import planned_comparisons
+
+    config = {
+        "cases": {"adamw": {"lr": 1e-3}, "sgd": {"lr": 0.1}},
+        "interventions": {
+            "arms": [
+                {"case": "adamw_gauge_fixed"},
+                {"case": "adamw_rebalance"},
+                {"case": "adamw_rebalance", "rebalance_moments": "first-moment"},
+                {"case": "sgd_gauge_fixed"},
+            ],
+            "calibration": {"arms": ["adamw_gauge_fixed", "adamw_rebalance", "adamw_rebalance_first_moment"]},
+        },
+    }
+    uncalibrated = {
+        "adamw_rebalance",
+        "adamw_rebalance_first_moment",
+        "adamw_rebalance_first_moment-adamw_rebalance",
+    }
+    assert set(planned_comparisons(config)) == set(expected) | uncalibrated  # runs the table was not given
+    capsys.readouterr()
+    shutil.rmtree(root / "sgd")
+    assert main(table_command(root, tmp_path / "out")) == 2
+    assert capsys.readouterr().err.strip() == (
+        "attnid interventions-table: error: arm sgd_gauge_fixed is compared with sgd (the baseline of its "
+        "optimizer), and no sgd runs are among the runs given: pass them too"
+    )
+
+
 def test_the_cost_ratio_comes_from_the_kept_benchmark(intervention_runs, tmp_path, capsys):
     costs = tmp_path / "arms_cost.csv"
     pd.DataFrame(
@@ -408,7 +482,7 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
         "adamw_gauge_fixed_at_init": ("adamw_gauge_fixed", {"initial_point": "init"}),
         "adamw_from_gauge_point": ("adamw", {"initial_point": "gauge"}),
         "adamw_rebalance": ("adamw_rebalance", {}),
-        "adamw_rebalance_transport": ("adamw_rebalance", {"rebalance_moments": "transport"}),
+        "adamw_rebalance_first_moment": ("adamw_rebalance", {"rebalance_moments": "first-moment"}),
     }
     for seed in SEEDS:
         write_arm_run(root, "adamw", seed, baseline_loss(seed))

@@ -75,8 +75,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "interventions-table": (
         "attnid.cli.reports",
-        "compare every arm with the adamw baseline, seed by seed: mean difference, t-CI, exact p, Holm, "
+        "compare every arm with its baseline (adamw), seed by seed: mean difference, t-CI, exact p, Holm, "
         "verdict",
+    ),
+    "calibration-table": (
+        "attnid.cli.reports",
+        "each calibrated arm's best lr from its calibration runs; the spec files of its runs at that lr",
     ),
 }
 

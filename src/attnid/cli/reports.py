@@ -413,3 +413,35 @@ def run_interventions_table(args: argparse.Namespace) -> int:
         )
     print(f"wrote interventions_seeds.csv, interventions.csv and interventions.tex to {args.out_dir}")
     return 0
+
+
+def add_calibration_table_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_selection_arguments(parser, sweep=False)
+    parser.add_argument("--out-dir", required=True, help="where calibration.csv goes")
+    parser.add_argument(
+        "--pending-specs",
+        nargs="+",
+        default=[],
+        metavar="PENDING",
+        help="pending specs of runs at an arm's best lr (written by the workflow's plan): each one's spec "
+        "file is written with the lr of the lowest mean final full-split val loss",
+    )
+
+
+def run_calibration_table(args: argparse.Namespace) -> int:
+    from attnid.plan.runs import SPEC_FILE, read_pending_spec
+    from attnid.reports.calibration import write_calibration
+
+    check_run_selection(args)
+    declare_report_files(args, *args.pending_specs)
+    pending = [read_pending_spec(path) for path in args.pending_specs]
+    rule = outputs.current()
+    for spec in pending:
+        rule.write(spec.spec_file, SPEC_FILE, "a pending spec's spec_file")
+    with written_by("attnid train"):
+        table, written = write_calibration(args.runs_dir, args.out_dir, args.runs, pending)
+    for row in table.to_dict("records"):
+        mean = "diverged" if row["n_diverged"] else f"mean {row['mean']:.4f} over {row['n_seeds']} seeds"
+        print(f"{row['arm']} lr {row['lr']:.4g}: {mean}{' (best)' if row['best'] else ''}")
+    print(f"wrote calibration.csv to {args.out_dir} and {len(written)} calibrated spec file(s)")
+    return 0

@@ -77,13 +77,13 @@ def check_gauge_layout(layout: AttentionLayout) -> None:
     """One line for an attention shape this gauge does not fit."""
     if layout.rope:
         raise UserError(
-            "adamw_gauge_fixed does not support --rope: the RoPE query-key orbit is the "
+            "the gauge-fixed parametrisation does not support --rope: the RoPE query-key orbit is the "
             "rotations' commutant, which cannot move a D x D block of W_K to c I "
             "(docs/design.md §14)"
         )
     if layout.head_dim > layout.n_embd:
         raise UserError(
-            f"adamw_gauge_fixed needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
+            f"the gauge-fixed parametrisation needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
             f"D = {layout.head_dim} > E = {layout.n_embd}"
         )
 

@@ -17,23 +17,33 @@ each arm's run with seed ``s`` is compared with ``adamw``'s run with seed ``s``
 
 A pipeline config's ``interventions`` section lists the arms (a case of the registry and its options,
 :data:`ARM_OPTIONS`, or settings with a name of its own, :data:`NAMED_ARM_SETTINGS`), the seeds, the
-verdict rule and the identity run: ``adamw_projected`` in float64, short, where ρ and the first-order
-drift sit at float64 round-off (§13). A new arm is a case in :mod:`attnid.training.cases` (or an option
-of one) and an entry under ``interventions/arms``; a new kind of arm option is one :class:`ArmOption` in
-:data:`ARM_OPTIONS`.
+verdict rule, the identity run (``adamw_projected`` in float64, short, where ρ and the first-order
+drift sit at float64 round-off, §13), optionally the calibration (each listed arm again at its own best
+lr, chosen on seeds of its own: :func:`calibrated_arms`, docs/design.md §6), and the run settings of the
+whole stage (:func:`stage_settings`: e.g. its own ``max_iters``). A new arm is a case in
+:mod:`attnid.training.cases` (or an option of one) and an entry under ``interventions/arms``; a new kind
+of arm option is one :class:`ArmOption` in :data:`ARM_OPTIONS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from attnid.model.options import GAUGE_POINT, INITIAL_VALUES
 from attnid.training.cases import CASES, Case
 from attnid.training.config import TrainConfig
 
-# The paired baseline of every arm.
+# The baseline of the arms that train AdamW, and the table's: a comparison with it is named by the arm alone.
 BASELINE_CASE = "adamw"
+# The baselines: each arm is paired with the one whose optimizer it trains (arm_baseline).
+BASELINE_CASES = (BASELINE_CASE, "sgd")
+# What a baseline other than adamw takes from its own case section: its optimizer's settings (the rest of
+# its runs' settings are adamw's, so SGD with and without the gauge differ from the stage in the optimizer).
+OPTIMIZER_SETTINGS = ("lr", "weight_decay", "momentum", "beta1", "beta2")
+# An arm at its own best lr (the calibration, docs/design.md §6) is named after its arm with this suffix,
+# and compared with its baseline at the baseline's best lr.
+CALIBRATED_SUFFIX = "_best_lr"
 # A rebalancing arm whose AdamW moments are kept is named after its case alone (docs/design.md §15).
 DEFAULT_MOMENTS = "keep"
 # The 2 x 2 of docs/design.md §14, one arm per cell (starting point on the orbit x blocks frozen), and its
@@ -53,6 +63,8 @@ REBALANCE_SETTINGS = ("rebalance_every", "rebalance_target")
 IDENTITY_CASE, IDENTITY_DTYPE = "adamw_projected", "float64"
 # Keys of the identity section that are not settings of its run.
 IDENTITY_GRID_KEYS = ("seeds",)
+# Keys of the interventions section that are not settings of its runs (the rest are: stage_settings).
+STAGE_GRID_KEYS = ("arms", "seeds", "verdict", "identity", "calibration")
 # The setting that names an arm itself (attnid train --arm): needed by an arm that sets what its name
 # cannot say (NAMED_ARM_SETTINGS), such as adamw at another learning rate.
 ARM_NAME_SETTING = "arm"
@@ -115,6 +127,36 @@ def arm_name(case: str, options: Mapping[str, object] | None = None) -> str:
     return case + "".join(option.suffix(CASES[case], chosen.get(option.name)) for option in ARM_OPTIONS)
 
 
+def baseline_case(case: str) -> str | None:
+    """The baseline case (:data:`BASELINE_CASES`) that trains with ``case``'s optimizer: ``adamw`` for the
+    AdamW cases, ``sgd`` for ``sgd_gauge_fixed``; None for a case of no baseline's optimizer (or unknown)."""
+    if case not in CASES:
+        return None
+    optimizer = CASES[case].make_optimizer
+    return next((base for base in BASELINE_CASES if CASES[base].make_optimizer is optimizer), None)
+
+
+def is_calibrated(arm: str) -> bool:
+    """Whether the arm named ``arm`` is at its own best lr (its name ends in :data:`CALIBRATED_SUFFIX`)."""
+    return arm.endswith(CALIBRATED_SUFFIX)
+
+
+def arm_baseline(arm: str, case: str) -> str:
+    """The arm that ``arm`` (a run of ``case``) is compared with seed by seed: the baseline case of its
+    optimizer (:func:`baseline_case`; ``adamw`` for a case of none), at its best lr when ``arm`` is at its
+    own (``adamw_gauge_fixed_best_lr`` against ``adamw_best_lr``). A baseline's is itself."""
+    base = baseline_case(case) or BASELINE_CASE
+    return base + CALIBRATED_SUFFIX if is_calibrated(arm) else base
+
+
+def kept_moments_arm(arm: str, case: str, options: Mapping[str, object]) -> str | None:
+    """The arm an arm with moved AdamW moments is also compared with: its case's with the moments kept (at
+    its best lr when ``arm`` is at its own); None for an arm whose moments are kept (docs/design.md §15)."""
+    if not moved_moments(options):
+        return None
+    return case + CALIBRATED_SUFFIX if is_calibrated(arm) else case
+
+
 def comparison_name(arm: str, baseline: str, table_baseline: str = BASELINE_CASE) -> str:
     """A comparison's name (the verdict family lists these): the arm's name against the table's baseline,
     ``arm-baseline`` against another one."""
@@ -129,31 +171,95 @@ def moved_moments(options: Mapping[str, object]) -> bool:
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm of the study: a case and its settings (:data:`ARM_SETTINGS`) over the ``adamw`` case's."""
+    """One arm of the study: a case and its settings (:data:`ARM_SETTINGS`) over the ``adamw`` case's;
+    ``calibrated``: the arm at its own best lr, from the calibration runs (docs/design.md §6)."""
 
     case: str
     options: tuple[tuple[str, object], ...] = ()  # (setting, value), as the config gives them
+    calibrated: bool = False
 
     @property
     def name(self) -> str:
-        return arm_name(self.case, dict(self.options))
+        name = arm_name(self.case, dict(self.options))
+        return name + CALIBRATED_SUFFIX if self.calibrated else name
+
+    @property
+    def baseline(self) -> str:
+        return arm_baseline(self.name, self.case)
 
     def settings(self) -> dict:
-        """The arm's own `attnid train` settings: those that differ from TrainConfig's defaults."""
+        """The arm's own `attnid train` settings: those that differ from TrainConfig's defaults, and the
+        name of an arm at its best lr (its runs' ``--arm``)."""
         defaults = {f.name: f.default for f in fields(TrainConfig)}
-        return {key: value for key, value in self.options if value != defaults[key]}
+        own = {key: value for key, value in self.options if value != defaults[key]}
+        return (own | {ARM_NAME_SETTING: self.name}) if self.calibrated else own
 
 
-def intervention_arms(config: dict) -> list[Arm]:
-    """The baseline ``adamw`` first, then the config's arms in its order (none without the section)."""
-    section = config.get("interventions")
-    if not section:
-        return []
-    arms = [
+def _listed_arms(section: dict) -> list[Arm]:
+    return [
         Arm(spec["case"], tuple((key, spec[key]) for key in ARM_SETTINGS if key in spec))
         for spec in section["arms"]
     ]
-    return [Arm(BASELINE_CASE)] + arms
+
+
+def calibrated_arms(config: dict, arms: list[Arm]) -> list[Arm]:
+    """The arms of ``arms`` that the section's ``calibration`` lists, each at its own best lr, with the
+    baseline of each (calibrated with it: an arm at its best lr is compared with its baseline at the
+    baseline's), baselines first; none without a calibration. Names that are no arm are left to
+    :func:`check_interventions_config`."""
+    calibration = config["interventions"].get("calibration")
+    if not calibration:
+        return []
+    by_name = {arm.name: arm for arm in arms}
+    chosen = [name for name in calibration["arms"] if name in by_name]
+    bases = [
+        base
+        for base in BASELINE_CASES
+        if base in by_name and any(by_name[name].baseline == base for name in chosen)
+    ]
+    order = bases + [name for name in chosen if name not in bases]
+    return [replace(by_name[name], calibrated=True) for name in order]
+
+
+def intervention_arms(config: dict) -> list[Arm]:
+    """The baselines first (``adamw``, and ``sgd`` when an arm trains SGD), then the config's arms in its
+    order, then the calibrated arms (:func:`calibrated_arms`); none without the section."""
+    section = config.get("interventions")
+    if not section:
+        return []
+    listed = _listed_arms(section)
+    baselines = [
+        Arm(base)
+        for base in BASELINE_CASES
+        if base == BASELINE_CASE or any(arm.baseline == base for arm in listed)
+    ]
+    return baselines + listed + calibrated_arms(config, baselines + listed)
+
+
+def arm_origin(config: dict, arm: Arm) -> str:
+    """The config key that asks for the arm's runs (for error messages)."""
+    if arm.calibrated:
+        return "interventions/calibration"
+    names = [arm_name(spec["case"], spec) for spec in config["interventions"]["arms"]]
+    return f"interventions/arms/{names.index(arm.name)}" if arm.name in names else "interventions"
+
+
+def stage_settings(config: dict) -> dict:
+    """The run settings the ``interventions`` section gives every run of the stage (its arms, baselines,
+    calibration and identity runs), over the model, training and case sections: e.g. ``max_iters: 750``
+    while the cases train 1,500 steps."""
+    section = config["interventions"]
+    return {key: value for key, value in section.items() if key not in STAGE_GRID_KEYS}
+
+
+def optimizer_overrides(config: dict, arm: Arm) -> dict:
+    """What an arm whose baseline is not ``adamw`` (``sgd_gauge_fixed``, ``sgd``) takes from its baseline's
+    case section over the ``adamw`` case's: the optimizer's settings (:data:`OPTIMIZER_SETTINGS`)."""
+    base = baseline_case(arm.case) or BASELINE_CASE
+    if base == BASELINE_CASE:
+        return {}
+    own = config.get("cases", {}).get(base, {})
+    return {key: own[key] for key in OPTIMIZER_SETTINGS if key in own}
 
 
 # Every run the table pairs is evaluated on the whole val split at its end: the primary metric
@@ -162,9 +268,9 @@ PRIMARY_METRIC_SETTINGS = {"full_val_eval": True}
 
 
 def arm_overrides(config: dict, arm: Arm) -> dict:
-    """What an arm's run sets over the model, training and ``adamw`` case sections: the primary metric's
-    evaluation, a rebalancing arm's rebalance settings (from its own case section, where the config has
-    one) and the arm's settings."""
+    """What an arm's run sets over the model, training, ``adamw`` case and stage settings: the primary
+    metric's evaluation, a rebalancing arm's rebalance settings (from its own case section, where the config
+    has one) and the arm's settings."""
     overrides = dict(PRIMARY_METRIC_SETTINGS)
     if CASES[arm.case].rebalances:
         own = config.get("cases", {}).get(arm.case, {})
@@ -173,24 +279,28 @@ def arm_overrides(config: dict, arm: Arm) -> dict:
 
 
 def identity_overrides(config: dict) -> dict:
-    """The identity run's settings over the projected arm's: float64, and the section's own."""
+    """The identity run's settings over the projected arm's: the stage's, its section's own (which win),
+    and what it is for, whatever the stage says: float64 and its metrics (ρ and the drift split)."""
     section = config["interventions"]["identity"]
-    return {key: value for key, value in section.items() if key not in IDENTITY_GRID_KEYS} | {
-        "dtype": IDENTITY_DTYPE
-    }
+    own = {key: value for key, value in section.items() if key not in IDENTITY_GRID_KEYS}
+    fixed = {"dtype": IDENTITY_DTYPE} | ({"metrics": True} if "metrics" in stage_settings(config) else {})
+    return stage_settings(config) | own | fixed
 
 
 def planned_comparisons(config: dict) -> list[str]:
     """The comparisons the table will make of the section's arms (attnid.reports.interventions_table): each
-    arm against adamw, an arm with moved moments also against its case's kept-moments arm when that is
-    listed, and the 2 x 2's interaction when its three arms are."""
-    arms = intervention_arms(config)[1:]
+    arm against its baseline (:func:`arm_baseline`), an arm with moved moments also against its case's
+    kept-moments arm when that is listed, and the 2 x 2's interaction when its three arms are."""
+    arms = intervention_arms(config)
     names = [arm.name for arm in arms]
     comparisons = []
     for arm in arms:
-        comparisons.append(arm.name)
-        if moved_moments(dict(arm.options)) and arm.case in names:
-            comparisons.append(comparison_name(arm.name, arm.case))
+        if arm.baseline == arm.name:
+            continue
+        comparisons.append(comparison_name(arm.name, arm.baseline))
+        kept = kept_moments_arm(arm.name, arm.case, dict(arm.options))
+        if kept in names:
+            comparisons.append(comparison_name(arm.name, kept))
     if {GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM} <= set(names):
         comparisons.append(INTERACTION)
     return comparisons
@@ -209,39 +319,100 @@ def verdict_options(config: dict) -> list[str]:
     ]
 
 
-def check_interventions_config(config: dict) -> list[tuple[str, str]]:
-    """The cross-key rules of the ``interventions`` section that the schema cannot say: (key, problem)."""
-    section = config.get("interventions")
-    if not section:
-        return []
+def _arm_problems(config: dict) -> list[tuple[str, str]]:
+    """Each listed arm: a case of a baseline's optimizer, named apart, with options its case takes."""
+    section = config["interventions"]
     problems = []
-    if BASELINE_CASE not in config.get("cases", {}):
-        problems.append(
-            (
-                "interventions",
-                f"no case '{BASELINE_CASE}' under cases: every arm is trained with its settings and "
-                f"compared with its runs",
-            )
-        )
     names = []
     for index, spec in enumerate(section["arms"]):
         case = CASES[spec["case"]]
         key = f"interventions/arms/{index}"
+        name = arm_name(spec["case"], spec)
         unnamed = [setting for setting in NAMED_ARM_SETTINGS if setting in spec]
         if unnamed and not spec.get(ARM_NAME_SETTING):
             problems.append(
                 (key, f"an arm that sets {', '.join(unnamed)} names itself ({ARM_NAME_SETTING}: NAME)")
             )
-        elif arm_name(spec["case"], spec) == BASELINE_CASE:
-            problems.append((key, f"'{BASELINE_CASE}' is the baseline of every arm, not an arm"))
+        elif name in BASELINE_CASES:
+            problems.append(
+                (key, f"'{name}' is a baseline (of the arms that train its optimizer), not an arm")
+            )
+        elif is_calibrated(name):
+            problems.append((key, f"{name}: a name ending in {CALIBRATED_SUFFIX} is the calibration's"))
+        elif baseline_case(case.name) is None:
+            problems.append(
+                (
+                    key,
+                    f"{case.name} trains the optimizer of no baseline ({', '.join(BASELINE_CASES)}): its "
+                    f"runs would have nothing to be paired with",
+                )
+            )
         for option in ARM_OPTIONS:
             if spec.get(option.name) not in (None, option.default) and not option.applies_to(case):
                 problems.append((key, f"{option.name} needs {option.needs}, not {case.name}"))
-        names.append(arm_name(spec["case"], spec))
+        names.append(name)
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         problems.append(("interventions/arms", f"{', '.join(repeated)} listed twice"))
-    if problems:  # the family is judged against arms that are right
+    return problems
+
+
+def _calibration_problems(config: dict) -> list[tuple[str, str]]:
+    """The calibration names arms of the stage (or baselines), none that sets its own lr, on seeds of its
+    own (docs/design.md §6)."""
+    section = config["interventions"]
+    calibration = section.get("calibration")
+    if not calibration:
+        return []
+    arms = {arm.name: arm for arm in intervention_arms(config) if not arm.calibrated}
+    problems = []
+    unknown = [name for name in calibration["arms"] if name not in arms]
+    if unknown:
+        problems.append(
+            (
+                "interventions/calibration/arms",
+                f"{', '.join(unknown)} is no arm of the stage (they are: {', '.join(arms)})",
+            )
+        )
+    fixed = [name for name in calibration["arms"] if name in arms and "lr" in dict(arms[name].options)]
+    if fixed:
+        problems.append(
+            (
+                "interventions/calibration/arms",
+                f"{', '.join(fixed)} sets its own lr: the calibration chooses an arm's lr",
+            )
+        )
+    shared = sorted(set(calibration["seeds"]) & set(section["seeds"]))
+    if shared:
+        problems.append(
+            (
+                "interventions/calibration/seeds",
+                f"seed(s) {', '.join(map(str, shared))} are also comparison seeds: the lr is chosen on "
+                f"seeds of its own",
+            )
+        )
+    return problems
+
+
+def check_interventions_config(config: dict) -> list[tuple[str, str]]:
+    """The cross-key rules of the ``interventions`` section that the schema cannot say: (key, problem)."""
+    section = config.get("interventions")
+    if not section:
+        return []
+    problems = _arm_problems(config)
+    if problems:  # the baselines, the calibration and the family are judged against arms that are right
+        return problems
+    for base in dict.fromkeys(arm.baseline for arm in intervention_arms(config) if not arm.calibrated):
+        if base not in config.get("cases", {}):
+            problems.append(
+                (
+                    "interventions",
+                    f"no case '{base}' under cases: the arms that train its optimizer are trained with its "
+                    f"settings and compared with its runs",
+                )
+            )
+    problems += _calibration_problems(config)
+    if problems:
         return problems
     planned = planned_comparisons(config)
     unplanned = [name for name in section["verdict"]["family"] if name not in planned]

@@ -10,36 +10,49 @@ training run of every stage, in the config's order:
   sweep's point at the model's ``H``);
 * ``edits/<case>/seed<N>``: the edited case, with biases;
 * ``interventions/<arm>/seed<N>`` and ``interventions/identity/seed<N>`` (:mod:`attnid.plan.interventions`),
-  where an arm's run that is exactly a case run is that case run.
+  where an arm's run that is exactly a case run is that case run;
+* ``calibration/<arm>/lr<lr>/seed<N>``: each calibrated arm at each lr of its grid (the arm's lr times
+  each of ``interventions/calibration/lr_factors``) on the calibration's seeds. The arm's runs at its best
+  lr, ``interventions/<arm>_best_lr/seed<N>``, are *calibrated runs*: their lr is known only once the
+  calibration runs are done.
 
 Each run is a :class:`RunSpec`: its case and its settings, each a field of
 :class:`attnid.training.config.TrainConfig`. Every run is checked as ``attnid train`` would check it
 (:func:`attnid.training.config.resolve_config`), so a setting the command refuses is a config error
 before any job starts. The workflow writes each trained run's spec to
 ``<results_dir>/specs/<run directory>.yaml`` (:func:`write_spec_files`), the file its job's
-``attnid train --config`` reads.
+``attnid train --config`` reads. A calibrated run's spec is not written here: the plan writes its
+*pending spec* (``<run directory>.pending.yaml``: the settings with the lr marked ``{calibrated: ARM}``),
+and ``attnid calibration-table``, a job after the calibration runs, writes the spec from it with the
+arm's best lr (:func:`read_pending_spec`, :func:`calibrated_spec_text`; docs/design.md §6).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from attnid.common import outputs
 from attnid.common.errors import UserError
-from attnid.common.files import write_text_atomic
+from attnid.common.files import read_yaml, write_text_atomic
 from attnid.plan.config import read_config
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import (
     BASELINE_CASE,
+    CALIBRATED_SUFFIX,
     IDENTITY_CASE,
+    Arm,
+    arm_origin,
     arm_overrides,
     identity_overrides,
     intervention_arms,
+    optimizer_overrides,
+    stage_settings,
 )
 from attnid.plan.studies import STUDY_CASE, study_points, study_run_settings
 from attnid.training.config import option_type, resolve_config, resume_free_keys
@@ -47,6 +60,12 @@ from attnid.training.rundir import METRICS_FILE, RUN_FILE
 
 # Where a run's spec file lies, under the results folder: specs/<run directory>.yaml.
 SPECS_DIR = "specs"
+# A calibrated run's pending spec, beside its spec file: specs/<run directory>.pending.yaml.
+PENDING_SUFFIX = ".pending.yaml"
+# The pending spec's mark on the lr that the calibration chooses: {calibrated: <arm>}.
+CALIBRATED_LR = "calibrated"
+# Keys of the calibration section that are its grid, not settings of its runs.
+CALIBRATION_GRID_KEYS = ("arms", "lr_factors", "seeds")
 # Keys of a sweep section that are its grid, not settings of its runs.
 SWEEP_GRID_KEYS = ("lrs", "seeds")
 # Keys of the edits section that are not settings of its runs.
@@ -55,6 +74,17 @@ SPEC_HEADER = (
     "# The settings of one training run, written by the workflow from the pipeline config\n"
     "# (attnid.plan; docs/design.md §6): edit the config, not this file.\n"
     "# Read by: attnid train --config {spec} --out {run_dir}\n"
+)
+# A spec file as an output (attnid calibration-table writes those of the calibrated runs): recognised by
+# its first line, so that a rerun replaces its own and nothing else.
+SPEC_FILE = outputs.Format(
+    "a run's spec file written by attnid",
+    lambda path: (outputs.text_head(path) or "").startswith(SPEC_HEADER.splitlines()[0]),
+)
+PENDING_HEADER = (
+    "# The settings of one training run whose lr the calibration chooses, written by the workflow\n"
+    "# from the pipeline config (attnid.plan; docs/design.md §6): edit the config, not this file.\n"
+    "# attnid calibration-table writes spec_file from it, lr the best lr of arm best_lr_of.\n"
 )
 
 
@@ -78,6 +108,8 @@ class RunSpec:
     settings: dict[str, Any]
     origin: str  # the config key that asks for it, for error messages: "sweep/sgd", "heads/h4"
     copied_from: str | None = field(default=None, compare=False)  # the run directory it is a copy of
+    # a calibrated run: the arm whose best lr replaces the lr of ``settings`` (that arm's own, checked)
+    best_lr_of: str | None = None
 
     def options(self) -> dict[str, Any]:
         """What ``attnid train --config`` reads: the case, then the settings."""
@@ -86,6 +118,22 @@ class RunSpec:
     def same_run(self, other: RunSpec) -> bool:
         """Whether the two train exactly the same (their settings compared as mappings)."""
         return self.case == other.case and self.settings == other.settings
+
+    def same_training(self, other: RunSpec) -> bool:
+        """Whether the two train the same, whatever they evaluate after the last step or are named
+        (``full_val_eval``, ``arm``: keys that change no step, TrainConfig's resume-free ones)."""
+        return self.case == other.case and _trained(self.settings) == _trained(other.settings)
+
+    def with_evaluation_of(self, other: RunSpec) -> RunSpec:
+        """This run, evaluated and named as ``other`` asks (its resume-free settings added)."""
+        extra = {key: value for key, value in other.settings.items() if key not in _trained(other.settings)}
+        return replace(self, settings=self.settings | extra)
+
+
+def _trained(settings: dict[str, Any]) -> dict[str, Any]:
+    """The settings that change what a run trains: all but TrainConfig's resume-free keys."""
+    free = set(resume_free_keys())
+    return {key: value for key, value in settings.items() if key not in free}
 
 
 @dataclass
@@ -101,6 +149,7 @@ class Plan:
     arms: list[str] = field(default_factory=list)  # the interventions' arm names, the baseline first
     intervention_runs: list[str] = field(default_factory=list)  # every run the interventions' gather pairs
     identity_runs: list[str] = field(default_factory=list)
+    calibration_runs: list[str] = field(default_factory=list)  # the calibrated arms at each lr of the grid
 
     def trained(self) -> dict[str, RunSpec]:
         """The runs a training job makes (not the copies)."""
@@ -110,6 +159,10 @@ class Plan:
         """{run directory: the run directory it is copied from}."""
         return {run_dir: spec.copied_from for run_dir, spec in self.runs.items() if spec.copied_from}
 
+    def calibrated(self) -> list[str]:
+        """The calibrated runs: trained at their arm's best lr, which the calibration runs decide."""
+        return [run_dir for run_dir, spec in self.runs.items() if spec.best_lr_of is not None]
+
     @property
     def specs_dir(self) -> str:
         return os.path.join(self.results_dir, SPECS_DIR)
@@ -117,6 +170,10 @@ class Plan:
     def spec_file(self, run_dir: str) -> str:
         """``<results_dir>/specs/<run directory below results_dir>.yaml``."""
         return os.path.join(self.specs_dir, os.path.relpath(run_dir, self.results_dir) + ".yaml")
+
+    def pending_spec_file(self, run_dir: str) -> str:
+        """A calibrated run's pending spec: ``<results_dir>/specs/<run directory>.pending.yaml``."""
+        return os.path.join(self.specs_dir, os.path.relpath(run_dir, self.results_dir) + PENDING_SUFFIX)
 
 
 def _run(config: dict, case: str, origin: str, *sections: dict, **overrides: Any) -> RunSpec:
@@ -174,23 +231,40 @@ def _plan_edits(config: dict, result: Plan) -> None:
         result.edit_runs.append(run_dir)
 
 
+def _arm_run(config: dict, arm: Arm, origin: str, **overrides: Any) -> RunSpec:
+    """A run of ``arm``: the ``adamw`` case's settings, the arm's baseline's optimizer settings, the stage's,
+    the arm's own, then ``overrides`` (its seed, a calibration lr)."""
+    stage = [optimizer_overrides(config, arm), stage_settings(config), arm_overrides(config, arm)]
+    spec = _run(config, BASELINE_CASE, origin, *stage, **overrides)
+    return RunSpec(arm.case, spec.settings, origin)
+
+
 def _plan_interventions(config: dict, result: Plan) -> None:
     """Each arm's run of each seed, the case run itself where that case's run trains exactly it (the
-    baseline's, and the kept-moments rebalancing's, for the cases' seeds); then the identity runs."""
+    baseline's, and the kept-moments rebalancing's, for the cases' seeds, when the stage sets no other
+    settings); an arm at its best lr, a calibrated run whose lr the calibration runs choose; then the
+    identity runs and the calibration runs."""
     section = config.get("interventions")
     if not section:
         return
-    for index, arm in enumerate(intervention_arms(config)):
+    arms = intervention_arms(config)
+    for arm in arms:
         result.arms.append(arm.name)
-        origin = f"interventions/arms/{index - 1}" if index else "interventions"
+        origin = arm_origin(config, arm)
         for seed in section["seeds"]:
-            spec = _run(config, BASELINE_CASE, origin, arm_overrides(config, arm), seed=seed)
-            spec = RunSpec(arm.case, spec.settings, origin)
+            spec = _arm_run(config, arm, origin, seed=seed)
+            run_dir = f"{result.results_dir}/interventions/{arm.name}/seed{seed}"
+            if arm.calibrated:  # the lr checked is the arm's own; its best replaces it (write_spec_files)
+                uncalibrated = arm.name.removesuffix(CALIBRATED_SUFFIX)
+                result.runs[run_dir] = RunSpec(arm.case, spec.settings, origin, best_lr_of=uncalibrated)
+                result.intervention_runs.append(run_dir)
+                continue
             case_run = f"{result.results_dir}/runs/{arm.case}/seed{seed}"
-            if case_run in result.runs and result.runs[case_run].same_run(spec):
+            if case_run in result.runs and result.runs[case_run].same_training(spec):
+                # that case run trains exactly this run: it is evaluated as the table needs (and named)
+                result.runs[case_run] = result.runs[case_run].with_evaluation_of(spec)
                 result.intervention_runs.append(case_run)
                 continue
-            run_dir = f"{result.results_dir}/interventions/{arm.name}/seed{seed}"
             result.runs[run_dir] = spec
             result.intervention_runs.append(run_dir)
     for seed in section["identity"]["seeds"]:
@@ -198,6 +272,15 @@ def _plan_interventions(config: dict, result: Plan) -> None:
         spec = _run(config, BASELINE_CASE, "interventions/identity", identity_overrides(config), seed=seed)
         result.runs[run_dir] = RunSpec(IDENTITY_CASE, spec.settings, spec.origin)
         result.identity_runs.append(run_dir)
+    calibration = section.get("calibration")
+    for arm in (replace(arm, calibrated=False) for arm in arms if arm.calibrated):
+        own_lr = _arm_run(config, arm, "interventions/calibration").settings["lr"]
+        for factor in calibration["lr_factors"]:
+            lr = float(lr_label(own_lr * factor))
+            for seed in calibration["seeds"]:
+                run_dir = f"{result.results_dir}/calibration/{arm.name}/lr{lr_label(lr)}/seed{seed}"
+                result.runs[run_dir] = _arm_run(config, arm, "interventions/calibration", lr=lr, seed=seed)
+                result.calibration_runs.append(run_dir)
 
 
 def check_runs(result: Plan, device: str, threads: int) -> None:
@@ -245,28 +328,82 @@ def trained_with(run_dir: str, spec: RunSpec) -> bool:
     return all(recorded.get(key) == value for key, value in expected.items() if key not in ignored)
 
 
+def pending_spec_text(spec: RunSpec, pending_file: str, spec_file: str, run_dir: str) -> str:
+    """The pending spec of a calibrated run: where its spec file goes, its run directory, the arm whose
+    best lr it takes, and its options with the lr marked ``{calibrated: ARM}``."""
+    options = spec.options() | {"lr": {CALIBRATED_LR: spec.best_lr_of}}
+    document = {"spec_file": spec_file, "run_dir": run_dir, "best_lr_of": spec.best_lr_of, "options": options}
+    return PENDING_HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+
+
+@dataclass(frozen=True)
+class PendingSpec:
+    """A calibrated run's pending spec, read back (:func:`read_pending_spec`)."""
+
+    spec_file: str
+    run_dir: str
+    best_lr_of: str  # the arm whose best lr the run trains with
+    options: dict[str, Any]  # the spec's options, the lr still marked
+
+
+def read_pending_spec(path: str | os.PathLike) -> PendingSpec:
+    """A pending spec that :func:`pending_spec_text` wrote; anything else is a :class:`UserError`."""
+    document = read_yaml(path, "pending spec")
+    keys = ("spec_file", "run_dir", "best_lr_of", "options")
+    if not isinstance(document, dict) or any(key not in document for key in keys):
+        raise UserError(f"{path} is no pending spec of attnid.plan (keys {', '.join(keys)}): rerun snakemake")
+    options = document["options"]
+    if not isinstance(options, dict) or options.get("lr") != {CALIBRATED_LR: document["best_lr_of"]}:
+        raise UserError(f"{path}: its lr is not marked {{{CALIBRATED_LR}: {document['best_lr_of']}}}")
+    return PendingSpec(
+        str(document["spec_file"]), str(document["run_dir"]), str(document["best_lr_of"]), options
+    )
+
+
+def calibrated_spec_text(pending: PendingSpec, lr: float) -> str:
+    """The spec file of a calibrated run: its pending spec's options with the lr the calibration chose."""
+    options = pending.options | {"lr": setting_value("lr", lr)}
+    spec = RunSpec(str(options.pop("case")), options, "interventions/calibration")
+    return spec_text(spec, pending.spec_file, pending.run_dir)
+
+
+def _write_if_changed(path: str, text: str) -> bool:
+    """Write ``text`` to ``path`` atomically unless it holds exactly that; whether it was written."""
+    try:
+        if Path(path).read_text(encoding="utf-8") == text:
+            return False
+    except (OSError, UnicodeDecodeError):
+        pass  # none yet, or not ours: written anew
+    try:
+        write_text_atomic(path, text)
+    except OSError as err:
+        raise ConfigError("results_dir", f"cannot write {path}: {err.strerror or err}") from None
+    return True
+
+
 def write_spec_files(result: Plan) -> list[str]:
-    """Write each trained run's spec file (:meth:`Plan.spec_file`) whose content changed, atomically;
-    returns those written. An unchanged file keeps its modification time, so a job reruns only when
-    its own settings change (Snakemake reruns a job whose input is newer than its outputs). A spec
-    written anew for a run already trained with exactly its settings (a setting changed and changed
-    back, a deleted ``specs/``) is dated just before that run's outputs, so that run is not trained
-    again."""
+    """Write each trained run's spec file (:meth:`Plan.spec_file`), or a calibrated run's pending spec
+    (:meth:`Plan.pending_spec_file`), whose content changed, atomically; returns those written. An
+    unchanged file keeps its modification time, so a job reruns only when its own settings change
+    (Snakemake reruns a job whose input is newer than its outputs). A spec written anew for a run already
+    trained with exactly its settings (a setting changed and changed back, a deleted ``specs/``) is dated
+    just before that run's outputs, so that run is not trained again. A calibrated run's spec file is the
+    calibration job's output (attnid calibration-table), never written here."""
     written = []
     for run_dir, spec in result.trained().items():
+        if spec.best_lr_of is not None:
+            path = result.pending_spec_file(run_dir)
+            if _write_if_changed(path, pending_spec_text(spec, path, result.spec_file(run_dir), run_dir)):
+                written.append(path)
+            continue
         path = result.spec_file(run_dir)
-        text = spec_text(spec, path, run_dir)
-        try:
-            if Path(path).read_text(encoding="utf-8") == text:
-                continue
-        except (OSError, UnicodeDecodeError):
-            pass  # none yet, or not ours: written anew
-        try:
-            write_text_atomic(path, text)
-            if trained_with(run_dir, spec):
-                outputs = min(Path(run_dir, name).stat().st_mtime for name in (METRICS_FILE, RUN_FILE))
+        if not _write_if_changed(path, spec_text(spec, path, run_dir)):
+            continue
+        if trained_with(run_dir, spec):
+            outputs = min(Path(run_dir, name).stat().st_mtime for name in (METRICS_FILE, RUN_FILE))
+            try:
                 os.utime(path, (outputs - 1, outputs - 1))
-        except OSError as err:
-            raise ConfigError("results_dir", f"cannot write {path}: {err.strerror or err}") from None
+            except OSError as err:
+                raise ConfigError("results_dir", f"cannot write {path}: {err.strerror or err}") from None
         written.append(path)
     return written

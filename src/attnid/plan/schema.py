@@ -37,8 +37,11 @@ MODEL_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "dr
 ARCHITECTURE_SETTINGS = ("n_embd", "n_head", "n_kv_head", "head_dim", "rope")
 # Set by each case itself (cases/<case>/lr is required) or by a sweep's grid.
 CASE_LR = "lr"
-# The identity run trains in float64 (attnid.plan.interventions.IDENTITY_DTYPE), whatever else it sets.
-IDENTITY_FIXED = ("dtype",)
+# The interventions section's own settings apply to every run of the stage: not those that make an arm
+# what it is (ARM_SETTINGS: its moments, starting point, frozen entries, lr and name).
+# The identity run trains in float64 (attnid.plan.interventions.IDENTITY_DTYPE) and measures, whatever else
+# it or the stage sets.
+IDENTITY_FIXED = ("dtype", "metrics")
 
 
 def training_settings() -> tuple[str, ...]:
@@ -58,6 +61,7 @@ def section_settings() -> dict[str, tuple[str, ...]]:
         "sweep": training,
         "study": training,
         "edits": ("bias", *training),
+        "interventions": tuple(name for name in training if name not in ARM_SETTINGS),
         "identity": tuple(name for name in training if name not in IDENTITY_FIXED),
         "arm": ARM_SETTINGS,
         "variant": ("n_kv_head", "rope"),

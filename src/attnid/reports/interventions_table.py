@@ -1,8 +1,11 @@
-"""The interventions study's tables: every arm against the ``adamw`` baseline, seed by seed, and the verdicts.
+"""The interventions study's tables: every arm against its baseline, seed by seed, and the verdicts.
 
 The interventions on the orbit change only how training moves along the symmetry orbit and are trained
-exactly like ``adamw`` (the same model, learning rate, schedule, seeds and batches), so each arm's run
-with seed ``s`` is compared with the baseline's run with seed ``s``. Gathering reads only ``run.json``
+exactly like their baseline (the same model, learning rate, schedule, seeds and batches), so each arm's
+run with seed ``s`` is compared with the baseline's run with seed ``s``. An arm's baseline is the plain
+case of its optimizer (:func:`attnid.plan.interventions.arm_baseline`): ``adamw`` (the table's baseline,
+``--baseline``) for the AdamW arms, ``sgd`` for ``sgd_gauge_fixed``, and for an arm at its own best lr
+(``<arm>_best_lr``) its baseline at the baseline's (``adamw_best_lr``). Gathering reads only ``run.json``
 (torch-free, testable on synthetic runs):
 
     attnid interventions-table --runs RUN_DIR... --out-dir results/tables [--baseline adamw]
@@ -24,9 +27,11 @@ The **primary metric** is ``final_val_loss_full``: the final model's loss on the
 equal optimizer steps (docs/design.md §11.5). Lower loss is better, so a negative ``delta_mean`` (arm minus
 baseline) is a gain of the arm.
 
-The **comparisons**: every arm among the runs other than the baseline, against it, in the case registry's
-order (cases it does not know last); an arm with transported or reset moments also against its case's
-runs with the moments kept (:func:`comparison_name` ``adamw_rebalance_first_moment-adamw_rebalance``); and,
+The **comparisons**: every arm among the runs other than a baseline, against its baseline, in the case
+registry's order (cases it does not know last), named by the arm alone against the table's baseline and
+``arm-baseline`` against another (``sgd_gauge_fixed-sgd``); an arm with moved or reset moments also
+against its case's runs with the moments kept (:func:`comparison_name`
+``adamw_rebalance_first_moment-adamw_rebalance``); and,
 when its four arms are among the runs, the 2 x 2 interaction of starting point and frozen blocks
 (:data:`INTERACTION`, docs/design.md §14). An arm is named by its run (:func:`run_arm_name`).
 
@@ -54,9 +59,10 @@ from attnid.plan.interventions import (
     GAUGE_ARM,
     INTERACTION,
     INTERACTION_TERMS,
+    arm_baseline,
     arm_name,
     comparison_name,
-    moved_moments,
+    kept_moments_arm,
 )
 from attnid.reports.latex import records, render_table
 from attnid.reports.statistics import (
@@ -132,10 +138,17 @@ def load_runs_by_arm(
     return {arm: by_arm[arm] for arm in sorted(by_arm, key=position)}
 
 
-def kept_moments_baseline(runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
-    """The case an arm with transported or reset moments is also compared with (its moments kept), or None."""
+def compared_with(arm: str, runs: list[tuple[dict, pd.DataFrame]], table_baseline: str) -> list[str]:
+    """The arms ``arm`` is compared with, in order: its baseline (``table_baseline`` for the arms of
+    ``adamw``'s optimizer), and with moved moments its case's kept-moments arm; none for a baseline."""
     info = runs[0][0]
-    return str(info.get("case")) if moved_moments(info.get("config") or {}) else None
+    case = str(info.get("case"))
+    own = arm_baseline(arm, case)
+    baseline = table_baseline if own == BASELINE_CASE else own
+    if arm in (baseline, table_baseline):
+        return []
+    kept = kept_moments_arm(arm, case, info.get("config") or {})
+    return [baseline] + ([kept] if kept is not None and kept != baseline else [])
 
 
 def run_value(info: dict) -> float:
@@ -254,23 +267,27 @@ def paired_seed_table(
     by_arm: dict[str, list[tuple[dict, pd.DataFrame]]], baseline: str = BASELINE_CASE
 ) -> tuple[pd.DataFrame, list[str]]:
     """interventions_seeds.csv (:data:`SEED_COLUMNS`) for every comparison of ``by_arm`` ({arm: [(run.json,
-    metrics.csv)]}, as :func:`load_runs_by_arm` gives them): every arm against ``baseline``, an arm with
-    transported or reset moments also against its case with them kept, and the 2 x 2 interaction when its
-    arms are all there; and one note per pair without a value (a diverged run)."""
+    metrics.csv)]}, as :func:`load_runs_by_arm` gives them): every arm against its baseline
+    (:func:`compared_with`: ``baseline`` for the arms of adamw's optimizer), an arm with transported or
+    reset moments also against its case with them kept when those runs are there, and the 2 x 2
+    interaction when its arms are all there; and one note per pair without a value (a diverged run)."""
     if baseline not in by_arm:
         raise UserError(
             f"no {baseline} runs among the runs given (arms: {', '.join(by_arm) or 'none'}): "
             f"every arm is compared with the {baseline} runs of the same seeds"
         )
     by_seed = {arm: runs_by_seed(runs, arm) for arm, runs in by_arm.items()}  # one run per arm and seed
-    arms = [arm for arm in by_arm if arm != baseline]
-    if not arms:
+    pairs = []
+    for arm, runs in by_arm.items():
+        against = compared_with(arm, runs, baseline)
+        if against and against[0] not in by_arm:
+            raise UserError(
+                f"arm {arm} is compared with {against[0]} (the baseline of its optimizer), and no "
+                f"{against[0]} runs are among the runs given: pass them too"
+            )
+        pairs += [(arm, other) for other in against if other in by_arm]
+    if not pairs:
         raise UserError(f"only {baseline} runs given: nothing to compare with them; pass the arms' runs too")
-    pairs = [(arm, baseline) for arm in arms]
-    for arm in arms:
-        kept = kept_moments_baseline(by_arm[arm])
-        if kept is not None and kept in by_arm and kept != baseline:
-            pairs.insert(pairs.index((arm, baseline)) + 1, (arm, kept))
     rows = [
         row
         for arm, against in pairs

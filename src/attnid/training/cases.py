@@ -231,3 +231,19 @@ register(
         marker="X",
     )
 )
+# The gauge arm's optimizer control (docs/design.md §14): the identified parametrisation under plain SGD,
+# paired with sgd (attnid.plan.interventions.arm_baseline)
+register(
+    Case(
+        "sgd_gauge_fixed",
+        "SGD, gauge fixed",
+        "sgd on the identified parametrisation: per key/value group one D x D block of W_K and one of "
+        "W_V fixed (c I), the rest trained",
+        0.1,
+        sgd,
+        gauge_fixed=True,
+        color="#F0E442",
+        linestyle="--",
+        marker="*",
+    )
+)
