@@ -178,8 +178,8 @@ def _edit_and_prove(
         "output": str(args.out),
         "format": checkpoint.kind,
         "n_layer": checkpoint.n_layer,
-        "n_head": checkpoint.n_head,
-        "n_embd": checkpoint.n_embd,
+        "n_head": checkpoint.attention.n_head,
+        "n_embd": checkpoint.attention.n_embd,
         "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
         "input_dtype": _stored_dtype(checkpoint),
     }
@@ -187,8 +187,8 @@ def _edit_and_prove(
         report.update(
             {
                 "model_type": checkpoint.model_type,
-                "n_kv_head": checkpoint.n_kv_head,
-                "head_dim": checkpoint.head_dim,
+                "n_kv_head": checkpoint.attention.n_kv_head,
+                "head_dim": checkpoint.attention.head_dim,
             }
         )
         if args.dtype is not None:

@@ -150,8 +150,8 @@ def check_eval_memory(checkpoint: Checkpoint, sequences: int, length: int) -> No
     else:
         config = GPTConfig(
             n_layer=checkpoint.n_layer,
-            n_head=checkpoint.n_head,
-            n_embd=checkpoint.n_embd,
+            n_head=checkpoint.attention.n_head,
+            n_embd=checkpoint.attention.n_embd,
             vocab_size=checkpoint.vocab_size,
             block_size=checkpoint.block_size,
         )

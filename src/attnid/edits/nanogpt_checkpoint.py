@@ -11,6 +11,7 @@ ones, before any shape is derived from them (:func:`attnid.model.gpt.config_from
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -66,9 +67,13 @@ def load_nanogpt(path: Path) -> Checkpoint:
     expected = expected_state_shapes(config)
     check_tensor_shapes(expected, shapes, str(path), source="its model_args", required=False)
     prefix = layer_prefix(tensors, path)
-    return Checkpoint(
-        NANOGPT, path, n_layer, config.n_head, config.n_embd, dict(tensors), prefix, payload=checkpoint
+    # the biases as stored (a file may lack what its model_args declare): what an edit finds to edit
+    attention = replace(
+        config.attention,
+        bias=f"{prefix}0.attn.c_attn.bias" in tensors,
+        out_bias=f"{prefix}0.attn.c_proj.bias" in tensors,
     )
+    return Checkpoint(NANOGPT, path, n_layer, attention, dict(tensors), prefix, payload=checkpoint)
 
 
 def save_nanogpt(checkpoint: Checkpoint, out: Path, record: dict | None = None) -> Path:

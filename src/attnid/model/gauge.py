@@ -56,7 +56,6 @@ from torch.nn import functional as F
 
 from attnid.common.errors import UserError
 from attnid.model.layout import (
-    AttentionLayout,
     attention_blocks,
     attention_tensors,
     layout_of,
@@ -65,6 +64,7 @@ from attnid.model.layout import (
     write_layer_pairs,
 )
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS
+from attnid.theory.shape import LayerShape
 
 # Which factor of each circuit's pair carries the fixed block: the key B of a query-key pair, the value A of
 # an output-value pair (the factors with one D x E matrix per group)
@@ -73,7 +73,7 @@ GAUGED_FACTOR = {"qk": "b", "ov": "a"}
 FROZEN_SEED_OFFSET = 15_485_863
 
 
-def check_gauge_layout(layout: AttentionLayout) -> None:
+def check_gauge_layout(layout: LayerShape) -> None:
     """One line for an attention shape this gauge does not fit."""
     if layout.rope:
         raise UserError(
@@ -88,7 +88,7 @@ def check_gauge_layout(layout: AttentionLayout) -> None:
         )
 
 
-def fixed_entries_per_layer(layout: AttentionLayout) -> int:
+def fixed_entries_per_layer(layout: LayerShape) -> int:
     """Entries taken out of training per layer: a ``D x D`` block of each group's key and value
     (``2 G D^2``)."""
     return 2 * layout.n_kv_head * layout.head_dim**2
@@ -170,9 +170,7 @@ class GaugeFixedQKV(nn.Module):
     bias: torch.Tensor | None
     query_weight: torch.Tensor  # a parameter (register_parameter), as are the free key/value pieces
 
-    def __init__(
-        self, linear: nn.Linear, layout: AttentionLayout, key_starts: list[int], value_starts: list[int]
-    ):
+    def __init__(self, linear: nn.Linear, layout: LayerShape, key_starts: list[int], value_starts: list[int]):
         super().__init__()
         check_gauge_layout(layout)
         self.head_dim, self.n_embd = layout.head_dim, layout.n_embd

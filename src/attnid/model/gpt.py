@@ -46,6 +46,7 @@ from torch.nn import functional as F
 
 from attnid.common.errors import UserError
 from attnid.theory.rope import rope_rotate
+from attnid.theory.shape import LayerShape
 
 # torch.compile wraps the model and prefixes every state-dict key with this.
 COMPILED_PREFIX = "_orig_mod."
@@ -74,6 +75,22 @@ class GPTConfig:
     def per_head_dim(self) -> int:
         """``D``: the query/key/value width of one head."""
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
+
+    @property
+    def attention(self) -> LayerShape:
+        """The shape of each attention layer (values as wide as keys, ``C = D``; nanoGPT's ``bias`` on the
+        query, key, value and output projections alike). Built, not stored: the fields stay nanoGPT's, so
+        a nanoGPT checkpoint's ``model_args`` load unchanged."""
+        return LayerShape(
+            self.n_embd,
+            self.n_head,
+            self.kv_heads,
+            self.per_head_dim,
+            self.per_head_dim,
+            bool(self.rope),
+            bool(self.bias),
+            bool(self.bias),
+        )
 
     def model_args(self) -> dict:
         """The ``model_args`` dict of a nanoGPT checkpoint.

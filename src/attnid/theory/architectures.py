@@ -230,7 +230,7 @@ def whole_model_row(name: str, spec: dict) -> dict:
     groups = whole_model.CLASS_GROUPS.items()
     return {
         "architecture": name,
-        **asdict(shape),
+        **whole_model.shape_columns(shape),
         "attention_params": attention_params,
         "attention_unidentified": attention_unidentified,
         "attention_identified_fraction": 1 - attention_unidentified / attention_params,
