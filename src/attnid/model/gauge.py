@@ -358,6 +358,24 @@ def fix_gauge(model: torch.nn.Module, at: str = GAUGE_POINT) -> float:
     return worst
 
 
+@torch.no_grad()
+def start_at_gauge(model: torch.nn.Module, probe_tokens: torch.Tensor, point: str, fixed: bool) -> dict:
+    """Where a run starts on its orbits (``--initial-point``, docs/design.md §14), in place: with ``fixed``
+    (``adamw_gauge_fixed``) :func:`fix_gauge` at ``point``, else :func:`move_to_gauge_point` alone. Before
+    the optimizer, a tracker's ``I_0`` and ``torch.compile`` see the model.
+
+    Returns what run.json records of it: the initial point, whether blocks are fixed, the largest condition
+    number of the blocks (inverted, or fixed where they are: a gauge only if invertible), and the change of
+    the logits of ``probe_tokens`` ``(B, T)`` (eval mode), max-abs over max-abs."""
+    model.eval()
+    before = model(probe_tokens, full_logits=True)[0]
+    condition = fix_gauge(model, at=point) if fixed else move_to_gauge_point(model)
+    after = model(probe_tokens, full_logits=True)[0]
+    model.train()
+    change = float((after - before).abs().max() / before.abs().max())
+    return {"initial_point": point, "fixed": fixed, "condition": condition, "logit_change": change}
+
+
 def gauge_fixed_layers(model: torch.nn.Module) -> list[GaugeFixedQKV]:
     """The model's :class:`GaugeFixedQKV` modules (empty for a stock GPT)."""
     return [
