@@ -160,3 +160,36 @@ def test_an_unannotated_public_function_is_caught():
         "def shown(x, y: int): ...\nclass C:\n    def m(self, z) -> None: ...\ndef _hidden(a): ..."
     )
     assert _unannotated_public_defs(tree) == ["shown(x) -> ?", "C.m(z)"]
+
+
+# a name that says rebalance or balance (not imbalance)
+BALANCING = re.compile(r"(^|_)(re)?balanc")
+
+
+def _balancing_names_in_two_modules(sources: dict[str, str]) -> dict[str, list[str]]:
+    """``{name: modules}`` of every function or method whose name says rebalance or balance and that more
+    than one module defines (``sources``: module -> its text)."""
+    owners = defaultdict(set)
+    for module, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and BALANCING.search(node.name):
+                owners[node.name].add(module)
+    return {name: sorted(where) for name, where in owners.items() if len(where) > 1}
+
+
+def test_each_balancing_name_is_one_concept():
+    """docs/design.md §4.5: to rebalance is the orbit move, a run's periodic one its rebalancing step, to
+    balance the checkpoint edit; each name is defined in one module (``Orbit.rebalance`` and its
+    implementations beside it), so a name never stands for two of them."""
+    sources = {str(path.relative_to(PACKAGE)): path.read_text(encoding="utf-8") for path in MODULES}
+    assert not _balancing_names_in_two_modules(sources)
+
+
+def test_a_balancing_name_in_two_modules_is_caught():
+    orbits = "class Orbit:\n    def rebalance(self): ...\nclass Rope(Orbit):\n    def rebalance(self): ..."
+    run = "class Run:\n    def rebalance(self): ...\n    def imbalance(self): ..."
+    other = "def imbalance(): ...\ndef balance_layers(): ..."
+    sources = {"theory/orbits.py": orbits, "training/train.py": run, "measure/drift.py": other}
+    assert _balancing_names_in_two_modules(sources) == {
+        "rebalance": ["theory/orbits.py", "training/train.py"]
+    }

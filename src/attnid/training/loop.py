@@ -12,7 +12,7 @@ periodic train/val evaluation), with the measurements after the optimizer step
         # the exact drift split D1, D2 (docs/design.md §7); on log rows also, from the same copies:
         #   rho of the step just taken (E1, E2), drift1, drift2, closure,
         #   tau by a probe rebalance on a copy of the model (every --tau-every rows), beta, mu
-    rebalance steps: rebalancing.rebalance(model, tracker, ...)  # orbit move in place (E3), after the
+    rebalance steps: rebalancing.rebalancing_move(model, tracker, ...)  # orbit move in place (E3), after the
         # step's rho and drift columns; then drift.reset_reference(model), beta, mu; AdamW's moments
         # kept, the first transported, or reset (attnid.training.moments)
     row = head | future.result() | eval losses  # appended in step order
@@ -318,7 +318,7 @@ class TrainingLoop(ABC):
                 row[f"projected_out_{circuit}"] = float(removed_sq) / whole if whole > 0 else 0.0
         if is_rebalance:
             with precision.no_tf32():
-                self.rebalance(row, metrics)
+                self.rebalancing_step(row, metrics)
             metrics = None
         tail: dict[str, float] = {}
         if is_eval:
@@ -329,7 +329,7 @@ class TrainingLoop(ABC):
 
     def row_request(self, is_row: bool, is_rebalance: bool) -> RowRequest | None:
         """What this step's row measures: tau by a probe on every --tau-every-th row of a run that does not
-        rebalance; a rebalance row takes beta and mu after its move (:meth:`rebalance`)."""
+        rebalance; a rebalance row takes beta and mu after its move (:meth:`rebalancing_step`)."""
         if not is_row:
             return None
         if is_rebalance:
@@ -337,7 +337,7 @@ class TrainingLoop(ABC):
         probe = not self.case.rebalances and self.rows_logged() % self.cfg.tau_every == 0
         return RowRequest(tau=probe)
 
-    def rebalance(self, row: dict, metrics: Future | None) -> None:
+    def rebalancing_step(self, row: dict, metrics: Future | None) -> None:
         """The rebalancing cases' orbit move (rho and the drift split up to it measured before it, the rest
         after; the drift's reference becomes the rebalanced imbalance), row marked."""
         assert self.tracker is not None  # build makes one for every case that rebalances
@@ -346,7 +346,7 @@ class TrainingLoop(ABC):
             self.metrics.drain()
             row.update(metrics.result())
         before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "first-moment" else None
-        row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
+        row.update(rebalancing.rebalancing_move(self.model, self.tracker, target=self.cfg.rebalance_target))
         if self.drift is not None:
             self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
