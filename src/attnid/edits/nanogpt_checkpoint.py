@@ -20,6 +20,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import load_weights_only, torch_save_atomic
 from attnid.common.shapes import check_tensor_shapes
 from attnid.edits.checkpoint_types import NANOGPT, Checkpoint, CheckpointFormat
+from attnid.model.gpt import COMPILED_PREFIX, config_from_model_args, expected_state_shapes
 
 
 def layer_prefix(keys: Iterable[str], where: Path) -> str:
@@ -44,8 +45,6 @@ def count_layers(keys: Iterable[str], prefix: str) -> int:
 
 
 def load_nanogpt(path: Path) -> Checkpoint:
-    from attnid.model.gpt import COMPILED_PREFIX, config_from_model_args, expected_state_shapes
-
     checkpoint = load_weights_only(path)
     if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
         raise UserError(f"{path} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")

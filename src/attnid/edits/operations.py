@@ -32,7 +32,8 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, AttentionLayer, Checkpoint
-from attnid.model.gpt import COMPILED_PREFIX
+from attnid.measure.metrics import excess_norm
+from attnid.model.gpt import COMPILED_PREFIX, model_from_checkpoint
 from attnid.model.layout import (
     LayerTensors,
     model_pairs,
@@ -127,8 +128,6 @@ def _summary(pairs_of_circuit) -> dict[str, float]:
     """``mu_qk``, ``mu_ov`` (excess norm on each circuit's orbit) and ``attn_norm``: the Frobenius norm of
     every pair entry (W_Q, W_K, W_V, W_O and the q/k/v biases; a GQA group's shared key or value counted
     once), which balancing minimises. ``pairs_of_circuit(circuit) -> (orbit, A, B)``, stacked pairs."""
-    from attnid.measure.metrics import excess_norm
-
     row, total_sq = {}, 0.0
     for circuit in CIRCUITS:
         orbit, pair_a, pair_b = pairs_of_circuit(circuit)
@@ -225,8 +224,6 @@ def stored_initial_imbalance(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
 
 
 def _float64_model(checkpoint: Checkpoint):
-    from attnid.model.gpt import model_from_checkpoint
-
     return model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).double().eval()
 
 

@@ -45,6 +45,8 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from attnid.common.errors import UserError
+from attnid.common.files import load_weights_only
+from attnid.common.shapes import check_tensor_shapes
 from attnid.theory.rope import rope_rotate
 from attnid.theory.shape import LayerShape
 
@@ -382,8 +384,6 @@ def parameter_count(config: GPTConfig) -> int:
 def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     """Build a GPT from a nanoGPT-format checkpoint dict (``model_args`` + ``model``), after checking
     every stored tensor's shape against ``model_args`` (one line naming the first that disagrees)."""
-    from attnid.common.shapes import check_tensor_shapes
-
     if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
         raise UserError(f"{where} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
     if not isinstance(checkpoint["model_args"], dict) or not isinstance(checkpoint["model"], dict):
@@ -422,8 +422,6 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
 
 def load_nanogpt_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GPT:
     """Load a nanoGPT ``ckpt.pt`` (ours or nanoGPT's, compiled or not) as a GPT in eval mode."""
-    from attnid.common.files import load_weights_only
-
     # weights only: a checkpoint that carries code is refused before the code runs
     checkpoint = load_weights_only(path)
     model = model_from_checkpoint(checkpoint, where=str(path))

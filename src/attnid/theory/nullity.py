@@ -27,16 +27,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pandas as pd
 import torch
 
 from attnid.theory import counts
 from attnid.theory.rope import rope_rotate  # the model's rotation: the checks test the RoPE it runs
 from attnid.theory.shape import LayerShape, layer_shape
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 GAP_REQUIRED = 1e6
 RANK_RTOL = 1e-9  # singular values below RANK_RTOL * s_max count as zero
@@ -309,8 +307,6 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
 def verify(
     cases: list[NullityCase] | None = None, progress: Callable[[str], None] | None = None
 ) -> pd.DataFrame:
-    import pandas as pd
-
     rows = []
     for case in cases if cases is not None else default_cases():
         start = time.perf_counter()

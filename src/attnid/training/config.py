@@ -22,6 +22,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
+from attnid.common.files import read_yaml
 from attnid.common.limits import SEED_MAXIMUM, THREADS_MAXIMUM
 from attnid.measure.options import METRICS_DEVICES
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
@@ -307,8 +308,6 @@ def _coerce(name: str, value, source: str):
 
 def read_config_file(path: str | os.PathLike) -> dict:
     """Options from a YAML file (keys as the flags, underscored). Unknown keys are an error."""
-    from attnid.common.files import read_yaml
-
     content = read_yaml(path, "config file") or {}
     if not isinstance(content, dict):
         raise UserError(f"config file {path} must be a mapping of option: value")
@@ -398,6 +397,7 @@ def resolve_config(values: dict) -> TrainConfig:
     if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
         # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
         # are TrainConfig's fields) answers without importing torch
+        # lazy: torch, which --help must not import (tests/test_cli_help.py)
         from attnid.model.gauge import check_gauge_layout
 
         check_gauge_layout(cfg.attention)

@@ -24,8 +24,12 @@ import torch
 
 from attnid.common import progress
 from attnid.common.errors import UserError
+from attnid.common.memory import format_size, require_memory
+from attnid.measure.drift import DriftTracker
+from attnid.measure.metrics import MetricTracker
 from attnid.model import gauge
-from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.footprint import training_footprint
+from attnid.model.gpt import GPT, GPTConfig, parameter_count
 from attnid.model.options import GAUGE_POINT
 from attnid.training import gpu_slots, precision, rundir, runtime
 from attnid.training.batches import (
@@ -37,6 +41,7 @@ from attnid.training.batches import (
 )
 from attnid.training.cases import get_case
 from attnid.training.config import TrainConfig, resume_free_keys
+from attnid.training.data import load_meta, load_split
 from attnid.training.loop import TrainingLoop
 from attnid.training.metrics_pipeline import MetricsPipeline, queue_steps_for
 from attnid.training.runtime import StopSignals, resolve_device, say
@@ -65,8 +70,6 @@ class Run(TrainingLoop):
     """
 
     def __init__(self, cfg: TrainConfig):
-        from attnid.training.data import load_meta, load_split
-
         super().__init__(cfg)
         self.case = get_case(cfg.case)
         torch.set_num_threads(cfg.threads)
@@ -114,10 +117,6 @@ class Run(TrainingLoop):
     def check_memory(self) -> None:
         """Refuse, before allocating, a model or batch that needs more memory than the device has free
         (the lower-bound estimate of docs/design.md §6.2)."""
-        from attnid.common.memory import format_size, require_memory
-        from attnid.model.footprint import training_footprint
-        from attnid.model.gpt import parameter_count
-
         cfg = self.cfg
         parts = training_footprint(self.model_config, cfg.batch_size, self.dtype, self.case.optimizer_states)
         what = (
@@ -177,15 +176,11 @@ class Run(TrainingLoop):
         self.evaluator = FixedEvalBatches(self.splits, cfg, self.device)
         self.tracker, self.drift, self.metrics = None, None, None
         if cfg.metrics or self.case.rebalances:
-            from attnid.measure.metrics import MetricTracker
-
             # records I_0 from the initial weights
             self.tracker = MetricTracker(
                 self.model, probe_batch=probe_batch, metrics_device=self.metrics_device
             )
         if cfg.metrics:
-            from attnid.measure.drift import DriftTracker
-
             assert self.tracker is not None  # made above: cfg.metrics makes one
             decay = cfg.weight_decay if self.case.coupled_weight_decay else None
             self.drift = DriftTracker(self.model, coupled_weight_decay=decay)  # I_ref = I_0
