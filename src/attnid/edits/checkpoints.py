@@ -38,7 +38,7 @@ from attnid.edits.checkpoint_types import (
     CheckpointFormat,
     check_weight_values,
 )
-from attnid.edits.hf_files import HF_FOLDER, read_config, weight_format
+from attnid.edits.hf_files import HF_FOLDER, read_folder_config, weight_format
 from attnid.edits.hf_gpt2 import HF_GPT2_FORMAT
 from attnid.edits.hf_llama import HF_LLAMA_FORMAT, LLAMA_FAMILY
 from attnid.edits.nanogpt_checkpoint import NANOGPT_FORMAT
@@ -73,7 +73,7 @@ def checkpoint_format(path: Path) -> CheckpointFormat:
             )
         config = None
     else:
-        config = read_config(path)
+        config = read_folder_config(path)
     for fmt in FORMATS.values():
         if fmt.claims(path, config):
             return fmt

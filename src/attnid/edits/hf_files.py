@@ -67,7 +67,7 @@ def weight_format(name: str) -> outputs.Format:
 # --------------------------------------------------------------------------------------
 
 
-def read_config(folder: Path) -> dict:
+def read_folder_config(folder: Path) -> dict:
     """``folder``'s ``config.json`` as a JSON object, read only if it lies inside the folder."""
     if not os.path.lexists(folder / CONFIG_NAME):
         raise UserError(

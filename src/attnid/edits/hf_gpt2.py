@@ -14,7 +14,7 @@ from pathlib import Path
 from attnid.common.errors import UserError
 from attnid.common.shapes import check_tensor_shapes
 from attnid.edits.checkpoint_types import HF_GPT2, Checkpoint, CheckpointFormat
-from attnid.edits.hf_files import read_config, read_weights, save_hf_folder
+from attnid.edits.hf_files import read_folder_config, read_weights, save_hf_folder
 from attnid.edits.nanogpt_checkpoint import count_layers, layer_prefix
 from attnid.theory.shape import LayerShape, layer_shape
 
@@ -73,7 +73,7 @@ def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict
 
 def load_hf_gpt2(folder: Path) -> Checkpoint:
     folder = Path(folder)
-    config = read_config(folder)
+    config = read_folder_config(folder)
     if config.get("model_type") != "gpt2":
         raise UserError(f"{folder}: model_type {config.get('model_type')!r} is not a GPT-2 folder's 'gpt2'")
     sizes = _gpt2_sizes(config, folder / "config.json")

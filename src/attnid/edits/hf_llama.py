@@ -36,7 +36,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import read_json
 from attnid.common.paths import inside
 from attnid.edits.checkpoint_types import HF_LLAMA, AttentionLayer, Checkpoint, CheckpointFormat
-from attnid.edits.hf_files import INDEX_NAMES, read_config, read_weights, save_hf_folder
+from attnid.edits.hf_files import INDEX_NAMES, read_folder_config, read_weights, save_hf_folder
 from attnid.edits.options import STORED_DTYPE_NAMES
 from attnid.model.layout import row_blocks
 from attnid.theory import counts
@@ -178,7 +178,7 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
     """A Llama, Mistral, Qwen2 or Gemma folder (``config.json`` and its weights), read without building
     the model."""
     folder = Path(folder)
-    config = read_config(folder)
+    config = read_folder_config(folder)
     where = str(folder / "config.json")
     if config.get("model_type") not in LLAMA_FAMILY:
         raise UserError(
