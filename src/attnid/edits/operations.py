@@ -169,7 +169,8 @@ def redundant_bias_count(checkpoint: Checkpoint) -> dict[str, int | float]:
 
 
 def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
-    """``(rope, resized)`` from a nanoGPT checkpoint's ``model_args`` (GPT-2 folders have neither).
+    """``(rope, resized)`` of the checkpoint's attention shape: a nanoGPT checkpoint's, as its ``model_args``
+    say (GPT-2 folders have neither).
 
     ``resized``: grouped key/value heads (``n_kv_head != n_head``) or ``head_dim != E/H``,
     whose ``c_attn`` is not the ``(3E, E)`` block these edits slice.
