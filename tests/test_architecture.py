@@ -160,3 +160,251 @@ def test_an_unannotated_public_function_is_caught():
         "def shown(x, y: int): ...\nclass C:\n    def m(self, z) -> None: ...\ndef _hidden(a): ..."
     )
     assert _unannotated_public_defs(tree) == ["shown(x) -> ?", "C.m(z)"]
+
+
+# a name that says rebalance or balance (not imbalance)
+BALANCING = re.compile(r"(^|_)(re)?balanc")
+
+
+def _balancing_names_in_two_modules(sources: dict[str, str]) -> dict[str, list[str]]:
+    """``{name: modules}`` of every function or method whose name says rebalance or balance and that more
+    than one module defines (``sources``: module -> its text)."""
+    owners = defaultdict(set)
+    for module, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and BALANCING.search(node.name):
+                owners[node.name].add(module)
+    return {name: sorted(where) for name, where in owners.items() if len(where) > 1}
+
+
+def test_each_balancing_name_is_one_concept():
+    """docs/design.md §4.5: to rebalance is the orbit move, a run's periodic one its rebalancing step, to
+    balance the checkpoint edit; each name is defined in one module (``Orbit.rebalance`` and its
+    implementations beside it), so a name never stands for two of them."""
+    sources = {str(path.relative_to(PACKAGE)): path.read_text(encoding="utf-8") for path in MODULES}
+    assert not _balancing_names_in_two_modules(sources)
+
+
+def test_a_balancing_name_in_two_modules_is_caught():
+    orbits = "class Orbit:\n    def rebalance(self): ...\nclass Rope(Orbit):\n    def rebalance(self): ..."
+    run = "class Run:\n    def rebalance(self): ...\n    def imbalance(self): ..."
+    other = "def imbalance(): ...\ndef balance_layers(): ..."
+    sources = {"theory/orbits.py": orbits, "training/train.py": run, "measure/drift.py": other}
+    assert _balancing_names_in_two_modules(sources) == {
+        "rebalance": ["theory/orbits.py", "training/train.py"]
+    }
+
+
+# --------------------------------------------------------------------------------------
+# the house rules of size, imports and names (issue 11's, back in issue 28): each holds in CI
+# --------------------------------------------------------------------------------------
+
+MODULE_LINES = 600
+TRAIN_LINES = 400  # training/train.py sets a run up and finishes it; the steps are training/loop.py's
+FUNCTION_LINES = 80
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
+def test_no_module_is_longer_than_the_house_rule():
+    lines = {_relative(path): len(path.read_text(encoding="utf-8").splitlines()) for path in MODULES}
+    long = {name: count for name, count in lines.items() if count > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines: {long}"
+    assert lines["training/train.py"] <= TRAIN_LINES, lines["training/train.py"]
+
+
+def _long_functions(tree: ast.Module, limit: int = FUNCTION_LINES) -> dict[str, int]:
+    return {
+        node.name: node.end_lineno - node.lineno + 1
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > limit
+    }
+
+
+def test_no_function_is_longer_than_the_house_rule():
+    long = {
+        _relative(path): found
+        for path in MODULES
+        if (found := _long_functions(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert not long, f"functions over {FUNCTION_LINES} lines: {long}"
+
+
+def test_a_long_function_is_caught():
+    body = "\n".join(f"    x{i} = {i}" for i in range(FUNCTION_LINES))
+    assert _long_functions(ast.parse(f"def long():\n{body}\n\ndef short():\n    pass\n")) == {
+        "long": FUNCTION_LINES + 1
+    }
+
+
+def _cycles(graph) -> set[tuple[str, str]]:
+    """Pairs of modules that import each other, directly or through others (grimp's import graph, imports
+    inside functions and under TYPE_CHECKING included)."""
+    return {
+        tuple(sorted((importer, imported)))
+        for importer in graph.modules
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if graph.chain_exists(importer=imported, imported=importer)
+    }
+
+
+def test_no_modules_import_each_other():
+    import grimp
+
+    assert not _cycles(grimp.build_graph("attnid"))
+
+
+def test_a_cycle_is_caught(tmp_path, monkeypatch):
+    import grimp
+
+    package = tmp_path / "cyclic"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from cyclic import b\n")
+    (package / "b.py").write_text("def f():\n    from cyclic import c\n")
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from cyclic import a\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert len(_cycles(grimp.build_graph("cyclic", cache_dir=None))) == 3
+
+
+# What a function-local import may be there for: a library that a command's --help (tests/test_cli_help.py)
+# or the report commands (which read runs without torch) must not load, or an optional dependency
+LAZY_LIBRARIES = {"torch", "transformers", "safetensors", "matplotlib", "pandas", "scipy", "packaging"}
+LAZY_COMMENT = "# lazy:"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(module: str, node: ast.Import | ast.ImportFrom, known: set[str]) -> list[str]:
+    """The modules an import statement of ``module`` loads (``from a import b``: ``a.b`` if a module)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        package = module if f"{module}.__init__" in known else module.rsplit(".", 1)[0]
+        for _ in range(node.level - 1):
+            package = package.rsplit(".", 1)[0]
+        base = f"{package}.{base}" if base else package
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+
+
+def _import_graph() -> tuple[
+    dict[str, set[str]], dict[str, list[tuple[int, list[str]]]], dict[str, list[str]]
+]:
+    """``(top-level imports, function-local imports with their line, source lines)`` per module. Imports
+    under ``if TYPE_CHECKING:`` are not run, so they are neither."""
+    known = {_module_name(path) for path in MODULES} | {
+        _module_name(path) + ".__init__" for path in MODULES if path.name == "__init__.py"
+    }
+    top: dict[str, set[str]] = {}
+    local: dict[str, list[tuple[int, list[str]]]] = {}
+    sources: dict[str, list[str]] = {}
+    for path in MODULES:
+        module, text = _module_name(path), path.read_text(encoding="utf-8")
+        tree, sources[module] = ast.parse(text), text.splitlines()
+        found: set[str] = set()
+        statements = list(tree.body)
+        while statements:
+            node = statements.pop()
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.update(_imported(module, node, known))
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                statements += node.body + node.orelse
+            elif isinstance(node, ast.Try):
+                statements += node.body
+        top[module] = found | {name.rsplit(".", 1)[0] for name in found if name.startswith("attnid.")}
+        local[module] = [
+            (node.lineno, _imported(module, node, known))
+            for function in ast.walk(tree)
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(function)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        ]
+    return top, local, sources
+
+
+def _loads(modules: list[str], top: dict[str, set[str]]) -> set[str]:
+    """Every module that importing ``modules`` loads (their top-level imports, transitively)."""
+    seen, stack = set(), list(modules)
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            parts = name.split(".")
+            stack += [".".join(parts[:i]) for i in range(1, len(parts))] + sorted(top.get(name, ()))
+    return seen
+
+
+def _lazy_import_problems(top, local, sources) -> list[str]:
+    problems = []
+    for module, imports in local.items():
+        block = {line for line, _ in imports}
+        for line, targets in imports:
+            heavy = {name.split(".")[0] for name in _loads(targets, top)} & LAZY_LIBRARIES
+            if not heavy:
+                problems.append(f"{module}:{line} imports {targets} inside a function: import it at the top")
+            above = line - 1  # over the other imports of its block and blank lines, to its comment
+            while above >= 1 and (above in block or not sources[module][above - 1].strip()):
+                above -= 1
+            if not sources[module][above - 1].strip().startswith(LAZY_COMMENT):
+                problems.append(
+                    f"{module}:{line}: a function-local import needs a '{LAZY_COMMENT} <why>' line"
+                )
+    return problems
+
+
+def test_imports_inside_functions_keep_a_heavy_library_out_and_say_so():
+    """Imports sit at the top of a module. One inside a function keeps a heavy or optional library
+    (LAZY_LIBRARIES) out of a command that runs without it, under a '# lazy: <why>' comment."""
+    problems = _lazy_import_problems(*_import_graph())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_lazy_import_without_reason_or_weight_is_caught():
+    top = {"attnid.heavy": {"torch"}, "attnid.light": {"json"}, "attnid.user": set()}
+    source = [
+        "def f():",
+        "    # lazy: torch, which --help must not import",
+        "    from attnid import heavy",
+        "",
+        "    import attnid.light",
+        "def g():",
+        "    from attnid import heavy",
+    ]
+    local = {"attnid.user": [(3, ["attnid.heavy"]), (5, ["attnid.light"]), (7, ["attnid.heavy"])]}
+    problems = _lazy_import_problems(top, local, {"attnid.user": source})
+    assert problems == [
+        "attnid.user:5 imports ['attnid.light'] inside a function: import it at the top",
+        "attnid.user:7: a function-local import needs a '# lazy: <why>' line",
+    ]
+
+
+# Names that say nothing of what a module holds
+GRAB_BAG_NAMES = {"utils", "util", "helpers", "misc", "tools", "core", "base", "lib", "stuff", "other"}
+
+
+def test_modules_are_named_for_what_they_hold():
+    """No grab-bag module, and training/loop.py holds the training loop (the step loop and what it calls per
+    step; setting up and finishing a run is training/train.py's)."""
+    assert not [_relative(path) for path in MODULES if path.stem in GRAB_BAG_NAMES]
+    loop = ast.parse((PACKAGE / "training" / "loop.py").read_text(encoding="utf-8"))
+    step_loops = [
+        node
+        for node in ast.walk(loop)
+        if isinstance(node, (ast.While, ast.For)) and "train_step" in ast.unparse(node)
+    ]
+    assert step_loops, "training/loop.py has no loop over the training steps"
+    train = ast.parse((PACKAGE / "training" / "train.py").read_text(encoding="utf-8"))
+    assert not [
+        node
+        for node in ast.walk(train)
+        if isinstance(node, (ast.While, ast.For)) and "step" in ast.unparse(node)
+    ]

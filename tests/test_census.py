@@ -152,7 +152,7 @@ def test_closed_form_properties(shape):
 def test_attention_classes_are_the_papers_where_the_stream_is_whole(shape):
     """RMSNorm does not remove a direction and, with the embeddings spanning the stream, the attention
     classes are exactly attnid.theory.counts' (T1-T5)."""
-    assume(shape.norm == "rmsnorm" and theory.first_query_dim(shape) == shape.n_embd)
+    assume(shape.norm == "rmsnorm" and theory.first_query_dim(shape) == shape.attention.n_embd)
     assume(shape.block == "sequential" or not shape.mlp_bias)
     dims = theory.class_dims(shape)
     attention = dims["attention_qk"] + dims["attention_ov"] + dims["key_offset"] + dims["value_offset"]

@@ -155,7 +155,7 @@ def tiny_cases(draw):
     head_dim = 2 * draw(st.integers(1, n_embd // 2)) if rope else draw(st.integers(1, n_embd))
     value_dim = draw(st.integers(1, n_embd))
     bias, out_bias = draw(st.booleans()), draw(st.booleans())
-    return nullity.NullityCase(
+    return nullity.nullity_case(
         "hypothesis",
         "random",
         n_embd=n_embd,
@@ -237,12 +237,12 @@ def test_t6_single_head_matching_at_twelve_heads():
 def test_t6_single_head_unidentified_count_is_the_jacobian_nullity():
     case = next(c for c in nullity.default_cases() if c.kind == "single_head")
     row = nullity.measure_case(case)
-    assert row["n_params"] == counts.single_head_params(case.n_embd)
+    assert row["n_params"] == counts.single_head_params(case.attention.n_embd)
     assert (
         row["measured"]
         == row["theory"]
-        == counts.single_head_unidentified_params(case.n_embd)
-        == case.n_embd**2
+        == counts.single_head_unidentified_params(case.attention.n_embd)
+        == case.attention.n_embd**2
     )
     assert row["gap"] >= nullity.GAP_REQUIRED
 

@@ -276,7 +276,7 @@ def test_reset_reference_after_a_rebalance_keeps_the_closure():
     rebalancer = MetricTracker(model, probe_batch=next(batches(9)))
     data = batches()
     train(model, optimizer, tracker, data, 10)
-    rebalancing.rebalance(model, rebalancer, target="balanced")  # an orbit move: not an optimizer step
+    rebalancing.rebalancing_move(model, rebalancer, target="balanced")  # an orbit move: not an optimizer step
     moved = tracker.row(model)
     tracker.reset_reference(model)
     assert all(tracker.row(model)[f"drift1_{c}"] == 0.0 for c in CIRCUITS)

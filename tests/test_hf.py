@@ -18,9 +18,10 @@ import transformers
 from attnid.cli import main
 from attnid.cli.theory import load_architectures
 from attnid.common.errors import UserError
-from attnid.model.layout import AttentionLayout, pairs_from_tensors
+from attnid.model.layout import pairs_from_tensors
 from attnid.theory import architectures, factor_pairs
 from attnid.theory.hf_config import architecture_from_hf_config
+from attnid.theory.shape import layer_shape
 
 TOLERANCE = 1e-5
 TINY = dict(n_layer=2, n_head=2, n_embd=16, vocab_size=70, n_positions=32, bos_token_id=0, eos_token_id=0)
@@ -219,7 +220,7 @@ def test_prune_biases_on_a_gpt2_folder(tmp_path, weights):
 def pairs_of(model, circuit):
     """Pairs in nanoGPT's layout: Conv1D weights are the transposes."""
     n_embd, n_head = TINY["n_embd"], TINY["n_head"]
-    layout = AttentionLayout(n_embd, n_head, n_head, n_embd // n_head, rope=False, bias=True)
+    layout = layer_shape(n_embd, n_head, bias=True)
     return [
         pairs_from_tensors(
             block.attn.c_attn.weight.t(),

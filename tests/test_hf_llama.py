@@ -143,8 +143,8 @@ def test_layers_are_the_stacked_projections_and_write_back_is_lossless(tmp_path,
     model = load(folder)
     checkpoint = load_checkpoint(folder)
     assert checkpoint.kind == HF_LLAMA and checkpoint.stored_dtype() == "bfloat16"
-    assert (checkpoint.n_head, checkpoint.n_kv_head) == (4, 2)
-    assert checkpoint.head_dim == FAMILIES[family][2].get("head_dim", 8)
+    assert (checkpoint.attention.n_head, checkpoint.attention.n_kv_head) == (4, 2)
+    assert checkpoint.attention.head_dim == FAMILIES[family][2].get("head_dim", 8)
     for layer, block in zip(checkpoint.attention_layers(), model.model.layers):
         attn = block.self_attn
         stacked = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).double()
@@ -183,7 +183,7 @@ def moved_copy(folder, out, qk_orbit=None, seed: int = 1):
     """Apply a random element of each circuit's own orbit group (or ``qk_orbit`` for the query-key pairs)
     to every pair of every layer; write the folder to ``out``."""
     checkpoint = load_hf_llama(folder)
-    layout, generator = checkpoint.layout, torch.Generator().manual_seed(seed)
+    layout, generator = checkpoint.attention, torch.Generator().manual_seed(seed)
     layers = checkpoint.attention_layers()
     for layer in layers:
         tensors = (layer.c_attn_weight, layer.c_attn_bias, layer.c_proj_weight)

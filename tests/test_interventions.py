@@ -21,7 +21,7 @@ from attnid.measure.drift import attention_snapshot, imbalance_step_terms
 from attnid.measure.metrics import MetricTracker
 from attnid.model import gauge, moves
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
-from attnid.model.layout import attention_tensors, layer_shape_of, layout_of, orbit_of, stacked_pairs
+from attnid.model.layout import attention_tensors, layout_of, orbit_of, stacked_pairs
 from attnid.model.options import INITIAL_VALUES
 from attnid.model.step_projection import remove_orbit_component
 from attnid.theory import counts, whole_model
@@ -356,7 +356,7 @@ def test_gauge_fixing_drops_exactly_the_closed_form_and_keeps_the_function(varia
         after = fixed(idx, full_logits=True)[0]
     assert (after - before).abs().max() <= 1e-5 * before.abs().max()
     assert 1 <= condition < 1e3
-    shape = layer_shape_of(stock)
+    shape = layout_of(stock)
     per_layer = counts.unidentified_qk_params(shape) + counts.unidentified_ov_params(shape)
     closed_form = stock.config.n_layer * per_layer
     layout = layout_of(stock)
@@ -545,7 +545,7 @@ def test_the_controls_start_where_they_should():
 
 
 def _closed_form(model) -> int:
-    shape = layer_shape_of(model)
+    shape = layout_of(model)
     return model.config.n_layer * (
         counts.unidentified_qk_params(shape) + counts.unidentified_ov_params(shape)
     )

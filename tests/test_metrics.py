@@ -110,7 +110,7 @@ def test_rebalancing_keeps_the_loss_and_resets_the_conserved_quantity(dtype, los
     assert drifted["beta_qk"] > 1e-3 and drifted["beta_ov"] > 1e-3
     with torch.no_grad():
         _, loss_before = model.eval()(*batch)
-    info = rebalancing.rebalance(model, tracker, target="initial")
+    info = rebalancing.rebalancing_move(model, tracker, target="initial")
     with torch.no_grad():
         _, loss_after = model(*batch)
     assert info["skipped_pairs"] == 0
@@ -120,7 +120,7 @@ def test_rebalancing_keeps_the_loss_and_resets_the_conserved_quantity(dtype, los
     beta_tol = 1e-10 if dtype == torch.float64 else 1e-5  # float32 storage of the rebalanced weights
     assert restored["beta_qk"] < beta_tol and restored["beta_ov"] < beta_tol
 
-    info = rebalancing.rebalance(model, tracker, target="balanced")
+    info = rebalancing.rebalancing_move(model, tracker, target="balanced")
     assert info["tau"] < loss_tol
     balanced = tracker.state_metrics(model)
     mu_tol = 1e-12 if dtype == torch.float64 else 1e-5
@@ -143,7 +143,7 @@ def test_tau_probe_leaves_the_model_untouched_and_matches_a_real_rebalance():
     assert model.training  # train/eval mode restored
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
     copy_model = copy.deepcopy(model)
-    assert rebalancing.rebalance(copy_model, tracker, target="initial") == info
+    assert rebalancing.rebalancing_move(copy_model, tracker, target="initial") == info
     assert any(not torch.equal(v, before[k]) for k, v in copy_model.state_dict().items())
 
 
@@ -172,7 +172,7 @@ def test_bias_free_model_and_metric_keys():
     step = tracker.step_metrics(model, pre)
     assert {f"rho_{c}_l{i}" for c in ("qk", "ov") for i in (0, 1)} <= set(step)
     assert step["rho_qk"] < 1e-3  # float32 SGD: only round-off is unidentified
-    assert rebalancing.rebalance(model, tracker, "balanced")["tau"] < 1e-5
+    assert rebalancing.rebalancing_move(model, tracker, "balanced")["tau"] < 1e-5
 
 
 # ------------------------------------------------------------------------------ attnid inspect
@@ -283,7 +283,7 @@ def test_tracker_sees_through_a_ddp_style_wrapper():
     batch = probe()
     plain, through = MetricTracker(model, batch), MetricTracker(wrapped, batch)
     assert through.state_metrics(wrapped) == plain.state_metrics(model)
-    assert rebalancing.rebalance(wrapped, through, "balanced") == rebalancing.rebalance(
+    assert rebalancing.rebalancing_move(wrapped, through, "balanced") == rebalancing.rebalancing_move(
         model, plain, "balanced"
     )
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in wrapped.module.state_dict().items())

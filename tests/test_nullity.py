@@ -33,13 +33,13 @@ def _random_params(case: nullity.NullityCase, seed: int = 0) -> dict[str, torch.
     shapes = nullity.parameter_shapes(case)
     generator = torch.Generator().manual_seed(seed)
     flat = torch.randn(sum(math.prod(s) for s in shapes.values()), generator=generator, dtype=torch.float64)
-    return nullity.unflatten(flat / math.sqrt(case.n_embd), shapes)
+    return nullity.unflatten(flat / math.sqrt(case.attention.n_embd), shapes)
 
 
 @pytest.mark.parametrize("n_head, bias", [(1, False), (3, True), (4, False)])
 def test_attention_layer_matches_torch_causal_attention(n_head, bias):
-    case = nullity.NullityCase("ref", "attention", n_embd=12, n_head=n_head, bias=bias)
-    p, shape = _random_params(case), case.shape()
+    case = nullity.nullity_case("ref", "attention", n_embd=12, n_head=n_head, bias=bias)
+    p, shape = _random_params(case), case.attention
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     ours = nullity.attention_layer(x, p, shape)
     e, d = 12, shape.head_dim
@@ -60,9 +60,9 @@ def test_attention_layer_matches_torch_causal_attention(n_head, bias):
 
 
 def test_gqa_layer_equals_mha_with_repeated_keys_and_values():
-    gqa = nullity.NullityCase("gqa", "gqa", n_embd=12, n_head=4, n_kv_head=2, head_dim=3)
+    gqa = nullity.nullity_case("gqa", "gqa", n_embd=12, n_head=4, n_kv_head=2, head_dim=3)
     p = _random_params(gqa)
-    mha = nullity.NullityCase("mha", "attention", n_embd=12, n_head=4, head_dim=3)
+    mha = nullity.nullity_case("mha", "attention", n_embd=12, n_head=4, head_dim=3)
     repeated = dict(
         p,
         w_k=p["w_k"].view(2, 3, 12).repeat_interleave(2, dim=0).reshape(12, 12),
@@ -70,7 +70,7 @@ def test_gqa_layer_equals_mha_with_repeated_keys_and_values():
     )
     x = torch.randn(3, 6, 12, dtype=torch.float64)
     torch.testing.assert_close(
-        nullity.attention_layer(x, p, gqa.shape()), nullity.attention_layer(x, repeated, mha.shape())
+        nullity.attention_layer(x, p, gqa.attention), nullity.attention_layer(x, repeated, mha.attention)
     )
 
 
@@ -98,16 +98,16 @@ def test_half_split_is_interleaved_after_a_permutation():
 
 def test_rope_key_bias_is_identified_and_plain_key_bias_is_not():
     """T4 under RoPE: measured nullity sides with 'key bias identified', against the plain count."""
-    case = nullity.NullityCase("rope+bias", "rope_bias", n_embd=8, n_head=2, rope="half", bias=True)
+    case = nullity.nullity_case("rope+bias", "rope_bias", n_embd=8, n_head=2, rope="half", bias=True)
     row = nullity.measure_case(case)
-    shape = case.shape()
+    shape = case.attention
     key_bias_as_if_unidentified = row["theory"] + shape.n_kv_head * shape.head_dim
     assert row["measured"] == row["theory"] != key_bias_as_if_unidentified
     assert row["gap"] >= nullity.GAP_REQUIRED
 
 
 def test_gqa_value_output_symmetry_is_per_group_not_per_head():
-    case = nullity.NullityCase("gqa", "gqa", n_embd=8, n_head=4, n_kv_head=1, head_dim=2)
+    case = nullity.nullity_case("gqa", "gqa", n_embd=8, n_head=4, n_kv_head=1, head_dim=2)
     row = nullity.measure_case(case)
     per_head_count = 4 * 2**2 + 1 * 2**2  # OV counted per head, QK per group
     assert row["measured"] == row["theory"] == 2 * 2**2 != per_head_count
@@ -115,7 +115,7 @@ def test_gqa_value_output_symmetry_is_per_group_not_per_head():
 
 def test_rank_gap_reported_and_too_few_rows_would_be_caught(monkeypatch):
     """With far too few input rows the rank cannot saturate: the check must then fail, not pass."""
-    case = nullity.NullityCase("few rows", "attention", n_embd=8, n_head=2)
+    case = nullity.nullity_case("few rows", "attention", n_embd=8, n_head=2)
     monkeypatch.setattr(nullity, "ROW_FACTOR", 0.2)
     row = nullity.measure_case(case)
     assert row["measured"] > row["theory"] and not row["passed"]
@@ -154,7 +154,7 @@ def test_verify_cli_every_case_passes(tmp_path, capsys):
 
 
 def test_verify_cli_fails_with_exit_1_when_a_case_fails(tmp_path, capsys, monkeypatch):
-    wrong = nullity.NullityCase("deliberately wrong theory", "attention", n_embd=4, n_head=2)
+    wrong = nullity.nullity_case("deliberately wrong theory", "attention", n_embd=4, n_head=2)
     monkeypatch.setattr(nullity, "default_cases", lambda: [wrong])
     monkeypatch.setattr(nullity, "theory_nullity", lambda case: 1)
     out = tmp_path / "nullity.csv"
@@ -167,7 +167,9 @@ def test_verify_cli_fails_with_exit_1_when_a_case_fails(tmp_path, capsys, monkey
 def test_counts_and_verify_agree_on_the_formula():
     for case in nullity.default_cases():
         if case.kind not in ("pair", "single_head"):  # the single head is checked in test_counts.py
-            assert nullity.theory_nullity(case) == counts.layer_counts(case.shape())["unidentified_per_layer"]
+            assert (
+                nullity.theory_nullity(case) == counts.layer_counts(case.attention)["unidentified_per_layer"]
+            )
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -9,7 +9,7 @@ import torch
 from variant_models import TINY, VARIANTS
 
 from attnid.model.gpt import GPT, GPTConfig
-from attnid.model.layout import layer_pairs, layer_shape_of, model_pairs, orbit_of, write_pairs_back
+from attnid.model.layout import layer_pairs, layout_of, model_pairs, orbit_of, write_pairs_back
 from attnid.model.moves import (
     initial_conserved,
     orbit_dimension,
@@ -327,7 +327,7 @@ DIMENSION_CASES = [
 def test_orbit_dimension_equals_the_closed_form(variant, bias):
     config = GPTConfig(**{**TINY, **variant}, bias=bias)
     model = _model(variant, bias=bias)
-    shape = layer_shape_of(config)
+    shape = layout_of(config)
     expected = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
     g, d = config.kv_heads, config.per_head_dim
     assert expected["ov"] == g * d * d
@@ -387,7 +387,7 @@ def test_orbit_dimensions_add_up_to_the_jacobian_nullity(rope):
     architecture's orbits account for every unidentified direction."""
     from attnid.theory import nullity
 
-    case = nullity.NullityCase(
+    case = nullity.nullity_case(
         "mqa", "rope_gqa" if rope else "gqa", n_embd=8, n_head=2, n_kv_head=1, rope="half" if rope else None
     )
     measured = nullity.measure_case(case)

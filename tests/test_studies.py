@@ -49,10 +49,15 @@ def test_default_config_plans_the_issue_points():
     )
     heads = {point.name: point for point in points["heads"]}
     assert list(heads) == [f"h{h}" for h in (1, 2, 4, 8, 16)] + [f"h1_e{e0}"]
-    assert all(point.head_dim * point.n_head == point.n_embd for point in heads.values())
-    assert (heads[f"h1_e{e0}"].n_embd, heads[f"h1_e{e0}"].n_head, heads[f"h1_e{e0}"].head_dim) == (e0, 1, e0)
+    shapes = {name: point.attention for name, point in heads.items()}
+    assert all(shape.head_dim * shape.n_head == shape.n_embd for shape in shapes.values())
+    matched = shapes[f"h1_e{e0}"]
+    assert (matched.n_embd, matched.n_head, matched.head_dim) == (e0, 1, e0)
     n_head = config["model"]["n_head"]
-    variants = {point.name: (point.n_kv_head, point.rope, point.n_head) for point in points["variants"]}
+    variants = {
+        point.name: (point.attention.n_kv_head, point.attention.rope, point.attention.n_head)
+        for point in points["variants"]
+    }
     assert sorted(variants.values()) == sorted(
         [
             (n_head, False, n_head),

@@ -22,7 +22,7 @@ import attnid
 from attnid.measure import rebalancing
 from attnid.measure.metrics import MetricTracker
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
-from attnid.training import gpu_slots, loop
+from attnid.training import gpu_slots, runtime
 from attnid.training.rundir import TIMING_COLUMNS
 from attnid.training.train import Run
 
@@ -84,9 +84,8 @@ def test_metrics_on_the_host_equal_metrics_on_the_device(variant):
     _assert_rows_match(rebalancing.tau_probe(model, host), rebalancing.tau_probe(model, device))
 
     moved_on_host, moved_on_device = copy.deepcopy(model), copy.deepcopy(model)
-    _assert_rows_match(
-        rebalancing.rebalance(moved_on_host, host), rebalancing.rebalance(moved_on_device, device)
-    )
+    on_host = rebalancing.rebalancing_move(moved_on_host, host)
+    _assert_rows_match(on_host, rebalancing.rebalancing_move(moved_on_device, device))
     for (name, a), b in zip(moved_on_host.named_parameters(), moved_on_device.parameters()):
         assert torch.allclose(a, b, rtol=0, atol=1e-12), name
     _assert_rows_match(host.state_metrics(moved_on_host), device.state_metrics(moved_on_device))
@@ -95,17 +94,17 @@ def test_metrics_on_the_host_equal_metrics_on_the_device(variant):
 def test_metrics_device_and_compile_defaults():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert (
-        loop.resolve_metrics_device("auto", cuda) == "host"
-        and loop.resolve_metrics_device("auto", cpu) == "device"
+        runtime.resolve_metrics_device("auto", cuda) == "host"
+        and runtime.resolve_metrics_device("auto", cpu) == "device"
     )
     assert (
-        loop.resolve_metrics_device("device", cuda) == "device"
-        and loop.resolve_metrics_device("host", cpu) == "host"
+        runtime.resolve_metrics_device("device", cuda) == "device"
+        and runtime.resolve_metrics_device("host", cpu) == "host"
     )
     assert (
-        loop.resolve_compile(None, cuda)
-        and not loop.resolve_compile(None, cpu)
-        and loop.resolve_compile(True, cpu)
+        runtime.resolve_compile(None, cuda)
+        and not runtime.resolve_compile(None, cpu)
+        and runtime.resolve_compile(True, cpu)
     )
 
 
@@ -327,18 +326,18 @@ def test_resume_on_another_gpu_model_prints_one_warning(prepared_data_dir, tmp_p
     """The device name travels in the checkpoint (faked here: on the CPU it is None and nothing is said)."""
     flags = ["--max-iters", "6", "--log-every", "3", "--no-metrics"]
     out = tmp_path / "requeued"
-    monkeypatch.setattr(loop, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(runtime, "device_name", lambda device: "NVIDIA A100-SXM4-80GB")
     assert train(prepared_data_dir, out, *flags, "--stop-after", "3") == 128 + signal.SIGTERM
     assert torch.load(out / "ckpt.pt", weights_only=True)["attnid"]["device_name"] == "NVIDIA A100-SXM4-80GB"
     capsys.readouterr()
-    monkeypatch.setattr(loop, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(runtime, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert train(prepared_data_dir, out, *flags) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "A100" in warnings[0] and "H100" in warnings[0]
 
 
 def test_resume_on_another_gpu_model_warns():
-    assert loop.other_gpu_warning("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB") is None
-    assert loop.other_gpu_warning(None, None) is None and loop.device_name(torch.device("cpu")) is None
-    warning = loop.other_gpu_warning("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
+    assert runtime.other_gpu_warning("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB") is None
+    assert runtime.other_gpu_warning(None, None) is None and runtime.device_name(torch.device("cpu")) is None
+    warning = runtime.other_gpu_warning("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3")
     assert warning.startswith("warning:") and "A100" in warning and "H100" in warning and "\n" not in warning

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
+from attnid.common.files import write_json_atomic
 from attnid.edits.options import BALANCE_TARGETS, STORED_DTYPE_NAMES
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _inspect_file(path: Path) -> dict:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.checkpoints import load_checkpoint
     from attnid.measure.inspect import inspect_model
     from attnid.model.gpt import model_from_checkpoint
@@ -64,6 +66,7 @@ def _inspect_file(path: Path) -> dict:
 
 def _inspect_folder(path: Path) -> dict:
     """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.api import inspect_checkpoint
     from attnid.edits.checkpoints import load_checkpoint
 
@@ -78,6 +81,7 @@ def _inspect_folder(path: Path) -> dict:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.measure.inspect import format_inspection, inspection_csv
 
     rule = outputs.current()
@@ -91,6 +95,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         print(format_inspection(report))
     if args.plot is not None:
+        # lazy: matplotlib, which --help must not import (tests/test_cli_help.py)
         from attnid.reports.inspect_figure import plot_inspection
 
         plot_inspection(report, args.plot, title=str(args.checkpoint))
@@ -132,6 +137,7 @@ def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _stored_dtype(checkpoint: Checkpoint) -> str:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.hf_llama import LlamaCheckpoint
 
     if isinstance(checkpoint, LlamaCheckpoint):
@@ -151,6 +157,7 @@ def _edit_and_prove(
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the
     report. None, with nothing written, where ``nothing_to_do(checkpoint, rope)`` gives a reason (printed)
     why the edit would leave the checkpoint as it is."""
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.checkpoints import HF_LLAMA, load_checkpoint, save_checkpoint
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
     from attnid.edits.hf_llama import LlamaCheckpoint, set_stored_dtype
@@ -178,8 +185,8 @@ def _edit_and_prove(
         "output": str(args.out),
         "format": checkpoint.kind,
         "n_layer": checkpoint.n_layer,
-        "n_head": checkpoint.n_head,
-        "n_embd": checkpoint.n_embd,
+        "n_head": checkpoint.attention.n_head,
+        "n_embd": checkpoint.attention.n_embd,
         "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
         "input_dtype": _stored_dtype(checkpoint),
     }
@@ -187,8 +194,8 @@ def _edit_and_prove(
         report.update(
             {
                 "model_type": checkpoint.model_type,
-                "n_kv_head": checkpoint.n_kv_head,
-                "head_dim": checkpoint.head_dim,
+                "n_kv_head": checkpoint.attention.n_kv_head,
+                "head_dim": checkpoint.attention.head_dim,
             }
         )
         if args.dtype is not None:
@@ -225,6 +232,7 @@ EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and b
 def declare_edit_files(args: argparse.Namespace) -> None:
     """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
     --out in the input's format (a file, or a folder of the same files), --json a report."""
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.checkpoints import HF_FOLDER, weight_format
 
     rule = outputs.current()
@@ -249,6 +257,7 @@ def declare_edit_files(args: argparse.Namespace) -> None:
 def check_load_memory(source: Path) -> None:
     """An edit holds the checkpoint's tensors twice at least (as read, and in the model that proves the
     edit): refuse before reading one that cannot fit (docs/design.md §6.2)."""
+    # lazy: torch, through attnid.common.memory (--help must not import it)
     from attnid.common.memory import require_memory
 
     files = [item for item in source.iterdir() if item.is_file()] if source.is_dir() else [source]
@@ -262,8 +271,6 @@ def check_load_memory(source: Path) -> None:
 
 
 def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
-    from attnid.common.files import write_json_atomic
-
     lines += [
         f"held-out batch: {report['sequences']} x {report['length']} tokens ({report['tokens']})",
         f"loss {report['loss_before']:.6f} -> {report['loss_after']:.6f} "
@@ -284,6 +291,7 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
 
 def run_prune_biases(args: argparse.Namespace) -> int:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.api import prune_checkpoint
     from attnid.edits.operations import redundant_bias_count
 
@@ -321,6 +329,7 @@ def run_prune_biases(args: argparse.Namespace) -> int:
 
 
 def run_balance(args: argparse.Namespace) -> int:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.edits.api import balance_checkpoint
 
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.common.files import write_text_atomic
 
 # Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
 
@@ -108,6 +110,7 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tables(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
@@ -147,6 +150,7 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.figures import make_figures
 
     check_run_selection(args)
@@ -167,6 +171,7 @@ def run_figures(args: argparse.Namespace) -> int:
 
 
 def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.latex import FIGURES, OPTIONAL_PARTS
 
     parser.add_argument("--counts", default="results/theory/counts.csv", help="default: %(default)s")
@@ -210,7 +215,7 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_appendix(args: argparse.Namespace) -> int:
-    from attnid.common.files import write_text_atomic
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.latex import compile_pdf, render_appendix
 
     rule = outputs.current()
@@ -277,6 +282,7 @@ def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_studies(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.studies import STUDIES, write_study_tables
     from attnid.training.rundir import find_run_dirs
 
@@ -323,6 +329,7 @@ def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_edits_table(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.edits_table import write_edits_table
     from attnid.reports.latex import records
 
@@ -341,6 +348,7 @@ def run_edits_table(args: argparse.Namespace) -> int:
 
 
 def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.interventions_table import BASELINE_CASE, INTERACTION
     from attnid.reports.statistics import ALPHA
 
@@ -384,8 +392,8 @@ def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_interventions_table(args: argparse.Namespace) -> int:
-    import math
 
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.interventions_table import write_interventions_table
 
     check_run_selection(args)

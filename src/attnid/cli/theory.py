@@ -19,8 +19,19 @@ from typing import TYPE_CHECKING, Any
 from attnid.cli.argument_types import seed_number, thread_count
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
+from attnid.common.files import read_yaml, write_csv_atomic, write_text_atomic
+from attnid.common.hf_config_file import hf_config_path, read_hf_config
 from attnid.theory import whole_model
-from attnid.theory.architectures import PACKAGED_ARCHITECTURES
+from attnid.theory.architectures import (
+    PACKAGED_ARCHITECTURES,
+    check_architectures,
+    counts_table,
+    shape_from_architecture,
+    single_head_table,
+    whole_model_columns,
+    whole_model_table,
+)
+from attnid.theory.hf_config import architecture_from_hf_config, hf_model_name
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,9 +43,6 @@ if TYPE_CHECKING:
 def load_architectures(path: str | os.PathLike = PACKAGED_ARCHITECTURES) -> dict[str, dict]:
     """The checked entries of an architectures file (default: the published shapes shipped with attnid).
     Every problem is one UserError line naming the file, the entry and the field."""
-    from attnid.common.files import read_yaml
-    from attnid.theory.architectures import check_architectures
-
     path = Path(path)
     if not path.exists():
         raise UserError(
@@ -46,9 +54,6 @@ def load_architectures(path: str | os.PathLike = PACKAGED_ARCHITECTURES) -> dict
 
 def hf_architecture(path: str | os.PathLike) -> tuple[str, dict]:
     """``(name, entry)`` of the Hugging Face config at ``path`` (a ``config.json`` or its folder)."""
-    from attnid.common.hf_config_file import hf_config_path, read_hf_config
-    from attnid.theory.hf_config import architecture_from_hf_config, hf_model_name
-
     config = read_hf_config(path)
     where = hf_config_path(path)
     spec = architecture_from_hf_config(config, source=str(where))
@@ -129,10 +134,6 @@ def add_counts_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_counts(args: argparse.Namespace) -> int:
-    from attnid.common.files import write_csv_atomic
-    from attnid.common.hf_config_file import hf_config_path
-    from attnid.theory.architectures import counts_table, single_head_table, whole_model_table
-
     rule = outputs.current()
     if args.hf_config is not None:
         rule.read(hf_config_path(args.hf_config))  # the file, not its folder: the folder may take --csv
@@ -158,8 +159,6 @@ def run_counts(args: argparse.Namespace) -> int:
 
 def hf_counts_table(path: str) -> pd.DataFrame:
     """The counts row of one Hugging Face config, with its whole-model columns."""
-    from attnid.theory.architectures import counts_table, whole_model_columns
-
     name, spec = hf_architecture(path)
     try:
         table = counts_table({name: spec})
@@ -178,8 +177,6 @@ def declare_table_outputs(rule: outputs.OutputRule, args: argparse.Namespace) ->
 
 def write_table(table: pd.DataFrame, args: argparse.Namespace) -> bool:
     """Write ``table`` where --csv and --json say; True when one of them took standard output."""
-    from attnid.common.files import write_csv_atomic, write_text_atomic
-
     if args.csv == STDOUT:
         table.to_csv(sys.stdout, index=False)
     elif args.csv is not None:
@@ -235,9 +232,9 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     import torch
 
-    from attnid.common.files import write_csv_atomic
     from attnid.theory.nullity import GAP_REQUIRED, verify
 
     outputs.current().write(args.out, outputs.CSV, "--out")  # before the minutes of work
@@ -438,8 +435,6 @@ def shape_from_args(args: argparse.Namespace) -> whole_model.WholeModelShape:
 
 def shape_from_hf_config(path: str) -> tuple[str, whole_model.WholeModelShape]:
     """The whole-model shape of a Hugging Face config, or one UserError line saying why there is none."""
-    from attnid.theory.architectures import shape_from_architecture
-
     name, spec = hf_architecture(path)
     if "whole_model_note" in spec:
         raise UserError(f"{spec['source']}: no whole-model census for this model: {spec['whole_model_note']}")
@@ -463,6 +458,7 @@ def class_lines(row: dict) -> list[str]:
 
 def measurement_lines(row: dict) -> list[str]:
     """The measurement of one census row: nullity, gap, the residual scaling and the verdict."""
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.theory.nullity import GAP_REQUIRED
 
     lines = [
@@ -499,13 +495,12 @@ def class_report(row: dict) -> str:
 def run_census(args: argparse.Namespace) -> int:
     rule = outputs.current()
     if args.hf_config is not None:
-        from attnid.common.hf_config_file import hf_config_path
-
         rule.read(hf_config_path(args.hf_config))
     rule.write(args.out, outputs.CSV, "--out")
     if args.hf_config is not None:
         return census_of_hf_config(args)
     if args.grid:
+        # lazy: torch, which --help must not import (tests/test_cli_help.py)
         from attnid.theory.census_grid import RANDOM_SHAPES, default_grid
 
         count = RANDOM_SHAPES if args.random_shapes is None else args.random_shapes
@@ -518,6 +513,7 @@ def run_census(args: argparse.Namespace) -> int:
 
 
 def check_measurable(shape: whole_model.WholeModelShape, max_params: int) -> None:
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.theory.census import describe_shape, measurable
 
     try:
@@ -530,7 +526,7 @@ def check_measurable(shape: whole_model.WholeModelShape, max_params: int) -> Non
 def census_of_hf_config(args: argparse.Namespace) -> int:
     """``census --hf-config``: the closed forms of a real model, class by class; measured only when it is
     small enough (--max-params) and its inputs can pin its parameters. No Jacobian is built otherwise."""
-    from attnid.common.files import write_csv_atomic
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     from attnid.theory.census import closed_form_row, measurable
 
     name, shape = shape_from_hf_config(args.hf_config)
@@ -553,6 +549,7 @@ def census_of_hf_config(args: argparse.Namespace) -> int:
     print("\n".join(class_lines(row)))
     print(f"  {'parameters':<22} {n_params:>10}  not measured: {reason}")
     if args.out:
+        # lazy: pandas, which --help does not wait for
         import pandas as pd
 
         write_csv_atomic(args.out, pd.DataFrame([row]))
@@ -562,9 +559,9 @@ def census_of_hf_config(args: argparse.Namespace) -> int:
 def measure_shapes(shapes: list[whole_model.WholeModelShape], args: argparse.Namespace) -> int:
     """Measure every shape, print (one shape: its report; a grid: one line each), write --out, and return 1
     when a shape does not close."""
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     import torch
 
-    from attnid.common.files import write_csv_atomic
     from attnid.theory.census import CENSUS_ROPE_BASE
     from attnid.theory.census_grid import run_grid
     from attnid.theory.nullity import GAP_REQUIRED

@@ -16,12 +16,15 @@ import importlib
 import json
 import os
 import pickle
+import pickletools
 import tempfile
 import types
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
@@ -92,6 +95,7 @@ def write_csv_atomic(path: str | os.PathLike, frame: pd.DataFrame) -> Path:
 def torch_save_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """``torch.save`` atomically. torch writes through a file object of ours, so that a failing write (a full
     disk, a file-size limit) surfaces as the OSError behind torch's own error: one line naming ``path``."""
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     import torch
 
     with atomic_path(path, outputs.TORCH_ARCHIVE) as tmp:
@@ -132,8 +136,6 @@ def pickled_callables(path: str | os.PathLike) -> list[str]:
     """The ``module.name`` of every global a raw pickle file names (its ``GLOBAL``/``STACK_GLOBAL``
     opcodes), read with :mod:`pickletools`, which only parses: nothing is called. A file of several
     pickles (torch's legacy format) is read to its end; a damaged one as far as it parses."""
-    import pickletools
-
     names: list[str] = []
     strings: list[str] = []
     with contextlib.suppress(Exception), open(path, "rb") as handle:
@@ -182,6 +184,7 @@ def load_weights_only(path: str | os.PathLike) -> Any:  # whatever the file hold
     containers; a pickle that names any other callable (``os.system``, ``exec``, a
     class of ours) is refused before it is called.
     """
+    # lazy: torch, which --help must not import (tests/test_cli_help.py)
     import torch
     from torch.torch_version import TorchVersion
 
@@ -254,8 +257,6 @@ def read_yaml(path: str | os.PathLike, what: str) -> Any:
     UserError line naming the file, and for a syntax error its line and column. A file over
     :data:`YAML_MAX_BYTES`, or a document of more than :data:`YAML_MAX_NODES` values once its aliases are
     expanded, is refused."""
-    import yaml
-
     path = Path(path)
     require_regular_file(path, what)
     if path.is_dir():

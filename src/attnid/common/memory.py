@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import torch
 
 from attnid.common.errors import UserError
-
-if TYPE_CHECKING:
-    import torch
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -56,8 +54,6 @@ def available_bytes(device: torch.device | str) -> tuple[int | None, str]:
     """``(free bytes or None, what they are)`` on ``device`` (a torch.device or its type)."""
     device_type = getattr(device, "type", str(device))
     if device_type == "cuda":
-        import torch
-
         free, _ = torch.cuda.mem_get_info(device)
         return int(free), f"the CUDA device {torch.cuda.get_device_name(device)} has"
     return host_available_bytes(), "the host has"

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from attnid.edits.checkpoints import HF_GPT2, HF_LLAMA, Checkpoint
+from attnid.edits.hf_gpt2 import gpt2_attention
 from attnid.edits.hf_llama import LLAMA_FAMILY, LlamaCheckpoint
 from attnid.edits.operations import (
     attention_variant,
     balance_layers,
     balance_on_own_orbit,
-    checkpoint_layout,
-    checkpoint_shape,
     layer_tensors_of,
     pair_summary,
     prune_layer_biases,
@@ -35,6 +34,7 @@ from attnid.edits.operations import (
 )
 from attnid.edits.options import BALANCE_TARGETS
 from attnid.measure.inspect import inspect_layers
+from attnid.theory.counts import architecture_shape
 from attnid.theory.hf_config import architecture_from_hf_config
 
 if TYPE_CHECKING:
@@ -51,17 +51,13 @@ _LAYER0 = {HF_GPT2: "0.attn.c_attn.weight", HF_LLAMA: "0.self_attn.q_proj.weight
 
 def inspect_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
     """``attnid inspect``'s report of a checkpoint's stored attention tensors (:func:`inspect_layers`)."""
-    return inspect_layers(
-        checkpoint_layout(checkpoint),
-        checkpoint_shape(checkpoint),
-        layer_tensors_of(checkpoint.attention_layers()),
-    )
+    return inspect_layers(checkpoint.attention, layer_tensors_of(checkpoint.attention_layers()))
 
 
 def prune_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
     """Zero the key biases (not under RoPE) and fold the value biases into the output bias (where there is
     one), in the checkpoint's tensors; the counts (§4.7 of the paper) and the rounding to the stored dtype."""
-    layout = checkpoint_layout(checkpoint)
+    layout = checkpoint.attention
     edited = [prune_layer_biases(layer, layout) for layer in checkpoint.attention_layers()]
     rounding = store_layers(checkpoint, [layer for layer, _, _ in edited])
     return {
@@ -83,7 +79,7 @@ def balance_checkpoint(checkpoint: Checkpoint, target: str = "balanced") -> dict
     if checkpoint.kind != HF_LLAMA and (rope or resized):
         return balance_on_own_orbit(checkpoint, target)
     targets = stored_initial_imbalance(checkpoint) if target == "initial" else None
-    layout, layers = checkpoint_layout(checkpoint), checkpoint.attention_layers()
+    layout, layers = checkpoint.attention, checkpoint.attention_layers()
     before = pair_summary(layers, layout)
     skipped = balance_layers(layers, layout, targets)
     rounding = store_layers(checkpoint, layers)
@@ -117,13 +113,11 @@ def checkpoint_of_model(model: nn.Module) -> Checkpoint:
         raise ValueError(f"{where}: no {_LAYER0[kind]} among its tensors")
     prefix = first[: -len(_LAYER0[kind])]
     spec = architecture_from_hf_config(config, str(where))  # as attnid counts --hf-config reads it
-    sizes = (spec["n_layer"], spec["n_head"], spec["n_embd"])
     if kind == HF_GPT2:
-        return Checkpoint(kind, where, *sizes, tensors, prefix, payload=config)
-    head_dim = spec.get("head_dim", spec["n_embd"] // spec["n_head"])
-    return LlamaCheckpoint(
-        kind, where, *sizes, tensors, prefix, payload=config, n_kv_head=spec["n_kv_head"], head_dim=head_dim
-    )
+        attention = gpt2_attention(spec["n_embd"], spec["n_head"])
+        return Checkpoint(kind, where, spec["n_layer"], attention, tensors, prefix, payload=config)
+    attention = architecture_shape(spec)
+    return LlamaCheckpoint(kind, where, spec["n_layer"], attention, tensors, prefix, payload=config)
 
 
 @torch.no_grad()

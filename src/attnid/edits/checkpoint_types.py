@@ -1,8 +1,9 @@
 """A checkpoint as the edits see it, whatever its format, and what a format registers
 (:mod:`attnid.edits.checkpoints` holds the registry).
 
-- :class:`Checkpoint`: every stored tensor by its stored name, the attention shape (``n_layer``,
-  ``n_head``, ``n_embd``), and what its format's writer needs to write it back unchanged.
+- :class:`Checkpoint`: every stored tensor by its stored name, ``n_layer`` and the attention shape of each
+  layer (:class:`attnid.theory.shape.LayerShape`), and what its format's writer needs to write it back
+  unchanged.
 - :class:`AttentionLayer`: one layer's attention in nanoGPT's layout and float64, which every edit
   works on.
 - :class:`CheckpointFormat`: one format's loader and writer (nanoGPT ``ckpt.pt``:
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 from attnid.common.errors import UserError
+from attnid.theory.shape import LayerShape
 
 NANOGPT = "nanogpt"
 HF_GPT2 = "hf-gpt2"
@@ -52,8 +54,7 @@ class Checkpoint:
     kind: str  # NANOGPT, HF_GPT2 or HF_LLAMA: its format in the registry
     path: Path
     n_layer: int
-    n_head: int
-    n_embd: int
+    attention: LayerShape  # each layer's, as its loader read it from the config and the stored tensors
     tensors: dict[str, torch.Tensor]  # every weight, keyed as stored
     layer_prefix: str  # stored key of layer i's tensors: f"{layer_prefix}{i}.{part}"
     payload: dict = field(default_factory=dict)  # nanoGPT: the whole checkpoint dict; HF: config.json

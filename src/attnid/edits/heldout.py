@@ -30,8 +30,12 @@ from torch.nn import functional as F
 
 from attnid.common.errors import UserError
 from attnid.common.files import require
+from attnid.common.memory import require_memory
 from attnid.common.paths import require_regular_file
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, Checkpoint
+from attnid.model.footprint import forward_footprint
+from attnid.model.gpt import GPTConfig, config_from_model_args, model_from_checkpoint
+from attnid.training import data as data_module
 
 
 class HeldoutOptions(Protocol):
@@ -70,8 +74,6 @@ def _data_dirs(checkpoint: Checkpoint, data: Path | None) -> list[Path]:
 
 
 def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[np.ndarray, str]:
-    from attnid.training import data as data_module
-
     vocab = checkpoint.vocab_size
     if checkpoint.kind == NANOGPT:
         meta_dir = next((d for d in dirs if (d / data_module.META_NAME).is_file()), None)
@@ -106,8 +108,6 @@ def _encode_text(text: str, checkpoint: Checkpoint, dirs: list[Path]) -> tuple[n
 
 
 def _tokens(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[np.ndarray | None, str]:
-    from attnid.training import data as data_module
-
     dirs = _data_dirs(checkpoint, args.data)
     if args.text is None and checkpoint.kind == NANOGPT:
         for folder in dirs:
@@ -141,17 +141,13 @@ def _tokens(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[np.ndarray | 
 def check_eval_memory(checkpoint: Checkpoint, sequences: int, length: int) -> None:
     """Refuse a held-out batch whose two evaluations cannot fit in the host's memory (docs/design.md §6.2):
     the stored weights, an evaluation model, one forward pass, and the logits before and after."""
-    from attnid.common.memory import require_memory
-    from attnid.model.footprint import forward_footprint
-    from attnid.model.gpt import GPTConfig, config_from_model_args
-
     if checkpoint.kind == NANOGPT:
         config = config_from_model_args(checkpoint.payload["model_args"])
     else:
         config = GPTConfig(
             n_layer=checkpoint.n_layer,
-            n_head=checkpoint.n_head,
-            n_embd=checkpoint.n_embd,
+            n_head=checkpoint.attention.n_head,
+            n_embd=checkpoint.attention.n_embd,
             vocab_size=checkpoint.vocab_size,
             block_size=checkpoint.block_size,
         )
@@ -193,8 +189,6 @@ def heldout_batch(checkpoint: Checkpoint, args: HeldoutOptions) -> tuple[torch.T
 def load_for_eval(checkpoint: Checkpoint) -> Callable[[torch.Tensor], torch.Tensor]:
     """A callable ``ids (B, T) -> logits (B, T, V)`` for the checkpoint as written on disk."""
     if checkpoint.kind == NANOGPT:
-        from attnid.model.gpt import model_from_checkpoint
-
         model = model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).eval()
         return lambda ids: model(ids, full_logits=True)[0]
     model_class = "AutoModelForCausalLM" if checkpoint.kind == HF_LLAMA else "GPT2LMHeadModel"
@@ -206,6 +200,7 @@ def _hf_model(folder: Path, model_class: str):
     float16 weight is exact in float32, so before and after are compared on what is stored, and buffers the
     model computes at load (Gemma's embedding scale) are not rounded to the stored dtype either."""
     transformers = require("transformers", "evaluating a Hugging Face model")
+    # lazy: packaging, an optional dependency (the hf extra) read with transformers
     from packaging.version import Version  # in the hf extra (transformers needs it too)
 
     transformers.logging.set_verbosity_error()

@@ -16,6 +16,7 @@ from attnid.common.shapes import check_tensor_shapes
 from attnid.edits.checkpoint_types import HF_GPT2, Checkpoint, CheckpointFormat
 from attnid.edits.hf_files import read_folder_config, read_weights, save_hf_folder
 from attnid.edits.nanogpt_checkpoint import count_layers, layer_prefix
+from attnid.theory.shape import LayerShape, layer_shape
 
 GPT2_SIZES = ("n_layer", "n_head", "n_embd", "vocab_size", "n_positions")
 
@@ -34,6 +35,11 @@ def _gpt2_sizes(config: dict, where: Path) -> dict[str, int]:
     usable = isinstance(inner, int) and not isinstance(inner, bool) and inner > 0
     sizes["n_inner"] = inner if isinstance(inner, int) and usable else 4 * sizes["n_embd"]  # None means 4E
     return sizes
+
+
+def gpt2_attention(n_embd: int, n_head: int) -> LayerShape:
+    """GPT-2's attention: ``H`` heads of ``D = E/H``, every projection with its bias, no RoPE."""
+    return layer_shape(n_embd, n_head, bias=True)
 
 
 def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict]:
@@ -88,8 +94,7 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
         HF_GPT2,
         folder,
         n_layer,
-        sizes["n_head"],
-        sizes["n_embd"],
+        gpt2_attention(sizes["n_embd"], sizes["n_head"]),
         tensors,
         prefix,
         payload=config,

@@ -38,7 +38,7 @@ from attnid.common.paths import inside
 from attnid.edits.checkpoint_types import HF_LLAMA, AttentionLayer, Checkpoint, CheckpointFormat
 from attnid.edits.hf_files import INDEX_NAMES, read_folder_config, read_weights, save_hf_folder
 from attnid.edits.options import STORED_DTYPE_NAMES
-from attnid.model.layout import AttentionLayout, row_blocks
+from attnid.model.layout import row_blocks
 from attnid.theory import counts
 from attnid.theory.hf_config import architecture_from_hf_config
 
@@ -56,8 +56,6 @@ class LlamaCheckpoint(Checkpoint):
     """A Llama-family folder: a :class:`Checkpoint` (weights by stored name, shard layout, ``config.json`` as
     ``payload``) whose attention layers are the stacked projections (see the module docstring)."""
 
-    n_kv_head: int = 0  # G
-    head_dim: int = 0  # D
     rewritten_dtype: str | None = None  # set by set_stored_dtype (--dtype)
 
     @property
@@ -67,20 +65,6 @@ class LlamaCheckpoint(Checkpoint):
     @property
     def model_type(self) -> str:
         return str(self.payload["model_type"])
-
-    @property
-    def layout(self) -> AttentionLayout:
-        has_bias = self.key(0, "q_proj", "bias") in self.tensors
-        return AttentionLayout(
-            self.n_embd, self.n_head, self.n_kv_head, self.head_dim, rope=True, bias=has_bias
-        )
-
-    @property
-    def shape(self) -> counts.LayerShape:
-        """The layer shape ``attnid counts --hf-config`` gives this folder's config (the closed forms'
-        input)."""
-        where = str(self.path / "config.json")
-        return counts.architecture_shape(architecture_from_hf_config(self.payload, where))
 
     def key(self, layer: int, projection: str, part: str) -> str:
         return f"{self.layer_prefix}{layer}.self_attn.{projection}.{part}"
@@ -110,7 +94,7 @@ class LlamaCheckpoint(Checkpoint):
 
     def set_attention_layers(self, layers: list[AttentionLayer]) -> None:
         """Write edited layers back into q/k/v/o_proj, each tensor in its stored dtype."""
-        rows = row_blocks(self.layout)  # W_Q, W_K, W_V rows of c_attn
+        rows = row_blocks(self.attention)  # W_Q, W_K, W_V rows of c_attn
         for layer, edited in enumerate(layers):
             values = {("o_proj", "weight"): edited.c_proj_weight, ("o_proj", "bias"): edited.c_proj_bias}
             for projection, block in zip(PROJECTIONS[:3], rows):
@@ -156,7 +140,8 @@ def _check_rotary(config: dict, where: str) -> None:
 
 def _check_tensors(checkpoint: LlamaCheckpoint, spec: dict, where: Path) -> None:
     """Every layer's projections present with the config's shapes; biases as the config says."""
-    e, h, g, d = checkpoint.n_embd, checkpoint.n_head, checkpoint.n_kv_head, checkpoint.head_dim
+    attention = checkpoint.attention
+    e, h, g, d = attention.n_embd, attention.n_head, attention.n_kv_head, attention.head_dim
     expected = {"q_proj": (h * d, e), "k_proj": (g * d, e), "v_proj": (g * d, e), "o_proj": (e, h * d)}
     bias_expected = {
         "q_proj": spec["bias"],
@@ -229,22 +214,19 @@ def load_hf_llama(folder: str | Path) -> LlamaCheckpoint:
             f"{where} says num_hidden_layers={spec['n_layer']} but the weights have {n_layer} layers"
         )
     try:
-        counts.architecture_shape(spec)  # counts.py's validation (e.g. heads wider than E)
+        attention = counts.architecture_shape(spec)  # counts.py's validation (e.g. heads wider than E)
     except ValueError as err:
         raise UserError(f"{where}: {err}") from None
     checkpoint = LlamaCheckpoint(
         HF_LLAMA,
         folder,
         n_layer,
-        n_head,
-        n_embd,
+        attention,
         tensors,
         prefix,
         payload=config,
         weight_files=weight_files,
         file_metadata=metadata,
-        n_kv_head=spec["n_kv_head"],
-        head_dim=spec.get("head_dim", n_embd // n_head),
     )
     _check_tensors(checkpoint, spec, folder)
     return checkpoint

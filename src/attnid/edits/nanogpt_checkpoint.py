@@ -11,6 +11,7 @@ ones, before any shape is derived from them (:func:`attnid.model.gpt.config_from
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import load_weights_only, torch_save_atomic
 from attnid.common.shapes import check_tensor_shapes
 from attnid.edits.checkpoint_types import NANOGPT, Checkpoint, CheckpointFormat
+from attnid.model.gpt import COMPILED_PREFIX, config_from_model_args, expected_state_shapes
 
 
 def layer_prefix(keys: Iterable[str], where: Path) -> str:
@@ -43,8 +45,6 @@ def count_layers(keys: Iterable[str], prefix: str) -> int:
 
 
 def load_nanogpt(path: Path) -> Checkpoint:
-    from attnid.model.gpt import COMPILED_PREFIX, config_from_model_args, expected_state_shapes
-
     checkpoint = load_weights_only(path)
     if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
         raise UserError(f"{path} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
@@ -66,9 +66,13 @@ def load_nanogpt(path: Path) -> Checkpoint:
     expected = expected_state_shapes(config)
     check_tensor_shapes(expected, shapes, str(path), source="its model_args", required=False)
     prefix = layer_prefix(tensors, path)
-    return Checkpoint(
-        NANOGPT, path, n_layer, config.n_head, config.n_embd, dict(tensors), prefix, payload=checkpoint
+    # the biases as stored (a file may lack what its model_args declare): what an edit finds to edit
+    attention = replace(
+        config.attention,
+        bias=f"{prefix}0.attn.c_attn.bias" in tensors,
+        out_bias=f"{prefix}0.attn.c_proj.bias" in tensors,
     )
+    return Checkpoint(NANOGPT, path, n_layer, attention, dict(tensors), prefix, payload=checkpoint)
 
 
 def save_nanogpt(checkpoint: Checkpoint, out: Path, record: dict | None = None) -> Path:

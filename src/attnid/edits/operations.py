@@ -15,7 +15,7 @@
   and RoPE checkpoints of ``attnid train`` are balanced on their own, smaller orbits
   (docs/design.md §8) by the move the rebalancing runs make; a full ``GL_D`` move would
   change a RoPE model's function. Llama-family folders (:mod:`attnid.edits.hf_llama`) are
-  cut by their own grouped layout (:func:`checkpoint_layout`) and balanced on their own
+  cut by their own grouped shape (the checkpoint's ``attention``) and balanced on their own
   orbits by the same :func:`balance_layers`.
 
 Each command proves its edit: logits and loss on a held-out batch before and after,
@@ -32,10 +32,9 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.edits.checkpoints import HF_LLAMA, NANOGPT, AttentionLayer, Checkpoint
-from attnid.edits.hf_llama import LlamaCheckpoint
-from attnid.model.gpt import COMPILED_PREFIX
+from attnid.measure.metrics import excess_norm
+from attnid.model.gpt import COMPILED_PREFIX, model_from_checkpoint
 from attnid.model.layout import (
-    AttentionLayout,
     LayerTensors,
     model_pairs,
     orbit_of,
@@ -46,16 +45,17 @@ from attnid.model.layout import (
 from attnid.model.moves import rebalance_model
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
+from attnid.theory.shape import LayerShape
 
 # --------------------------------------------------------------------------------------
 # the edits (pure functions on float64 layers in nanoGPT's layout, grouped for GQA)
 # --------------------------------------------------------------------------------------
 
 
-def prune_layer_biases(layer: AttentionLayer, layout: AttentionLayout) -> tuple[AttentionLayer, int, int]:
+def prune_layer_biases(layer: AttentionLayer, layout: LayerShape) -> tuple[AttentionLayer, int, int]:
     """Zero the key biases (not under RoPE) and fold the value biases into the output bias (where it exists).
 
-    ``layout`` says how ``c_attn`` is cut (:func:`checkpoint_layout`; grouped rows for GQA). Returns the
+    ``layout`` says how ``c_attn`` is cut (the checkpoint's ``attention``; grouped rows for GQA). Returns the
     edited layer (a copy) and how many key and value biases were non-zero before. Exact: ``W_O b_V`` is
     added in float64, each group's value bias once per query head that reads it.
     """
@@ -81,41 +81,6 @@ def prune_layer_biases(layer: AttentionLayer, layout: AttentionLayout) -> tuple[
     )
 
 
-def checkpoint_layout(checkpoint: Checkpoint) -> AttentionLayout:
-    """How the edits cut a checkpoint's attention into pairs (docs/design.md §9): a Llama-family folder's
-    own grouped layout (:mod:`attnid.edits.hf_llama`); for nanoGPT and GPT-2 the ``(3E, E)`` multi-head
-    block (``G = H``, ``D = E/H``), with RoPE where ``model_args`` say so."""
-    if isinstance(checkpoint, LlamaCheckpoint):
-        return checkpoint.layout
-    first = checkpoint.attention_layer(0)
-    n_embd = first.c_attn_weight.shape[1]
-    rope, _ = attention_variant(checkpoint)
-    return AttentionLayout(
-        n_embd,
-        checkpoint.n_head,
-        checkpoint.n_head,
-        n_embd // checkpoint.n_head,
-        rope=rope,
-        bias=first.c_attn_bias is not None,
-    )
-
-
-def checkpoint_shape(checkpoint: Checkpoint) -> counts.LayerShape:
-    """counts.py's shape of one attention layer of the checkpoint (the closed forms' input): from
-    ``config.json`` for a Llama-family folder (as ``attnid counts --hf-config`` reads it), else from
-    :func:`checkpoint_layout` and whether ``c_proj`` has a bias."""
-    if isinstance(checkpoint, LlamaCheckpoint):
-        return checkpoint.shape
-    layout = checkpoint_layout(checkpoint)
-    return counts.layer_shape(
-        layout.n_embd,
-        layout.n_head,
-        rope=layout.rope,
-        bias=layout.bias,
-        out_bias=checkpoint.attention_layer(0).c_proj_bias is not None,
-    )
-
-
 def layer_tensors_of(layers: list[AttentionLayer]) -> list[LayerTensors]:
     """Per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)``: what :mod:`attnid.model.layout` cuts
     pairs from."""
@@ -123,7 +88,7 @@ def layer_tensors_of(layers: list[AttentionLayer]) -> list[LayerTensors]:
 
 
 def balance_layers(
-    layers: list[AttentionLayer], layout: AttentionLayout, targets: dict[str, torch.Tensor] | None = None
+    layers: list[AttentionLayer], layout: LayerShape, targets: dict[str, torch.Tensor] | None = None
 ) -> int:
     """Move every pair of both circuits to imbalance 0 (or ``targets[circuit]``, ``(L*G, D, D)``), in place.
 
@@ -163,8 +128,6 @@ def _summary(pairs_of_circuit) -> dict[str, float]:
     """``mu_qk``, ``mu_ov`` (excess norm on each circuit's orbit) and ``attn_norm``: the Frobenius norm of
     every pair entry (W_Q, W_K, W_V, W_O and the q/k/v biases; a GQA group's shared key or value counted
     once), which balancing minimises. ``pairs_of_circuit(circuit) -> (orbit, A, B)``, stacked pairs."""
-    from attnid.measure.metrics import excess_norm
-
     row, total_sq = {}, 0.0
     for circuit in CIRCUITS:
         orbit, pair_a, pair_b = pairs_of_circuit(circuit)
@@ -175,7 +138,7 @@ def _summary(pairs_of_circuit) -> dict[str, float]:
     return row
 
 
-def pair_summary(layers: list[AttentionLayer], layout: AttentionLayout) -> dict[str, float]:
+def pair_summary(layers: list[AttentionLayer], layout: LayerShape) -> dict[str, float]:
     """:func:`_summary` of layers cut by ``layout``, each circuit on its own orbit."""
     tensors = layer_tensors_of(layers)
     return _summary(lambda circuit: (orbit_of(layout, circuit), *stacked_pairs(tensors, layout, circuit)))
@@ -185,7 +148,7 @@ def redundant_bias_count(checkpoint: Checkpoint) -> dict[str, int | float]:
     """Biases that pruning removes, from the closed forms of :mod:`attnid.theory.counts` (§4.7): the
     unidentified key biases (none under RoPE) and, only where an output bias absorbs them, the value biases;
     and the ones it keeps: RoPE key biases (identified), value biases without an output bias."""
-    shape = checkpoint_shape(checkpoint)
+    shape = checkpoint.attention
     folded = counts.unidentified_value_bias_params(shape) if shape.out_bias else 0  # fold only into a b_O
     per_layer = counts.unidentified_key_bias_params(shape) + folded
     attention = checkpoint.n_layer * counts.attention_params_per_layer(shape)
@@ -206,21 +169,17 @@ def redundant_bias_count(checkpoint: Checkpoint) -> dict[str, int | float]:
 
 
 def attention_variant(checkpoint: Checkpoint) -> tuple[bool, bool]:
-    """``(rope, resized)`` from a nanoGPT checkpoint's ``model_args`` (GPT-2 folders have neither).
+    """``(rope, resized)`` of the checkpoint's attention shape: a nanoGPT checkpoint's, as its ``model_args``
+    say (GPT-2 folders have neither).
 
     ``resized``: grouped key/value heads (``n_kv_head != n_head``) or ``head_dim != E/H``,
     whose ``c_attn`` is not the ``(3E, E)`` block these edits slice.
     """
     if checkpoint.kind == HF_LLAMA:
-        return True, False  # always RoPE; its grouped rows are cut by its own layout (checkpoint_layout)
-    if checkpoint.kind != NANOGPT:
-        return False, False
-    args = checkpoint.payload["model_args"]
-    kv_heads, head_dim = args.get("n_kv_head"), args.get("head_dim")
-    resized = (kv_heads is not None and int(kv_heads) != checkpoint.n_head) or (
-        head_dim is not None and int(head_dim) * checkpoint.n_head != checkpoint.n_embd
-    )
-    return bool(args.get("rope", False)), resized
+        return True, False  # always RoPE; its grouped rows are cut by its own shape (Checkpoint.attention)
+    shape = checkpoint.attention  # a GPT-2 folder's: G = H, D = E/H, no RoPE
+    resized = shape.n_kv_head != shape.n_head or shape.head_dim * shape.n_head != shape.n_embd
+    return shape.rope, resized
 
 
 def check_plain_layout(
@@ -254,8 +213,8 @@ def stored_initial_imbalance(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
             f"{checkpoint.path} has none: use --target balanced"
         )
     initial = tracker["initial_imbalance"]
-    head_dim = checkpoint.n_embd // checkpoint.n_head
-    expected = (checkpoint.n_layer * checkpoint.n_head, head_dim, head_dim)
+    shape = checkpoint.attention
+    expected = (checkpoint.n_layer * shape.n_kv_head, shape.head_dim, shape.head_dim)
     for circuit in CIRCUITS:
         if tuple(initial[circuit].shape) != expected:
             raise UserError(
@@ -266,8 +225,6 @@ def stored_initial_imbalance(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
 
 
 def _float64_model(checkpoint: Checkpoint):
-    from attnid.model.gpt import model_from_checkpoint
-
     return model_from_checkpoint(dict(checkpoint.payload, model=checkpoint.tensors)).double().eval()
 
 

@@ -13,17 +13,10 @@ from typing import Any
 import torch
 
 from attnid.measure.metrics import excess_norm
-from attnid.model.layout import (
-    AttentionLayout,
-    LayerTensors,
-    attention_tensors,
-    layer_shape_of,
-    layout_of,
-    orbit_of,
-    pairs_from_tensors,
-)
+from attnid.model.layout import LayerTensors, attention_tensors, layout_of, orbit_of, pairs_from_tensors
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
+from attnid.theory.shape import LayerShape, check_closed_form_domain
 
 # inspect's names for counts.layer_counts' per-layer entries (the keys of ``attnid inspect --json``)
 INSPECT_COUNT_KEYS = {
@@ -36,7 +29,7 @@ INSPECT_COUNT_KEYS = {
 }
 
 
-def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
+def _layer_counts(shape: LayerShape) -> dict[str, int | float]:
     """Attention parameters and unidentified ones in one layer of this shape: ``D²`` per key/value group
     in the query-key product (``D`` with RoPE, Prop. 4.8; Cor. 4.4), ``C²`` in the output-value product
     (Lemma 4.6), and with biases the key and value biases (§4.7); from
@@ -48,21 +41,21 @@ def _layer_counts(shape: counts.LayerShape) -> dict[str, int | float]:
 @torch.no_grad()
 def inspect_model(model: torch.nn.Module) -> dict:
     """:func:`inspect_layers` of a GPT (MHA, GQA, RoPE, a head width of its own), at its live weights."""
-    return inspect_layers(layout_of(model), layer_shape_of(model), attention_tensors(model))
+    return inspect_layers(layout_of(model), attention_tensors(model))
 
 
 @torch.no_grad()
-def inspect_layers(
-    layout: AttentionLayout, shape: counts.LayerShape, tensors_per_layer: Iterable[LayerTensors]
-) -> dict:
+def inspect_layers(shape: LayerShape, tensors_per_layer: Iterable[LayerTensors]) -> dict:
     """Per layer: μ and the conserved imbalance norm of both circuits on the architecture's own orbit, the
     orbit's dimension at the weights (the tangent map's rank) next to the closed form of
-    :mod:`attnid.theory.counts` for ``shape``, and the identification counts of that shape.
+    :mod:`attnid.theory.counts` for ``shape``, and the identification counts of that shape; ValueError for
+    a shape the closed forms do not cover (:func:`attnid.theory.shape.check_closed_form_domain`).
 
-    ``tensors_per_layer``: per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` cut by ``layout``
+    ``tensors_per_layer``: per layer ``(c_attn.weight, c_attn.bias, c_proj.weight)`` cut by ``shape``
     (:mod:`attnid.model.layout`), a model's live tensors or a checkpoint's float64 copies.
     """
-    orbits = {c: orbit_of(layout, c) for c in CIRCUITS}
+    check_closed_form_domain(shape)
+    orbits = {c: orbit_of(shape, c) for c in CIRCUITS}
     closed_form = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
     counted = _layer_counts(shape)
     layers = []
@@ -71,14 +64,14 @@ def inspect_layers(
     for layer, tensors in enumerate(tensors_per_layer):
         row: dict[str, Any] = {
             "layer": layer,
-            "heads": layout.n_head,
-            "kv_heads": layout.n_kv_head,
-            "head_dim": layout.head_dim,
-            "rope": layout.rope,
+            "heads": shape.n_head,
+            "kv_heads": shape.n_kv_head,
+            "head_dim": shape.head_dim,
+            "rope": shape.rope,
         }
         matches = True
         for circuit in CIRCUITS:
-            pair_a, pair_b = pairs_from_tensors(*tensors, layout, circuit)  # (G, D, n) each
+            pair_a, pair_b = pairs_from_tensors(*tensors, shape, circuit)  # (G, D, n) each
             frobenius_sq, minimum = orbits[circuit].excess_norm_terms(pair_a, pair_b)
             totals[circuit][0] += frobenius_sq.sum().cpu()
             totals[circuit][1] += minimum.sum().cpu()
@@ -101,12 +94,12 @@ def inspect_layers(
     summary["orbit_matches_closed_form"] = all(r["orbit_matches_closed_form"] for r in layers)
     return {
         "n_layer": len(layers),
-        "n_head": layout.n_head,
-        "n_kv_head": layout.n_kv_head,
-        "head_dim": layout.head_dim,
-        "rope": layout.rope,
-        "n_embd": layout.n_embd,
-        "bias": layout.bias,
+        "n_head": shape.n_head,
+        "n_kv_head": shape.n_kv_head,
+        "head_dim": shape.head_dim,
+        "rope": shape.rope,
+        "n_embd": shape.n_embd,
+        "bias": shape.bias,
         "layers": layers,
         "total": summary,
     }

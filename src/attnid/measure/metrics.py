@@ -1,9 +1,9 @@
-"""The four logged quantities ρ, β, τ, μ, and ``attnid inspect``.
+"""The four logged quantities ρ, β, τ, μ (``attnid inspect`` reads μ: :mod:`attnid.measure.inspect`).
 
 Definitions (docs/design.md §3; the paper's extracted text does not keep its
 formulas, so these are this project's, chosen to test claims E1–E3 exactly). Each
 is aggregated over every factor pair of one circuit (``qk`` or ``ov``; per head for
-MHA, per key/value group for GQA, see :mod:`attnid.model.orbits`), with a per-layer
+MHA, per key/value group for GQA, see :mod:`attnid.model.layout`), with a per-layer
 breakdown under the suffix ``_l{i}``, and always on the orbit of the model's own
 architecture (docs/design.md §8): ``GL_D``, or for RoPE query-key pairs the
 subgroup of per-plane scalings and rotations.

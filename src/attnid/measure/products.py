@@ -21,9 +21,10 @@ from functools import cached_property
 
 import torch
 
-from attnid.model.layout import AttentionLayout, LayerTensors, stacked_pairs
+from attnid.model.layout import LayerTensors, stacked_pairs
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
+from attnid.theory.shape import LayerShape
 
 
 class CircuitPairs:
@@ -104,7 +105,7 @@ class CircuitStep:
         return factor_pairs.trace(self.step_gram_a) + factor_pairs.trace(self.step_gram_b)
 
 
-def read_pairs(tensors_per_layer: list[LayerTensors], layout: AttentionLayout) -> dict[str, CircuitPairs]:
+def read_pairs(tensors_per_layer: list[LayerTensors], layout: LayerShape) -> dict[str, CircuitPairs]:
     """Both circuits' :class:`CircuitPairs` from per-layer ``(c_attn.weight, c_attn.bias, c_proj.weight)``
     (live tensors or a copy, any float dtype; the pairs are float64 on the tensors' device)."""
     return {circuit: CircuitPairs(*stacked_pairs(tensors_per_layer, layout, circuit)) for circuit in CIRCUITS}
@@ -122,7 +123,7 @@ class Point:
     The pairs where the tensors are come from the tensors; copies on another device come from those
     pairs, never from the tensors again (live tensors move on with training)."""
 
-    def __init__(self, tensors_per_layer: list[LayerTensors], layout: AttentionLayout) -> None:
+    def __init__(self, tensors_per_layer: list[LayerTensors], layout: LayerShape) -> None:
         self.tensors, self.layout = tensors_per_layer, layout
         self.device = tensors_per_layer[0][0].device
         self._pairs: dict[torch.device, dict[str, CircuitPairs]] = {}

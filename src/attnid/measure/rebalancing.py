@@ -1,9 +1,11 @@
 """Orbit moves of a training run (the rebalancing cases) and τ measured across them (claim E3;
 docs/design.md §3, §4, §8).
 
-``rebalance`` moves every attention pair to its target imbalance in place (the
-rebalancing cases' periodic step); ``tau_probe`` makes the same move on the live
-weights and restores them bit-identically, so runs without rebalancing log τ too.
+:func:`rebalancing_move` moves every attention pair to its target imbalance in place (the move of the
+rebalancing cases' periodic step); :func:`tau_probe` makes the same move on the live weights and restores
+them bit-identically, so runs without rebalancing log τ too. The names (docs/design.md §4): to *rebalance*
+is to move pairs along their orbit to a target imbalance (:meth:`attnid.theory.orbits.Orbit.rebalance`);
+to *balance* (``attnid balance``) is to rebalance a checkpoint once, to zero imbalance or to ``I_0``.
 This module only measures: the moves, on the orbit of the model's own architecture,
 are :func:`attnid.model.moves.rebalance_model`; the probe and τ are the
 :class:`attnid.measure.metrics.MetricTracker`'s.
@@ -53,7 +55,9 @@ def move_and_measure(
 
 
 @torch.no_grad()
-def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "initial") -> dict[str, float]:
+def rebalancing_move(
+    model: torch.nn.Module, tracker: MetricTracker, target: str = "initial"
+) -> dict[str, float]:
     """:func:`move_and_measure`, and the tracker remembers each move (μ at the weights it moved from reuses
     the move's orbit minimum, :meth:`attnid.measure.metrics.MetricTracker.state_metrics`).
 
@@ -66,9 +70,9 @@ def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "ini
 
 @torch.no_grad()
 def tau_probe(model: torch.nn.Module, tracker: MetricTracker, target: str = PROBE_TARGET) -> dict[str, float]:
-    """:func:`rebalance` without side effects: the model's weights are bit-identical afterwards."""
+    """:func:`rebalancing_move` without side effects: the model's weights are bit-identical afterwards."""
     with moves.kept_attention_weights(model):
-        return rebalance(model, tracker, target)
+        return rebalancing_move(model, tracker, target)
 
 
 @torch.no_grad()

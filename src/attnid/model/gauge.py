@@ -56,7 +56,6 @@ from torch.nn import functional as F
 
 from attnid.common.errors import UserError
 from attnid.model.layout import (
-    AttentionLayout,
     attention_blocks,
     attention_tensors,
     layout_of,
@@ -65,6 +64,7 @@ from attnid.model.layout import (
     write_layer_pairs,
 )
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS
+from attnid.theory.shape import LayerShape
 
 # Which factor of each circuit's pair carries the fixed block: the key B of a query-key pair, the value A of
 # an output-value pair (the factors with one D x E matrix per group)
@@ -73,7 +73,7 @@ GAUGED_FACTOR = {"qk": "b", "ov": "a"}
 FROZEN_SEED_OFFSET = 15_485_863
 
 
-def check_gauge_layout(layout: AttentionLayout) -> None:
+def check_gauge_layout(layout: LayerShape) -> None:
     """One line for an attention shape this gauge does not fit."""
     if layout.rope:
         raise UserError(
@@ -88,7 +88,7 @@ def check_gauge_layout(layout: AttentionLayout) -> None:
         )
 
 
-def fixed_entries_per_layer(layout: AttentionLayout) -> int:
+def fixed_entries_per_layer(layout: LayerShape) -> int:
     """Entries taken out of training per layer: a ``D x D`` block of each group's key and value
     (``2 G D^2``)."""
     return 2 * layout.n_kv_head * layout.head_dim**2
@@ -170,9 +170,7 @@ class GaugeFixedQKV(nn.Module):
     bias: torch.Tensor | None
     query_weight: torch.Tensor  # a parameter (register_parameter), as are the free key/value pieces
 
-    def __init__(
-        self, linear: nn.Linear, layout: AttentionLayout, key_starts: list[int], value_starts: list[int]
-    ):
+    def __init__(self, linear: nn.Linear, layout: LayerShape, key_starts: list[int], value_starts: list[int]):
         super().__init__()
         check_gauge_layout(layout)
         self.head_dim, self.n_embd = layout.head_dim, layout.n_embd
@@ -358,6 +356,24 @@ def fix_gauge(model: torch.nn.Module, at: str = GAUGE_POINT) -> float:
     for block, starts in zip(attention_blocks(model), windows, strict=True):
         block.attn.c_attn = GaugeFixedQKV(block.attn.c_attn, layout, starts["qk"], starts["ov"])
     return worst
+
+
+@torch.no_grad()
+def start_at_gauge(model: torch.nn.Module, probe_tokens: torch.Tensor, point: str, fixed: bool) -> dict:
+    """Where a run starts on its orbits (``--initial-point``, docs/design.md §14), in place: with ``fixed``
+    (``adamw_gauge_fixed``) :func:`fix_gauge` at ``point``, else :func:`move_to_gauge_point` alone. Before
+    the optimizer, a tracker's ``I_0`` and ``torch.compile`` see the model.
+
+    Returns what run.json records of it: the initial point, whether blocks are fixed, the largest condition
+    number of the blocks (inverted, or fixed where they are: a gauge only if invertible), and the change of
+    the logits of ``probe_tokens`` ``(B, T)`` (eval mode), max-abs over max-abs."""
+    model.eval()
+    before = model(probe_tokens, full_logits=True)[0]
+    condition = fix_gauge(model, at=point) if fixed else move_to_gauge_point(model)
+    after = model(probe_tokens, full_logits=True)[0]
+    model.train()
+    change = float((after - before).abs().max() / before.abs().max())
+    return {"initial_point": point, "fixed": fixed, "condition": condition, "logit_change": change}
 
 
 def gauge_fixed_layers(model: torch.nn.Module) -> list[GaugeFixedQKV]:

@@ -45,7 +45,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from attnid.common.errors import UserError
+from attnid.common.files import load_weights_only
+from attnid.common.shapes import check_tensor_shapes
 from attnid.theory.rope import rope_rotate
+from attnid.theory.shape import LayerShape
 
 # torch.compile wraps the model and prefixes every state-dict key with this.
 COMPILED_PREFIX = "_orig_mod."
@@ -74,6 +77,22 @@ class GPTConfig:
     def per_head_dim(self) -> int:
         """``D``: the query/key/value width of one head."""
         return self.n_embd // self.n_head if self.head_dim is None else self.head_dim
+
+    @property
+    def attention(self) -> LayerShape:
+        """The shape of each attention layer (values as wide as keys, ``C = D``; nanoGPT's ``bias`` on the
+        query, key, value and output projections alike). Built, not stored: the fields stay nanoGPT's, so
+        a nanoGPT checkpoint's ``model_args`` load unchanged."""
+        return LayerShape(
+            self.n_embd,
+            self.n_head,
+            self.kv_heads,
+            self.per_head_dim,
+            self.per_head_dim,
+            bool(self.rope),
+            bool(self.bias),
+            bool(self.bias),
+        )
 
     def model_args(self) -> dict:
         """The ``model_args`` dict of a nanoGPT checkpoint.
@@ -365,8 +384,6 @@ def parameter_count(config: GPTConfig) -> int:
 def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
     """Build a GPT from a nanoGPT-format checkpoint dict (``model_args`` + ``model``), after checking
     every stored tensor's shape against ``model_args`` (one line naming the first that disagrees)."""
-    from attnid.common.shapes import check_tensor_shapes
-
     if not isinstance(checkpoint, dict) or "model_args" not in checkpoint or "model" not in checkpoint:
         raise UserError(f"{where} is not a nanoGPT checkpoint: expected a dict with 'model_args' and 'model'")
     if not isinstance(checkpoint["model_args"], dict) or not isinstance(checkpoint["model"], dict):
@@ -405,8 +422,6 @@ def model_from_checkpoint(checkpoint: dict, where: str = "checkpoint") -> GPT:
 
 def load_nanogpt_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> GPT:
     """Load a nanoGPT ``ckpt.pt`` (ours or nanoGPT's, compiled or not) as a GPT in eval mode."""
-    from attnid.common.files import load_weights_only
-
     # weights only: a checkpoint that carries code is refused before the code runs
     checkpoint = load_weights_only(path)
     model = model_from_checkpoint(checkpoint, where=str(path))

@@ -25,41 +25,24 @@ are these ``c_attn`` rows).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS, check_circuit
 from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT, Orbit
+from attnid.theory.shape import LayerShape
 
 # Per layer (c_attn.weight, c_attn.bias or None, c_proj.weight): the tensors pairs are cut from
 LayerTensors = tuple[torch.Tensor, "torch.Tensor | None", torch.Tensor]
-# A GPT (possibly wrapped by DDP or torch.compile), its GPTConfig, or an AttentionLayout: read by
-# attribute (config, n_embd, ...), so typed loosely
+# A GPT (possibly wrapped by DDP or torch.compile), its GPTConfig, or a LayerShape: read by attribute
+# (config, attention), so typed loosely
 ModelOrConfig = Any
 
 
 # --------------------------------------------------------------------------------------
-# The layout of an attention layer and the orbit of each circuit
+# The shape of an attention layer and the orbit of each circuit
 # --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttentionLayout:
-    """The attention shape the pairs are cut from: ``E, H, G, D``, RoPE, biases."""
-
-    n_embd: int
-    n_head: int
-    n_kv_head: int
-    head_dim: int
-    rope: bool
-    bias: bool
-
-    @property
-    def heads_per_group(self) -> int:
-        return self.n_head // self.n_kv_head
 
 
 def _unwrap(model: Any) -> Any:
@@ -69,35 +52,14 @@ def _unwrap(model: Any) -> Any:
     return model
 
 
-def layout_of(model_or_config: ModelOrConfig) -> AttentionLayout:
-    """The attention layout of a GPT (possibly wrapped), of a GPTConfig, or an AttentionLayout itself (the
-    layout of a checkpoint read without building a model, :mod:`attnid.edits`)."""
-    if isinstance(model_or_config, AttentionLayout):
+def layout_of(model_or_config: ModelOrConfig) -> LayerShape:
+    """The attention shape the pairs are cut by: of a GPT (possibly wrapped), of a GPTConfig
+    (:attr:`attnid.model.gpt.GPTConfig.attention`), or a LayerShape itself (the shape of a checkpoint read
+    without building a model, :mod:`attnid.edits`)."""
+    if isinstance(model_or_config, LayerShape):
         return model_or_config
     config: Any = getattr(_unwrap(model_or_config), "config", model_or_config)  # a GPTConfig
-    return AttentionLayout(
-        config.n_embd,
-        config.n_head,
-        config.kv_heads,
-        config.per_head_dim,
-        bool(config.rope),
-        bool(config.bias),
-    )
-
-
-def layer_shape_of(model_or_config: ModelOrConfig) -> counts.LayerShape:
-    """counts.py's LayerShape of one attention layer of this model (values as wide as keys: ``C = D``)."""
-    layout = layout_of(model_or_config)
-    return counts.layer_shape(
-        layout.n_embd,
-        layout.n_head,
-        layout.n_kv_head,
-        layout.head_dim,
-        layout.head_dim,
-        layout.rope,
-        layout.bias,
-        layout.bias,
-    )
+    return config.attention
 
 
 def orbit_of(model_or_config: ModelOrConfig, circuit: str) -> Orbit:
@@ -163,7 +125,7 @@ def _unside_by_side(pairs: torch.Tensor, n_head: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(n_head, head_dim, -1)
 
 
-def row_blocks(layout: AttentionLayout) -> tuple[slice, slice, slice]:
+def row_blocks(layout: LayerShape) -> tuple[slice, slice, slice]:
     """Row ranges of W_Q, W_K, W_V in ``c_attn``."""
     q_rows = layout.n_head * layout.head_dim
     kv_rows = layout.n_kv_head * layout.head_dim
@@ -174,7 +136,7 @@ def pairs_from_tensors(
     c_attn_weight: torch.Tensor,
     c_attn_bias: torch.Tensor | None,
     c_proj_weight: torch.Tensor,
-    layout: AttentionLayout,
+    layout: LayerShape,
     circuit: str,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +161,7 @@ def pairs_from_tensors(
 
 def stacked_pairs(
     tensors_per_layer: list[LayerTensors],
-    layout: AttentionLayout,
+    layout: LayerShape,
     circuit: str,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +193,7 @@ def _copy_rows(
 
 @torch.no_grad()
 def write_layer_pairs(
-    tensors: LayerTensors, layout: AttentionLayout, circuit: str, pair_a: torch.Tensor, pair_b: torch.Tensor
+    tensors: LayerTensors, layout: LayerShape, circuit: str, pair_a: torch.Tensor, pair_b: torch.Tensor
 ) -> None:
     """Write one layer's ``(A, B)`` pairs into its ``(c_attn.weight, c_attn.bias, c_proj.weight)``, in place.
 
@@ -259,7 +221,7 @@ def write_pairs_back(
         write_layer_pairs(tensors, layout, circuit, pair_a, pair_b)
 
 
-def weight_columns(layout: AttentionLayout, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+def weight_columns(layout: LayerShape, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices of the weight-matrix columns of a pair's ``A`` and ``B`` (the rest are bias columns).
 
     A GQA query-key ``A`` holds ``H/G`` blocks ``[W_Q^h | b_Q^h]`` side by side, so with

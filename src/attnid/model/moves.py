@@ -26,7 +26,6 @@ from attnid.model.layout import (
     attention_blocks,
     attention_tensors,
     layer_pairs,
-    layer_shape_of,
     layout_of,
     model_pairs,
     orbit_of,
@@ -37,6 +36,7 @@ from attnid.model.options import REBALANCE_TARGETS
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import Orbit, RebalanceTarget
+from attnid.theory.shape import check_closed_form_domain
 
 # --------------------------------------------------------------------------------------
 # Orbit dimension (compare with counts.py's closed forms)
@@ -48,7 +48,7 @@ def orbit_dimension(model_or_config: ModelOrConfig, layer: int, circuit: str) ->
 
     For a model, the rank of the tangent map at its weights; for a GPTConfig, the
     generic value. Equals counts.unidentified_qk_params / unidentified_ov_params of
-    :func:`attnid.model.layout.layer_shape_of` (``H D^2`` MHA, ``G D^2`` GQA, ``G D`` RoPE
+    :func:`attnid.model.layout.layout_of`'s shape (``H D^2`` MHA, ``G D^2`` GQA, ``G D`` RoPE
     query-key; ``G D^2`` output-value) at any point where the Gram matrices are nonsingular.
     """
     orbit = orbit_of(model_or_config, circuit)
@@ -68,7 +68,7 @@ def orbit_dimension(model_or_config: ModelOrConfig, layer: int, circuit: str) ->
 def orbit_dimension_rows(model: torch.nn.Module) -> list[dict]:
     """Per layer and circuit: the orbit's name, its dimension at the model's weights and
     counts.py's closed form for the layer shape (for ``attnid inspect``)."""
-    shape = layer_shape_of(model)
+    shape = check_closed_form_domain(layout_of(model))
     closed_form = {"qk": counts.unidentified_qk_params(shape), "ov": counts.unidentified_ov_params(shape)}
     return [
         {

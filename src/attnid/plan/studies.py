@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from attnid.theory.counts import layer_shape, single_head_match_equal_identified
+from attnid.theory.counts import single_head_match_equal_identified
+from attnid.theory.shape import LayerShape, check_closed_form_domain
+from attnid.training.config import TrainConfig
 
 STUDIES = ("heads", "variants")
 # Every study point trains with the AdamW case's settings (lr, weight decay).
@@ -34,20 +36,32 @@ class StudyPoint:
 
     study: str
     name: str
-    n_embd: int
-    n_head: int
-    n_kv_head: int
-    head_dim: int | None  # None: E/H, when H divides E
-    rope: bool
+    # the model section's biases, as its runs get them; D = E // H even where H does not divide E, which
+    # check_study_config reports
+    attention: LayerShape
 
     def architecture(self) -> dict:
+        """The settings the point gives its runs (``head_dim`` None where ``H`` does not divide ``E``)."""
+        shape = self.attention
         return {
-            "n_head": self.n_head,
-            "n_embd": self.n_embd,
-            "head_dim": self.head_dim,
-            "n_kv_head": self.n_kv_head,
-            "rope": self.rope,
+            "n_head": shape.n_head,
+            "n_embd": shape.n_embd,
+            "head_dim": shape.head_dim if shape.head_dim * shape.n_head == shape.n_embd else None,
+            "n_kv_head": shape.n_kv_head,
+            "rope": shape.rope,
         }
+
+
+def _point(
+    study: str, name: str, model: dict, n_embd: int, n_head: int, n_kv_head: int, rope: bool
+) -> StudyPoint:
+    """A point with ``D = E // H`` and the biases of the model section (``TrainConfig``'s default where it
+    has none)."""
+    bias = bool(model.get("bias", TrainConfig.bias))
+    head_dim = n_embd // n_head
+    return StudyPoint(
+        study, name, LayerShape(n_embd, n_head, n_kv_head, head_dim, head_dim, rope, bias, bias)
+    )
 
 
 def matched_single_head_embd(n_embd: int, reference_heads: int) -> int:
@@ -62,14 +76,13 @@ def heads_points(model: dict, heads: dict) -> list[StudyPoint]:
     """``h<H>`` for every ``H`` of ``heads.n_heads`` at ``model.n_embd``, then ``h1_e<E_0>``, the
     matched single head, when ``heads.matched_reference_heads`` is set."""
     n_embd = int(model["n_embd"])
-    points = []
-    for n_head in heads["n_heads"]:
-        head_dim = n_embd // n_head if n_embd % n_head == 0 else None
-        points.append(StudyPoint("heads", f"h{n_head}", n_embd, n_head, n_head, head_dim, False))
+    points = [
+        _point("heads", f"h{n_head}", model, n_embd, n_head, n_head, False) for n_head in heads["n_heads"]
+    ]
     reference = heads.get("matched_reference_heads")
     if reference:
         e0 = matched_single_head_embd(n_embd, int(reference))
-        points.append(StudyPoint("heads", f"h1_e{e0}", e0, 1, 1, e0, False))
+        points.append(_point("heads", f"h1_e{e0}", model, e0, 1, 1, False))
     return points
 
 
@@ -77,15 +90,14 @@ def variants_points(model: dict, variants: dict) -> list[StudyPoint]:
     """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H``
     and ``E``."""
     n_embd, n_head = int(model["n_embd"]), int(model["n_head"])
-    head_dim = n_embd // n_head if n_embd % n_head == 0 else None
     return [
-        StudyPoint(
+        _point(
             "variants",
             name,
+            model,
             n_embd,
             n_head,
             int((spec or {}).get("n_kv_head", n_head)),
-            head_dim,
             bool((spec or {}).get("rope", False)),
         )
         for name, spec in variants["points"].items()
@@ -110,12 +122,12 @@ def check_study_config(config: dict) -> list[tuple[str, str]]:
     problems = []
     for study, points in study_points(config).items():
         for point in points:
-            key = f"{study}/{point.name}"
-            if point.head_dim is None:
-                problems.append((key, f"n_head {point.n_head} does not divide model/n_embd {point.n_embd}"))
+            key, shape = f"{study}/{point.name}", point.attention
+            if shape.head_dim * shape.n_head != shape.n_embd:
+                problems.append((key, f"n_head {shape.n_head} does not divide model/n_embd {shape.n_embd}"))
                 continue
             try:
-                layer_shape(point.n_embd, point.n_head, point.n_kv_head, point.head_dim, rope=point.rope)
+                check_closed_form_domain(shape)
             except ValueError as err:
                 problems.append((key, str(err)))
     return problems

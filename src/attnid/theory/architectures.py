@@ -124,6 +124,7 @@ def architecture_row(name: str, spec: dict) -> dict:
 
 
 def counts_table(architectures: dict[str, dict]) -> pd.DataFrame:
+    # lazy: pandas, which 'attnid counts --help' does not wait for
     import pandas as pd
 
     return pd.DataFrame([architecture_row(name, spec) for name, spec in architectures.items()])
@@ -135,6 +136,7 @@ def single_head_table(
     """§4.10 rows (A3): one per distinct ``(E, H)`` among the architectures (labelled with
     their names; plain MHA with ``D = E/H`` is assumed, as in the paper), then a sweep over
     ``H`` at ``E = 768``. Both readings of docs/design.md §10 are columns of every row."""
+    # lazy: pandas, which 'attnid counts --help' does not wait for
     import pandas as pd
 
     rows: list[dict] = []
@@ -230,7 +232,7 @@ def whole_model_row(name: str, spec: dict) -> dict:
     groups = whole_model.CLASS_GROUPS.items()
     return {
         "architecture": name,
-        **asdict(shape),
+        **whole_model.shape_columns(shape),
         "attention_params": attention_params,
         "attention_unidentified": attention_unidentified,
         "attention_identified_fraction": 1 - attention_unidentified / attention_params,
@@ -244,6 +246,7 @@ def whole_model_row(name: str, spec: dict) -> dict:
 
 
 def whole_model_table(architectures: dict[str, dict]) -> pd.DataFrame:
+    # lazy: pandas, which 'attnid counts --help' does not wait for
     import pandas as pd
 
     return pd.DataFrame([whole_model_row(name, spec) for name, spec in architectures.items()])

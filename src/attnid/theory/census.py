@@ -51,7 +51,13 @@ SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time 
 
 def whole_model_parameter_shapes(shape: theory.WholeModelShape) -> dict[str, tuple[int, ...]]:
     """Every parameter tensor by name (nanoGPT's names where they exist), in a fixed order."""
-    e, h, g, d, f = shape.n_embd, shape.n_head, shape.n_kv_head, shape.head_dim, shape.mlp_hidden
+    e, h, g, d, f = (
+        shape.attention.n_embd,
+        shape.attention.n_head,
+        shape.attention.n_kv_head,
+        shape.attention.head_dim,
+        shape.mlp_hidden,
+    )
     shapes: dict[str, tuple[int, ...]] = {"wte": (shape.vocab_size, e)}
     if shape.positions == "learned":
         shapes["wpe"] = (shape.block_size, e)
@@ -65,10 +71,10 @@ def whole_model_parameter_shapes(shape: theory.WholeModelShape) -> dict[str, tup
         p = f"h{layer}."
         norm(p + ("ln" if shape.block == "parallel" else "ln_1"))
         shapes.update({p + "attn.w_q": (h * d, e), p + "attn.w_k": (g * d, e), p + "attn.w_v": (g * d, e)})
-        if shape.qkv_bias:
+        if shape.attention.bias:
             shapes.update({p + "attn.b_q": (h * d,), p + "attn.b_k": (g * d,), p + "attn.b_v": (g * d,)})
         shapes[p + "attn.w_o"] = (e, h * d)
-        if shape.out_bias:
+        if shape.attention.out_bias:
             shapes[p + "attn.b_o"] = (e,)
         if shape.block != "parallel":
             norm(p + "ln_2")
@@ -104,7 +110,7 @@ def _attention(
 ) -> torch.Tensor:
     """Causal self-attention of one layer on the norm's output x (B, T, E) -> (B, T, E)."""
     batch, seq_len, _ = x.shape
-    h, g, d = shape.n_head, shape.n_kv_head, shape.head_dim
+    h, g, d = shape.attention.n_head, shape.attention.n_kv_head, shape.attention.head_dim
     q = (
         _linear(x, p, prefix + "w_q", prefix + "b_q").view(batch, seq_len, h, d).transpose(1, 2)
     )  # (B, H, T, D)
@@ -403,7 +409,7 @@ def closed_form_row(shape: theory.WholeModelShape) -> dict:
     their sum (``theory``)."""
     dims = theory.class_dims(shape)
     return {
-        **vars(shape),
+        **theory.shape_columns(shape),
         "shape": describe_shape(shape),
         **{f"class_{name}": value for name, value in dims.items()},
         "theory": sum(dims.values()),
@@ -423,10 +429,10 @@ def describe_shape(shape: theory.WholeModelShape) -> str:
     """A short label: ``L1 E8 H2 G2 D4 V65 T4 ln tied learned gelu``, with the biases and options set."""
     parts = [
         f"L{shape.n_layer}",
-        f"E{shape.n_embd}",
-        f"H{shape.n_head}",
-        f"G{shape.n_kv_head}",
-        f"D{shape.head_dim}",
+        f"E{shape.attention.n_embd}",
+        f"H{shape.attention.n_head}",
+        f"G{shape.attention.n_kv_head}",
+        f"D{shape.attention.head_dim}",
         f"V{shape.vocab_size}",
         f"T{shape.block_size}",
         f"F{shape.mlp_hidden}",
@@ -439,8 +445,8 @@ def describe_shape(shape: theory.WholeModelShape) -> str:
         name
         for name, on in (
             ("norm", shape.norm_bias),
-            ("qkv", shape.qkv_bias),
-            ("out", shape.out_bias),
+            ("qkv", shape.attention.bias),
+            ("out", shape.attention.out_bias),
             ("mlp", shape.mlp_bias),
         )
         if on

@@ -4,15 +4,15 @@ random from the closed forms' domain, each measured by :func:`attnid.theory.cens
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pandas as pd
 
 from attnid.theory import whole_model as theory
 from attnid.theory.census import CENSUS_ROPE_BASE, census, measurable
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 def hand_picked_shapes() -> list[theory.WholeModelShape]:
@@ -84,8 +84,6 @@ def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theo
     """``count`` shapes drawn at random from the closed forms' domain (every option, tiny sizes), so the
     grid holds shapes that nobody picked: a rejected draw (outside the domain, too large or with too small
     an input domain to measure) is drawn again."""
-    import random
-
     rng = random.Random(seed)
     shapes: list[theory.WholeModelShape] = []
     while len(shapes) < count:
@@ -134,8 +132,6 @@ def run_grid(
     progress: Callable[[str], None] | None = None,
     rope_base: float = CENSUS_ROPE_BASE,
 ) -> pd.DataFrame:
-    import pandas as pd
-
     rows = []
     for shape in shapes:
         start = time.perf_counter()

@@ -43,73 +43,9 @@ Where the counts come from:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 
-
-@dataclass(frozen=True)
-class LayerShape:
-    """The shape of one attention layer; build it with :func:`layer_shape`."""
-
-    n_embd: int  # E
-    n_head: int  # H, query heads
-    n_kv_head: int  # G, key/value groups; divides H
-    head_dim: int  # D, query/key width per head
-    value_dim: int  # C, value width per head
-    rope: bool  # rotary position embedding on queries and keys
-    bias: bool  # biases on the query, key and value projections
-    out_bias: bool  # bias on the output projection
-
-
-def layer_shape(
-    n_embd: int,
-    n_head: int,
-    n_kv_head: int | None = None,
-    head_dim: int | None = None,
-    value_dim: int | None = None,
-    rope: bool = False,
-    bias: bool = False,
-    out_bias: bool | None = None,
-) -> LayerShape:
-    """Fill the defaults (``G = H``, ``D = E/H``, ``C = D``, output bias = ``bias``) and validate.
-
-    Raises ValueError for shapes the formulas do not cover (``D > E`` or
-    ``C > E``, ``G`` not dividing ``H``, odd ``D`` with RoPE).
-    """
-    n_kv_head = n_head if n_kv_head is None else n_kv_head
-    if head_dim is None:
-        if n_head <= 0 or n_embd % n_head:
-            raise ValueError(f"head_dim not given and n_embd={n_embd} is not a multiple of n_head={n_head}")
-        head_dim = n_embd // n_head
-    value_dim = head_dim if value_dim is None else value_dim
-    out_bias = bias if out_bias is None else out_bias
-    for name, value in (
-        ("n_embd", n_embd),
-        ("n_head", n_head),
-        ("n_kv_head", n_kv_head),
-        ("head_dim", head_dim),
-        ("value_dim", value_dim),
-    ):
-        if int(value) != value or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if n_head % n_kv_head:
-        raise ValueError(f"n_kv_head={n_kv_head} must divide n_head={n_head}")
-    if head_dim > n_embd or value_dim > n_embd:
-        # Wider-than-embedding heads have a different (rank-deficient) count; no real model has them.
-        raise ValueError(f"head_dim={head_dim} and value_dim={value_dim} must not exceed n_embd={n_embd}")
-    if rope and head_dim % 2:
-        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
-    return LayerShape(
-        int(n_embd),
-        int(n_head),
-        int(n_kv_head),
-        int(head_dim),
-        int(value_dim),
-        bool(rope),
-        bool(bias),
-        bool(out_bias),
-    )
-
+from attnid.theory.shape import LayerShape, layer_shape
 
 # ---------------------------------------------------------------------------------------------
 # The building block

@@ -27,15 +27,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pandas as pd
 import torch
 
 from attnid.theory import counts
 from attnid.theory.rope import rope_rotate  # the model's rotation: the checks test the RoPE it runs
-
-if TYPE_CHECKING:
-    import pandas as pd
+from attnid.theory.shape import LayerShape, layer_shape
 
 GAP_REQUIRED = 1e6
 RANK_RTOL = 1e-9  # singular values below RANK_RTOL * s_max count as zero
@@ -44,42 +43,47 @@ ROW_FACTOR = 3  # at least this many output rows per parameter, so the rank satu
 
 @dataclass(frozen=True)
 class NullityCase:
-    """One verification instance: a bare factor pair or a full attention layer."""
+    """One verification instance: a bare factor pair or a full attention layer; build it with
+    :func:`nullity_case`."""
 
     name: str
     kind: str  # "pair", "attention" (plain MHA, no bias/RoPE), "attention_bias", "gqa", "rope", ...
-    n_embd: int
-    n_head: int = 1
-    n_kv_head: int | None = None
-    head_dim: int | None = None
-    value_dim: int | None = None
-    rope: str | None = None  # None, "interleaved" or "half"
-    bias: bool = False
-    out_bias: bool | None = None
+    # the layer's shape; of a "pair" case, one D x E factor on each side (D may exceed E); of the
+    # "single_head" case, the paper's single head (D = C = E)
+    attention: LayerShape
+    rope_pairing: str | None = None  # None, "interleaved" or "half": attention.rope says whether
     seq_len: int = 6
 
-    def pair_dim(self) -> int:
-        """``D`` of a ``pair`` case (its ``head_dim``, which a pair case must name)."""
-        if self.head_dim is None:
-            raise ValueError(f"{self.name}: a pair case needs head_dim")
-        return self.head_dim
 
-    def shape(self) -> counts.LayerShape:
-        return counts.layer_shape(
-            self.n_embd,
-            self.n_head,
-            self.n_kv_head,
-            self.head_dim,
-            self.value_dim,
-            self.rope is not None,
-            self.bias,
-            self.out_bias,
+def nullity_case(
+    name: str,
+    kind: str,
+    n_embd: int,
+    n_head: int = 1,
+    n_kv_head: int | None = None,
+    head_dim: int | None = None,
+    value_dim: int | None = None,
+    rope: str | None = None,
+    bias: bool = False,
+    out_bias: bool | None = None,
+    seq_len: int = 6,
+) -> NullityCase:
+    """A case from its settings: a ``pair`` case names its ``D`` (``head_dim``); the others are layers
+    (:func:`attnid.theory.shape.layer_shape`'s defaults and checks), with RoPE in the ``rope`` pairing."""
+    if kind == "pair":
+        if head_dim is None:
+            raise ValueError(f"{name}: a pair case needs head_dim")
+        attention = LayerShape(n_embd, 1, 1, head_dim, head_dim, False, False, False)
+    else:
+        attention = layer_shape(
+            n_embd, n_head, n_kv_head, head_dim, value_dim, rope is not None, bias, out_bias
         )
+    return NullityCase(name, kind, attention, rope, seq_len)
 
 
 def default_cases() -> list[NullityCase]:
     """The verification suite: every formula, every flag, small enough for < 1 minute on one core."""
-    single_head = NullityCase(
+    single_head = nullity_case(
         "single head of the paper, Q K V without output projection, E=6", "single_head", n_embd=6
     )
     return pair_cases() + attention_cases() + gqa_cases() + rope_cases() + [single_head]
@@ -88,25 +92,25 @@ def default_cases() -> list[NullityCase]:
 def pair_cases() -> list[NullityCase]:
     """One factor pair below, at and above the embedding (Lemma 4.1, 4.3, Cor. 4.4)."""
     return [
-        NullityCase("pair D<E (D=3, E=5)", "pair", n_embd=5, head_dim=3),
-        NullityCase("pair D=E (D=4, E=4)", "pair", n_embd=4, head_dim=4),
-        NullityCase("pair D>E (D=5, E=3)", "pair", n_embd=3, head_dim=5),
+        nullity_case("pair D<E (D=3, E=5)", "pair", n_embd=5, head_dim=3),
+        nullity_case("pair D=E (D=4, E=4)", "pair", n_embd=4, head_dim=4),
+        nullity_case("pair D>E (D=5, E=3)", "pair", n_embd=3, head_dim=5),
     ]
 
 
 def attention_cases() -> list[NullityCase]:
     """Plain multi-head attention over the head counts (T3), and with biases (T4, §4.7)."""
     cases = [
-        NullityCase(f"attention E=12 H={n_head}", "attention", n_embd=12, n_head=n_head)
+        nullity_case(f"attention E=12 H={n_head}", "attention", n_embd=12, n_head=n_head)
         for n_head in (1, 2, 3, 4, 6, 12)
     ]
     cases += [
-        NullityCase(f"attention+bias E=12 H={n_head}", "attention_bias", n_embd=12, n_head=n_head, bias=True)
+        nullity_case(f"attention+bias E=12 H={n_head}", "attention_bias", n_embd=12, n_head=n_head, bias=True)
         for n_head in (1, 2, 3, 4)
     ]
     wide: dict[str, Any] = {"n_embd": 8, "n_head": 2, "head_dim": 3, "value_dim": 5, "bias": True}
     return cases + [
-        NullityCase(
+        nullity_case(
             "attention+qkv bias, no out bias E=12 H=3",
             "attention_bias",
             n_embd=12,
@@ -114,51 +118,51 @@ def attention_cases() -> list[NullityCase]:
             bias=True,
             out_bias=False,
         ),
-        NullityCase(
+        nullity_case(
             "attention+qkv bias, no out bias, wide values E=8 H=2 D=3 C=5",
             "attention_bias",
             out_bias=False,
             **wide,
         ),
-        NullityCase("attention+bias E=8 H=2 D=3 C=5", "attention_bias", **wide),
+        nullity_case("attention+bias E=8 H=2 D=3 C=5", "attention_bias", **wide),
     ]
 
 
 def gqa_cases() -> list[NullityCase]:
     """Grouped-query attention (T5, §4.9), with and without biases."""
     cases = [
-        NullityCase(f"GQA E=12 H=4 G={n_kv_head} D=3", "gqa", n_embd=12, n_head=4, n_kv_head=n_kv_head)
+        nullity_case(f"GQA E=12 H=4 G={n_kv_head} D=3", "gqa", n_embd=12, n_head=4, n_kv_head=n_kv_head)
         for n_kv_head in (1, 2, 4)
     ]
     return cases + [
-        NullityCase("GQA+bias E=12 H=4 G=2 D=3", "gqa_bias", n_embd=12, n_head=4, n_kv_head=2, bias=True)
+        nullity_case("GQA+bias E=12 H=4 G=2 D=3", "gqa_bias", n_embd=12, n_head=4, n_kv_head=2, bias=True)
     ]
 
 
 def rope_cases() -> list[NullityCase]:
     """RoPE's commutant (Prop. 4.8) in both pairings, with GQA and with biases (T4, T5)."""
     cases = [
-        NullityCase(f"RoPE {pairing} E=12 H=3", "rope", n_embd=12, n_head=3, rope=pairing)
+        nullity_case(f"RoPE {pairing} E=12 H=3", "rope", n_embd=12, n_head=3, rope=pairing)
         for pairing in ("interleaved", "half")
     ]
-    cases.append(NullityCase("RoPE interleaved E=8 H=1 D=8", "rope", n_embd=8, n_head=1, rope="interleaved"))
+    cases.append(nullity_case("RoPE interleaved E=8 H=1 D=8", "rope", n_embd=8, n_head=1, rope="interleaved"))
     cases += [
-        NullityCase(
+        nullity_case(
             f"RoPE {pairing}+GQA E=16 H=4 G=2", "rope_gqa", n_embd=16, n_head=4, n_kv_head=2, rope=pairing
         )
         for pairing in ("interleaved", "half")
     ]
     cases.append(
-        NullityCase("RoPE half+GQA E=16 H=4 G=1", "rope_gqa", n_embd=16, n_head=4, n_kv_head=1, rope="half")
+        nullity_case("RoPE half+GQA E=16 H=4 G=1", "rope_gqa", n_embd=16, n_head=4, n_kv_head=1, rope="half")
     )
     cases += [
-        NullityCase(
+        nullity_case(
             f"RoPE {pairing}+bias E=12 H=3", "rope_bias", n_embd=12, n_head=3, rope=pairing, bias=True
         )
         for pairing in ("interleaved", "half")
     ]
     cases.append(
-        NullityCase(
+        nullity_case(
             "RoPE half+GQA+qkv bias, no out bias (Qwen2-like) E=16 H=4 G=2",
             "rope_gqa_bias",
             n_embd=16,
@@ -175,10 +179,11 @@ def rope_cases() -> list[NullityCase]:
 def theory_nullity(case: NullityCase) -> int:
     """The closed form from counts.py that the case checks."""
     if case.kind == "pair":
-        return counts.factor_pair_nullity(case.pair_dim(), case.n_embd, case.n_embd)
+        pair = case.attention
+        return counts.factor_pair_nullity(pair.head_dim, pair.n_embd, pair.n_embd)
     if case.kind == "single_head":
-        return counts.single_head_unidentified_params(case.n_embd)
-    return counts.unidentified_params_per_layer(case.shape())
+        return counts.single_head_unidentified_params(case.attention.n_embd)
+    return counts.unidentified_params_per_layer(case.attention)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,11 +191,11 @@ def theory_nullity(case: NullityCase) -> int:
 
 
 def parameter_shapes(case: NullityCase) -> dict[str, tuple[int, ...]]:
+    s = case.attention
     if case.kind == "pair":
-        return {"A": (case.pair_dim(), case.n_embd), "B": (case.pair_dim(), case.n_embd)}
+        return {"A": (s.head_dim, s.n_embd), "B": (s.head_dim, s.n_embd)}
     if case.kind == "single_head":  # docs/design.md §10: 3 E^2 parameters
-        return {name: (case.n_embd, case.n_embd) for name in ("w_q", "w_k", "w_v")}
-    s = case.shape()
+        return {name: (s.n_embd, s.n_embd) for name in ("w_q", "w_k", "w_v")}
     e, h, g, d, c = s.n_embd, s.n_head, s.n_kv_head, s.head_dim, s.value_dim
     shapes: dict[str, tuple[int, ...]] = {
         "w_q": (h * d, e),
@@ -215,7 +220,7 @@ def unflatten(flat: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> dict[st
 def attention_layer(
     x: torch.Tensor,
     p: dict[str, torch.Tensor],
-    shape: counts.LayerShape,
+    shape: LayerShape,
     rope: str | None = None,
     rope_base: float = 10.0,
 ) -> torch.Tensor:
@@ -250,7 +255,8 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
     shapes = parameter_shapes(case)
     n_params = sum(math.prod(shape) for shape in shapes.values())
     # Weights ~ N(0, 1/E) keep the scores O(1), so softmax is neither flat nor saturated.
-    flat = torch.randn(n_params, generator=generator, dtype=torch.float64) / math.sqrt(case.n_embd)
+    attention = case.attention
+    flat = torch.randn(n_params, generator=generator, dtype=torch.float64) / math.sqrt(attention.n_embd)
 
     if case.kind == "pair":
 
@@ -258,15 +264,14 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
             p = unflatten(theta, shapes)
             return (p["A"].T @ p["B"]).reshape(-1)  # every entry of A^T B
     else:
-        shape = case.shape()
         # Each position's output lies in the span of W_O (rank <= min(E, H C)): count only those
         # informative rows, or narrow-value layers would look less identified than they are.
-        rows_per_sequence = case.seq_len * min(case.n_embd, shape.n_head * shape.value_dim)
+        rows_per_sequence = case.seq_len * min(attention.n_embd, attention.n_head * attention.value_dim)
         n_sequences = math.ceil(ROW_FACTOR * n_params / rows_per_sequence)
-        x = torch.randn(n_sequences, case.seq_len, case.n_embd, generator=generator, dtype=torch.float64)
+        x = torch.randn(n_sequences, case.seq_len, attention.n_embd, generator=generator, dtype=torch.float64)
 
         def outputs(theta: torch.Tensor) -> torch.Tensor:
-            return attention_layer(x, unflatten(theta, shapes), shape, case.rope).reshape(-1)
+            return attention_layer(x, unflatten(theta, shapes), attention, case.rope_pairing).reshape(-1)
 
     jacobian = torch.func.jacfwd(outputs)(flat)  # (n_outputs, n_params)
     singular = torch.linalg.svdvals(jacobian)  # descending
@@ -278,19 +283,18 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
     dropped = singular[rank].item() if rank < n_singular else 0.0
     gap = kept / dropped if dropped > 0 else float("inf")
     theory = theory_nullity(case)
-    s = case.shape() if case.kind != "pair" else None
     return {
         "case": case.name,
         "kind": case.kind,
-        "n_embd": case.n_embd,
-        "n_head": case.n_head if s is None else s.n_head,
-        "n_kv_head": (case.n_kv_head or case.n_head) if s is None else s.n_kv_head,
-        "head_dim": case.head_dim if s is None else s.head_dim,
-        "value_dim": case.head_dim if s is None else s.value_dim,
-        "rope": case.rope is not None,
-        "rope_pairing": case.rope or "",
-        "bias": case.bias,
-        "out_bias": False if s is None else s.out_bias,
+        "n_embd": attention.n_embd,
+        "n_head": attention.n_head,
+        "n_kv_head": attention.n_kv_head,
+        "head_dim": attention.head_dim,
+        "value_dim": attention.value_dim,
+        "rope": attention.rope,
+        "rope_pairing": case.rope_pairing or "",
+        "bias": attention.bias,
+        "out_bias": attention.out_bias,
         "n_params": n_params,
         "n_outputs": jacobian.shape[0],
         "theory": theory,
@@ -303,8 +307,6 @@ def measure_case(case: NullityCase, seed: int = 0) -> dict:
 def verify(
     cases: list[NullityCase] | None = None, progress: Callable[[str], None] | None = None
 ) -> pd.DataFrame:
-    import pandas as pd
-
     rows = []
     for case in cases if cases is not None else default_cases():
         start = time.perf_counter()

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnid.theory import counts
+from attnid.theory.shape import LayerShape, layer_shape
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu")  # swiglu / geglu: act(W_gate x) * (W_up x), then W_down
@@ -49,36 +50,30 @@ class WholeModelShape:
     """One whole model; build it with :func:`whole_model_shape` (validates and fills defaults)."""
 
     n_layer: int  # L
-    n_embd: int  # E
-    n_head: int  # H
-    n_kv_head: int  # G
-    head_dim: int  # D (= C, the value width)
+    attention: LayerShape  # each layer's: E, H, G, D (= C, the value width), q/k/v and output biases, RoPE
     vocab_size: int  # V
     block_size: int  # T, the learned positions (and the census's sequence length)
     norm: str  # layernorm | rmsnorm
     norm_bias: bool  # LayerNorm bias (RMSNorm has none)
-    qkv_bias: bool  # biases on the query, key and value projections
-    out_bias: bool  # bias on the attention output projection
     mlp: str  # gelu | swiglu | geglu
     mlp_hidden: int  # F
     mlp_bias: bool  # biases on the MLP's linear layers
     tied: bool  # lm_head is wte
-    positions: str  # learned (wpe) | rope | none
+    positions: str  # learned (wpe) | rope (attention.rope) | none
     block: str  # sequential | parallel
     norm_eps: float  # the norms' epsilon; 0 makes the residual scaling an exact symmetry
 
-    @property
-    def attention(self) -> counts.LayerShape:
-        return counts.layer_shape(
-            self.n_embd,
-            self.n_head,
-            self.n_kv_head,
-            self.head_dim,
-            self.head_dim,
-            self.positions == "rope",
-            self.qkv_bias,
-            self.out_bias,
-        )
+
+def shape_columns(shape: WholeModelShape) -> dict:
+    """The shape as the columns of a table row (census.csv, whole_model.csv): the attention's sizes in its
+    place, its biases (``qkv_bias``, ``out_bias``) after ``norm_bias``."""
+    attention, own = shape.attention, vars(shape)
+    row = {"n_layer": shape.n_layer, "n_embd": attention.n_embd, "n_head": attention.n_head}
+    row |= {"n_kv_head": attention.n_kv_head, "head_dim": attention.head_dim}
+    row |= {key: own[key] for key in ("vocab_size", "block_size", "norm", "norm_bias")}
+    row |= {"qkv_bias": attention.bias, "out_bias": attention.out_bias}
+    tail = ("mlp", "mlp_hidden", "mlp_bias", "tied", "positions", "block", "norm_eps")
+    return row | {key: own[key] for key in tail}
 
 
 def whole_model_shape(
@@ -105,7 +100,7 @@ def whole_model_shape(
 
     Raises ValueError for a shape outside the closed forms' domain (see :func:`check_domain`).
     """
-    attention = counts.layer_shape(
+    attention = layer_shape(
         n_embd, n_head, n_kv_head, head_dim, None, positions == "rope", qkv_bias, out_bias
     )
     mlp_hidden = 4 * n_embd if mlp_hidden is None else mlp_hidden
@@ -131,16 +126,11 @@ def whole_model_shape(
         raise ValueError(f"norm_eps must be >= 0, got {norm_eps!r}")
     shape = WholeModelShape(
         int(n_layer),
-        attention.n_embd,
-        attention.n_head,
-        attention.n_kv_head,
-        attention.head_dim,
+        attention,
         int(vocab_size),
         int(block_size),
         norm,
         bool(norm_bias),
-        attention.bias,
-        attention.out_bias,
         mlp,
         int(mlp_hidden),
         bool(mlp_bias),
@@ -155,7 +145,7 @@ def whole_model_shape(
 
 def stream_dim(shape: WholeModelShape) -> int:
     """``E'``: the dimension a norm's output varies over (``E - 1`` for LayerNorm, ``E`` for RMSNorm)."""
-    return shape.n_embd - 1 if shape.norm == "layernorm" else shape.n_embd
+    return shape.attention.n_embd - 1 if shape.norm == "layernorm" else shape.attention.n_embd
 
 
 def embedding_span(shape: WholeModelShape) -> int:
@@ -163,7 +153,7 @@ def embedding_span(shape: WholeModelShape) -> int:
     ``min(E, V + T - 1)`` with learned positions (``wte[t] + wpe[0]`` and the differences
     ``wpe[p] - wpe[0]``), ``min(E, V)`` without."""
     inputs = shape.vocab_size + (shape.block_size - 1 if shape.positions == "learned" else 0)
-    return min(shape.n_embd, inputs)
+    return min(shape.attention.n_embd, inputs)
 
 
 def first_norm_dim(shape: WholeModelShape) -> int:
@@ -178,7 +168,7 @@ def first_query_dim(shape: WholeModelShape) -> int:
     ``min(E, V + T - 2)`` dimensions with learned positions (one position fewer), ``min(E, V)`` without."""
     if shape.positions != "learned":
         return first_norm_dim(shape)
-    return min(shape.n_embd, shape.vocab_size + shape.block_size - 2, stream_dim(shape))
+    return min(shape.attention.n_embd, shape.vocab_size + shape.block_size - 2, stream_dim(shape))
 
 
 def check_domain(shape: WholeModelShape) -> None:
@@ -201,17 +191,18 @@ def check_domain(shape: WholeModelShape) -> None:
       need ``N >= R + F + E + 2`` (``R`` the MLP's reader rows, ``F`` or ``2F``); below it the measurement
       finds more null directions (docs/theory.md), which no symmetry explains.
     """
-    e, v, t = shape.n_embd, shape.vocab_size, shape.block_size
-    if embedding_span(shape) + min(e, shape.n_head * shape.head_dim) < e:
+    attention, v, t = shape.attention, shape.vocab_size, shape.block_size
+    e, d = attention.n_embd, attention.head_dim
+    if embedding_span(shape) + min(e, attention.n_head * d) < e:
         raise ValueError(
             f"the embeddings span {embedding_span(shape)} dimensions and the attention output "
-            f"{min(e, shape.n_head * shape.head_dim)}: the second norm does not see the whole "
+            f"{min(e, attention.n_head * d)}: the second norm does not see the whole "
             f"residual stream, outside the closed forms' domain"
         )
-    if first_query_dim(shape) < stream_dim(shape) and (v < shape.head_dim or offsets_exist(shape)):
+    if first_query_dim(shape) < stream_dim(shape) and (v < d or offsets_exist(shape)):
         raise ValueError(
             f"the first layer's queries span {first_query_dim(shape)} < {stream_dim(shape)} dimensions, "
-            f"with vocab_size = {v} < head_dim = {shape.head_dim} or with offsets (biases): outside the "
+            f"with vocab_size = {v} < head_dim = {d} or with offsets (biases): outside the "
             f"closed forms' domain"
         )
     needed_vocab = e + 2
@@ -220,9 +211,9 @@ def check_domain(shape: WholeModelShape) -> None:
             f"vocab_size = {v} < {needed_vocab} without learned positions: the first layer's readers "
             f"see too few distinct inputs, outside the closed forms' domain"
         )
-    if shape.positions == "rope" and shape.head_dim > first_norm_dim(shape):
+    if shape.positions == "rope" and d > first_norm_dim(shape):
         raise ValueError(
-            f"RoPE with head_dim = {shape.head_dim} > {first_norm_dim(shape)}, the dimensions its "
+            f"RoPE with head_dim = {d} > {first_norm_dim(shape)}, the dimensions its "
             f"first norm spans, is not covered"
         )
     if t < 2:
@@ -261,7 +252,8 @@ class Junction:
 
 def attention_reader_rows(shape: WholeModelShape) -> int:
     """Rows of ``W_Q``, ``W_K``, ``W_V``: ``HD + 2GD``."""
-    return shape.n_head * shape.head_dim + 2 * shape.n_kv_head * shape.head_dim
+    attention = shape.attention
+    return (attention.n_head + 2 * attention.n_kv_head) * attention.head_dim
 
 
 def mlp_reader_rows(shape: WholeModelShape) -> int:
@@ -278,12 +270,12 @@ def junctions(shape: WholeModelShape) -> list[Junction]:
         per_layer.append(
             Junction(
                 "ln",
-                attn * shape.qkv_bias + mlp * shape.mlp_bias,
-                attn * (not shape.qkv_bias) + mlp * (not shape.mlp_bias),
+                attn * shape.attention.bias + mlp * shape.mlp_bias,
+                attn * (not shape.attention.bias) + mlp * (not shape.mlp_bias),
             )
         )
     else:
-        per_layer.append(Junction("ln_1", attn * shape.qkv_bias, attn * (not shape.qkv_bias)))
+        per_layer.append(Junction("ln_1", attn * shape.attention.bias, attn * (not shape.attention.bias)))
         per_layer.append(Junction("ln_2", mlp * shape.mlp_bias, mlp * (not shape.mlp_bias)))
     layers = [
         Junction(f"h{layer}.{j.name}", j.rows_biased, j.rows_plain)
@@ -296,7 +288,7 @@ def junctions(shape: WholeModelShape) -> list[Junction]:
 def offsets_exist(shape: WholeModelShape) -> bool:
     """Whether the attention's inputs carry constant offsets: a q/k/v bias, or a LayerNorm bias
     (``W (gamma * n + beta) = W diag(gamma) n + W beta``)."""
-    return shape.qkv_bias or shape.norm_bias
+    return shape.attention.bias or shape.norm_bias
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,12 +299,13 @@ def attention_qk_dim(shape: WholeModelShape) -> int:
     """Query-key ``GL_D`` per key group (Lemma 4.3, §4.9), or the RoPE commutant, ``D`` per group
     (Prop. 4.8), on the ``E'``-dimensional space the norm's output spans. A query offset is one more
     column of the query side. ``L G nu(D, (H/G)(E' + [offset]), E')``, i.e. ``L G D^2`` when ``D < E'``."""
+    attention = shape.attention
     if shape.positions == "rope":
-        return shape.n_layer * shape.n_kv_head * counts.rope_commutant_dim(shape.head_dim)
+        return shape.n_layer * attention.n_kv_head * counts.rope_commutant_dim(attention.head_dim)
 
     def per_layer(query_in: int, key_in: int) -> int:
-        query_columns = (shape.n_head // shape.n_kv_head) * (query_in + offsets_exist(shape))
-        return shape.n_kv_head * counts.factor_pair_nullity(shape.head_dim, query_columns, key_in)
+        query_columns = attention.heads_per_group * (query_in + offsets_exist(shape))
+        return attention.n_kv_head * counts.factor_pair_nullity(attention.head_dim, query_columns, key_in)
 
     # the first layer's queries read s_q, its keys s_0 dimensions (first_query_dim, first_norm_dim)
     full = stream_dim(shape)
@@ -324,11 +317,11 @@ def attention_qk_dim(shape: WholeModelShape) -> int:
 def attention_ov_dim(shape: WholeModelShape) -> int:
     """Output-value ``GL_C`` per key/value group (Lemma 4.6): the value map reads ``E'`` dimensions and
     the output, for the downstream norms, lives in ``E'`` dimensions. ``L G nu(C, E', (H/G) E')``."""
-    e_out = stream_dim(shape)
-    heads_per_group = shape.n_head // shape.n_kv_head
+    e_out, attention = stream_dim(shape), shape.attention
 
     def per_layer(e_in: int) -> int:
-        return shape.n_kv_head * counts.factor_pair_nullity(shape.head_dim, e_in, heads_per_group * e_out)
+        columns = attention.heads_per_group * e_out
+        return attention.n_kv_head * counts.factor_pair_nullity(attention.head_dim, e_in, columns)
 
     return per_layer(first_norm_dim(shape)) + (shape.n_layer - 1) * per_layer(e_out)
 
@@ -338,13 +331,13 @@ def key_offset_dim(shape: WholeModelShape) -> int:
     ``L G D`` without RoPE; under RoPE ``q_i^T R_{j-i} b`` varies with ``j``, so 0."""
     if not offsets_exist(shape) or shape.positions == "rope":
         return 0
-    return shape.n_layer * shape.n_kv_head * shape.head_dim
+    return shape.n_layer * shape.attention.n_kv_head * shape.attention.head_dim
 
 
 def absorbing_output_bias(shape: WholeModelShape) -> bool:
     """Whether a constant added to the attention's output can be taken back by a bias at the same place:
     the output bias, or in a parallel block the MLP's down-projection bias (both land in one sum)."""
-    return shape.out_bias or (shape.block == "parallel" and shape.mlp_bias)
+    return shape.attention.out_bias or (shape.block == "parallel" and shape.mlp_bias)
 
 
 def value_offset_dim(shape: WholeModelShape) -> int:
@@ -353,7 +346,7 @@ def value_offset_dim(shape: WholeModelShape) -> int:
     ``max(0, G C - E')`` (the kernel of the pooling map into the ``E'`` dimensions the norms see)."""
     if not offsets_exist(shape):
         return 0
-    value_offsets = shape.n_kv_head * shape.head_dim
+    value_offsets = shape.attention.n_kv_head * shape.attention.head_dim
     per_layer = value_offsets if absorbing_output_bias(shape) else max(0, value_offsets - stream_dim(shape))
     return shape.n_layer * per_layer
 
@@ -361,7 +354,7 @@ def value_offset_dim(shape: WholeModelShape) -> int:
 def parallel_output_bias_dim(shape: WholeModelShape) -> int:
     """A parallel block with both output biases adds ``b_O + b_down``: ``b_O + d``, ``b_down - d`` is
     invisible, ``E'`` per layer (under LayerNorm the ``d = 1_E`` direction is ``writer_mean``'s)."""
-    if shape.block != "parallel" or not (shape.out_bias and shape.mlp_bias):
+    if shape.block != "parallel" or not (shape.attention.out_bias and shape.mlp_bias):
         return 0
     return shape.n_layer * stream_dim(shape)
 
@@ -372,7 +365,7 @@ def first_layer_span_dim(shape: WholeModelShape) -> int:
     (and, in a parallel block, MLP) row of the first junction has ``E' - s_0`` columns that no input
     reaches, each query row ``E' - s_q`` (:func:`first_query_dim`)."""
     first = junctions(shape)[0]
-    query_rows = shape.n_head * shape.head_dim
+    query_rows = shape.attention.n_head * shape.attention.head_dim
     other_rows = first.rows_biased + first.rows_plain - query_rows
     full = stream_dim(shape)
     return query_rows * (full - first_query_dim(shape)) + other_rows * (full - first_norm_dim(shape))
@@ -381,7 +374,7 @@ def first_layer_span_dim(shape: WholeModelShape) -> int:
 def norm_gain_dim(shape: WholeModelShape) -> int:
     """``gamma -> s * gamma`` with every reader's columns divided by ``s``: ``E`` per norm whose readers are
     free (not the final norm of a tied model, whose reader is also the embedding)."""
-    return shape.n_embd * sum(j.free for j in junctions(shape))
+    return shape.attention.n_embd * sum(j.free for j in junctions(shape))
 
 
 def norm_bias_dim(shape: WholeModelShape) -> int:
@@ -392,8 +385,8 @@ def norm_bias_dim(shape: WholeModelShape) -> int:
     if not shape.norm_bias:
         return 0
     free = sum(j.free for j in junctions(shape))
-    final_tied = max(0, shape.n_embd - shape.vocab_size + 1) if shape.tied else 0
-    return shape.n_embd * free + final_tied
+    final_tied = max(0, shape.attention.n_embd - shape.vocab_size + 1) if shape.tied else 0
+    return shape.attention.n_embd * free + final_tied
 
 
 def reader_mean_dim(shape: WholeModelShape) -> int:
@@ -412,7 +405,8 @@ def writer_mean_dim(shape: WholeModelShape) -> int:
     output bias, may add a multiple of ``1_E``. 0 for RMSNorm."""
     if shape.norm != "layernorm":
         return 0
-    per_layer = shape.n_head * shape.head_dim + shape.mlp_hidden + shape.out_bias + shape.mlp_bias
+    attention = shape.attention
+    per_layer = attention.n_head * attention.head_dim + shape.mlp_hidden + attention.out_bias + shape.mlp_bias
     return shape.n_layer * per_layer
 
 
@@ -432,7 +426,7 @@ def position_shift_dim(shape: WholeModelShape) -> int:
     cancels. ``E``, less the ``w = 1_E`` direction that ``embedding_mean`` already holds under LayerNorm."""
     if shape.positions != "learned":
         return 0
-    return shape.n_embd - (1 if shape.norm == "layernorm" else 0)
+    return shape.attention.n_embd - (1 if shape.norm == "layernorm" else 0)
 
 
 def logit_shift_dim(shape: WholeModelShape) -> int:
@@ -476,7 +470,7 @@ def stream_rotation_dim(shape: WholeModelShape) -> int:
     ``diag(gamma) Q diag(gamma)^-1 beta``). Untied: ``dim so(E') = E'(E' - 1)/2``. Tied: see
     :func:`tied_rotation_dim`."""
     if shape.tied:
-        return tied_rotation_dim(shape.n_embd, shape.vocab_size, shape.norm)
+        return tied_rotation_dim(shape.attention.n_embd, shape.vocab_size, shape.norm)
     e_in = stream_dim(shape)
     return e_in * (e_in - 1) // 2
 
@@ -577,11 +571,11 @@ def attention_only_unidentified(shape: WholeModelShape) -> int:
 
 
 def norm_params(shape: WholeModelShape) -> int:
-    return shape.n_embd * (1 + shape.norm_bias)
+    return shape.attention.n_embd * (1 + shape.norm_bias)
 
 
 def mlp_params(shape: WholeModelShape) -> int:
-    e, f = shape.n_embd, shape.mlp_hidden
+    e, f = shape.attention.n_embd, shape.mlp_hidden
     if shape.mlp in GATED_MLPS:
         return 3 * e * f + (2 * f + e) * shape.mlp_bias
     return 2 * e * f + (f + e) * shape.mlp_bias
@@ -589,7 +583,7 @@ def mlp_params(shape: WholeModelShape) -> int:
 
 def whole_model_params(shape: WholeModelShape) -> int:
     """Every parameter: embeddings, per layer norms + attention + MLP, final norm, untied ``lm_head``."""
-    e = shape.n_embd
+    e = shape.attention.n_embd
     embeddings = shape.vocab_size * e + (shape.block_size * e if shape.positions == "learned" else 0)
     norms_per_layer = 1 if shape.block == "parallel" else 2
     per_layer = norms_per_layer * norm_params(shape) + mlp_params(shape)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attnid.common.errors import UserError
 
@@ -19,11 +19,21 @@ if TYPE_CHECKING:
     import torch
 
     from attnid.model.gpt import GPT
-    from attnid.training.config import TrainConfig
 
 # make_optimizer(model, cfg, device_type) -> torch.optim.Optimizer; ``cfg`` is an
 # attnid.training.config.TrainConfig
 OptimizerFactory = Callable[..., Any]
+
+
+class OptimizerSettings(Protocol):
+    """What the optimizer factories read of a resolved :class:`attnid.training.config.TrainConfig` (which
+    imports this registry: naming the protocol, not the class, keeps the two modules out of a cycle)."""
+
+    lr: float | None
+    weight_decay: float
+    momentum: float
+    beta1: float
+    beta2: float
 
 
 @dataclass(frozen=True)
@@ -63,32 +73,36 @@ class Case:
 # --------------------------------------------------------------------------------------
 
 
-def _peak_lr(cfg: TrainConfig) -> float:
+def _peak_lr(cfg: OptimizerSettings) -> float:
     if cfg.lr is None:  # resolve_config sets each case's default
         raise ValueError("an optimizer needs a TrainConfig from resolve_config (lr is unset)")
     return cfg.lr
 
 
-def sgd(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
+def sgd(model: GPT, cfg: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+    # lazy: torch when called: the registry is read by --help and the reports without it
     import torch
 
     return torch.optim.SGD(model.optimizer_groups(0.0), lr=_peak_lr(cfg), momentum=0.0)
 
 
-def sgd_weight_decay(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
+def sgd_weight_decay(model: GPT, cfg: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+    # lazy: torch when called: the registry is read by --help and the reports without it
     import torch
 
     # torch's SGD weight_decay adds wd * theta to the gradient: coupled L2, I_t ~ prod(1 - lr wd)^2 I_0
     return torch.optim.SGD(model.optimizer_groups(cfg.weight_decay), lr=_peak_lr(cfg), momentum=0.0)
 
 
-def sgd_momentum(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
+def sgd_momentum(model: GPT, cfg: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+    # lazy: torch when called: the registry is read by --help and the reports without it
     import torch
 
     return torch.optim.SGD(model.optimizer_groups(0.0), lr=_peak_lr(cfg), momentum=cfg.momentum)
 
 
-def adamw(model: GPT, cfg: TrainConfig, device_type: str) -> torch.optim.Optimizer:
+def adamw(model: GPT, cfg: OptimizerSettings, device_type: str) -> torch.optim.Optimizer:
+    # lazy: torch when called: the registry is read by --help and the reports without it
     import torch
 
     extra = {"fused": True} if device_type == "cuda" else {}

@@ -22,9 +22,11 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
+from attnid.common.files import read_yaml
 from attnid.common.limits import SEED_MAXIMUM, THREADS_MAXIMUM
 from attnid.measure.options import METRICS_DEVICES
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
+from attnid.theory.shape import LayerShape
 from attnid.training import cases
 from attnid.training.options import DEVICES, DTYPES, REBALANCE_MOMENTS, RETIRED_MOMENTS
 
@@ -248,6 +250,17 @@ class TrainConfig:
         5.0, "seconds between progress lines on stderr (default 5)", bound="positive", resume=False
     )
 
+    @property
+    def attention(self) -> LayerShape:
+        """The shape of each attention layer these options build (``--n-kv-head`` and ``--head-dim`` filled
+        in: ``G = H``, ``D = E/H`` when not given; values as wide as keys; ``--bias`` on every projection).
+        Built, not stored: each of its settings is a flag."""
+        head_dim = self.head_dim if self.head_dim is not None else self.n_embd // self.n_head
+        n_kv_head = self.n_kv_head if self.n_kv_head is not None else self.n_head
+        return LayerShape(
+            self.n_embd, self.n_head, n_kv_head, head_dim, head_dim, self.rope, self.bias, self.bias
+        )
+
 
 def option_names() -> list[str]:
     return [f.name for f in fields(TrainConfig)]
@@ -295,8 +308,6 @@ def _coerce(name: str, value, source: str):
 
 def read_config_file(path: str | os.PathLike) -> dict:
     """Options from a YAML file (keys as the flags, underscored). Unknown keys are an error."""
-    from attnid.common.files import read_yaml
-
     content = read_yaml(path, "config file") or {}
     if not isinstance(content, dict):
         raise UserError(f"config file {path} must be a mapping of option: value")
@@ -386,13 +397,10 @@ def resolve_config(values: dict) -> TrainConfig:
     if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
         # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
         # are TrainConfig's fields) answers without importing torch
+        # lazy: torch, which --help must not import (tests/test_cli_help.py)
         from attnid.model.gauge import check_gauge_layout
-        from attnid.model.layout import AttentionLayout
 
-        head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
-        check_gauge_layout(
-            AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim, cfg.rope, cfg.bias)
-        )
+        check_gauge_layout(cfg.attention)
     if cfg.arm is not None and not ARM_NAME.fullmatch(cfg.arm):
         raise UserError(
             f"--arm {cfg.arm!r}: a name of lower-case letters, digits and _, starting with a letter"

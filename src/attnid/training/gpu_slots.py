@@ -49,6 +49,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
+import torch
+
 from attnid.common.errors import UserError
 
 SLOTS_ENV = "ATTNID_GPU_SLOTS"
@@ -73,10 +75,6 @@ def default_slot_dir() -> Path:
 
 def gpu_count() -> int:
     """GPUs on this machine, counted without initialising CUDA in this process."""
-    try:
-        import torch
-    except ImportError:
-        return 0
     if not torch.backends.cuda.is_built():
         return 0
     count_nvml = getattr(torch.cuda, "_device_count_nvml", None)  # NVML does not initialise CUDA

@@ -28,7 +28,7 @@ run the same code on the same numbers (the copies are exact), so their rows are 
   float64 on CUDA): TF32 is a process-wide switch that the probe needs off (``no_tf32``), so with
   bf16/fp16 training the training thread makes the probe itself, on the copy of the model.
 
-Rebalancing runs rebalance on the training thread (:class:`attnid.training.train.Run`); their
+Rebalancing runs rebalance on the training thread (:class:`attnid.training.loop.TrainingLoop`); their
 other log rows go through the pipeline like any other.
 """
 

@@ -30,6 +30,7 @@ import subprocess
 from collections.abc import Collection
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from attnid import __version__
@@ -37,6 +38,8 @@ from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import torch_save_atomic, write_csv_atomic, write_json_atomic
 from attnid.common.paths import require_regular_file
+from attnid.common.shapes import shape_problem
+from attnid.training.cases import CASES
 
 # metrics.csv: these columns first, in this order; per-layer columns (e.g. rho_qk_l0) follow.
 BASE_COLUMNS = (
@@ -95,7 +98,7 @@ def write_outputs(out: Path, rows: list[dict], summary: dict) -> None:
 
 def versions() -> dict:
     """Versions of what made the run, for run.json."""
-    import numpy as np
+    # lazy: torch, which the report commands read runs without
     import torch
 
     # str(): torch.__version__ is a TorchVersion, which weights_only loading refuses
@@ -186,6 +189,7 @@ def load_run_checkpoint(path: Path, key: dict) -> dict:
     (never overwritten) and reported in one line; the next run then starts over. A
     checkpoint of another configuration is left in place and reported.
     """
+    # lazy: torch, which the report commands read runs without
     import torch
 
     try:
@@ -223,8 +227,6 @@ RESUME_ATTNID_KEYS = ("rows", "batch_generator", "torch_rng", "first_loss", "wal
 def check_resumable(checkpoint: dict, path: Path, model_shapes: dict) -> None:
     """One line saying what a checkpoint of this run lacks, or which stored weight does not fit the model
     (``model_shapes``: ``{name: shape}`` of the model being resumed), before anything is loaded from it."""
-    from attnid.common.shapes import shape_problem
-
     ours = checkpoint.get("attnid")
     missing = [key for key in RESUME_KEYS if not isinstance(checkpoint.get(key), dict | int | float)]
     missing += [
@@ -263,6 +265,7 @@ def record_divergence(path: Path, rows: list[dict], summary: dict) -> bool:
     """A diverged run keeps its last good checkpoint (saved after a loss check, so finite weights): the
     summary and rows go into it, so that a rerun rewrites metrics.csv and run.json from it as for any
     finished run. False when there is none."""
+    # lazy: torch, which the report commands read runs without
     import torch
 
     if not path.is_file():
@@ -367,8 +370,6 @@ def load_runs_by_case(
 ) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
     """{case: [(run.json, metrics.csv) per seed]} for the listed runs (or every run under ``runs_dir``),
     in the case registry's order (unknown cases last)."""
-    from attnid.training.cases import CASES
-
     by_case: dict[str, list] = {}
     for run_dir in find_run_dirs(runs_dir, listed):
         info, metrics = load_run(run_dir)

@@ -1,4 +1,5 @@
-"""Process-level helpers of ``attnid train``: the device, the stop signals, the log lines."""
+"""Process-level helpers of ``attnid train``: the device and what runs where on it (``--metrics-device``,
+``--compile``, the GPU model a checkpoint was written on), the stop signals, the log lines."""
 
 from __future__ import annotations
 
@@ -19,6 +20,42 @@ def resolve_device(requested: str) -> torch.device:
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(requested)
+
+
+def resolve_metrics_device(requested: str, device: torch.device) -> str:
+    """``host`` or ``device`` for ``--metrics-device auto|host|device``.
+
+    ``auto`` is ``host`` when training on CUDA: a log step's float64 ``eigh``/``svd``/``qr``
+    on 64x64 head matrices is dispatched by PyTorch one matrix at a time to cuSOLVER,
+    about 500 small calls per log step at the paper's size, which the host's LAPACK does
+    in milliseconds. This choice follows that analysis; it has not been timed on a GPU
+    (``benchmarks/gpu_check.sh`` times both). On the CPU ``auto`` is ``device`` (no copies).
+    """
+    if requested not in ("auto", "host", "device"):
+        raise UserError(f"unknown --metrics-device {requested!r}: choose auto, host or device")
+    if requested == "auto":
+        return "host" if device.type == "cuda" else "device"
+    return requested
+
+
+def resolve_compile(requested: bool | None, device: torch.device) -> bool:
+    """``--compile``: on by default for CUDA (nanoGPT's speed is with it), off on the CPU."""
+    return device.type == "cuda" if requested is None else requested
+
+
+def device_name(device: torch.device) -> str | None:
+    """The GPU model (for the checkpoint), None on the CPU."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def other_gpu_warning(saved: str | None, current: str | None) -> str | None:
+    """One warning line when a checkpoint from one GPU model is resumed on another, else None."""
+    if saved is None or current is None or saved == current:
+        return None
+    return (
+        f"warning: the checkpoint was written on a {saved}, resuming on a {current}: the run continues, "
+        f"but its numbers are not those it would have had on the {saved}"
+    )
 
 
 def format_duration(seconds: float) -> str:
