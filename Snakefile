@@ -35,5 +35,5 @@ rule all:
         rules.tables.output,
         STUDY_TABLE_FILES,
         INTERVENTION_TABLE_FILES,
-        rules.figures.output,
+        FIGURE_FILES,
         rules.appendix.output,

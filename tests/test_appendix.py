@@ -14,10 +14,10 @@ from synthetic_runs import write_run, write_study
 
 from attnid.cli import main
 from attnid.common.files import write_csv_atomic
-from attnid.reports import figures, latex
+from attnid.reports import appendix, figures, latex
 from attnid.theory import nullity
 
-# Figure 6's caption numbers of a build with every arm (attnid.reports.figures.interventions_caption).
+# Figure 6's caption numbers of a build with every arm (attnid.reports.figures.fig6_interventions).
 SAMPLE_FIG6_NUMBERS = {
     "n_seeds": 5,
     "final": [
@@ -191,6 +191,7 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     (tables / "sweep.tex").write_text("sweep-marker\n")  # cases.tex absent: skipped
     for k in range(1, 5):
         (figures / f"fig{k}.pdf").write_bytes(b"%PDF-1.4 placeholder")
+        (figures / f"fig{k}.rst").write_text(_filled_caption(f"fig{k}"), encoding="utf-8")
     out = tmp_path / "paper" / "appendix.tex"
     assert _render(theory_csvs, out, "--experiment-tables", str(tables), "--figures", str(figures)) == 0
     tex = out.read_text()
@@ -204,7 +205,7 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     for k in range(1, 5):
         size = r"width=\linewidth,height=0.62\textheight,keepaspectratio"
         assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
-        title = latex.figure_caption(f"fig{k}")["title"]
+        title = appendix.figure_caption(f"fig{k}", figures)["title"]
         assert (
             rf"\caption[{title}]{{\textbf{{{title}.}}" in tex
             and rf"Figure~\ref{{fig:fig{k}}}, {title}" in tex
@@ -237,6 +238,12 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
         assert not list(paper.glob(".latexmk-*")), "scratch build folder left behind"
 
 
+def _filled_caption(name: str) -> str:
+    """The caption ``attnid figures`` writes next to figure ``name``, with a build's numbers."""
+    figure = figures.registry()[name]
+    return figures.fill_caption(figure.caption_template, SAMPLE_FIG6_NUMBERS if name == "fig6" else {})
+
+
 def _figure_pdfs(folder):
     """Stand-in figures (the appendix is under test, not the plots), with TrueType text."""
     import matplotlib
@@ -246,15 +253,15 @@ def _figure_pdfs(folder):
 
     folder.mkdir()
     with matplotlib.rc_context({"pdf.fonttype": 42}):
-        for name in latex.FIGURES:
+        for name in figures.registry():
             # Figure 6 is three panels and a legend row, as drawn (its filled caption is the longest)
             fig, ax = plt.subplots(figsize=(10.8, 3.5) if name == "fig6" else (6, 3))
             ax.plot([1, 2, 3], [1, 4, 9], label=name)
             ax.legend()
             fig.savefig(folder / f"{name}.pdf")
             plt.close(fig)
-    # a caption filled with a build's numbers sits next to its figure (as long as a real one)
-    (folder / "fig6.rst").write_text(figures.interventions_caption(SAMPLE_FIG6_NUMBERS), encoding="utf-8")
+            # the caption filled with a build's numbers sits next to its figure (as long as a real one)
+            (folder / f"{name}.rst").write_text(_filled_caption(name), encoding="utf-8")
 
 
 def _overfull_boxes(log: str) -> list[float]:
@@ -334,25 +341,23 @@ def test_log_and_font_parsers():
     assert _font_types(fonts) == {"Type 1", "Type 3"}
 
 
-def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
-    report_rules = (repo_root / "workflow" / "rules" / "report.smk").read_text()
-    assert 'caption_file(f"fig{i}")' in report_rules and "caption=FIGURE_CAPTIONS[i]" in report_rules
-    for name in latex.FIGURES:
-        source = latex.caption_file(name)
-        text = open(source, encoding="utf-8").read()
-        assert text.startswith(f"**Figure {name.removeprefix('fig')} ")
-        caption = latex.figure_caption(name)
+def test_every_caption_converts(tmp_path):
+    for name in figures.registry():
+        text = _filled_caption(name)
+        assert text.startswith(f"**Figure {name.removeprefix('fig')} ") and "{{" not in text
+        (tmp_path / f"{name}.rst").write_text(text, encoding="utf-8")
+        caption = appendix.figure_caption(name, tmp_path)
         assert caption["caption"].startswith(rf"\textbf{{{caption['title']}.}} ")
         assert all(ord(char) < 128 for char in caption["caption"]), name  # pdflatex-safe
-    assert latex.rst_to_tex("the drift :math:`\\beta` of ``run.json`` is *small* — 50% off") == (
+    assert appendix.rst_to_tex("the drift :math:`\\beta` of ``run.json`` is *small* — 50% off") == (
         r"the drift $\beta$ of \texttt{run.\allowbreak{}json} is \emph{small} --- 50\% off"
     )
     with pytest.raises(ValueError, match="ρ"):
-        latex.rst_to_tex("a bare ρ")
+        appendix.rst_to_tex("a bare ρ")
 
 
 def test_templates_are_package_data(repo_root):
-    """Every shipped template and caption matches a package-data glob, so a wheel has them;
+    """Every shipped template matches a package-data glob, so a wheel has them;
     they are found through importlib.resources, not through the source tree."""
     patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
@@ -361,7 +366,6 @@ def test_templates_are_package_data(repo_root):
     shipped = {path for pattern in patterns for path in package.glob(pattern)}
     templates = {path for path in (package / "reports" / "templates").rglob("*") if path.is_file()}
     assert templates and templates <= shipped, sorted(map(str, templates - shipped))
-    assert {f"{name}.rst" for name in latex.FIGURES} <= {path.name for path in templates}
     assert str(latex.find_template_dir()) == str(package / "reports" / "templates")
     assert not (repo_root / "paper" / "templates").exists()
 
@@ -388,7 +392,7 @@ def test_wide_figures_get_a_landscape_page(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnid.reports.latex import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
+    from attnid.reports.appendix import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
 
     ratios = {}
     for name, size in {"wide": (12, 6), "square": (6, 6)}.items():

@@ -21,9 +21,10 @@ from pipeline_helpers import (
 )
 from synthetic_runs import write_run
 
-from attnid.reports import figures, interventions, tables
+from attnid.reports import appendix, figures, interventions, tables
+from attnid.reports.figures import fig6_interventions
+from attnid.reports.figures.inputs import Sources
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
-from attnid.training.rundir import load_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 
@@ -109,7 +110,7 @@ def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
     assert f"{out}/runs/adamw/seed0" in gather and f"{out}/runs/adamw_rebalance/seed0" in gather
     assert len(gather) == len(DEFAULT["interventions"]["seeds"]) * 5
-    assert "--identity-runs" in re.search(r"attnid figures [^\n]*", proc.stdout).group(0)
+    assert "--identity-runs" in re.search(r"attnid figures fig6 [^\n]*", proc.stdout).group(0)
 
 
 def test_interventions_null_turns_the_stage_off(tmp_path):
@@ -272,7 +273,8 @@ def _path(run_dir):
 def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
     arm_dirs, identity = study_runs(tmp_path / "runs")
     by_arm = load_runs_by_arm(None, arm_dirs)
-    paths = figures.figure_interventions(by_arm, [load_run(d) for d in identity], tmp_path)
+    sources = Sources(intervention_runs=[str(d) for d in arm_dirs], identity_runs=[str(d) for d in identity])
+    paths = figures.make_figure("fig6", sources, tmp_path)
     assert [p.name for p in paths] == ["fig6.png", "fig6.pdf", "fig6.rst"]
     assert paths[0].stat().st_size > 10_000
     caption = (tmp_path / "fig6.rst").read_text()
@@ -280,19 +282,19 @@ def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
     assert "{{" not in caption and "{%" not in caption
     table, _ = interventions_table(by_arm)
     for row in table[table["metric"] == "final_val_loss"].itertuples():
-        low, high = figures._caption_number(row.ci_low), figures._caption_number(row.ci_high)
+        low, high = figures.caption_number(row.ci_low), figures.caption_number(row.ci_high)
         shown = f"[{low}, {high}], {row.verdict}"
         assert shown in " ".join(caption.split()), shown
     assert "1e-29" in caption and "3 seeds" in caption
-    from attnid.reports import latex
-
-    assert latex.figure_caption("fig6", tmp_path)["caption"].startswith(r"\textbf{does identification change")
+    assert appendix.figure_caption("fig6", tmp_path)["caption"].startswith(
+        r"\textbf{does identification change"
+    )
 
 
 def test_paired_differences_per_step_are_the_table_s_at_the_last_evaluation(tmp_path):
     arm_dirs, _ = study_runs(tmp_path)
     by_arm = load_runs_by_arm(None, arm_dirs)
-    differences = figures.paired_eval_differences(by_arm["adamw_gauge_fixed"], by_arm["adamw"])
+    differences = fig6_interventions.paired_eval_differences(by_arm["adamw_gauge_fixed"], by_arm["adamw"])
     assert differences["step"].tolist() == [0, 20, 40] and (differences["n_seeds"] == 3).all()
     assert differences["mean"].tolist() == pytest.approx([0.0, -0.05, -0.05])
     table, _ = interventions_table(by_arm)

@@ -17,7 +17,7 @@ from scipy import stats
 from synthetic_runs import write_run
 
 from attnid.cli import main
-from attnid.reports import interventions_table, latex
+from attnid.reports import appendix, interventions_table
 
 SEEDS = range(5)
 BASELINE_SECONDS_PER_STEP = 0.1  # evaluations at steps 0, 20, 40: wall 0, 2 and 4 s
@@ -252,11 +252,13 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
     tables = tmp_path / "tables"
     interventions_table.write_interventions_table(intervention_runs, tables)
     out = tmp_path / "paper" / "appendix.tex"
-    text = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables)
+    text = appendix.render_appendix(*_theory(tmp_path), out, experiment_tables=tables)
     assert r"\section{Does identification buy anything?}" in text and r"\label{tab:interventions}" in text
     assert "Table~\\ref{tab:interventions} compares arms" in text
     assert "tab:study-correlation" not in text  # no study tables in this folder: no paragraph about them
-    lean = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, omit=("interventions",))
+    lean = appendix.render_appendix(
+        *_theory(tmp_path), out, experiment_tables=tables, omit=("interventions",)
+    )
     assert "tab:interventions" not in lean and "Does identification buy anything" not in lean
 
 
@@ -278,9 +280,9 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
     paper.mkdir()
     shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
     (paper / "appendix.tex").write_text(
-        latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+        appendix.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
     )
-    latex.compile_pdf(paper / "main.tex")
+    appendix.compile_pdf(paper / "main.tex")
     log = (paper / "main.log").read_text(errors="replace")
     widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert not widths or max(widths) <= 5.0, re.findall(r"Overfull.*", log)

@@ -18,7 +18,9 @@ from scipy import stats
 from synthetic_runs import write_run
 
 from attnid.cli import main
-from attnid.reports import figures, latex, studies
+from attnid.reports import appendix, figures, studies
+from attnid.reports.figures import fig5_identification_study
+from attnid.reports.figures.inputs import Sources
 from attnid.theory import counts
 
 # ---------------------------------------------------------------------------- planning
@@ -336,18 +338,18 @@ def test_figure_5_is_drawn_and_included_in_the_appendix(synthetic_study, tmp_pat
     studies.write_study_tables(
         {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
     )
-    paths = figures.figure_identification_study(tables, tmp_path / "figs")
-    assert sorted(p.name for p in paths) == ["fig5.pdf", "fig5.png"]
-    assert all(p.stat().st_size > 5_000 for p in paths)
-    fig = figures.draw_identification_study(
+    paths = figures.make_figure("fig5", Sources(tables=tables), tmp_path / "figs")
+    assert sorted(p.name for p in paths) == ["fig5.pdf", "fig5.png", "fig5.rst"]
+    assert all(p.stat().st_size > 5_000 for p in paths if p.suffix != ".rst")
+    fig = fig5_identification_study.draw_identification_study(
         pd.read_csv(tables / "heads.csv"), pd.read_csv(tables / "variants.csv")
     )
     fraction_axis = fig.axes[0]
     curve = fraction_axis.get_lines()[0]
     h = curve.get_xdata()
     np.testing.assert_allclose(curve.get_ydata(), 1 - 1 / (2 * h))  # the closed form T3
-    assert "fig5" in latex.FIGURES and "fig5" in latex.OPTIONAL_FIGURES
-    caption = latex.figure_caption("fig5")
+    assert figures.registry()["fig5"].stage == "studies"
+    caption = appendix.figure_caption("fig5", tmp_path / "figs")
     assert caption["title"].startswith("does identification buy anything")
 
 
@@ -356,7 +358,7 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
     studies.write_study_tables(
         {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
     )
-    text = latex.render_appendix(
+    text = appendix.render_appendix(
         *_theory(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables
     )
     assert r"\section{Does identification buy anything?}" in text
@@ -373,7 +375,7 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
     ],
 )
 def test_figure_5_labels_are_spread_at_least_a_gap_apart_and_stay_near_their_points(values, gap):
-    positions = figures.spread_positions(values, gap)
+    positions = fig5_identification_study.spread_positions(values, gap)
     assert len(positions) == len(values)
     assert all(b - a >= gap - 1e-12 for a, b in zip(positions, positions[1:]))  # order kept, no overlap
     assert sum(positions) == pytest.approx(sum(values))  # centred on the points
@@ -392,10 +394,11 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     figs.mkdir()
     for i in range(1, 6):
         (figs / f"fig{i}.pdf").write_bytes(b"%PDF-1.4 /MediaBox [0 0 400 300]")
+        (figs / f"fig{i}.rst").write_text(figures.registry()[f"fig{i}"].caption_template, encoding="utf-8")
     out = tmp_path / "paper" / "appendix.tex"
-    full = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
+    full = appendix.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
     assert "fig5.pdf" in full and r"\label{tab:study-heads}" in full and "PRUNE-LEFTOVER" in full
-    lean = latex.render_appendix(
+    lean = appendix.render_appendix(
         *_theory(tmp_path), out, experiment_tables=tables, figures=figs, omit=("studies", "edits")
     )
     for leftover in (
@@ -410,10 +413,7 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     # the figures command: no Figure 5 from the leftover study tables with --no-studies
     (tables / "sweep.csv").write_text("optimizer\n")
     drawn = []
-    for name in ("figure_identification", "figure_training", "figure_conservation", "figure_sweep"):
-        monkeypatch.setattr(figures, name, lambda *args, **kwargs: [])
-    monkeypatch.setattr(figures, "figure_identification_study", lambda *args: drawn.append("fig5") or [])
-    monkeypatch.setattr(figures, "load_runs_by_case", lambda *args: {"adamw": ["a run"]})
+    monkeypatch.setattr(figures, "make_figure", lambda name, *args: drawn.append(name) or [])
     theory = _theory(tmp_path)[0].parent
     assert (
         main(
@@ -432,7 +432,8 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
         )
         == 0
     )
-    assert drawn == []
+    assert drawn == ["fig1", "fig2", "fig3", "fig4"]
+    drawn.clear()
     assert (
         main(
             [
@@ -449,7 +450,7 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
         )
         == 0
     )
-    assert drawn == ["fig5"]
+    assert drawn == ["fig1", "fig2", "fig3", "fig4", "fig5"]
 
 
 def _theory(tmp_path):
@@ -592,9 +593,9 @@ def test_study_tables_fit_the_page(tmp_path):
     studies.write_study_tables({"variants": sorted((tmp_path / "studies/variants").glob("*/seed*"))}, tables)
     paper.mkdir()
     shutil.copy(REPO / "paper" / "main.tex", paper / "main.tex")
-    text = latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+    text = appendix.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
     (paper / "appendix.tex").write_text(text)
-    latex.compile_pdf(paper / "main.tex")
+    appendix.compile_pdf(paper / "main.tex")
     log = (paper / "main.log").read_text(errors="replace")
     widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert not widths or max(widths) <= 5.0, re.findall(r"Overfull.*", log)

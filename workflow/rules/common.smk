@@ -19,7 +19,6 @@ from attnid.reports.interventions import (
     intervention_arms,
 )
 from attnid.reports.interventions_table import BASELINE_CASE
-from attnid.reports.latex import caption_file
 from attnid.reports.studies import (
     STUDY_CASE,
     check_study_config,

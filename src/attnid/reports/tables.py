@@ -27,6 +27,8 @@ from numpy.typing import ArrayLike
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.reports.latex import render_table
+from attnid.reports.round_off import UNIT_ROUND_OFF, run_dtype
 from attnid.theory.circuits import CIRCUITS
 from attnid.training.cases import CASES, rebalancing_cases
 from attnid.training.rundir import find_run_dirs, load_run
@@ -55,9 +57,6 @@ BETA_REBALANCE_RATIO_MAX = 1e-2
 GAUGE_INITIAL_CHANGE_MAX = 1e-5
 PROJECTED_CASE, GAUGE_FIXED_CASE, TRANSPORT_MOMENTS = "adamw_projected", "adamw_gauge_fixed", "transport"
 
-# Unit round-off of each training precision (run.json "dtype", as :func:`run_dtype` reads it): the one
-# round-off table of the claims and of the figures' floors.
-UNIT_ROUND_OFF = {"float64": 2.0**-53, "float32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 # The coarsest unit round-off at which a round-off claim above is decidable: float64 only
 # (float32 puts SGD's drift1 / drift2 near 1e-5, its ρ near 1e-9 and β_QK of the sweep at its floor).
 FLOAT64_ONLY = 1e-12
@@ -185,15 +184,6 @@ def unidentified_qk_ov_params(config: dict) -> float:
     except (KeyError, TypeError, ValueError):
         return math.nan
     return float(config["n_layer"] * (unidentified_qk_params(shape) + unidentified_ov_params(shape)))
-
-
-def run_dtype(info: dict) -> str:
-    """The training precision of a run: run.json's ``dtype``; runs that predate it were float32 (CPU)
-    or bf16."""
-    dtype = info.get("dtype")
-    if dtype:
-        return "bf16" if dtype == "bfloat16" else str(dtype)
-    return "bf16" if info.get("device") == "cuda" else "float32"
 
 
 def summarize_drift(metrics: pd.DataFrame) -> dict:
@@ -695,8 +685,6 @@ def write_tables(
     interventions' arms and baselines) and ``identity_runs`` (its float64 projected run) add the
     interventions' identities to claims.csv.
     """
-    from attnid.reports.latex import render_table  # jinja2 only when writing
-
     run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
         raise UserError(
