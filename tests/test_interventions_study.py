@@ -21,7 +21,7 @@ from pipeline_helpers import (
 )
 from synthetic_runs import write_run
 
-from attnid.reports import appendix, figures, interventions, tables
+from attnid.reports import appendix, claims, figures, interventions, tables
 from attnid.reports.figures import fig6_interventions
 from attnid.reports.figures.inputs import Sources
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
@@ -229,7 +229,7 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
 
 def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     arm_dirs, identity = study_runs(tmp_path / "good")
-    good = tables.intervention_claims(
+    good = claims.intervention_claims(
         tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity])
     )
     results = {row["claim"]: row for row in good}
@@ -244,7 +244,7 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     )
     bad = {
         row["claim"]: row
-        for row in tables.intervention_claims(
+        for row in claims.intervention_claims(
             tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity])
         )
     }
@@ -258,9 +258,9 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     # an identity run in float32 cannot resolve the float64 thresholds
     float32 = write_run(tmp_path / "f32" / "seed0", "adamw_projected", 0, 1e-3, rho_qk=1e-12, dtype="float32")
     rows = {
-        row["claim"]: row for row in tables.intervention_claims(pd.DataFrame(), tables.runs_table([float32]))
+        row["claim"]: row for row in claims.intervention_claims(pd.DataFrame(), tables.runs_table([float32]))
     }
-    assert rows["interventions: projected rho max < 1e-20"]["result"] == tables.NOT_APPLICABLE
+    assert rows["interventions: projected rho max < 1e-20"]["result"] == claims.NOT_APPLICABLE
     assert rows["interventions: gauge-fixed initial logits = adamw's (< 1e-5)"]["result"] == "missing"
 
 

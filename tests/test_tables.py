@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from synthetic_runs import write_run, write_study
 
-from attnid.reports import latex, tables
+from attnid.reports import claims as claims_module
+from attnid.reports import latex, round_off, tables
 from attnid.training import rundir
 
 
@@ -106,7 +107,8 @@ def test_round_off_claims_on_float32_runs_are_not_applicable(tmp_path):
         "E1 sgd sweep beta_ov slope in [1.8, 2.2]",
         "E2 sgd_wd drift1 = prediction (rel. error < 1e-6)",
     ]
-    assert (claims.loc[float64_only, "result"] == tables.NOT_APPLICABLE).all(), claims.loc[float64_only]
+    not_applicable = claims.loc[float64_only, "result"] == claims_module.NOT_APPLICABLE
+    assert not_applicable.all(), claims.loc[float64_only]
     assert (claims.loc[float64_only, "dtype"] == "float32").all()
     others = claims.drop(index=float64_only)
     assert (others["result"] == "pass").all(), others[["measured", "result"]]
@@ -119,14 +121,14 @@ def test_round_off_claims_on_float32_runs_are_not_applicable(tmp_path):
 
 
 def test_runs_from_before_the_dtype_field_read_as_their_devices_default():
-    assert tables.run_dtype({"device": "cpu"}) == "float32"
-    assert tables.run_dtype({"device": "cuda"}) == "bf16"
-    assert tables.run_dtype({"device": "cuda", "dtype": "bfloat16"}) == "bf16"
-    assert tables.run_dtype({"device": "cpu", "dtype": "float64"}) == "float64"
-    assert tables.resolves("float64", tables.FLOAT64_ONLY) and not tables.resolves(
-        "float32+float64", tables.FLOAT64_ONLY
+    assert round_off.run_dtype({"device": "cpu"}) == "float32"
+    assert round_off.run_dtype({"device": "cuda"}) == "bf16"
+    assert round_off.run_dtype({"device": "cuda", "dtype": "bfloat16"}) == "bf16"
+    assert round_off.run_dtype({"device": "cpu", "dtype": "float64"}) == "float64"
+    assert claims_module.resolves("float64", claims_module.FLOAT64_ONLY) and not claims_module.resolves(
+        "float32+float64", claims_module.FLOAT64_ONLY
     )
-    assert not tables.resolves("", tables.FLOAT64_ONLY) and tables.resolves("bf16", None)
+    assert not claims_module.resolves("", claims_module.FLOAT64_ONLY) and claims_module.resolves("bf16", None)
 
 
 def test_claims_fail_or_go_missing_when_the_runs_do_not_show_them(tmp_path):

@@ -2,7 +2,7 @@
 round-offs, the floor a quantity of weights trained in a precision cannot go below, and whether a series is
 that floor rather than data (docs/design.md §3).
 
-The claims (:mod:`attnid.reports.tables`) use it to decide whether a precision resolves a threshold; the
+The claims (:mod:`attnid.reports.claims`) use it to decide whether a precision resolves a threshold; the
 figures draw a series at round-off on its floor instead of as data, and the sweep's slopes are never fitted
 to one.
 """
@@ -30,6 +30,17 @@ def run_dtype(info: dict) -> str:
     if dtype:
         return "bf16" if dtype == "bfloat16" else str(dtype)
     return "bf16" if info.get("device") == "cuda" else "float32"
+
+
+def dtypes_of(frame: pd.DataFrame) -> str:
+    """The training precisions of ``frame``'s runs (a ``dtype`` column), e.g. ``float64`` or
+    ``float32+float64`` ('' for none)."""
+    if frame.empty or "dtype" not in frame:
+        return ""
+    names = set()
+    for value in frame["dtype"].dropna().astype(str):
+        names.update(value.split("+"))
+    return "+".join(sorted(names))
 
 
 def coarsest_dtype(dtypes: Iterable[str]) -> str:
