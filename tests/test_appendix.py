@@ -241,7 +241,8 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
 def _filled_caption(name: str) -> str:
     """The caption ``attnid figures`` writes next to figure ``name``, with a build's numbers."""
     figure = figures.registry()[name]
-    return figures.fill_caption(figure.caption_template, SAMPLE_FIG6_NUMBERS if name == "fig6" else {})
+    numbers = {"fig2": {"rho_floors": {"SGD": 2.6e-24}}, "fig6": SAMPLE_FIG6_NUMBERS}.get(name, {})
+    return figures.fill_caption(figure.caption_template, numbers)
 
 
 def _figure_pdfs(folder):

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from figure_checks import invisible_legend_entries, legend_entries, overlapping_labels, visible_labels
 from synthetic_runs import write_run, write_study
 
 from attnid.reports import figures, round_off, tables
@@ -162,7 +163,12 @@ def _texts(ax) -> list[str]:
     return [text.get_text() for text in ax.texts]
 
 
-def test_round_off_series_in_the_sweep_are_a_floor_band_never_a_fit():
+def _floor_lines(ax) -> list:
+    """The lines of ``ax`` drawn on a round-off floor (their markers included)."""
+    return [line for line in ax.get_lines() if line.get_gid() == series.FLOOR_GID]
+
+
+def test_round_off_series_in_the_sweep_lie_on_their_floor_never_fitted():
     lrs = np.array([0.01, 0.1, 1.0])
     sweep = pd.DataFrame(
         {
@@ -177,11 +183,26 @@ def test_round_off_series_in_the_sweep_are_a_floor_band_never_a_fit():
             "final_val_loss": 2.0,
         }
     )
-    fig = fig4_sweep.draw_sweep(sweep, tables.sweep_slopes_table(sweep))
+    slopes = tables.sweep_slopes_table(sweep)
+    fitted = slopes.set_index("quantity")
+    for quantity in ("beta_qk_final", "rho_qk_mean", "rho_ov_mean"):  # the table says why it has no slope
+        assert np.isnan(fitted.loc[quantity, "slope"]) and np.isnan(fitted.loc[quantity, "r2"])
+        assert fitted.loc[quantity, "note"].startswith("not fitted: float32 round-off (largest ")
+    assert (
+        fitted.loc["beta_ov_final", "slope"] == pytest.approx(2.0)
+        and fitted.loc["beta_ov_final", "note"] == ""
+    )
+    fig = fig4_sweep.draw_sweep(sweep, slopes)
     beta_qk, beta_ov, rho_qk = fig.axes[:3]
-    for ax in (beta_qk, rho_qk):  # float32 round-off: no points, no fitted line, no slope label
-        assert not ax.get_lines(), [line.get_label() for line in ax.get_lines()]
-        assert _texts(ax) == ["float32 round-off: SGD"]
+    floor = round_off.round_off_floor("float32") / round_off.ROUND_OFF_MARGIN
+    # on the floor (values below it raised to it, inside the axes), no fitted line, no slope label
+    for ax, column, level in ((beta_qk, "beta_qk_final", "3e-08"), (rho_qk, "rho_qk_mean", "2e-09")):
+        (line,) = ax.get_lines()
+        assert line.get_gid() == series.FLOOR_GID and line.get_marker() == series.FLOOR_MARKER
+        np.testing.assert_allclose(line.get_ydata(), np.maximum(sweep[column], floor))
+        assert ax.get_ylim()[0] < floor and line.get_label() == "SGD"
+        (text,) = _texts(ax)
+        assert text.endswith(f" ≤ {level}\nfloat32 round-off") and text.startswith("SGD: "), text
     assert "slope 2.00" in _texts(beta_ov) and len(beta_ov.get_lines()) == 2  # data and its fit
     style.pyplot().close(fig)
 
@@ -191,7 +212,9 @@ def test_the_float64_sgd_sweep_shows_the_slope_of_both_circuits(tmp_path):
     frames = tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")
     fig = fig4_sweep.draw_sweep(frames["sweep"], frames["sweep_slopes"])
     assert "slope 2.00" in _texts(fig.axes[0]) and "slope 2.00" in _texts(fig.axes[1])
-    assert "float64 round-off: SGD" in _texts(fig.axes[2])  # mean rho of the float64 sweep: 1e-27
+    # mean rho of the float64 sweep, 1e-27: on the floor, with its level
+    assert any(text.startswith("SGD: mean") and " ≤ 1e-27" in text for text in _texts(fig.axes[2]))
+    assert _floor_lines(fig.axes[2])
     style.pyplot().close(fig)
 
 
@@ -208,16 +231,22 @@ def test_a_sum_of_rounded_steps_has_a_floor_that_grows_like_the_root_of_its_leng
     assert round_off.at_round_off([0.9 * float32_ceiling], "float32", steps=1500)
 
 
-def test_figure_2_marks_round_off_rho_as_a_band(tmp_path):
+def test_figure_2_draws_round_off_rho_on_its_floor(tmp_path):
     runs_dir, _ = write_study(tmp_path)
-    fig = fig2_training.draw(Sources(runs_dir=runs_dir)).figure
-    rho_qk, rho_ov = fig.axes[1:3]
-    assert "SGD" not in [line.get_label() for line in rho_qk.get_lines()]
-    assert "AdamW" in [line.get_label() for line in rho_qk.get_lines()]
-    assert _texts(rho_qk) == ["float64 round-off: SGD"]
-    # the synthetic float32 AdamW runs log rho_ov = 1e-9: float32 round-off, a band of its own
-    assert _texts(rho_ov) == ["float64 round-off: SGD", "float32 round-off: AdamW, AdamW + rebalancing"]
-    assert "AdamW" not in [line.get_label() for line in rho_ov.get_lines()]
+    drawing = fig2_training.draw(Sources(runs_dir=runs_dir))
+    rho_qk, rho_ov = drawing.figure.axes[1:3]
+    assert "SGD" in {line.get_label() for line in _floor_lines(rho_qk)}
+    assert "AdamW" in [line.get_label() for line in rho_qk.get_lines() if line.get_gid() is None]
+    assert _texts(rho_qk) == ["SGD: $\\rho_{QK}$ ≤ 3e-27\nfloat64 round-off"]
+    # the synthetic float32 AdamW runs log rho_ov = 1e-9: float32 round-off, on a floor of its own
+    assert _texts(rho_ov) == [
+        "SGD: $\\rho_{OV}$ ≤ 1e-28\nfloat64 round-off",
+        "AdamW: $\\rho_{OV}$ ≤ 1e-09\nAdamW + rebalancing: $\\rho_{OV}$ ≤ 1e-09\nfloat32 round-off",
+    ]
+    assert {"SGD", "AdamW", "AdamW + rebalancing"} <= {line.get_label() for line in _floor_lines(rho_ov)}
+    assert drawing.numbers["rho_floors"]["SGD"] == pytest.approx(3e-27)
+    caption = figures.fill_caption(figures.registry()["fig2"].caption_template, drawing.numbers)
+    assert "SGD: :math:`\\rho` at most 3e-27" in " ".join(caption.split())
 
 
 def test_figure_3_splits_beta_with_the_sgd_wd_prediction_on_its_first_order_part(tmp_path):
@@ -228,16 +257,58 @@ def test_figure_3_splits_beta_with_the_sgd_wd_prediction_on_its_first_order_part
     columns = list(runs)
     sgd_qk, sgd_wd_qk = grid[0][columns.index("sgd")], grid[0][columns.index("sgd_wd")]
     assert sgd_qk.get_title() == "SGD" and sgd_qk.get_yscale() == "log"
-    # SGD's first-order part sits at the floor of a sum of per-step round-off
+    # SGD's first-order part lies on the floor of a sum of per-step round-off, its level written
     assert any(
-        re.fullmatch(r"float64 round-off, summed over [\d,]+ steps: drift1", text) for text in _texts(sgd_qk)
+        re.fullmatch(r"drift1 ≤ [\d.e-]+\nfloat64 round-off, summed over [\d,]+ steps", text)
+        for text in _texts(sgd_qk)
     )
-    styles = {line.get_linestyle() for line in sgd_qk.get_lines()}
-    assert {"-", "--", ":"} <= styles  # beta, drift1, drift2
+    assert [line.get_linestyle() for line in _floor_lines(sgd_qk)][0] == "--"
+    for row in grid[:2]:  # one look per quantity: beta thick and pale under its dashed and dotted parts
+        for ax in row:
+            widths = {line.get_linestyle(): line.get_linewidth() for line in ax.get_lines()}
+            assert widths["-"] == fig3_conservation.BETA_LINE["linewidth"] > widths["--"], widths
+            assert widths[":"] < widths["-"]
+    for ax in grid[2]:  # mu: plain lines, told apart by filled (QK) and hollow (OV) markers
+        assert {line.get_linestyle() for line in ax.get_lines()} == {"-"}
+        assert {line.get_markerfacecolor() for line in ax.get_lines()} >= {"white"}
     predicted = [line for line in sgd_wd_qk.get_lines() if line.get_color() == style.PREDICTION_COLOR]
-    assert len(predicted) == 1
+    assert len(predicted) == 1 and predicted[0].get_linestyle() == "None"  # circles on drift1, no line
     drift1 = runs["sgd_wd"][0][1]["drift1_pred_qk"]
     np.testing.assert_allclose(predicted[0].get_ydata(), drift1[drift1 > 0].to_numpy(), rtol=1e-12)
+
+
+@pytest.mark.slow  # each figure's layout on the renderer, ~20 s on a loaded machine
+@pytest.mark.parametrize("name", ["fig1", "fig2", "fig3", "fig4"])
+def test_every_legend_entry_is_visible_and_no_label_overlaps(tmp_path, name):
+    runs_dir, sweep_dir = write_study(tmp_path)
+    tables.write_tables(runs_dir, sweep_dir, tmp_path / "tables")
+    write_theory(tmp_path / "theory")
+    sources = Sources(theory=tmp_path / "theory", tables=tmp_path / "tables", runs_dir=runs_dir)
+    fig = figures.registry()[name].draw(sources).figure
+    assert legend_entries(fig)
+    assert not invisible_legend_entries(fig)
+    assert not overlapping_labels(fig)
+    if name in ("fig2", "fig4"):  # every series in every panel: on the floor if it is round-off
+        expected = {"SGD", "AdamW"}
+        for ax in fig.axes:
+            assert expected <= visible_labels(ax), (ax.get_title(), visible_labels(ax))
+    style.pyplot().close(fig)
+
+
+def test_the_checks_catch_a_hidden_series_and_a_label_on_a_title():
+    """The figure checks can fail: a series below the axes and a label over the title are caught."""
+    plt = style.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [1, 2], label="shown")
+    ax.plot([1, 2], [1e-30, 1e-30], label="hidden")
+    ax.set_yscale("log")
+    ax.set_ylim(0.5, 3)
+    ax.set_title("a title")
+    ax.legend()
+    ax.annotate("on the title", (1.5, 3), xytext=(0, 12), textcoords="offset points", ha="center")
+    assert invisible_legend_entries(fig) == ["hidden"]
+    assert any("overlaps the title" in problem for problem in overlapping_labels(fig))
+    plt.close(fig)
 
 
 def test_pdfs_embed_truetype_not_type3_fonts(tmp_path):

@@ -11,6 +11,7 @@ import re
 import pandas as pd
 import pytest
 import yaml
+from figure_checks import invisible_legend_entries, overlapping_labels, visible_labels
 from pipeline_helpers import (
     REPO,
     copy_pipeline,
@@ -277,6 +278,10 @@ def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
     paths = figures.make_figure("fig6", sources, tmp_path)
     assert [p.name for p in paths] == ["fig6.png", "fig6.pdf", "fig6.rst"]
     assert paths[0].stat().st_size > 10_000
+    fig = fig6_interventions.draw(sources).figure  # every series shown, the projected arm's on its floors
+    assert not invisible_legend_entries(fig) and not overlapping_labels(fig)
+    for ax in fig.axes[1:]:
+        assert {"AdamW", "AdamW, projected (float64)"} <= visible_labels(ax), visible_labels(ax)
     caption = (tmp_path / "fig6.rst").read_text()
     assert caption.startswith("**Figure 6 — does identification change training?")
     assert "{{" not in caption and "{%" not in caption

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from figure_checks import invisible_legend_entries, overlapping_labels
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines
 from scipy import stats
 from synthetic_runs import write_run
@@ -348,6 +349,7 @@ def test_figure_5_is_drawn_and_included_in_the_appendix(synthetic_study, tmp_pat
     curve = fraction_axis.get_lines()[0]
     h = curve.get_xdata()
     np.testing.assert_allclose(curve.get_ydata(), 1 - 1 / (2 * h))  # the closed form T3
+    assert not invisible_legend_entries(fig) and not overlapping_labels(fig)
     assert figures.registry()["fig5"].stage == "studies"
     caption = appendix.figure_caption("fig5", tmp_path / "figs")
     assert caption["title"].startswith("does identification buy anything")
@@ -394,7 +396,8 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     figs.mkdir()
     for i in range(1, 6):
         (figs / f"fig{i}.pdf").write_bytes(b"%PDF-1.4 /MediaBox [0 0 400 300]")
-        (figs / f"fig{i}.rst").write_text(figures.registry()[f"fig{i}"].caption_template, encoding="utf-8")
+        caption = figures.fill_caption(figures.registry()[f"fig{i}"].caption_template, {})
+        (figs / f"fig{i}.rst").write_text(caption, encoding="utf-8")
     out = tmp_path / "paper" / "appendix.tex"
     full = appendix.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
     assert "fig5.pdf" in full and r"\label{tab:study-heads}" in full and "PRUNE-LEFTOVER" in full

@@ -62,10 +62,10 @@ def _claim(
 ) -> dict:
     """One row of claims.csv; ``max_round_off``: the coarsest training precision that resolves the
     threshold."""
-    if measured is None or not math.isfinite(measured):
-        result = "missing"
-    elif not resolves(dtypes, max_round_off):
+    if dtypes and not resolves(dtypes, max_round_off):  # whether or not a number came out
         result = NOT_APPLICABLE
+    elif measured is None or not math.isfinite(measured):
+        result = "missing"
     elif relation == "<":
         result = "pass" if measured < threshold else "fail"
     elif relation == ">":

@@ -26,7 +26,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
 from attnid.reports.claims import claims_table
 from attnid.reports.latex import render_table
-from attnid.reports.round_off import dtypes_of, run_dtype
+from attnid.reports.round_off import at_round_off, coarsest_dtype, dtypes_of, round_off_ceiling, run_dtype
 from attnid.theory.circuits import CIRCUITS
 from attnid.training.rundir import find_run_dirs, load_run
 
@@ -275,18 +275,30 @@ def fit_loglog_slope(x: ArrayLike, y: ArrayLike) -> dict:
 
 
 def sweep_slopes_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Fitted log-log slopes against lr of final β and mean ρ, per optimizer (diverged points left out)."""
+    """Fitted log-log slopes against lr of final β and mean ρ, per optimizer (diverged points left out).
+
+    A quantity at numerical round-off in the sweep's training precision
+    (:func:`attnid.reports.round_off.at_round_off`) is never fitted: its row has no slope, and ``note`` says
+    why (the precision, the quantity's largest value and the round-off ceiling it is below)."""
     rows = []
     for optimizer, group in sweep.groupby("optimizer", sort=True):
         done = group[group["status"] != "diverged"]
+        dtypes = dtypes_of(done)
+        dtype = coarsest_dtype(dtypes.split("+"))
         for quantity in ["beta_qk_final", "beta_ov_final", "rho_qk_mean", "rho_ov_mean"]:
+            fit = fit_loglog_slope(done["lr"], done[quantity])
+            note = ""
+            if at_round_off(done[quantity], dtype):
+                largest = float(pd.to_numeric(done[quantity], errors="coerce").abs().max())
+                note = (
+                    f"not fitted: {dtype} round-off (largest {largest:.1e} < {round_off_ceiling(dtype):.1e})"
+                )
+                fit |= {"slope": math.nan, "intercept": math.nan, "r2": math.nan}
             rows.append(
-                {"optimizer": optimizer, "quantity": quantity}
-                | fit_loglog_slope(done["lr"], done[quantity])
-                | {"dtype": dtypes_of(done)}
+                {"optimizer": optimizer, "quantity": quantity} | fit | {"dtype": dtypes, "note": note}
             )
     return pd.DataFrame(
-        rows, columns=["optimizer", "quantity", "slope", "intercept", "r2", "n_points", "dtype"]
+        rows, columns=["optimizer", "quantity", "slope", "intercept", "r2", "n_points", "dtype", "note"]
     )
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 INPUTS = {"theory": ("counts.csv", "nullity.csv")}
 CAPTION = r"""**Figure 1 — identification by design (claims T3, T5).** Identified fraction of one
 attention layer's parameters against the number of heads :math:`H`. Lines: closed forms
-(``attnid.counts.identified_fraction``) for multi-head attention (:math:`1 - 1/(2H)`), grouped-query
+(``attnid.theory.counts.identified_fraction``) for multi-head attention (:math:`1 - 1/(2H)`), grouped-query
 attention with 8 query heads per key/value head, RoPE, and both, at :math:`E = 8192`. Circles: the same
 fraction measured as the numerical nullity of the Jacobian of small random layers (``attnid verify``).
 Stars: real architectures (``config/architectures.yaml``); the right panel shows the unidentified

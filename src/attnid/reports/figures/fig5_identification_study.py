@@ -15,7 +15,9 @@ from attnid.reports.figures.style import (
     PANEL_HEIGHT,
     PANEL_WIDTH,
     PREDICTION_COLOR,
+    PointLabel,
     figure_legend,
+    place_labels,
     pyplot,
     styled,
 )
@@ -91,9 +93,12 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
         (axes[1], "final_val_loss", "final val loss", False),
         (axes[2], "rho_qk_mean", r"mean $\rho$", True),
     ]
+    head_labels: dict[Axes, list[PointLabel]] = {}
     for ax, column, ylabel, log_y in panels:
         if not series.empty:
-            _draw_study_series(ax, series, column, HEADS_COLOR, "head sweep $H$ (at $E$, $D = E/H$)")
+            head_labels[ax] = _draw_study_series(
+                ax, series, column, HEADS_COLOR, "head sweep $H$ (at $E$, $D = E/H$)"
+            )
             if log_y:
                 _draw_study_series(
                     ax,
@@ -124,6 +129,8 @@ def draw_identification_study(heads: pd.DataFrame | None, variants: pd.DataFrame
     axes[1].set_title("val loss vs identified fraction")
     axes[2].set_title(r"$\rho$ vs identified fraction (filled: QK, hollow: OV)")
     figure_legend(fig, axes[2], ncol=4)
+    for ax, labels in head_labels.items():  # once the layout is final: the labels dodge what is drawn
+        place_labels(ax, labels)
     return fig
 
 
@@ -186,7 +193,9 @@ def _draw_study_series(
     label: str,
     linestyle: str = "-",
     hollow: bool = False,
-) -> None:
+) -> list[PointLabel]:
+    """The head sweep's ``column`` against the identified fraction (band: ± the seeds' sd); the ``H=...``
+    labels of its points (none for a hollow series: the filled one names them)."""
     x = series["identified_fraction"].to_numpy(dtype=float)
     mean = series[f"{column}_mean"].to_numpy(dtype=float)
     sd = np.nan_to_num(series[f"{column}_sd"].to_numpy(dtype=float))
@@ -200,18 +209,13 @@ def _draw_study_series(
         markerfacecolor="none" if hollow else color,
     )
     ax.fill_between(x, mean - sd, mean + sd, color=color, alpha=BAND_ALPHA, linewidth=0)
-    for index, (xi, yi, name) in enumerate(zip(x, mean, series["n_head"])):
-        if np.isfinite(yi) and not hollow:  # above and below in turn: neighbours at large H sit close
-            ax.annotate(
-                f"H={int(name)}",
-                (xi, yi),
-                xytext=(0, 5 if index % 2 == 0 else -5),
-                textcoords="offset points",
-                fontsize=6,
-                color=color,
-                ha="center",
-                va="bottom" if index % 2 == 0 else "top",
-            )
+    if hollow:
+        return []
+    return [
+        PointLabel(f"H={int(name)}", (float(xi), float(yi)), color)
+        for xi, yi, name in zip(x, mean, series["n_head"])
+        if np.isfinite(yi)
+    ]
 
 
 def _draw_point(

@@ -12,7 +12,7 @@ import pandas as pd
 
 from attnid.common.errors import UserError
 from attnid.reports.figures.inputs import RUN_FILES, Drawing, RunGroup, Sources
-from attnid.reports.figures.series import draw_floor_bands, plot_band, runs_dtype, seed_band
+from attnid.reports.figures.series import Floors, plot_band, runs_dtype, seed_band
 from attnid.reports.figures.style import (
     BAND_ALPHA,
     PANEL_HEIGHT,
@@ -20,10 +20,11 @@ from attnid.reports.figures.style import (
     PREDICTION_COLOR,
     case_style,
     figure_legend,
+    keep_texts_inside,
     pyplot,
 )
 from attnid.reports.interventions_table import BASELINE_CASE, eval_rows, interventions_table
-from attnid.reports.round_off import UNIT_ROUND_OFF, at_round_off
+from attnid.reports.round_off import at_round_off
 from attnid.reports.statistics import MIN_PAIRED_SEEDS, mean_confidence_interval
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ Middle, right: :math:`\rho` and :math:`\|D_1\|/N_0` (query-key solid, output-val
 and of the projected arm, whose steps have their orbit component removed: its :math:`\rho` is at most
 {{ fmt(projected_rho_max) }} in {{ projected_dtype }} training and {{ fmt(identity_rho_max) }} in the
 float64 identity run ({{ identity_steps }} steps, drift1/drift2 at most
-{{ fmt(identity_drift_ratio_max) }}): round-off, drawn as grey floor bands. ``adamw``'s mean
+{{ fmt(identity_drift_ratio_max) }}): round-off, drawn on the floors of grey bands (a triangle: at or
+below) with their largest values written there. ``adamw``'s mean
 :math:`\rho_{QK}` is {{ fmt(adamw_rho_mean) }}.
 """
 
@@ -94,6 +96,7 @@ def draw_interventions(arm_runs: dict[str, RunGroup], identity_runs: RunGroup) -
     axes[1].set_title(r"unidentified share $\rho$ of a step")
     axes[2].set_title("first-order drift of the imbalance")
     figure_legend(fig, axes[0], ncol=4)
+    keep_texts_inside(fig)
     return Drawing(fig, caption_numbers(arm_runs, identity_runs))
 
 
@@ -195,24 +198,28 @@ def _drift_ratio_max(runs: list) -> float:
 
 def _draw_orbit_panel(ax: Axes, column: str, series: list[tuple[str, dict, list]]) -> None:
     """One circuit-pair quantity (ρ or drift1) of each run group, both circuits (QK solid, OV dashed), on
-    a log axis; a group at its precision's round-off is a labelled floor band, never data (design §13)."""
-    # dtype -> (labels, steps summed)
-    floors: dict[str, tuple[list[str], int]] = {dtype: ([], 1) for dtype in UNIT_ROUND_OFF}
+    a log axis; a group at its precision's round-off lies on its floor, never as data (design §13)."""
+    floors = Floors(ax)
+    symbol = r"$\rho$" if column == "rho" else "drift1"
     for label, style, runs in series:
         dtype = runs_dtype(runs)
         for circuit, linestyle in (("qk", "-"), ("ov", "--")):
             band = seed_band(runs, f"{column}_{circuit}", positive=True)
             if band.empty:
                 continue
+            line = {
+                "color": style["color"],
+                "label": label if circuit == "qk" else None,
+                "linestyle": linestyle,
+            }
             # a drift sums one rounded term per step: its round-off grows like sqrt(steps) (Figure 3)
             band_steps = int(band["step"].max()) if column.startswith("drift") else 1
-            if at_round_off(seed_band(runs, f"{column}_{circuit}")["max"], dtype, steps=band_steps):
-                labels, steps = floors[dtype]
-                floors[dtype] = (labels + [label], max(steps, band_steps))
+            every = seed_band(runs, f"{column}_{circuit}")
+            if at_round_off(every["max"], dtype, steps=band_steps):
+                floors.draw(every["step"], every["max"], dtype, f"{label}: {symbol}", band_steps, **line)
                 continue
-            plot_band(ax, band, style["color"], label if circuit == "qk" else None, linestyle=linestyle)
-    for dtype, (labels, steps) in floors.items():
-        draw_floor_bands(ax, {dtype: labels}, steps)
+            plot_band(ax, band, **line)
+    floors.finish()
     ax.set_yscale("log")
 
 
