@@ -1,9 +1,12 @@
-# Tables, figures and the LaTeX appendix, under the config's results_dir.
+# Tables, figures, the report's pages and the LaTeX appendix, under the config's results_dir.
 # Each figure is one module of attnid.reports.figures (the registry): the one `figure` rule draws figN from
 # exactly the files its module's INPUTS names, and writes its caption filled with the build's numbers
 # (figN.rst next to figN.png), which the report and the appendix show.
+# `snakemake --report report.html` (with the build's --configfile) opens on the claims (the landing text
+# report/index.rst), then has every figure with its caption, then the tables (rule report_pages).
 
-from attnid.reports.figures import registry
+from attnid.reports.figures import caption_parts, registry
+from attnid.reports.report_pages import TABLE_PAGES, table_pages
 
 # The optional stages this config runs: a figure of a stage (its module's STAGE) is drawn only with it.
 STAGES = {
@@ -34,6 +37,14 @@ SOURCE_RUNS = {
     "intervention_runs": INTERVENTION_RUN_DIRS,
     "identity_runs": list(IDENTITY_RUNS),
 }
+REPORT_DIR = f"{RESULTS}/report"
+# The table pages of the report this build has: {page: its CSVs}.
+REPORT_PAGES = table_pages(os.path.basename(path) for path in SOURCE_FILES["tables"])
+
+
+report: os.path.abspath(f"{REPORT_DIR}/index.rst")
+
+
 # The optional stages this config leaves out: their files of an earlier build are never shown
 # (the interventions' table appears once the config has an interventions stage).
 OMITTED_PARTS = [stage for stage, on in STAGES.items() if not on]
@@ -81,6 +92,65 @@ rule figure:
         out_dir=lambda wildcards, output: os.path.dirname(output.png),
     shell:
         "attnid figures {wildcards.figure} {params.sources} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+rule report_pages:
+    input:
+        claims=f"{TABLES_DIR}/claims.csv",
+        tables=[
+            f"{TABLES_DIR}/{name}" for names in REPORT_PAGES.values() for name in names
+        ],
+        figures=[
+            f"{FIGURES_DIR}/{name}.{ext}" for name in FIGURES for ext in ("png", "rst")
+        ],
+    output:
+        index=f"{REPORT_DIR}/index.rst",
+        claims=report(
+            f"{REPORT_DIR}/claims.html",
+            category="Claims",
+            labels={
+                "table": "claims",
+                "shows": "every claim, its number and threshold",
+            },
+        ),
+        figures=[
+            report(
+                f"{REPORT_DIR}/{name}.html",
+                caption=os.path.abspath(f"{FIGURES_DIR}/{name}.rst"),
+                category="Figures",
+                labels={
+                    "figure": f"Figure {figure.number}",
+                    "shows": caption_parts(figure.caption_template)[0].rstrip("."),
+                },
+            )
+            for name, figure in FIGURES.items()
+        ],
+        tables=[
+            report(
+                f"{REPORT_DIR}/{page}.html",
+                category="Tables",
+                labels={
+                    "table": TABLE_PAGES[page][0].split(":")[0],
+                    "shows": TABLE_PAGES[page][0].split(": ")[1],
+                },
+            )
+            for page in REPORT_PAGES
+        ],
+    log:
+        f"{LOGS}/report_pages.log",
+    conda:
+        ENV
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.claims),
+        figures=lambda wildcards, input: os.path.dirname(input.figures[0]),
+        names=" ".join(FIGURES),
+        pages=" ".join(REPORT_PAGES),
+        title=f"the {os.path.basename(RESULTS)} build ({RESULTS})",
+        out_dir=lambda wildcards, output: os.path.dirname(output.index),
+    shell:
+        "attnid report-pages --tables {params.tables:q} --figures {params.figures:q}"
+        " --figure-names {params.names} --pages {params.pages} --title {params.title:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 # The LaTeX main document's source stays paper/main.tex; each config compiles its own copy,

@@ -269,6 +269,48 @@ def run_appendix(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_report_pages_arguments(parser: argparse.ArgumentParser) -> None:
+    from attnid.reports.report_pages import TABLE_PAGES
+
+    parser.add_argument("--tables", required=True, help="results/<config>/tables (claims.csv and the others)")
+    parser.add_argument("--figures", required=True, help="results/<config>/figures (figN.png and figN.rst)")
+    parser.add_argument(
+        "--figure-names",
+        nargs="*",
+        default=[],
+        metavar="FIGURE",
+        help="the figures to show (fig1, fig2, ...)",
+    )
+    parser.add_argument(
+        "--pages",
+        nargs="*",
+        default=[],
+        choices=sorted(TABLE_PAGES),
+        metavar="PAGE",
+        help=f"the table pages to write ({', '.join(TABLE_PAGES)})",
+    )
+    parser.add_argument(
+        "--title", required=True, help="what the landing page calls the build (e.g. its results_dir)"
+    )
+    parser.add_argument("--out-dir", required=True, help="where index.rst and the .html pages go")
+
+
+def run_report_pages(args: argparse.Namespace) -> int:
+    from attnid.reports.report_pages import write_report_pages
+
+    rule = outputs.current()
+    rule.read(
+        *files_in(args.tables, "*.csv"), *files_in(args.figures, "*.png"), *files_in(args.figures, "*.rst")
+    )
+    rule.write_dir(args.out_dir, "--out-dir")
+    with written_by("attnid tables, studies, edits-table, interventions-table or figures"):
+        written = write_report_pages(
+            args.tables, args.figures, args.out_dir, args.title, args.figure_names, args.pages
+        )
+    print(f"wrote {len(written)} report pages to {args.out_dir}")
+    return 0
+
+
 def add_studies_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--studies-dir",

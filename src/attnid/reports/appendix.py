@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
-from attnid.reports.figures import registry
+from attnid.reports.figures import caption_parts, registry
 from attnid.reports.latex import find_template_dir, gap_note, latex_environment, records, tex_escape
 from attnid.reports.studies import STUDIES
 
@@ -103,15 +103,14 @@ def figure_caption(name: str, caption_dir: str | os.PathLike) -> dict:
         raise UserError(
             f"no caption {source} next to {name}.pdf: draw the figure again with 'attnid figures'"
         )
-    text = source.read_text(encoding="utf-8").strip()
-    heading = re.match(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", text, re.S)
-    if heading is None:
+    parts = caption_parts(source.read_text(encoding="utf-8"))
+    if parts is None:
         raise UserError(f"{source}: the caption must start with **Figure N — title.**")
-    title = rst_to_tex(heading["title"], str(source))
+    title = rst_to_tex(parts[0], str(source))
     return {
         "name": name,
         "title": title.rstrip("."),
-        "caption": rf"\textbf{{{title}}} " + rst_to_tex(heading["rest"], str(source)),
+        "caption": rf"\textbf{{{title}}} " + rst_to_tex(parts[1], str(source)),
     }
 
 

@@ -110,6 +110,16 @@ def caption_number(value: float, digits: int = 2) -> str:
     return f"{float(value):.{digits}g}"
 
 
+CAPTION_HEADING = re.compile(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", re.S)
+
+
+def caption_parts(text: str) -> tuple[str, str] | None:
+    """(title, the rest) of a caption whose first sentence is ``**Figure N — title.**`` (reStructuredText);
+    None for one that does not start so."""
+    heading = CAPTION_HEADING.match(text.strip())
+    return None if heading is None else (heading["title"], heading["rest"])
+
+
 def fill_caption(template: str, numbers: Mapping[str, Any]) -> str:
     """A caption template (jinja2) filled with a drawing's ``numbers``; ``fmt`` is :func:`caption_number`."""
     from jinja2 import StrictUndefined, Template

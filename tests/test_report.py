@@ -1,0 +1,147 @@
+"""The report is the landing page: `snakemake --report` after the smoke build opens on the claims, has every
+figure with its caption inline and the tables (checked in headless Chromium where it is installed); the smoke
+build's figures show every series and no label overlaps (tests/figure_checks.py)."""
+
+from __future__ import annotations
+
+import html
+import re
+import shlex
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+from figure_checks import invisible_legend_entries, overlapping_labels
+from pipeline_helpers import run_smoke_dag, shared_smoke_run, smoke_config
+
+from attnid.cli import build_parser
+from attnid.reports import figures, report_pages
+from attnid.reports.figures.inputs import Sources
+
+SMOKE = smoke_config()["results_dir"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory, shakespeare_url):
+    return shared_smoke_run(tmp_path_factory, shakespeare_url)
+
+
+@pytest.fixture(scope="module")
+def report_html(smoke_dir, shakespeare_url, tmp_path_factory):
+    """The smoke build's report, as the README makes it."""
+    report = tmp_path_factory.mktemp("report") / "report.html"
+    proc = run_smoke_dag(smoke_dir, shakespeare_url, "--nolock", "--report", str(report))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return report
+
+
+@pytest.mark.slow
+def test_the_report_holds_the_claims_every_figure_with_its_caption_and_the_tables(smoke_dir, report_html):
+    text = report_html.read_text(errors="replace")
+    claims = pd.read_csv(smoke_dir / SMOKE / "tables" / "claims.csv")
+    # the landing text (the workflow's description) is the claims table of this build
+    assert "attnid: the claims of the smoke build" in text
+    for claim in claims["claim"]:
+        assert html.escape(claim, quote=False) in text, claim
+    for result in ("pass", "fail"):  # each result in its colour
+        assert text.count(f'<span class=\\"{result}\\">{result}</span>') == (claims["result"] == result).sum()
+    for category in ("Claims", "Figures", "Tables"):
+        assert f'"{category}"' in text
+    for name in figures.registry():  # the smoke config has every stage: every figure, its caption inline
+        assert f"report/{name}.html" in text
+    for page in report_pages.TABLE_PAGES:
+        assert f"report/{page}.html" in text
+    caption = (smoke_dir / SMOKE / "figures" / "fig6.rst").read_text()
+    assert "does identification change training" in caption and "{{" not in caption
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (apt-get install chromium)")
+def test_the_report_opens_on_the_claims_in_chromium(report_html, tmp_path):
+    """Chromium runs the report's scripts; the page it shows first is the claims table."""
+    command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"]
+    shown = subprocess.run(
+        [*command, "--dump-dom", report_html.as_uri()], capture_output=True, text=True, timeout=300
+    ).stdout
+    assert "attnid: the claims of the smoke build" in shown, shown[-2000:]
+    assert '<span class="pass">pass</span>' in shown  # the table's cells, drawn by the report's own code
+    screenshot = tmp_path / "landing.png"
+    subprocess.run(
+        [*command, "--window-size=1600,1000", f"--screenshot={screenshot}", report_html.as_uri()],
+        capture_output=True,
+        timeout=300,
+    )
+    assert screenshot.read_bytes().startswith(b"\x89PNG") and screenshot.stat().st_size > 20_000
+
+
+@pytest.fixture(scope="module")
+def figure_sources(smoke_dir, shakespeare_url) -> dict[str, Sources]:
+    """{figure: its sources} exactly as the workflow's `figure` rule gives them (from a dry run)."""
+    proc = run_smoke_dag(smoke_dir, shakespeare_url, "-n", "-p", "--nolock", "--forcerun", "figure")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sources = {}
+    for command in re.findall(r"^attnid figures (fig\d+ [^>\n]*)", proc.stdout, flags=re.M):
+        args = build_parser("figures").parse_args(["figures", *shlex.split(command)])
+        (name,) = args.figures
+        sources[name] = Sources(
+            theory=args.theory_dir and smoke_dir / args.theory_dir,
+            tables=args.tables and smoke_dir / args.tables,
+            runs=[str(smoke_dir / d) for d in args.runs or []],
+            intervention_runs=[str(smoke_dir / d) for d in args.intervention_runs or []],
+            identity_runs=[str(smoke_dir / d) for d in args.identity_runs or []],
+        )
+    return sources
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(figures.registry()))
+def test_the_smoke_build_s_figures_show_every_series_with_no_label_overlapping(figure_sources, name):
+    fig = figures.registry()[name].draw(figure_sources[name]).figure
+    assert not invisible_legend_entries(fig)
+    assert not overlapping_labels(fig)
+
+
+def test_the_landing_text_is_the_claims_table_as_the_report_renders_it():
+    from docutils.core import publish_parts
+
+    claims = pd.DataFrame(
+        {
+            "claim": [
+                "E1 sgd sweep beta_qk slope in [1.8, 2.2]",
+                "E2 rho_qk adamw mean > 1e-2",
+                "E1 *odd* claim",
+            ],
+            "measured": [2.004, 0.0031, float("nan")],
+            "relation": ["in", ">", "<"],
+            "threshold": ["[1.8, 2.2]", "0.01", "1e-20"],
+            "dtype": ["float64", "float32", "float32"],
+            "result": ["pass", "fail", "not applicable (dtype)"],
+        }
+    )
+    rst = report_pages.landing_rst(claims, "the toy build", {"fig1": "identification by design"}, ["cases"])
+    # the report appends a link target for each category; rendered as Snakemake renders it (docutils)
+    targets = "\n".join(
+        f".. _{name}: javascript:app.showCategory('{name}')" for name in ("Claims", "Figures", "Tables")
+    )
+    shown = publish_parts(rst + "\n" + targets, writer_name="html", settings_overrides={"halt_level": 2})
+    body = shown["html_body"]
+    assert (
+        "attnid: the claims of the toy build" in body and "1 of 3 claims pass</strong> (1 fail, 1 not" in body
+    )
+    assert '<span class="pass">pass</span>' in body and '<span class="fail">fail</span>' in body
+    assert "beta_qk slope in [1.8, 2.2]" in body and "E1 *odd* claim" in body  # shown as written
+    assert "2.00" in body and "&gt; 0.01" in body and "--" in body  # the numbers, a missing one as --
+    assert "1, identification by design" in body and "(cases)" in body
+
+
+def test_a_table_page_shows_a_mean_and_its_sd_as_one_column():
+    frame = pd.DataFrame({"case": ["adamw"], "val_mean": [3.6594], "val_sd": [0.0215], "n_seeds": [2]})
+    assert [heading for heading, _ in report_pages.shown_columns(frame)] == [
+        "case",
+        "val (mean ± sd)",
+        "n_seeds",
+    ]
+    table = report_pages.html_table(frame)
+    assert '<td class="number">3.66 ± 0.0215</td>' in table and '<td class="number">2</td>' in table
