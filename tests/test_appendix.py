@@ -328,6 +328,21 @@ def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
     assert kinds <= {"Type 1", "Type 1C", "TrueType", "CID Type 0C", "CID TrueType"}, fonts
     tex = (paper / "appendix.tex").read_text()
     assert r"\resizebox" not in tex and r"\scriptsize" not in tex and r"\tiny" not in tex
+    floats = _floats_in_page_order(paper / "main.pdf")
+    assert floats == sorted(floats, key=_float_order), floats  # A1 before A2 ..., tables before figures
+    assert floats[:3] == ["Table A1", "Table A1b", "Table A2"], floats
+
+
+def _floats_in_page_order(pdf) -> list[str]:
+    """The captions' labels (``Table A1``, ``Figure 3``) in the order the PDF's pages show them."""
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True).stdout
+    return re.findall(r"^\s*((?:Table|Figure) [A-Z]?\d+b?):", text, flags=re.M)
+
+
+def _float_order(label: str) -> tuple:
+    kind, number = label.split()
+    match = re.fullmatch(r"([A-Z]?)(\d+)(b?)", number)
+    return (kind == "Figure", match[1], int(match[2]), match[3])
 
 
 def test_log_and_font_parsers():

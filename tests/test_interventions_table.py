@@ -156,7 +156,7 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
     tex = (out / "interventions.tex").read_text()
     assert r"\label{tab:interventions}" in tex and r"\texttt{arm\_slow} against \texttt{adamw}" in tex
     assert tex.count("no detectable difference") >= 2  # the caption and arm_same's row
-    assert "0.0625 at $n = 5$" in tex and "& 0.0625 & better" in tex
+    assert r"\num{0.0625} at $n = 5$" in tex and "& 0.0625 & better" in tex
 
 
 def test_equal_wall_time_reads_the_last_evaluation_by_then():

@@ -172,7 +172,7 @@ def test_every_file_is_written_and_latex_is_escaped(study):
     ):
         assert (out / name).stat().st_size > 0, name
     cases_tex = (out / "cases.tex").read_text()
-    assert r"sgd\_wd" in cases_tex and r"$\pm$" in cases_tex and "\\begin{tabular}" in cases_tex
+    assert r"sgd\_wd" in cases_tex and " +- " in cases_tex and "\\begin{tabular}" in cases_tex
     assert cases_tex.count("\\\\") == 1 + 4  # header + one row per case
     sweep_tex = (out / "sweep.tex").read_text()
     assert "diverged" in sweep_tex and "slope" in sweep_tex
@@ -180,10 +180,19 @@ def test_every_file_is_written_and_latex_is_escaped(study):
 
 
 def test_tex_number_formats():
-    assert latex.tex_number(0.1234) == "0.123"
-    assert latex.tex_number(1.5e-9) == r"$1.50\times10^{-9}$"
+    """siunitx typesets every number (true minus signs, a x 10^b); a mean and its spread share one box."""
+    assert latex.tex_number(0.1234) == r"\num{0.123}"
+    assert latex.tex_number(-1.5e-9) == r"\num{-1.50e-9}"
     assert latex.tex_number(float("nan")) == "--" and latex.tex_number(None) == "--"
-    assert latex.tex_mean_sd(2.0, 1.0) == r"2 $\pm$ 1"
+    assert latex.table_number(0.0546) == "5.46e-2" and latex.table_number(None) == "{--}"
+    assert latex.table_number(0.5, 3, 1e-3) == "0.5"
+    assert latex.table_format([0.0546, 2.53e-30, 15.1, None, -3.2]) == "-2.2e-2"
+    assert latex.table_format([1, 2, 36]) == "2"
+    assert latex.tex_mean_sd(2.0, 1.0) == r"\mbox{\num{2.00 +- 1.00}}"
+    assert latex.tex_mean_sd(4.13e-27, 5.0e-27) == r"\mbox{\num{4.13 +- 5.00 e-27}}"
+    assert latex.tex_mean_sd(0.06, 2.2e-3) == r"\mbox{\num{0.0600 +- 0.0022}}"
+    # a spread below the mean's last digit: both numbers in full, never "0.139 +- 0.000"
+    assert latex.tex_mean_sd(0.139, 1.1e-5) == r"\mbox{\num{0.139} $\pm$ \num{1.1e-5}}"
 
 
 def test_cli_without_runs_is_one_line(tmp_path):

@@ -110,26 +110,77 @@ def nullity_gap(row: Mapping[str, Any]) -> str:
     return rf"$\infty^{{{GAP_MARKS[note]}}}$" if note else scientific(row["gap"])
 
 
-def tex_number(value: Any, digits: int = 3) -> str:
-    """A number for a table cell: plain for moderate magnitudes, a×10^b otherwise, -- for missing."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "--"
-    if not math.isfinite(value):
-        return "--"
-    if value == 0:
+def siunitx_number(value: Any, digits: int = 3, plain_from: float = 1e-2) -> str | None:
+    """A number as siunitx reads it: ``digits`` significant digits, plain from ``plain_from`` up to 1e4
+    (``0.0546``), mantissa and exponent otherwise (``2.53e-30``); None for a missing one (not a number, NaN,
+    inf). The appendix typesets it with true minus signs and ``× 10^b`` (paper/main.tex's ``\\sisetup``)."""
+    number = _finite(value)
+    if number is None:
+        return None
+    if number == 0:
         return "0"
-    if 1e-2 <= abs(value) < 1e4:
-        return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    return f"${mantissa}\\times10^{{{int(exponent)}}}$"
+    if plain_from <= abs(number) < 1e4:
+        return f"{number:.{digits}g}"
+    mantissa, exponent = f"{number:.{digits - 1}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def tex_number(value: Any, digits: int = 3) -> str:
+    """A number for text or a table cell, ``\\num{...}`` (:func:`siunitx_number`); -- for missing."""
+    shown = siunitx_number(value, digits)
+    return "--" if shown is None else rf"\num{{{shown}}}"
+
+
+# In an aligned column a number below 1 is written with its exponent (5.46e-2, not 0.0546): every number
+# then has at most digits - 1 decimals, and the column stays as narrow as its widest mantissa.
+TABLE_PLAIN_FROM = 1.0
+
+
+def table_number(value: Any, digits: int = 3, plain_from: float = TABLE_PLAIN_FROM) -> str:
+    """A number for a siunitx ``S`` column, aligned on its decimal marker; ``{--}`` for missing."""
+    shown = siunitx_number(value, digits, plain_from)
+    return "{--}" if shown is None else shown
+
+
+def table_format(values: Iterable[Any], digits: int = 3, plain_from: float = TABLE_PLAIN_FROM) -> str:
+    """The siunitx ``table-format`` of an ``S`` column holding ``values`` as :func:`table_number` writes them:
+    room for the longest sign, integer part, decimals and exponent among them (``-1.4e-2``), so the column is
+    as wide as its widest number and aligned on the decimal marker."""
+    sign = integer = decimals = power = 0
+    exponent_sign = ""
+    for value in values:
+        shown = siunitx_number(value, digits, plain_from)
+        if shown is None:
+            continue
+        mantissa, _, exponent = shown.partition("e")
+        sign = max(sign, mantissa.startswith("-"))
+        whole, _, fraction = mantissa.lstrip("-").partition(".")
+        integer, decimals = max(integer, len(whole)), max(decimals, len(fraction))
+        if exponent:
+            power = max(power, len(exponent.lstrip("-")))
+            exponent_sign = exponent_sign or ("-" if exponent.startswith("-") else "")
+    shape = f"{'-' * sign}{max(integer, 1)}.{decimals}" if decimals else f"{'-' * sign}{max(integer, 1)}"
+    return shape + (f"e{exponent_sign}{power}" if power else "")
 
 
 def tex_mean_sd(mean: Any, sd: Any, digits: int = 3) -> str:
-    if sd is None or not math.isfinite(float(sd)):
+    """A mean with the seeds' sd in one box that never breaks across lines: ``\\num{m +- s}``, the sd to the
+    mean's last digit and in its exponent (``(4.13 ± 5.00) × 10^-27``), or the two numbers apart where the
+    sd rounds to 0 there; the mean alone without an sd."""
+    m, s = _finite(mean), _finite(sd)
+    if m is None or s is None:
         return tex_number(mean, digits)
-    return f"{tex_number(mean, digits)} $\\pm$ {tex_number(sd, 2)}"
+    exponent = 0
+    shown = f"{m:#.{digits}g}".rstrip(".")  # 3.20, not 3.2: the spread is rounded to the mean's last digit
+    if m != 0 and not 1e-2 <= abs(m) < 1e4:
+        shown, power = f"{m:.{digits - 1}e}".split("e")
+        exponent = int(power)
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    spread = f"{abs(s) / 10**exponent:.{decimals}f}"
+    if float(spread) == 0:  # the spread is below the mean's last digit: both numbers in full
+        return rf"\mbox{{{tex_number(m, digits)} $\pm$ {tex_number(s, 2)}}}"
+    suffix = f" e{exponent}" if exponent else ""
+    return rf"\mbox{{\num{{{shown} +- {spread}{suffix}}}}}"
 
 
 def _finite(value: Any) -> float | None:
@@ -224,12 +275,13 @@ def latex_environment(template_dir: str | os.PathLike | Traversable | None = Non
         bias=bias_label,
         gap=nullity_gap,
         num=tex_number,
+        cell=table_number,
         signed=tex_signed,
         spread=tex_spread,
         whole=tex_whole,
         p=tex_probability,
     )
-    env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval)
+    env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval, sformat=table_format)
     return env
 
 
