@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from attnid.common import outputs
+from attnid.common.errors import UserError
 from attnid.common.files import write_text_atomic
 from attnid.reports.figures.inputs import FOLDERS, SOURCE_FLAGS, Drawing, Sources
 from attnid.reports.figures.style import pyplot, save_figure, styled
@@ -133,7 +134,10 @@ def make_figure(name: str, sources: Sources, out_dir: str | Path) -> list[Path]:
     """Draw figure ``name`` from ``sources`` into ``out_dir``: ``name.png``, ``name.pdf`` and its filled
     caption ``name.rst``; returns the three paths."""
     figure = registry()[name]
-    drawing = figure.draw(sources)
+    try:
+        drawing = figure.draw(sources)
+    except UserError as err:
+        raise UserError(f"{name}: {err}") from err
     paths = save_figure(drawing.figure, out_dir, name)
     pyplot().close(drawing.figure)
     caption_path = Path(out_dir) / f"{name}.rst"

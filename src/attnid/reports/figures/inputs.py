@@ -71,7 +71,7 @@ class Sources:
         """The file ``name`` of the folder ``source``; a missing one is a one-line error."""
         folder = getattr(self, source)
         if folder is None:
-            raise UserError(f"this figure reads {name}: give {SOURCE_FLAGS[source]} DIR")
+            raise UserError(f"it reads {name}: give {SOURCE_FLAGS[source]} DIR")
         path = Path(folder) / name
         if not path.is_file():
             raise UserError(
@@ -84,7 +84,7 @@ class Sources:
         from attnid.training.rundir import load_runs_by_case
 
         if not self.given("runs"):
-            raise UserError("this figure reads the case runs: give --runs-dir DIR or --runs RUN_DIR ...")
+            raise UserError("it reads the case runs: give --runs-dir DIR or --runs RUN_DIR ...")
         if "runs" not in self.loaded:
             runs = load_runs_by_case(self.runs_dir, self.runs)
             if not runs:
