@@ -82,7 +82,7 @@ def figure_sources(smoke_dir, shakespeare_url) -> dict[str, Sources]:
     proc = run_smoke_dag(smoke_dir, shakespeare_url, "-n", "-p", "--nolock", "--forcerun", "figure")
     assert proc.returncode == 0, proc.stderr[-3000:]
     sources = {}
-    for command in re.findall(r"^attnid figures (fig\d+ [^>\n]*)", proc.stdout, flags=re.M):
+    for command in re.findall(r"attnid figures (fig\d+ [^>\n]*)", proc.stdout + proc.stderr):
         args = build_parser("figures").parse_args(["figures", *shlex.split(command)])
         (name,) = args.figures
         sources[name] = Sources(
@@ -92,6 +92,7 @@ def figure_sources(smoke_dir, shakespeare_url) -> dict[str, Sources]:
             intervention_runs=[str(smoke_dir / d) for d in args.intervention_runs or []],
             identity_runs=[str(smoke_dir / d) for d in args.identity_runs or []],
         )
+    assert set(sources) == set(figures.registry()), proc.stdout[-3000:]
     return sources
 
 
