@@ -36,6 +36,5 @@ rule all:
         rules.tables.output,
         STUDY_TABLE_FILES,
         INTERVENTION_TABLE_FILES,
-        FIGURE_FILES,
         rules.report_pages.output,
         rules.appendix.output,
