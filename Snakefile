@@ -11,7 +11,8 @@ everything under its own ``results_dir``; only data/ is shared.
 
 ``--config`` values are YAML and merge into the config: ``--config 'cases={sgd: {lr: 0.1}}'``
 changes SGD's learning rate and keeps every other case and setting (lists, such as
-``seeds=[0]``, replace the config's list). See workflow/rules/common.smk.
+``seeds=[0]``, replace the config's list). The config is read and checked, and every training run
+laid out, by attnid.plan (src/attnid/plan/); workflow/rules/common.smk wires it in.
 """
 
 from snakemake.utils import min_version
@@ -19,7 +20,7 @@ from snakemake.utils import min_version
 min_version("8.0")
 
 
-# The config (config/config.yaml unless --configfile names another), checked, and the run lists.
+# The config (config/config.yaml unless --configfile names another), checked, and the run lists (attnid.plan).
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/theory.smk"

@@ -9,12 +9,20 @@ unevenly). Per round the arm's time is divided by ``adamw``'s of the same round,
 script prints the median over rounds of that ratio with its spread (interquartile range)
 and the median ms/step. Targets: ``adamw_projected`` <= 1.15 (docs/design.md §13).
 
-The rebalancing arms rebalance every ``--steps`` steps here (the pipeline: every 200), so that
+The arms are named as ``attnid interventions-table`` names them (its ``cost_ratio`` column reads
+this file): the gauge arm's controls (docs/design.md §14) and ``adamw_lr2x`` (adamw at twice
+the lr, which costs what adamw costs: its ratio shows the measurement's own spread). The
+rebalancing arms rebalance every ``--steps`` steps here (the pipeline: every 200), so that
 every round holds one rebalance; they skip the τ probe of the other log steps, so they can cost
-less than ``adamw``. The last line is ``rebalance_transport`` over ``rebalance_keep`` per round:
-what transporting AdamW's moments adds to a rebalance (docs/design.md §15).
+less than ``adamw``. The last line is ``adamw_rebalance_first_moment`` over ``adamw_rebalance``
+per round: what transporting AdamW's first moment adds to a rebalance (docs/design.md §15).
+
+The result is written to ``--out`` (default: benchmarks/arms_cost.csv, the kept copy the
+pipeline's interventions table reads) with the machine (platform, CPU model, torch version)
+and the date it was measured on; ``--out ''`` writes nothing. Measure on a quiet machine:
 
     python benchmarks/arms_cost.py [--rounds 7] [--steps 40] [--threads 1] [--no-metrics] [--data DIR]
+        [--out benchmarks/arms_cost.csv]
 
 ``--data`` is a directory prepared by ``attnid prepare``; without it one is prepared in a
 temporary directory from the shipped tiny shakespeare.
@@ -23,26 +31,37 @@ temporary directory from the shipped tiny shakespeare.
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pandas as pd
 import torch
 
+from attnid.common.files import write_csv_atomic
 from attnid.training.config import resolve_config
 from attnid.training.train import Run
 
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
-# arm name -> (case, extra settings): the interventions study's arms and their baseline
+ADAMW_LR = 1e-3  # config/config.yaml's adamw
+# arm name (as attnid interventions-table names it) -> (case, extra settings): the study's arms and baseline
 ARMS = {
     "adamw": ("adamw", {}),
     "adamw_projected": ("adamw_projected", {}),
     "adamw_gauge_fixed": ("adamw_gauge_fixed", {}),
-    "rebalance_keep": ("adamw_rebalance", {"rebalance_moments": "keep"}),
-    "rebalance_transport": ("adamw_rebalance", {"rebalance_moments": "transport"}),
+    "adamw_gauge_fixed_at_init": ("adamw_gauge_fixed", {"initial_point": "init"}),
+    "adamw_from_gauge_point": ("adamw", {"initial_point": "gauge"}),
+    "adamw_frozen_mlp": ("adamw", {"freeze_mlp": True}),
+    "adamw_lr2x": ("adamw", {"lr": 2 * ADAMW_LR}),
+    "adamw_rebalance": ("adamw_rebalance", {"rebalance_moments": "keep"}),
+    "adamw_rebalance_first_moment": ("adamw_rebalance", {"rebalance_moments": "first-moment"}),
 }
 CLOCK = time.process_time
+KEPT = REPO / "benchmarks" / "arms_cost.csv"
 
 
 def make_run(data_dir: Path, out: Path, case: str, extra: dict, args) -> Run:
@@ -60,13 +79,45 @@ def make_run(data_dir: Path, out: Path, case: str, extra: dict, args) -> Run:
             metrics=args.metrics,
             progress_every=1e9,
             **DEFAULT_MODEL,
-            **extra,
+            **({"lr": ADAMW_LR} | extra),
         )
     )
     run = Run(cfg)
     run.build()
     run.start_clocks()
     return run
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo; else what platform reports)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cost_table(seconds: dict[str, list[float]], steps: int, settings: dict) -> pd.DataFrame:
+    """One row per arm: median ms per step, the median over rounds of its time over adamw's in the same
+    round and that ratio's quartiles, then ``settings`` (the measurement and the machine) on every row."""
+    rows = []
+    for arm, times in seconds.items():
+        ratios = [t / base for t, base in zip(times, seconds["adamw"], strict=True)]
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        rows.append(
+            {
+                "arm": arm,
+                "case": ARMS[arm][0],
+                "ms_per_step": 1e3 * statistics.median(times) / steps,
+                "ratio_to_adamw": statistics.median(ratios),
+                "ratio_q1": quartiles[0],
+                "ratio_q3": quartiles[2],
+            }
+            | settings
+        )
+    return pd.DataFrame(rows)
 
 
 def main() -> None:
@@ -76,6 +127,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--metrics", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--data", type=Path, default=None)
+    parser.add_argument(
+        "--out", default=str(KEPT), help="the CSV to write ('' for none; default: %(default)s)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         data_dir = args.data
@@ -83,7 +137,7 @@ def main() -> None:
             from attnid.training.data import prepare
 
             data_dir = Path(tmp) / "data"
-            prepare(Path(__file__).resolve().parents[1] / "assets" / "tinyshakespeare.txt", data_dir)
+            prepare(REPO / "assets" / "tinyshakespeare.txt", data_dir)
         runs = {
             arm: make_run(data_dir, Path(tmp) / arm, case, extra, args) for arm, (case, extra) in ARMS.items()
         }
@@ -96,27 +150,40 @@ def main() -> None:
                     run.train_step()
                 if round_index > 0:
                     seconds[arm].append(CLOCK() - start)
+    settings = {
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "metrics": args.metrics,
+        "threads": args.threads,
+        "clock": "process CPU time",
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "date": datetime.now(UTC).date().isoformat(),
+    }
+    table = cost_table(seconds, args.steps, settings)
     print(
         f"{DEFAULT_MODEL} float32, metrics={'on (log every 10)' if args.metrics else 'off'}, "
         f"threads={args.threads}, {args.rounds} rounds of {args.steps} steps per arm, interleaved "
-        f"(process CPU time; medians)"
+        f"(process CPU time; medians); {settings['cpu']}, torch {settings['torch']}"
     )
-    print(f"  {'arm':>20}  {'ms/step':>8}  {'ratio to adamw':>14}  {'IQR of ratio':>13}")
-    for arm, times in seconds.items():
-        ratios = [t / base for t, base in zip(times, seconds["adamw"], strict=True)]
-        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        ms_per_step = 1e3 * statistics.median(times) / args.steps
+    print(f"  {'arm':>26}  {'ms/step':>8}  {'ratio to adamw':>14}  {'IQR of ratio':>13}")
+    for row in table.to_dict("records"):
         print(
-            f"  {arm:>20}  {ms_per_step:8.2f}  {statistics.median(ratios):14.3f}"
-            f"  {quartiles[0]:6.3f}-{quartiles[2]:.3f}"
+            f"  {row['arm']:>26}  {row['ms_per_step']:8.2f}  {row['ratio_to_adamw']:14.3f}"
+            f"  {row['ratio_q1']:6.3f}-{row['ratio_q3']:.3f}"
         )
     transport = [
-        t / k for t, k in zip(seconds["rebalance_transport"], seconds["rebalance_keep"], strict=True)
+        t / k
+        for t, k in zip(seconds["adamw_rebalance_first_moment"], seconds["adamw_rebalance"], strict=True)
     ]
     print(
-        f"  rebalance_transport / rebalance_keep (one rebalance per {args.steps} steps): "
+        f"  adamw_rebalance_first_moment / adamw_rebalance (one rebalance per {args.steps} steps): "
         f"{statistics.median(transport):.3f}"
     )
+    if args.out:
+        write_csv_atomic(args.out, table)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

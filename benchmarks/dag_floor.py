@@ -1,7 +1,8 @@
 """A build's floor: the wall time that its training jobs' forward and backward passes alone need.
 
 Snakemake lists every job of a full build of the config (``snakemake --dry-run --forceall
---printshellcmds``); each ``attnid train`` command's flags become that run's settings, and the
+--printshellcmds``); each ``attnid train`` command (its flags and the spec file its ``--config``
+names, attnid.plan) becomes that run's settings, and the
 forward and backward pass of that run's model (its shape, dtype and case) is timed on one thread
 (the fastest of ``--steps`` passes after a warm-up, process CPU time, once per distinct model). A job's
 floor is ``max_iters`` times that: no optimizer step, evaluation, metric, checkpoint or start-up.

@@ -14,6 +14,12 @@ SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2d
 SHIPPED_SHAKESPEARE = REPO / "assets" / "tinyshakespeare.txt"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    import pipeline_helpers  # its say() prints past the output capture, through the capture manager
+
+    pipeline_helpers.PYTEST_CONFIG = config
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

@@ -11,20 +11,25 @@ that only read them.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import fcntl
-import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import yaml
 
-from attnid.reports.interventions import arm_overrides, intervention_arms
-from attnid.reports.interventions_table import BASELINE_CASE
-from attnid.reports.studies import reused_points, study_points
+from attnid.plan import plan
 
 REPO = Path(__file__).resolve().parents[1]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).
@@ -67,6 +72,22 @@ def snakemake_env() -> dict:
     return env
 
 
+# pytest's config, set by conftest.py: say() needs its capture manager
+PYTEST_CONFIG: pytest.Config | None = None
+PROGRESS_EVERY_S = 15.0  # at most one "N of M steps" line per this many seconds per build
+STEPS_DONE = re.compile(r"^\d+ of \d+ steps \(\d+%\) done$")
+
+
+def say(line: str) -> None:
+    """Print ``line`` on the terminal at once, past pytest's output capture, also from an xdist worker
+    (whose standard error is the terminal's): what a long fixture is doing."""
+    capture = PYTEST_CONFIG.pluginmanager.getplugin("capturemanager") if PYTEST_CONFIG else None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        sys.stderr.write(f"\n[{worker + ' ' if worker else ''}{time.strftime('%H:%M:%S')}] {line}\n")
+        sys.stderr.flush()
+
+
 def run_snakemake(
     workdir: str | os.PathLike,
     *args: str,
@@ -75,12 +96,14 @@ def run_snakemake(
     cores: int = 2,
     timeout: float = 600,
     env: dict | None = None,
+    progress: str | None = None,
 ) -> subprocess.CompletedProcess:
     """``snakemake --cores N [--configfile F] [ARGS] [--config K=V ...]`` in ``workdir``.
 
     ``--config`` goes last because it swallows every following argument. A mapping or list
     value is written as YAML flow text (``cases={sgd: {lr: 0.1}}``), as a user would type it.
     ``env`` adds to (or replaces) the child's environment variables, e.g. ``PYTHONPATH``.
+    ``progress``: name the build on the terminal, then show snakemake's "N of M steps" lines as they come.
     """
     command = [sys.executable, "-m", "snakemake", "--cores", str(cores)]
     if configfile:
@@ -88,14 +111,45 @@ def run_snakemake(
     command += list(args)
     if config:
         command += ["--config"] + [f"{key}={config_text(value)}" for key, value in config.items()]
-    return subprocess.run(
-        command,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**snakemake_env(), **(env or {})},
+    child_env = {**snakemake_env(), **(env or {})}
+    if progress is None:
+        return subprocess.run(
+            command, cwd=workdir, capture_output=True, text=True, timeout=timeout, env=child_env
+        )
+    return run_showing_progress(command, workdir, child_env, timeout, progress)
+
+
+def run_showing_progress(command, workdir, env, timeout: float, what: str) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True) that relays snakemake's progress lines (its standard error)."""
+    say(f"{what}: snakemake in {workdir}")
+    started, last = time.monotonic(), 0.0
+    with tempfile.TemporaryFile("w+") as stdout:
+        child = subprocess.Popen(
+            command, cwd=workdir, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True
+        )
+        killer = threading.Timer(timeout, child.kill)
+        killer.start()
+        stderr = []
+        try:
+            assert child.stderr is not None
+            for line in child.stderr:
+                stderr.append(line)
+                now = time.monotonic()
+                if STEPS_DONE.match(line.strip()) and (now - last >= PROGRESS_EVERY_S or "(100%)" in line):
+                    say(f"{what}: {line.strip()} after {now - started:.0f} s")
+                    last = now
+            child.wait()
+        finally:
+            killer.cancel()
+        if time.monotonic() - started >= timeout:
+            raise subprocess.TimeoutExpired(command, timeout, "".join(stderr))
+        stdout.seek(0)
+        output = stdout.read()
+    say(
+        f"{what}: {'done' if child.returncode == 0 else f'failed (exit {child.returncode})'} "
+        f"after {time.monotonic() - started:.0f} s"
     )
+    return subprocess.CompletedProcess(command, child.returncode, output, "".join(stderr))
 
 
 def run_smoke_dag(
@@ -104,13 +158,18 @@ def run_smoke_dag(
     *args: str,
     config: dict | None = None,
     timeout: float = 1800,
+    progress: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``.
 
     About 100 s of CPU time on 2 idle cores; the generous timeout is for a machine shared with other jobs.
     """
     return run_snakemake(
-        workdir, *args, config={"data_url": shakespeare_url, **(config or {})}, timeout=timeout
+        workdir,
+        *args,
+        config={"data_url": shakespeare_url, **(config or {})},
+        timeout=timeout,
+        progress=progress,
     )
 
 
@@ -119,18 +178,6 @@ def config_text(value) -> str:
     if isinstance(value, (dict, list)):
         return yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
     return str(value)
-
-
-def pipeline_config():
-    """workflow/rules/pipeline_config.py, the config's contracts with the package (common.smk imports it
-    the same way: snakemake puts each included file's folder on sys.path)."""
-    path = REPO / "workflow" / "rules" / "pipeline_config.py"
-    if "pipeline_config" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("pipeline_config", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["pipeline_config"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["pipeline_config"]
 
 
 def smoke_config() -> dict:
@@ -144,36 +191,26 @@ def stderr_lines(proc: subprocess.CompletedProcess) -> list[str]:
     return lines[1:]
 
 
-def lr_label(lr: float) -> str:
-    """Same as workflow/rules/common.smk."""
-    return f"{float(lr):.10g}"
-
-
-def reused_study_runs(config: dict) -> list[str]:
-    """The study run directories the DAG copies from an earlier point's instead of training (rule
+def copied_study_runs(config: dict) -> list[str]:
+    """The study run directories the DAG copies from an earlier study run instead of training (rule
     ``reuse_study_run``)."""
-    out = config["results_dir"]
-    return [
-        f"{out}/studies/{study}/{point}/seed{seed}"
-        for study, point in reused_points(config)
-        for seed in config[study]["seeds"]
-    ]
+    return [run_dir for run_dir in plan(copy.deepcopy(config)).copied() if "/studies/" in run_dir]
 
 
-def trained_intervention_runs(config: dict) -> list[str]:
-    """The interventions' run directories the DAG trains (rule ``train_intervention``): every arm and seed
-    except those whose run is a case run, i.e. an arm of a configured case whose section equals the adamw
-    case's with the arm's own settings on top, for the cases' seeds (those runs are gathered from runs/)."""
-    out, cases = config["results_dir"], config["cases"]
-    trained = []
-    for arm in intervention_arms(config):
-        same = arm.case in cases and cases[arm.case] == {**cases[BASELINE_CASE], **arm_overrides(config, arm)}
-        trained += [
-            f"{out}/interventions/{arm.name}/seed{seed}"
-            for seed in config["interventions"]["seeds"]
-            if not (same and seed in config["seeds"])
-        ]
-    return trained
+def train_jobs(workdir: str | os.PathLike, printed: str) -> dict[str, dict]:
+    """{run directory: the options its job trains with} for every ``attnid train`` command that
+    ``snakemake -n -p`` printed: the spec file its ``--config`` names (read in ``workdir``), and the
+    command's own flags on top, as ``attnid train`` reads them."""
+    jobs = {}
+    for line in printed.splitlines():
+        match = re.search(r"attnid train (.*?) > \S+ 2>&1$", line)
+        if not match:
+            continue
+        words = shlex.split(match.group(1))
+        flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
+        options = yaml.safe_load((Path(workdir) / flags.pop("config")).read_text())
+        jobs[flags["out"]] = options | flags
+    return jobs
 
 
 def expected_outputs(config: dict) -> list[str]:
@@ -182,49 +219,27 @@ def expected_outputs(config: dict) -> list[str]:
     All of them but the shared data lie under the config's ``results_dir``.
     """
     out = config["results_dir"]
-    runs = [f"{out}/runs/{case}/seed{seed}" for case in config["cases"] for seed in config["seeds"]]
-    sweeps = [
-        f"{out}/sweep/{opt}/lr{lr_label(lr)}/seed{seed}"
-        for opt, sweep in config["sweep"].items()
-        for lr in sweep["lrs"]
-        for seed in sweep["seeds"]
-    ]
-    plan = study_points(config)  # the study sections the config has (each optional)
-    studies = [
-        f"{out}/studies/{study}/{point.name}/seed{seed}"
-        for study, points in plan.items()
-        for point in points
-        for seed in config[study]["seeds"]
-    ]
+    planned = plan(copy.deepcopy(config))
     edits = config.get("edits")
-    edit_runs = [f"{out}/edits/{edits['case']}/seed{seed}" for seed in edits["seeds"]] if edits else []
     interventions = config.get("interventions")
-    intervention_runs = trained_intervention_runs(config) if interventions else []
-    intervention_runs += [
-        f"{out}/interventions/identity/seed{seed}"
-        for seed in (interventions["identity"]["seeds"] if interventions else [])
-    ]
-    files = [
-        f"{d}/{name}"
-        for d in runs + sweeps + studies + edit_runs + intervention_runs
-        for name in ("metrics.csv", "run.json")
-    ]
+    files = [f"{d}/{name}" for d in planned.runs for name in ("metrics.csv", "run.json")]
     files += [
         f"{d}/{name}"
-        for d in edit_runs
+        for d in planned.edit_runs
         for name in ("pruned.pt", "prune.json", "balanced.pt", "balance.json")
     ]
     if edits:
         files += [f"{out}/tables/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
     files += [f"{out}/tables/{name}" for name in TABLES]
-    if plan:
-        files += [f"{out}/tables/{study}.{ext}" for study in plan for ext in ("csv", "tex")]
+    studies = planned.study_runs
+    if studies:
+        files += [f"{out}/tables/{study}.{ext}" for study in studies for ext in ("csv", "tex")]
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
     figures = (
-        [f"fig{i}" for i in range(1, 5)] + (["fig5"] if plan else []) + (["fig6"] if interventions else [])
+        [f"fig{i}" for i in range(1, 5)] + (["fig5"] if studies else []) + (["fig6"] if interventions else [])
     )
     files += [f"{out}/figures/{name}.{ext}" for name in figures for ext in ("png", "pdf", "rst")]
-    pages = ["cases"] + (["interventions"] if interventions else []) + (["identification"] if plan else [])
+    pages = ["cases"] + (["interventions"] if interventions else []) + (["identification"] if studies else [])
     pages += ["prune"] if edits else []
     files += [f"{out}/report/{page}.html" for page in ["claims", *figures, *pages]] + [
         f"{out}/report/index.rst"
@@ -240,7 +255,15 @@ def expected_outputs(config: dict) -> list[str]:
         f"{out}/paper/main.tex",
         f"{out}/paper/appendix.tex",
     ]
+    if builds_pdf(config):
+        files.append(f"{out}/paper/main.pdf")
     return files + ["data/tinyshakespeare/train.bin"]
+
+
+def builds_pdf(config: dict) -> bool:
+    """Whether a build of ``config`` here makes the appendix PDF (common.smk's want_pdf)."""
+    setting = config.get("paper_pdf", "auto")
+    return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
 
 
 def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
@@ -256,10 +279,14 @@ def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
     workdir = root / "smoke_pipeline"
     status_file = root / "smoke_pipeline.status.json"
     with open(root / "smoke_pipeline.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("the shared smoke build: waiting for the worker that makes it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if not status_file.exists():
             copy_pipeline(workdir)
-            proc = run_smoke_dag(workdir, shakespeare_url)
+            proc = run_smoke_dag(workdir, shakespeare_url, progress="the shared smoke build (once a session)")
             status = {"returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-6000:]}
             status_file.write_text(json.dumps(status))
         status = json.loads(status_file.read_text())

@@ -90,6 +90,7 @@ def write_run(
         "diverged_step": diverged_step,
         "final_train_loss": None if status == "diverged" else final_val_loss - 0.1,
         "final_val_loss": None if status == "diverged" else final_val_loss,
+        "final_val_loss_full": None if status == "diverged" else final_val_loss,
         "wall_time_s": 4.0,
         "device": "cpu",
         "dtype": dtype,

@@ -11,6 +11,7 @@ import jinja2
 import pandas as pd
 import pytest
 from synthetic_runs import write_run, write_study
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.common.files import write_csv_atomic
@@ -53,8 +54,6 @@ def theory_csvs(tmp_path_factory, repo_root):
         main(
             [
                 "counts",
-                "--architectures",
-                str(repo_root / "config" / "architectures.yaml"),
                 "--out",
                 str(folder / "counts.csv"),
                 "--single-head-out",
@@ -278,10 +277,7 @@ def _font_types(pdffonts_output: str) -> set[str]:
     return {line[start:end].strip() for line in lines[2:] if line.strip()}
 
 
-@pytest.mark.skipif(
-    shutil.which("latexmk") is None or shutil.which("pdffonts") is None,
-    reason="needs TeX (latexmk) and poppler-utils (pdffonts)",
-)
+@needs("latexmk", "pdffonts")
 def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
     """The whole document (theory tables, experiment tables of a synthetic study, figures with
     their captions) compiles with no box more than 5 pt too wide, no float too tall, and no

@@ -155,6 +155,28 @@ def test_balance_reaches_mu_zero_with_the_same_function(tmp_path, capsys):
     assert report["skipped_pairs"] == 0 and report["max_rel_logit_change"] <= TOLERANCE
 
 
+def attention_move(edited: dict, original: dict) -> float:
+    """Relative Frobenius change of a state dict's attention tensors (``attn.c_attn.*``, ``c_proj.*``)."""
+    keys = [k for k in original if ".attn.c_attn." in k or ".attn.c_proj." in k]
+    moved = sum(float((edited[k].double() - original[k].double()).square().sum()) for k in keys)
+    return (moved / sum(float(original[k].double().square().sum()) for k in keys)) ** 0.5
+
+
+@pytest.mark.parametrize("variant", [{}, {"n_kv_head": 1}, {"rope": True}], ids=["mha", "mqa", "rope"])
+def test_balancing_a_balanced_checkpoint_changes_nothing(tmp_path, variant):
+    """docs/design.md §4, §9: balance takes the nearest balanced point, so a second balance moves the
+    attention weights by float32 round-off only, and two balanced copies of one model compare entry by
+    entry."""
+    save_nanogpt(trained_model(seed=3, **variant), tmp_path / "ckpt.pt", compiled=False)
+    assert run("balance", tmp_path / "ckpt.pt", "--out", tmp_path / "once.pt") == 0
+    assert run("balance", tmp_path / "once.pt", "--out", tmp_path / "twice.pt") == 0
+    original, once, twice = (
+        torch.load(tmp_path / name, weights_only=True)["model"] for name in ("ckpt.pt", "once.pt", "twice.pt")
+    )
+    assert attention_move(once, original) > 1e-2  # the first balance moved the weights
+    assert attention_move(twice, once) < 1e-6
+
+
 def test_prune_then_balance_keeps_the_function(tmp_path):
     model = trained_model(seed=2)
     save_nanogpt(model, tmp_path / "ckpt.pt")
@@ -174,18 +196,16 @@ def test_prune_then_balance_keeps_the_function(tmp_path):
     assert float((independent - expected).abs().max() / expected.abs().max()) <= TOLERANCE
 
 
-def test_prune_without_biases_changes_nothing(tmp_path):
+def test_prune_without_biases_writes_nothing_and_says_so(tmp_path, capsys):
     model = trained_model(bias=False)
     save_nanogpt(model, tmp_path / "ckpt.pt")
-    assert (
-        run("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", "--json", tmp_path / "r.json")
-        == 0
-    )
-    report = json.loads((tmp_path / "r.json").read_text())
-    assert report["redundant_params"] == 0 and report["bias"] is False
-    written = torch.load(tmp_path / "out.pt", weights_only=True)["model"]
-    original = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
-    assert all(torch.equal(written[k], original[k]) for k in original)
+    before = (tmp_path / "ckpt.pt").read_bytes()
+    argv = ("prune-biases", tmp_path / "ckpt.pt", "--out", tmp_path / "out.pt", "--json", tmp_path / "r.json")
+    assert run(*argv) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{tmp_path / 'ckpt.pt'}: nothing to prune: no attention biases; no copy written\n"
+    assert err == "" and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+    assert (tmp_path / "ckpt.pt").read_bytes() == before
 
 
 def test_balance_to_the_runs_initial_imbalance(prepared_data_dir, tmp_path):

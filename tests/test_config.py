@@ -1,5 +1,6 @@
 """The options of ``attnid train`` (attnid.training.config), the case registry
-(attnid.training.cases), and the workflow schema, whose case names come from the registry."""
+(attnid.training.cases), and the pipeline config's schema (attnid.plan.schema), whose case names come
+from the registry and whose run settings come from the options."""
 
 from __future__ import annotations
 
@@ -7,19 +8,14 @@ import argparse
 from dataclasses import fields
 
 import pytest
-import yaml
-from pipeline_helpers import pipeline_config
 
 from attnid.cli import build_parser
-from attnid.model import moves
-from attnid.training import cases, config, moments, precision
+from attnid.model import options as model_options
+from attnid.plan.schema import config_schema
+from attnid.training import cases, config
+from attnid.training import options as training_options
 
-SCHEMA = "workflow/schemas/config.schema.yaml"
 JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
-
-
-def schema(repo_root) -> dict:
-    return yaml.safe_load((repo_root / SCHEMA).read_text())
 
 
 def schema_training_options(document: dict) -> dict[str, dict]:
@@ -27,7 +23,6 @@ def schema_training_options(document: dict) -> dict[str, dict]:
     holds them."""
     defs, properties = document["$defs"], document["properties"]
     sections = [
-        defs["run_settings"],
         defs["case"]["properties"],
         defs["sweep"]["properties"],
         properties["model"]["properties"],
@@ -38,8 +33,6 @@ def schema_training_options(document: dict) -> dict[str, dict]:
         for name, spec in section.items():
             if name in ("lrs", "seeds"):  # the sweep's grid, not an option of one run
                 continue
-            if "$ref" in spec:
-                spec = defs["run_settings"][spec["$ref"].rsplit("/", 1)[-1]]
             options[name] = spec
     for name in ("device", "threads"):  # top-level keys passed to every training job
         options[name] = properties[name]
@@ -47,20 +40,22 @@ def schema_training_options(document: dict) -> dict[str, dict]:
 
 
 def test_schema_case_enum_is_the_case_registry():
-    """The workflow validates against the schema with the registry's case names (tests/test_workflow.py)."""
-    assert pipeline_config().config_schema()["$defs"]["case_name"]["enum"] == list(cases.CASES)
+    """The plan validates against the schema with the registry's case names (tests/test_workflow.py)."""
+    assert config_schema()["$defs"]["case_name"]["enum"] == list(cases.CASES)
 
 
-def test_schema_options_are_train_options_of_the_same_type(repo_root):
-    options = schema_training_options(schema(repo_root))
+def test_schema_options_are_train_options_of_the_same_type():
+    options = schema_training_options(config_schema())
     assert set(options) <= set(config.option_names()), set(options) - set(config.option_names())
     for name, spec in options.items():
         if "enum" in spec:
             allowed = {
-                "rebalance_target": moves.REBALANCE_TARGETS,
-                "device": config.DEVICES,
-                "rebalance_moments": moments.REBALANCE_MOMENTS,
-                "dtype": ("auto", *precision.DTYPES),
+                "rebalance_target": model_options.REBALANCE_TARGETS,
+                "device": training_options.DEVICES,
+                "rebalance_moments": training_options.REBALANCE_MOMENTS,
+                "dtype": ("auto", *training_options.DTYPES),
+                "metrics_device": ("auto", "host", "device"),
+                "initial_point": model_options.INITIAL_POINTS,
             }[name]
             assert tuple(spec["enum"]) == allowed, name
         else:
@@ -86,6 +81,8 @@ def test_every_option_has_a_type_and_help():
         "fresh",
         "stop_after",
         "progress_every",
+        "arm",  # a name for the tables, not a setting of the run
+        "full_val_eval",  # an evaluation after the last step, not a setting of the training
     }
 
 

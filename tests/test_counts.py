@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import math
+import os
+import subprocess
+import sys
+import tomllib
 from fractions import Fraction
 
 import pandas as pd
@@ -11,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnid.cli import main
-from attnid.theory import counts, nullity
+from attnid.cli.theory import load_architectures
+from attnid.theory import architectures, counts, nullity
 
 REQUIRED_ARCHITECTURES = {
     "nanoGPT shakespeare-char",
@@ -65,9 +72,9 @@ def test_t3_eight_heads_is_fifteen_sixteenths_and_one_head_is_half():
     assert 1 - _exact_unidentified_share(counts.layer_shape(512, 1)) == Fraction(1, 2)
 
 
-def test_t5_llama2_70b_gqa_query_key_count(repo_root):
-    spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")["Llama-2 70B"]
-    row = counts.architecture_row("Llama-2 70B", spec)
+def test_t5_llama2_70b_gqa_query_key_count():
+    spec = load_architectures()["Llama-2 70B"]
+    row = architectures.architecture_row("Llama-2 70B", spec)
     assert row["qk_with_gqa_only_per_layer"] == 131_072
     assert row["qk_if_mha_per_layer"] == 1_048_576
     # RoPE shrinks it further, to D per KV group (Prop. 4.8).
@@ -240,26 +247,24 @@ def test_t6_single_head_unidentified_count_is_the_jacobian_nullity():
     assert row["gap"] >= nullity.GAP_REQUIRED
 
 
-def test_architectures_file_has_required_models_with_sources(repo_root):
-    architectures = counts.load_architectures(repo_root / "config" / "architectures.yaml")
-    assert REQUIRED_ARCHITECTURES <= set(architectures)
-    assert len(architectures) >= 12
+def test_architectures_file_has_required_models_with_sources():
+    published = load_architectures()
+    assert REQUIRED_ARCHITECTURES <= set(published)
+    assert len(published) >= 12
     assert any(
         s.get("rope") and s.get("bias") and s.get("n_kv_head", s["n_head"]) < s["n_head"]
-        for s in architectures.values()
+        for s in published.values()
     ), "need one with biases + RoPE + GQA"
-    for name, spec in architectures.items():
+    for name, spec in published.items():
         assert len(spec["source"]) > 10, name
 
 
-def test_counts_cli_writes_csv(tmp_path, repo_root):
+def test_counts_cli_writes_csv(tmp_path):
     out, single = tmp_path / "t" / "counts.csv", tmp_path / "t" / "single_head.csv"
     assert (
         main(
             [
                 "counts",
-                "--architectures",
-                str(repo_root / "config" / "architectures.yaml"),
                 "--out",
                 str(out),
                 "--single-head-out",
@@ -313,3 +318,119 @@ def test_counts_cli_missing_file(tmp_path, capsys):
         == 2
     )
     assert "not found" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The architectures file is package data; --csv and --json (issue 27 item 8)
+
+
+def test_architectures_file_is_package_data_and_has_one_copy(repo_root):
+    """The published shapes ship inside the package (pyproject's package-data), and nowhere else in the
+    checkout: the workflow reads the package's file."""
+    assert architectures.PACKAGED_ARCHITECTURES.is_file()
+    assert architectures.PACKAGED_ARCHITECTURES.parent == repo_root / "src" / "attnid" / "theory"
+    patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = repo_root / "src" / "attnid"
+    assert architectures.PACKAGED_ARCHITECTURES in {
+        path for glob in patterns["attnid"] for path in package.glob(glob)
+    }
+    copies = [
+        p for p in repo_root.rglob("architectures.yaml") if ".git" not in p.parts and "results" not in p.parts
+    ]
+    assert copies == [architectures.PACKAGED_ARCHITECTURES]
+    assert "PACKAGED_ARCHITECTURES" in (repo_root / "workflow" / "rules" / "theory.smk").read_text()
+
+
+def _attnid(args: list[str], cwd, repo_root) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(repo_root / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "attnid", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_counts_runs_outside_the_repository(tmp_path, repo_root):
+    """From a directory that is not a checkout, ``attnid counts`` finds the published shapes, prints them
+    (as text, CSV or JSON) and writes nothing there."""
+    text = _attnid(["counts"], tmp_path, repo_root)
+    assert text.returncode == 0, text.stderr
+    assert "GPT-2 124M" in text.stdout and "unidentified" in text.stdout
+    as_csv = _attnid(["counts", "--csv"], tmp_path, repo_root)
+    assert as_csv.returncode == 0, as_csv.stderr
+    from io import StringIO
+
+    frame = pd.read_csv(StringIO(as_csv.stdout)).set_index("architecture")
+    assert REQUIRED_ARCHITECTURES <= set(frame.index)
+    assert frame.loc["GPT-2 124M", "total_attn_params"] == 12 * (4 * 768**2 + 4 * 768)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_counts_csv_and_json_agree_with_the_table(tmp_path, capsys):
+    expected = architectures.counts_table(load_architectures()).set_index("architecture")
+    assert main(["counts", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["architectures"]
+    assert set(printed) == set(expected.index)
+    for name, row in printed.items():
+        assert row["total_unidentified"] == expected.loc[name, "total_unidentified"]
+        assert row["identified_fraction"] == expected.loc[name, "identified_fraction"]  # every digit
+        assert row["rope"] is bool(expected.loc[name, "rope"])
+    # to files: CSV and JSON at once, and the JSON file may be rewritten by the next run
+    out_csv, out_json = tmp_path / "c.csv", tmp_path / "c.json"
+    for _ in range(2):
+        assert main(["counts", "--csv", str(out_csv), "--json", str(out_json)]) == 0
+    assert "attention params" in capsys.readouterr().out  # standard output free: the text table
+    assert json.loads(out_json.read_text())["architectures"] == printed
+    frame = pd.read_csv(out_csv).set_index("architecture")
+    assert (frame["total_unidentified"] == expected["total_unidentified"]).all()
+
+
+def test_counts_json_of_a_hugging_face_config_has_its_whole_model(tmp_path, capsys):
+    config = {
+        "model_type": "gpt2",
+        "n_embd": 768,
+        "n_head": 12,
+        "n_layer": 12,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+        "layer_norm_epsilon": 1e-5,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["counts", "--hf-config", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["architectures"].values()
+    spec = load_architectures()["GPT-2 124M"]
+    assert (
+        row["whole_unidentified"] == architectures.whole_model_row("GPT-2 124M", spec)["whole_unidentified"]
+    )
+
+
+def test_counts_refuses_both_tables_on_standard_output(capsys):
+    assert main(["counts", "--csv", "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "standard output" in err
+
+
+def test_counts_json_file_is_held_to_the_output_rule(tmp_path, capsys):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}\n')
+    assert main(["counts", "--json", str(notes)]) == 2
+    assert "--force" in capsys.readouterr().err and notes.read_text() == '{"mine": 1}\n'
+
+
+def test_theory_reads_no_files():
+    """theory/ is pure functions (docs/design.md): no module of it opens, reads or lists a file."""
+    theory_dir = os.path.join(os.path.dirname(counts.__file__))
+    forbidden = {"open", "read_text", "read_bytes", "iterdir", "glob", "rglob", "exists", "is_file", "is_dir"}
+    for name in sorted(os.listdir(theory_dir)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(theory_dir, name), encoding="utf-8").read())
+        for node in ast.walk(tree):
+            called = node.func if isinstance(node, ast.Call) else None
+            attribute = getattr(called, "attr", None) or getattr(called, "id", None)
+            assert attribute not in forbidden, f"theory/{name}:{node.lineno} calls {attribute}"
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for alias in node.names
+        } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not imported & {"json", "yaml", "attnid.common.files", "attnid.common.hf_config_file"}, name

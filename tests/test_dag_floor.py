@@ -1,6 +1,6 @@
 """benchmarks/dag_floor.py reads the workflow's own training commands: every `attnid train` job of a dry
-run parses with `attnid train`'s flags and lands in a stage, and a build's benchmark files add up per
-stage. (The timing itself is a benchmark, never a test.)"""
+run parses with `attnid train`'s flags (and its spec file) and lands in a stage, and a build's benchmark
+files add up per stage. (The timing itself is a benchmark, never a test.)"""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import pytest
 from pipeline_helpers import REPO, copy_pipeline
 
-from attnid.cli.train import add_train_arguments
+from attnid.cli.train import add_train_arguments, config_from_args
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_training_job_of_the_smoke_build_is_read(dag_floor, monkeypatch, t
         flags = parser.parse_args(words)  # a shell word the parser does not know would exit here
         stage = dag_floor.stage_of(flags.out, "results/smoke")
         stages[stage] = stages.get(stage, 0) + 1
-        assert flags.max_iters > 0
+        assert config_from_args(flags).max_iters > 0  # the settings of its spec file (--config)
     # the smoke config: 5 cases x 2 seeds; 6 sweep runs; heads 4 x 2 and variants 3 (mha is copied);
     # edits 2; interventions 3 arms x 2 seeds and the identity run
     assert stages == {"runs": 10, "sweep": 6, "studies": 11, "edits": 2, "interventions": 7}

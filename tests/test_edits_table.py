@@ -15,7 +15,16 @@ import subprocess
 import pandas as pd
 import pytest
 import yaml
-from pipeline_helpers import REPO, copy_pipeline, run_snakemake, shared_smoke_run, smoke_config, stderr_lines
+from pipeline_helpers import (
+    REPO,
+    copy_pipeline,
+    run_snakemake,
+    shared_smoke_run,
+    smoke_config,
+    stderr_lines,
+    train_jobs,
+)
+from system_packages import needs
 
 from attnid.cli import main
 from attnid.theory import counts
@@ -157,8 +166,6 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     assert (
         run(
             "counts",
-            "--architectures",
-            repo_root / "config" / "architectures.yaml",
             "--out",
             theory / "counts.csv",
             "--single-head-out",
@@ -186,7 +193,7 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     assert "tab:prune" not in (tmp_path / "without.tex").read_text()
 
 
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_prune_table_fits_the_text_width(edit_reports, tmp_path, repo_root):
     """The widest cells (every number a mean +- sd in scientific notation) stay inside the page."""
     wide = []
@@ -244,13 +251,11 @@ def test_smoke_plan_has_the_edit_jobs(tmp_path):
     )
     out, case = config["results_dir"], config["edits"]["case"]
     lr = config["cases"][case]["lr"]
+    trained = train_jobs(tmp_path, proc.stdout)
     for seed in config["edits"]["seeds"]:
         run_dir = f"{out}/edits/{case}/seed{seed}"
-        assert re.search(
-            rf"attnid train [^\n]*--case {case} [^\n]*--bias [^\n]*--lr {lr:g} [^\n]*--seed {seed} "
-            rf"[^\n]*--out {run_dir} ",
-            proc.stdout,
-        ), proc.stdout[-3000:]
+        job = trained[run_dir]
+        assert (job["case"], job["bias"], job["lr"], job["seed"]) == (case, True, lr, seed), job
         for command, name in (("prune-biases", "pruned.pt"), ("balance --target balanced", "balanced.pt")):
             assert (
                 f"attnid {command} {run_dir}/ckpt.pt --out {run_dir}/{name} --data data/tinyshakespeare "
@@ -260,10 +265,9 @@ def test_smoke_plan_has_the_edit_jobs(tmp_path):
     # the section's own step count overrides the case's, for these runs only
     proc = run_snakemake(tmp_path, "-n", "-p", config={"edits": {"max_iters": 7}})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(
-        rf"attnid train [^\n]*--case {case} [^\n]*--max-iters 7 [^\n]*--out {out}/edits/", proc.stdout
-    )
-    assert not re.search(rf"attnid train [^\n]*--max-iters 7 [^\n]*--out {out}/runs/", proc.stdout)
+    trained = train_jobs(tmp_path, proc.stdout)
+    assert all(trained[run_dir]["max_iters"] == 7 for run_dir in trained if "/edits/" in run_dir)
+    assert not any(trained[run_dir]["max_iters"] == 7 for run_dir in trained if "/runs/" in run_dir)
 
 
 def test_edits_section_is_optional_and_its_case_must_exist(tmp_path):

@@ -16,9 +16,10 @@ import torch
 import transformers
 
 from attnid.cli import main
+from attnid.cli.theory import load_architectures
 from attnid.common.errors import UserError
 from attnid.model.layout import AttentionLayout, pairs_from_tensors
-from attnid.theory import counts, factor_pairs
+from attnid.theory import architectures, factor_pairs
 from attnid.theory.hf_config import architecture_from_hf_config
 
 TOLERANCE = 1e-5
@@ -108,8 +109,8 @@ def test_hf_config_counts_equal_the_architecture_table(name, tmp_path, repo_root
     assert main(["counts", "--hf-config", str(folder), "--out", str(tmp_path / "row.csv")]) == 0
     assert "total_unidentified" in capsys.readouterr().out
     ours = pd.read_csv(tmp_path / "row.csv").iloc[0].to_dict()
-    spec = counts.load_architectures(repo_root / "config" / "architectures.yaml")[name]
-    expected = pd.DataFrame([counts.architecture_row(name, spec)]).iloc[0].to_dict()
+    spec = load_architectures()[name]
+    expected = pd.DataFrame([architectures.architecture_row(name, spec)]).iloc[0].to_dict()
     compared = set(expected) - {"architecture", "source"}
     assert {k: ours[k] for k in compared} == {k: expected[k] for k in compared}
 
@@ -244,6 +245,27 @@ def test_balance_and_prune_on_a_gpt2_folder(tmp_path):
             scale = float(factor_pairs.gram(pair_a).abs().max())
             assert float(factor_pairs.imbalance(old_a, old_b).abs().max()) > 1e-3 * scale  # it was unbalanced
             assert float(factor_pairs.imbalance(pair_a, pair_b).abs().max()) < 1e-5 * scale
+
+
+def test_balancing_a_balanced_gpt2_folder_changes_nothing(tmp_path):
+    """docs/design.md §4, §9: the nearest balanced point of a balanced folder is the folder itself."""
+    tiny_gpt2(tmp_path / "gpt2")
+    assert main(["balance", str(tmp_path / "gpt2"), "--out", str(tmp_path / "once")]) == 0
+    assert main(["balance", str(tmp_path / "once"), "--out", str(tmp_path / "twice")]) == 0
+    original, once, twice = (load_gpt2(tmp_path / name) for name in ("gpt2", "once", "twice"))
+
+    def move(edited, start) -> float:
+        """Relative Frobenius change of the attention tensors."""
+        attention = [
+            (a.detach().double(), b.detach().double())
+            for (name, a), (_, b) in zip(edited.named_parameters(), start.named_parameters(), strict=True)
+            if ".attn.c_attn." in name or ".attn.c_proj." in name
+        ]
+        moved = sum(float((a - b).square().sum()) for a, b in attention)
+        return (moved / sum(float(b.square().sum()) for _, b in attention)) ** 0.5
+
+    assert move(once, original) > 1e-2
+    assert move(twice, once) < 1e-6
 
 
 def test_initial_target_needs_an_attnid_checkpoint(tmp_path, capsys):

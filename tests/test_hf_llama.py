@@ -320,6 +320,25 @@ def test_balance_reaches_mu_zero_on_the_own_orbit(tmp_path, capsys, family, dtyp
         assert storage / 10 < change < 10 * storage
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_balancing_a_balanced_folder_changes_nothing(tmp_path, capsys, family):
+    """docs/design.md §4, §9: balance takes the nearest point of the own orbit (Procrustes on GL_D, the plane
+    scales on the RoPE commutant), so balancing a balanced float32 folder moves its attention tensors by
+    float32 round-off only."""
+    folder = save_tiny(family, tmp_path / "in")
+    edit(capsys, "balance", folder, tmp_path / "once")
+    edit(capsys, "balance", tmp_path / "once", tmp_path / "twice")
+    original, once, twice = (stored_tensors(tmp_path / name) for name in ("in", "once", "twice"))
+    attention = [key for key in original if ".self_attn." in key]
+
+    def move(edited, start) -> float:
+        moved = sum(float((edited[k].double() - start[k].double()).square().sum()) for k in attention)
+        return (moved / sum(float(start[k].double().square().sum()) for k in attention)) ** 0.5
+
+    assert move(once, original) > 1e-2
+    assert move(twice, once) < 1e-6
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_balance_a_bfloat16_folder_in_float32(tmp_path, capsys, family):
     folder = save_tiny(family, tmp_path / "in", "bfloat16", sharded=True)
@@ -354,18 +373,32 @@ def test_balance_a_bfloat16_folder_in_float32(tmp_path, capsys, family):
 # --------------------------------------------------------------------------------------
 
 
-def test_prune_biases_on_qwen2_removes_what_counts_says(tmp_path, capsys):
-    """RoPE: key biases identified, kept; no o_proj bias: value biases cannot be folded, kept."""
+def test_prune_biases_on_qwen2_has_nothing_to_prune(tmp_path, capsys):
+    """RoPE: key biases identified, kept; no o_proj bias: value biases cannot be folded, kept. Nothing is
+    redundant (as counts says), so nothing is written and the command says why."""
     folder = save_tiny("qwen2", tmp_path / "in")
-    report, out = edit(capsys, "prune-biases", folder, tmp_path / "out")
     expected = closed_forms(tmp_path, capsys, folder)
+    assert expected["unidentified_bias_per_layer"] == 0
+    before = stored_tensors(folder)
+    argv = ["prune-biases", folder, "--out", tmp_path / "out", "--json", tmp_path / "r.json"]
+    assert main([str(a) for a in argv]) == 0
+    out, err = capsys.readouterr()
     n_layer, group_width = TINY["num_hidden_layers"], 2 * 8  # G D
-    assert report["redundant_params"] == n_layer * expected["unidentified_bias_per_layer"] == 0
-    assert report["key_biases_kept"] == report["value_biases_kept"] == n_layer * group_width
-    assert "kept: 32 key biases" in out
-    before, after = stored_tensors(folder), stored_tensors(tmp_path / "out")
+    kept = n_layer * group_width
+    assert f"nothing to prune: its {kept} key biases are identified under RoPE and its {kept} value" in out
+    assert "no copy written" in out and err == ""
+    assert not (tmp_path / "out").exists() and not (tmp_path / "r.json").exists()
+    after = stored_tensors(folder)
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert report["max_rel_logit_change"] == 0.0
+
+
+def test_prune_biases_without_biases_writes_nothing(tmp_path, capsys):
+    folder = save_tiny("llama", tmp_path / "in")
+    capsys.readouterr()
+    assert main(["prune-biases", str(folder), "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert "nothing to prune: no attention biases; no copy written" in out and err == ""
+    assert not (tmp_path / "out").exists()
 
 
 def test_prune_biases_folds_grouped_value_biases_into_o_proj(tmp_path, capsys):

@@ -10,8 +10,10 @@ import json
 import pandas as pd
 import pytest
 import torch
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pipeline_helpers import REPO
 from tiny_runs import train
 from variant_models import TINY
 
@@ -20,11 +22,13 @@ from attnid.measure.metrics import MetricTracker
 from attnid.model import gauge, moves
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
 from attnid.model.layout import attention_tensors, layer_shape_of, layout_of, orbit_of, stacked_pairs
+from attnid.model.options import INITIAL_VALUES
 from attnid.model.step_projection import remove_orbit_component
-from attnid.theory import counts
+from attnid.theory import counts, whole_model
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import GENERAL_LINEAR, ROPE_COMMUTANT
 from attnid.training import moments
+from attnid.training.options import REBALANCE_MOMENTS
 
 F64 = torch.float64
 PROPERTY = settings(max_examples=40, deadline=None, database=None, derandomize=True)
@@ -120,6 +124,100 @@ def test_the_removed_part_changes_no_product_to_first_order(sample):
     change = first_order(step_a, step_b)
     difference = first_order(step_a - along_a, step_b - along_b) - change
     assert difference.abs().max() <= 1e-12 * change.abs().max()
+
+
+def orbit_share_in_metric(pair_a, pair_b, step_a, step_b, weight_a, weight_b) -> float:
+    """The share of a step on the orbit's tangent (``(M A, -Mᵀ B)``) in the metric ``<x, y> = sum w x y``,
+    summed over the pairs ``(P, D, n)``: an independent least-squares projection onto the tangent basis."""
+    projected = whole = 0.0
+    dim = pair_a.shape[-2]
+    for a, b, d_a, d_b, w_a, w_b in zip(pair_a, pair_b, step_a, step_b, weight_a, weight_b, strict=True):
+        root = torch.cat([w_a.sqrt().flatten(), w_b.sqrt().flatten()])
+        basis = []
+        for index in range(dim * dim):
+            unit = torch.zeros(dim * dim, dtype=F64)
+            unit[index] = 1
+            unit = unit.reshape(dim, dim)
+            basis.append(torch.cat([(unit @ a).flatten(), (-unit.T @ b).flatten()]) * root)
+        tangent = torch.stack(basis, dim=1)
+        target = torch.cat([d_a.flatten(), d_b.flatten()]) * root
+        along = tangent @ torch.linalg.lstsq(tangent, target).solution
+        projected, whole = projected + float(along @ along), whole + float(target @ target)
+    return projected / whole
+
+
+def test_adamw_preconditioned_gradient_is_orthogonal_to_the_orbit_in_its_own_metric():
+    """docs/design.md §13: with P = sqrt(v_hat) + eps, AdamW's preconditioned gradient P^-1 g is orthogonal to
+    the orbit in the metric P (its inner product with a tangent vector t is gᵀ t = 0, the loss being constant
+    on the orbit), though not in the Euclidean one. AdamW's actual step is not: its momentum averages
+    gradients taken at earlier points, and its decoupled weight decay is not orthogonal in either metric."""
+    model = tiny_model({})
+    optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2, betas=(0.9, 0.99))
+    for _ in range(5):
+        adamw_step(model, optimizer)
+    _, loss = model(*batch(2))
+    loss.backward()
+    beta1, beta2 = optimizer.param_groups[0]["betas"]
+    eps = optimizer.param_groups[0]["eps"]
+
+    def per_tensor(make):
+        return [tuple(None if t is None else make(t) for t in layer) for layer in attention_tensors(model)]
+
+    def next_moments(t):  # AdamW's moments and preconditioner of the step it would take now
+        state, count = optimizer.state[t], float(optimizer.state[t]["step"]) + 1
+        first = (beta1 * state["exp_avg"] + (1 - beta1) * t.grad) / (1 - beta1**count)
+        second = (beta2 * state["exp_avg_sq"] + (1 - beta2) * t.grad.square()) / (1 - beta2**count)
+        return first, second.sqrt() + eps
+
+    layout = layout_of(model)
+    with torch.no_grad():
+        weights = per_tensor(lambda t: t.detach())
+        metric = per_tensor(lambda t: next_moments(t)[1])
+        directions = {
+            "gradient": per_tensor(lambda t: t.grad / next_moments(t)[1]),
+            "momentum": per_tensor(lambda t: next_moments(t)[0] / next_moments(t)[1]),
+            "decay": weights,
+        }
+        share = {}
+        for circuit in CIRCUITS:
+            pair_a, pair_b = stacked_pairs(weights, layout, circuit)
+            weight_a, weight_b = stacked_pairs(metric, layout, circuit)
+            for name, direction in directions.items():
+                step_a, step_b = stacked_pairs(direction, layout, circuit)
+                ones = (torch.ones_like(weight_a), torch.ones_like(weight_b))
+                share[name, circuit, "P"] = orbit_share_in_metric(
+                    pair_a, pair_b, step_a, step_b, weight_a, weight_b
+                )
+                share[name, circuit, "euclid"] = orbit_share_in_metric(pair_a, pair_b, step_a, step_b, *ones)
+    for circuit in CIRCUITS:
+        assert share["gradient", circuit, "P"] < 1e-20
+        assert share["gradient", circuit, "euclid"] > 1e-3
+        assert share["momentum", circuit, "P"] > 1e-6
+        assert share["decay", circuit, "P"] > 1e-3 and share["decay", circuit, "euclid"] > 1e-3
+
+
+def test_the_projection_covers_the_attention_orbits_of_the_census_only():
+    """docs/design.md §13 states the share of the default model's unidentified directions (the whole-model
+    census, §12) that the projected step removes: the attention GL_D orbits, from the same closed forms."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())["model"]
+    vocab_size = len(set((REPO / "assets" / "tinyshakespeare.txt").read_text(encoding="utf-8")))
+    shape = whole_model.whole_model_shape(
+        n_layer=config["n_layer"],
+        n_embd=config["n_embd"],
+        n_head=config["n_head"],
+        vocab_size=vocab_size,
+        block_size=config["block_size"],
+        norm_bias=config["bias"],
+        qkv_bias=config["bias"],
+        mlp_bias=config["bias"],
+    )
+    classes = whole_model.class_dims(shape)
+    attention = classes["attention_qk"] + classes["attention_ov"]
+    assert attention == whole_model.attention_only_unidentified(shape)
+    total = whole_model.whole_model_unidentified(shape)
+    assert attention < total
+    design = " ".join((REPO / "docs" / "design.md").read_text().split())
+    assert f"{attention:,} of the default model's {total:,} unidentified directions" in design
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -412,8 +510,145 @@ def test_gauge_fixed_refuses_what_it_cannot_fix(tmp_path):
     stock = tiny_model({})
     gauge.fix_gauge(stock)
     other = tiny_model({}, seed=5)
-    with pytest.raises(RuntimeError, match="not c I"):
+    with pytest.raises(RuntimeError, match="a fixed block differs from this model's"):
         stock.load_state_dict(other.state_dict())
+
+
+# --------------------------------------------------------------------------------------
+# §14: the gauge arm's controls (the 2 x 2 of starting point and frozen blocks, and the MLP control)
+# --------------------------------------------------------------------------------------
+
+
+def test_the_controls_start_where_they_should():
+    """The from-gauge-point arm starts at the gauge arm's weights, bit for bit; the at-initial-values arm at
+    adamw's, bit for bit, with the same windows fixed as the gauge arm."""
+    stock = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    gauged = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    moved = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    at_init = tiny_model({"n_kv_head": 2}, bias=True, dtype=torch.float32)
+    gauge.fix_gauge(gauged)
+    gauge.move_to_gauge_point(moved)
+    condition = gauge.fix_gauge(at_init, at=INITIAL_VALUES)
+    for key, value in gauged.state_dict().items():
+        assert torch.equal(moved.state_dict()[key], value), key
+    for key, value in stock.state_dict().items():
+        assert torch.equal(at_init.state_dict()[key], value), key
+    assert not gauge.gauge_fixed_layers(moved)  # nothing fixed
+    for fixed, initial in zip(
+        gauge.gauge_fixed_layers(gauged), gauge.gauge_fixed_layers(at_init), strict=True
+    ):
+        assert fixed.windows == initial.windows  # the same blocks, fixed at another point of the orbit
+        assert not gauge.gauge_holds(initial)  # the initial blocks are not c I ...
+        for block in initial.fixed_blocks():  # ... but invertible, so they fix the gauge as well
+            assert torch.linalg.matrix_rank(block.double()) == block.shape[0]
+    assert 1 <= condition < 1e3
+
+
+def _closed_form(model) -> int:
+    shape = layer_shape_of(model)
+    return model.config.n_layer * (
+        counts.unidentified_qk_params(shape) + counts.unidentified_ov_params(shape)
+    )
+
+
+def test_the_controls_freeze_the_closed_form_and_frozen_entries_never_move():
+    """At initial values: 2 L G D^2 fewer trained attention entries; the MLP control: as many MLP entries,
+    drawn from the seed. AdamW with weight decay for a few steps moves none of them, and the rest trains."""
+    stock = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
+    at_init = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
+    gauge.fix_gauge(at_init, at=INITIAL_VALUES)
+    closed_form = _closed_form(stock)
+    assert gauge.trainable_attention_params(stock) - gauge.trainable_attention_params(at_init) == closed_form
+    mlp = tiny_model({"n_kv_head": 2}, dtype=torch.float32)
+    frozen = gauge.freeze_random_mlp_entries(mlp, seed=0)
+    assert frozen.count == closed_form
+    again = gauge.freeze_random_mlp_entries(tiny_model({"n_kv_head": 2}, dtype=torch.float32), seed=0)
+    other = gauge.freeze_random_mlp_entries(tiny_model({"n_kv_head": 2}, dtype=torch.float32), seed=1)
+    masks = [mask for _, mask, _ in frozen.frozen]
+    assert all(torch.equal(a, b) for a, (_, b, _) in zip(masks, again.frozen, strict=True))  # fixed by seed
+    assert not all(torch.equal(a, b) for a, (_, b, _) in zip(masks, other.frozen, strict=True))
+    assert gauge.trainable_attention_params(mlp) == gauge.trainable_attention_params(stock)  # not attention
+
+    blocks = [b.clone() for layer in gauge.gauge_fixed_layers(at_init) for b in layer.fixed_blocks()]
+    mlp_before = [(param.detach().clone(), mask) for param, mask, _ in frozen.frozen]
+    for model in (at_init, mlp):
+        optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2)
+        if model is mlp:
+            optimizer.register_step_post_hook(lambda *_: frozen.restore())
+        for _ in range(3):
+            adamw_step(model, optimizer)
+    after = [b for layer in gauge.gauge_fixed_layers(at_init) for b in layer.fixed_blocks()]
+    assert all(torch.equal(a, b) for a, b in zip(blocks, after, strict=True))
+    for (before, mask), (param, _, _) in zip(mlp_before, frozen.frozen, strict=True):
+        assert torch.equal(param.detach()[mask], before[mask])
+        assert (param.detach()[~mask] != before[~mask]).float().mean() > 0.99
+        state = optimizer.state[param]  # the frozen entries' gradient was zero: no moments either
+        assert not state["exp_avg"][mask].any() and not state["exp_avg_sq"][mask].any()
+
+
+def test_the_control_runs_train_and_record_what_they_froze(prepared_data_dir, tmp_path):
+    """attnid train: --initial-point gauge starts adamw at the gauge point (step-0 val loss unchanged,
+    nothing fixed); adamw_gauge_fixed --initial-point init starts exactly at adamw's (the same step-0 row) and
+    its checkpoint keeps the initial blocks; --freeze-mlp keeps its entries at their initial values through
+    training with metrics (the tau probe copies the model), and a stopped run resumes to the same rows."""
+    flags = ["--max-iters", "10", "--log-every", "5", "--eval-every", "5", "--ckpt-every", "5", "--seed", "2"]
+    runs = {
+        "adamw": ["--case", "adamw"],
+        "moved": ["--case", "adamw", "--initial-point", "gauge"],
+        "at_init": ["--case", "adamw_gauge_fixed", "--initial-point", "init"],
+        "mlp": ["--case", "adamw", "--freeze-mlp"],
+    }
+    for name, case in runs.items():
+        assert train(prepared_data_dir, tmp_path / name, *case, *flags) == 0, name
+    info = {name: run_outputs(tmp_path / name) for name in runs}
+    plain_info, plain = info["adamw"]
+    closed_form = 2 * 2 * 4 * 8**2  # L = 2, G = H = 4, D = 8
+    moved_info, moved = info["moved"]
+    assert moved.val_loss[0] == pytest.approx(plain.val_loss[0], rel=1e-6)
+    assert moved_info["gauge"]["fixed"] is False and moved_info["gauge"]["initial_point"] == "gauge"
+    assert moved_info["trained_attention_params"] == plain_info["trained_attention_params"]
+    at_info, at_init = info["at_init"]
+    assert at_init.val_loss[0] == plain.val_loss[0] and at_info["gauge"]["logit_change"] == 0.0
+    assert plain_info["trained_attention_params"] - at_info["trained_attention_params"] == closed_form
+    mlp_info, _ = info["mlp"]
+    assert mlp_info["frozen_mlp_entries"] == closed_form and plain_info["frozen_mlp_entries"] is None
+
+    config = load_nanogpt_checkpoint(tmp_path / "adamw" / "ckpt.pt").config
+    torch.manual_seed(2)
+    initial = GPT(config)
+    frozen = gauge.freeze_random_mlp_entries(initial, seed=2)
+    trained = torch.load(tmp_path / "mlp" / "ckpt.pt", weights_only=True)["model"]
+    names = {id(param): name for name, param in initial.named_parameters()}
+    for param, mask, values in frozen.frozen:
+        assert torch.equal(trained[names[id(param)]][mask], values)
+        assert not torch.equal(trained[names[id(param)]], param.detach())
+    trained_at_init = torch.load(tmp_path / "at_init" / "ckpt.pt", weights_only=True)["model"]
+    torch.manual_seed(2)
+    fixed = GPT(initial.config)
+    gauge.fix_gauge(fixed, at=INITIAL_VALUES)
+    fixed.load_state_dict(trained_at_init)  # refuses blocks that are not the initial ones
+
+    stopped = tmp_path / "stopped"
+    assert train(prepared_data_dir, stopped, *runs["mlp"], *flags, "--stop-after", "5") != 0
+    assert train(prepared_data_dir, stopped, *runs["mlp"], *flags) == 0
+    timing = ["tokens_per_s", "wall_s"]
+    pd.testing.assert_frame_equal(
+        run_outputs(stopped)[1].drop(columns=timing), info["mlp"][1].drop(columns=timing)
+    )
+
+
+def test_the_control_options_refuse_what_they_cannot_do(tmp_path, capsys):
+    from attnid.cli import main
+
+    data = tmp_path / "data"
+    for flags, message in (
+        (["--initial-point", "somewhere"], "unknown --initial-point 'somewhere'"),
+        (["--initial-point", "gauge", "--rope"], "does not support --rope"),
+        (["--arm", "Bad-Name"], "--arm 'Bad-Name'"),
+    ):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / "out"), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
 
 
 # --------------------------------------------------------------------------------------
@@ -431,8 +666,8 @@ def _gradients(model) -> dict[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("variant", ["mha", "gqa G=2", "rope"])
 def test_transported_first_moment_is_the_gradient_at_the_moved_weights(variant):
     """docs/design.md §15: with m = the gradient at θ, transport across a rebalance gives the gradient at the
-    moved weights θ' (G_A -> S^{-T} G_A, G_B -> S G_B) to float64 round-off; with v = g², the moved v equals
-    g'² exactly where the move is diagonal (the RoPE query-key pairs) and stays non-negative elsewhere."""
+    moved weights θ' (G_A -> S^{-T} G_A, G_B -> S G_B) to float64 round-off; the second moment and the step
+    counter are left exactly as they were."""
     model = tiny_model(VARIANTS[variant], bias=True)
     optimizer = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-2)
     adamw_step(model, optimizer)
@@ -440,22 +675,43 @@ def test_transported_first_moment_is_the_gradient_at_the_moved_weights(variant):
     grads = _gradients(model)
     for param, grad in grads.items():
         optimizer.state[param]["exp_avg"].copy_(grad)
-        optimizer.state[param]["exp_avg_sq"].copy_(grad.square())
+    kept = {
+        param: (state["exp_avg_sq"].clone(), state["step"].clone())
+        for param, state in optimizer.state.items()
+    }
     before = attention_snapshot(model)
     for circuit in CIRCUITS:
         moves.rebalance_model(model, circuit, None)  # balanced: a large move
-    moments.transport_moments(optimizer, model, before)
+    moments.transport_first_moment(optimizer, model, before)
     moved = _gradients(model)
-    rope_qk_rows = slice(0, 2 * 32) if variant == "rope" else None  # query and key rows (G = H here)
     for block in model.transformer.h:
         for param in (block.attn.c_attn.weight, block.attn.c_attn.bias, block.attn.c_proj.weight):
             transported, expected = optimizer.state[param]["exp_avg"], moved[param]
             assert (transported - expected).abs().max() <= 1e-10 * expected.abs().max()
-            second = optimizer.state[param]["exp_avg_sq"]
-            assert (second >= 0).all()
-            if rope_qk_rows is not None and param is block.attn.c_attn.weight:
-                exact = expected[rope_qk_rows].square()
-                assert (second[rope_qk_rows] - exact).abs().max() <= 1e-10 * exact.max()
+            assert (transported - grads[param]).abs().max() > 1e-3 * expected.abs().max()  # it did move
+    for param, (second, step) in kept.items():
+        assert torch.equal(optimizer.state[param]["exp_avg_sq"], second)
+        assert torch.equal(optimizer.state[param]["step"], step)
+
+
+def test_the_second_moment_has_an_exact_image_only_under_a_scaled_permutation():
+    """docs/design.md §15: (T g)_i^2 is a function of the squares g_k^2 for every g only when each row of T
+    has one nonzero entry. Two gradients with the same squares and different cross terms (g, and g with one
+    row's sign flipped) move to different squares under a generic T, to equal ones under a monomial T."""
+    gen = torch.Generator().manual_seed(3)
+    grad = torch.randn(4, 6, generator=gen, dtype=F64)
+    flipped = grad.clone()
+    flipped[0] = -flipped[0]
+    assert torch.equal(grad.square(), flipped.square())
+    generic = GENERAL_LINEAR.random_element((), 4, gen)
+    assert ((generic @ grad).square() - (generic @ flipped).square()).abs().max() > 1e-2
+    diagonal = torch.diag(torch.rand(4, generator=gen, dtype=F64) + 0.5)
+    permutation = torch.eye(4, dtype=F64)[[2, 0, 3, 1]]
+    for monomial in (diagonal, permutation @ diagonal):
+        torch.testing.assert_close((monomial @ grad).square(), (monomial @ flipped).square(), rtol=0, atol=0)
+        torch.testing.assert_close(
+            (monomial @ grad).square(), monomial.square() @ grad.square(), rtol=1e-15, atol=0
+        )
 
 
 def test_move_element_reads_the_group_element_off_a_move():
@@ -468,7 +724,7 @@ def test_move_element_reads_the_group_element_off_a_move():
 
 
 def test_rebalance_moments_options_in_training(prepared_data_dir, tmp_path):
-    """keep, transport and reset all keep the function across each rebalance (tau < 1e-5); they give three
+    """keep, first-moment and reset all keep the function across each rebalance (tau < 1e-5); they give three
     different trajectories after the first rebalance and the same one before it."""
     flags = [
         "--case",
@@ -483,13 +739,13 @@ def test_rebalance_moments_options_in_training(prepared_data_dir, tmp_path):
         "20",
     ]
     frames = {}
-    for option in moments.REBALANCE_MOMENTS:
+    for option in REBALANCE_MOMENTS:
         assert train(prepared_data_dir, tmp_path / option, *flags, "--rebalance-moments", option) == 0
         info, frames[option] = run_outputs(tmp_path / option)
         assert info["config"]["rebalance_moments"] == option
         rebalanced = frames[option][frames[option].rebalanced == 1]
         assert rebalanced.step.tolist() == [10, 20] and (rebalanced.tau < 1e-5).all()
-    for option in ("transport", "reset"):
+    for option in ("first-moment", "reset"):
         same = frames[option].step <= 10
         pd.testing.assert_series_equal(frames[option].train_loss[same], frames["keep"].train_loss[same])
         assert frames[option].train_loss.iloc[-1] != frames["keep"].train_loss.iloc[-1]

@@ -1,4 +1,4 @@
-"""The interventions study around the arms (attnid.reports.interventions and the gathers): its plan and
+"""The interventions study around the arms (attnid.plan.interventions and the gathers): its plan and
 config checks, the DAG's reuse of the cases' runs, the arms told apart by their moments, the identities in
 claims.csv computed from the runs (passing and failing), and Figure 6 with its caption filled from the
 same numbers as interventions.csv."""
@@ -18,14 +18,16 @@ from pipeline_helpers import (
     run_snakemake,
     smoke_config,
     stderr_lines,
-    trained_intervention_runs,
+    train_jobs,
 )
 from synthetic_runs import write_run
 
-from attnid.reports import appendix, claims, figures, interventions, tables
+from attnid.plan import ConfigError, interventions, plan
+from attnid.reports import appendix, claims, figures, tables
 from attnid.reports.figures import fig6_interventions
 from attnid.reports.figures.inputs import Sources
 from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
+from attnid.reports.statistics import minimum_seeds
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 
@@ -33,29 +35,46 @@ DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 # ---------------------------------------------------------------------------- the plan
 
 
-def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
+def test_the_default_plan_has_every_arm_eight_seeds_and_a_float64_identity_run():
     arms = interventions.intervention_arms(DEFAULT)
     assert [arm.name for arm in arms] == [
         "adamw",
         "adamw_projected",
         "adamw_gauge_fixed",
         "adamw_rebalance",
-        "adamw_rebalance_transport",
+        "adamw_rebalance_first_moment",
     ]
-    assert len(DEFAULT["interventions"]["seeds"]) >= 5
-    paper = yaml.safe_load((REPO / "config/paper.yaml").read_text())
-    assert len(paper["interventions"]["seeds"]) >= 10
-    keep, transport = arms[3], arms[4]
+    # the rule's minimum: the smallest n at which the exact test can reject after Holm over the family
+    smoke = smoke_config()
+    for config, seeds in ((DEFAULT, 8), (yaml.safe_load((REPO / "config/paper.yaml").read_text()), 16)):
+        section = config["interventions"]
+        assert len(section["seeds"]) >= seeds
+        rule = section["verdict"]
+        assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
+        assert interventions.check_interventions_config(config) == []
+    rule = smoke["interventions"]["verdict"]
+    assert len(smoke["interventions"]["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
+    keep, first_moment = arms[3], arms[4]
     # a rebalancing arm rebalances as its case does; only the moments tell the two apart
     rebalance = {k: DEFAULT["cases"]["adamw_rebalance"][k] for k in ("rebalance_every", "rebalance_target")}
     assert interventions.arm_overrides(DEFAULT, keep) == rebalance
-    assert interventions.arm_overrides(DEFAULT, transport) == rebalance | {"rebalance_moments": "transport"}
+    moments = {"rebalance_moments": "first-moment"}
+    assert interventions.arm_overrides(DEFAULT, first_moment) == rebalance | moments
     assert interventions.arm_overrides(DEFAULT, arms[1]) == {}
     identity = interventions.identity_overrides(DEFAULT)
     assert identity["dtype"] == "float64" and identity["max_iters"] < DEFAULT["training"]["max_iters"]
     assert "seeds" not in identity
     assert interventions.check_interventions_config(DEFAULT) == []
     assert interventions.intervention_arms({**DEFAULT, "interventions": None}) == []
+    assert interventions.planned_comparisons(DEFAULT) == [
+        "adamw_projected",
+        "adamw_gauge_fixed",
+        "adamw_rebalance",
+        "adamw_rebalance_first_moment",
+        "adamw_rebalance_first_moment-adamw_rebalance",
+    ]
+    flags = interventions.verdict_options(DEFAULT)
+    assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4] == "--family"
 
 
 @pytest.mark.parametrize(
@@ -63,7 +82,7 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
     [
         ({"arms": [{"case": "adamw"}]}, "'adamw' is the baseline of every arm"),
         (
-            {"arms": [{"case": "adamw_projected", "rebalance_moments": "transport"}]},
+            {"arms": [{"case": "adamw_projected", "rebalance_moments": "first-moment"}]},
             "needs a rebalancing case",
         ),
         (
@@ -74,16 +93,36 @@ def test_the_default_plan_has_every_arm_five_seeds_and_a_float64_identity_run():
             {"arms": [{"case": "adamw_rebalance"}, {"case": "adamw_rebalance", "rebalance_moments": "keep"}]},
             "adamw_rebalance listed twice",
         ),
+        (
+            {
+                "verdict": {
+                    **DEFAULT["interventions"]["verdict"],
+                    "family": ["adamw_projected", "start_x_frozen"],
+                }
+            },
+            "start_x_frozen is no comparison of the arms",
+        ),
+        ({"arms": [{"case": "adamw", "lr": 2e-3}]}, "an arm that sets lr names itself (arm: NAME)"),
     ],
 )
 def test_a_bad_interventions_section_is_one_problem(change, message):
     config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], **change}}
     problems = interventions.check_interventions_config(config)
-    assert len(problems) == 1 and message in problems[0], problems
+    assert len(problems) == 1 and message in problems[0][1], problems
     no_baseline = {**DEFAULT, "cases": {k: v for k, v in DEFAULT["cases"].items() if k != "adamw"}}
-    assert "no case 'adamw' under cases" in interventions.check_interventions_config(no_baseline)[0]
-    rope = {**DEFAULT, "model": {**DEFAULT["model"], "rope": True}}
-    assert any("does not support a RoPE model" in p for p in interventions.check_interventions_config(rope))
+    key, problem = interventions.check_interventions_config(no_baseline)[0]
+    assert key == "interventions" and "no case 'adamw' under cases" in problem
+
+
+def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
+    """The identity run's warmup longer than its steps passes the schema; the plan checks every run as
+    `attnid train` will, and names the section that asks for it."""
+    config = yaml.safe_load((REPO / "config/smoke.yaml").read_text())
+    config["interventions"]["identity"].update(max_iters=10, warmup_iters=20)
+    with pytest.raises(ConfigError) as caught:
+        plan(config)
+    assert str(caught.value).startswith("interventions/identity: need 0 <= --warmup-iters (20) <")
+    assert "(run results/smoke/interventions/identity/seed0)" in str(caught.value)
 
 
 def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
@@ -93,21 +132,37 @@ def test_the_dag_reuses_the_cases_runs_and_trains_the_rest_like_adamw(tmp_path):
     proc = run_snakemake(tmp_path, "-n", "-p", configfile=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = DEFAULT["results_dir"]
-    planned = set(re.findall(rf"--out ({out}/interventions/\S+)", proc.stdout))
-    expected = set(trained_intervention_runs(DEFAULT)) | {f"{out}/interventions/identity/seed0"}
-    assert planned == expected
+    jobs = train_jobs(tmp_path, proc.stdout)
+    planned = {run_dir for run_dir in jobs if run_dir.startswith(f"{out}/interventions/")}
     extra_seeds = [s for s in DEFAULT["interventions"]["seeds"] if s not in DEFAULT["seeds"]]
-    assert {f"{out}/interventions/adamw/seed{s}" for s in extra_seeds} <= planned
+    keep_arms = ("adamw", "adamw_rebalance")  # their runs for the cases' seeds are the case runs
+    expected = {
+        f"{out}/interventions/{arm}/seed{seed}"
+        for arm in (
+            "adamw",
+            "adamw_projected",
+            "adamw_gauge_fixed",
+            "adamw_rebalance",
+            "adamw_rebalance_first_moment",
+        )
+        for seed in DEFAULT["interventions"]["seeds"]
+        if arm not in keep_arms or seed in extra_seeds
+    }
+    assert planned == expected | {f"{out}/interventions/identity/seed0"}
     assert f"{out}/interventions/adamw/seed{DEFAULT['seeds'][0]}" not in planned  # the case run is gathered
     adamw = DEFAULT["cases"]["adamw"]
-    for job in re.findall(r"attnid train [^\n]*--out " + out + r"/interventions/[^\n]*", proc.stdout):
-        assert f"--lr {adamw['lr']} " in job and f"--weight-decay {adamw['weight_decay']} " in job, job
-        if "/identity/" in job:
-            assert "--case adamw_projected" in job and "--dtype float64" in job
+    for run_dir in planned:
+        job = jobs[run_dir]
+        assert job["lr"] == adamw["lr"] and job["weight_decay"] == adamw["weight_decay"], job
+        if "/identity/" in run_dir:
+            assert job["case"] == "adamw_projected" and job["dtype"] == "float64"
         else:
-            assert f"--max-iters {DEFAULT['training']['max_iters']} " in job
-    transport = re.search(r"attnid train [^\n]*--rebalance-moments transport[^\n]*", proc.stdout).group(0)
-    assert "--case adamw_rebalance" in transport and "/interventions/adamw_rebalance_transport/" in transport
+            assert job["max_iters"] == DEFAULT["training"]["max_iters"]
+    transport = [run_dir for run_dir, job in jobs.items() if job.get("rebalance_moments") == "first-moment"]
+    assert transport and all(
+        "/interventions/adamw_rebalance_first_moment/" in run_dir for run_dir in transport
+    )
+    assert {jobs[run_dir]["case"] for run_dir in transport} == {"adamw_rebalance"}
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
     assert f"{out}/runs/adamw/seed0" in gather and f"{out}/runs/adamw_rebalance/seed0" in gather
     assert len(gather) == len(DEFAULT["interventions"]["seeds"]) * 5
@@ -173,11 +228,11 @@ def study_runs(root, gauge_drop: int = 1024, rho_identity: float = 1e-29, transp
         dirs.append(
             _run(
                 root,
-                "adamw_rebalance_transport",
+                "adamw_rebalance_first_moment",
                 "adamw_rebalance",
                 seed,
                 base + 0.03,
-                moments="transport",
+                moments="first-moment",
                 rebalance_every=20,
                 tau=transported_tau,
             )
@@ -211,21 +266,28 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
     assert list(by_arm) == [
         "adamw",
         "adamw_rebalance",
-        "adamw_rebalance_transport",
+        "adamw_rebalance_first_moment",
         "adamw_projected",
         "adamw_gauge_fixed",
     ]
     table, notes = interventions_table(by_arm)
-    final = table[table["metric"] == "final_val_loss"].set_index(["arm", "baseline"])
+    final = table.set_index(["arm", "baseline"])
     assert set(final.index) == {
         ("adamw_rebalance", "adamw"),
-        ("adamw_rebalance_transport", "adamw"),
-        ("adamw_rebalance_transport", "adamw_rebalance"),
+        ("adamw_rebalance_first_moment", "adamw"),
+        ("adamw_rebalance_first_moment", "adamw_rebalance"),
         ("adamw_projected", "adamw"),
         ("adamw_gauge_fixed", "adamw"),
     }
-    assert final.loc[("adamw_rebalance_transport", "adamw_rebalance"), "delta_mean"] == pytest.approx(0.029)
-    assert final.loc[("adamw_gauge_fixed", "adamw"), "verdict"] == "better" and not notes
+    assert final.loc[("adamw_rebalance_first_moment", "adamw_rebalance"), "comparison"] == (
+        "adamw_rebalance_first_moment-adamw_rebalance"
+    )
+    assert final.loc[("adamw_rebalance_first_moment", "adamw_rebalance"), "delta_mean"] == pytest.approx(
+        0.029
+    )
+    gauge = final.loc[("adamw_gauge_fixed", "adamw")]
+    assert gauge["delta_mean"] == pytest.approx(-0.05) and not notes
+    assert gauge["verdict"] == "n too small"  # 3 seeds, five comparisons: the rule needs 8
 
 
 def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
@@ -238,7 +300,7 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     assert results["interventions: projected rho max < 1e-20"]["measured"] == pytest.approx(1e-29)
     assert results["interventions: projected drift1/drift2 < 1e-9"]["measured"] == pytest.approx(1e-13)
     assert results["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 0
-    assert results["interventions: transported rebalance tau max < 1e-5"]["measured"] == pytest.approx(2e-7)
+    assert results["interventions: first-moment rebalance tau max < 1e-5"]["measured"] == pytest.approx(2e-7)
     # a wrong count, a projected step that moved along the orbit, a move that changed the function: fail
     arm_dirs, identity = study_runs(
         tmp_path / "bad", gauge_drop=1012, rho_identity=1e-12, transported_tau=1e-3
@@ -252,7 +314,7 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     assert bad["interventions: gauge-fixed trains 2 L G D^2 fewer attention entries"]["measured"] == 12
     for claim in (
         "interventions: projected rho max < 1e-20",
-        "interventions: transported rebalance tau max < 1e-5",
+        "interventions: first-moment rebalance tau max < 1e-5",
         "interventions: gauge-fixed trains 2 L G D^2 fewer attention entries",
     ):
         assert bad[claim]["result"] == "fail", bad[claim]
@@ -286,7 +348,7 @@ def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
     assert caption.startswith("**Figure 6 — does identification change training?")
     assert "{{" not in caption and "{%" not in caption
     table, _ = interventions_table(by_arm)
-    for row in table[table["metric"] == "final_val_loss"].itertuples():
+    for row in table.itertuples():
         low, high = figures.caption_number(row.ci_low), figures.caption_number(row.ci_high)
         shown = f"[{low}, {high}], {row.verdict}"
         assert shown in " ".join(caption.split()), shown
@@ -303,6 +365,6 @@ def test_paired_differences_per_step_are_the_table_s_at_the_last_evaluation(tmp_
     assert differences["step"].tolist() == [0, 20, 40] and (differences["n_seeds"] == 3).all()
     assert differences["mean"].tolist() == pytest.approx([0.0, -0.05, -0.05])
     table, _ = interventions_table(by_arm)
-    row = table[(table["arm"] == "adamw_gauge_fixed") & (table["metric"] == "final_val_loss")].iloc[0]
-    last = differences.iloc[-1]
-    assert (last["low"], last["high"]) == pytest.approx((row["ci_low"], row["ci_high"]))
+    row = table[table["arm"] == "adamw_gauge_fixed"].iloc[0]
+    # these synthetic runs' whole-split loss is their last evaluation's: the same mean difference
+    assert differences.iloc[-1]["mean"] == pytest.approx(row["delta_mean"])

@@ -1,6 +1,8 @@
 """attnid interventions-table (attnid.reports.interventions_table) on synthetic runs: every number of
-interventions.csv recomputed here from the losses the runs were written with, a verdict of each kind, the
-equal-wall-time metric between evaluations, the pairing errors, and the table in the appendix."""
+interventions.csv recomputed here from the losses the runs were written with (exact sign-flip p by
+enumeration, Holm by its step-down definition, the t-interval, the rule's labels and its minimum n), the
+table recomputed from interventions_seeds.csv alone, the 2 x 2 interaction, the lr arm named apart, the
+cost column, the family, the pairing errors, and the table in the appendix."""
 
 from __future__ import annotations
 
@@ -15,29 +17,34 @@ import pandas as pd
 import pytest
 from scipy import stats
 from synthetic_runs import write_run
+from system_packages import needs
 
 from attnid.cli import main
-from attnid.reports import appendix, interventions_table
+from attnid.reports import appendix, interventions_table, statistics
 
-SEEDS = range(5)
-BASELINE_SECONDS_PER_STEP = 0.1  # evaluations at steps 0, 20, 40: wall 0, 2 and 4 s
-
-
-def baseline_losses(seed: int) -> dict[int, float]:
-    return {0: 4.2, 20: 2.6 + 0.01 * seed, 40: 2.3 + 0.02 * seed}
+SEEDS = range(8)
+ALPHA, MARGIN = 0.05, 0.01
 
 
-# Per arm: its val loss at each evaluation (step -> loss) for a seed, and its seconds per step. The names are
-# not cases the registry knows: the table takes whatever case names the runs carry.
-NOISE = (0.011, -0.013, 0.008, -0.009, 0.003)
+def baseline_loss(seed: int) -> float:
+    return 2.3 + 0.02 * seed
+
+
+# Per arm: its final loss on the whole val split for a seed. The names are not cases the registry knows:
+# the table takes whatever case names the runs carry.
+NOISE = (0.011, -0.013, 0.008, -0.009, 0.003, -0.004, 0.012, -0.010)
 ARMS = {
-    "arm_lower": (lambda s: {k: v - 0.05 - 0.002 * s for k, v in baseline_losses(s).items()}, 0.1),
-    "arm_higher": (lambda s: {k: v + 0.04 + 0.003 * s for k, v in baseline_losses(s).items()}, 0.1),
-    # differences of both signs around 0; its best val loss is at step 20, not at the end
-    "arm_same": (lambda s: {0: 4.2, 20: 2.25 + 0.02 * s, 40: 2.3 + 0.02 * s + NOISE[s]}, 0.1),
-    # lower at the end but 1.5x slower: at the baseline's 4 s it has logged its step-20 evaluation (at 3 s;
-    # the step-30 row at 4.5 s has no val loss, and would be too late anyway)
-    "arm_slow": (lambda s: {0: 4.2, 20: 2.7 + 0.01 * s, 40: 2.27 + 0.02 * s}, 0.15),
+    "arm_lower": lambda s: baseline_loss(s) - 0.03 - 0.002 * s,  # lower on every seed
+    "arm_higher": lambda s: baseline_loss(s) + 0.04 + 0.003 * s,  # higher on every seed
+    "arm_same": lambda s: baseline_loss(s) + 0.05 * NOISE[s] / 10,  # +-0.0007 around 0
+    "arm_noisy": lambda s: baseline_loss(s) + 0.004 + 3 * NOISE[s],  # +-0.04 around 0.004
+}
+FAMILY = list(ARMS)
+EXPECTED = {
+    "arm_lower": "better",
+    "arm_higher": "worse",
+    "arm_same": "equivalent",
+    "arm_noisy": "inconclusive",
 }
 
 
@@ -45,33 +52,22 @@ def write_arm_run(
     root,
     case: str,
     seed: int,
-    evals: dict[int, float],
-    seconds_per_step: float,
+    value: float,
     *,
     status: str = "completed",
     steps: int = 40,
+    folder: str | None = None,
+    **config,
 ):
-    """A synthetic run (synthetic_runs.write_run) whose evaluations log exactly ``evals`` and whose wall clock
-    runs at ``seconds_per_step``; the rows between evaluations (steps 10, 30) log no val loss."""
+    """A synthetic run (synthetic_runs.write_run) whose final loss on the whole val split is ``value``; the
+    keys of ``config`` go into run.json's config (--initial-point, --arm, ...)."""
     run_dir = write_run(
-        root / case / f"seed{seed}",
-        case,
-        seed,
-        1e-3,
-        steps=steps,
-        log_every=10,
-        status=status,
-        dtype="float32",
+        root / (folder or case) / f"seed{seed}", case, seed, 1e-3, steps=steps, status=status, dtype="float32"
     )
-    metrics = pd.read_csv(run_dir / "metrics.csv")
-    metrics["val_loss"] = metrics["step"].map(evals)
-    metrics["wall_s"] = metrics["step"] * seconds_per_step
-    if status == "diverged":
-        metrics.loc[metrics.index[-1], "val_loss"] = np.nan
-    metrics.to_csv(run_dir / "metrics.csv", index=False)
     info = json.loads((run_dir / "run.json").read_text())
-    info["final_val_loss"] = None if status == "diverged" else evals[steps]
-    info["wall_time_s"] = steps * seconds_per_step
+    info["final_val_loss_full"] = None if status == "diverged" else value
+    info["max_iters"] = steps
+    info["config"].update(config)
     (run_dir / "run.json").write_text(json.dumps(info))
     return run_dir
 
@@ -79,115 +75,245 @@ def write_arm_run(
 @pytest.fixture()
 def intervention_runs(tmp_path):
     root = tmp_path / "runs"
-    for seed in [*SEEDS, 5]:  # the baseline's seed 5 has no arm run: it is simply not used
-        write_arm_run(root, "adamw", seed, baseline_losses(seed), BASELINE_SECONDS_PER_STEP)
-    for arm, (losses, seconds) in ARMS.items():
+    for seed in [*SEEDS, 9]:  # the baseline's seed 9 has no arm run: it is simply not used
+        write_arm_run(root, "adamw", seed, baseline_loss(seed))
+    for arm, loss in ARMS.items():
         for seed in SEEDS:
-            write_arm_run(root, arm, seed, losses(seed), seconds)
+            write_arm_run(root, arm, seed, loss(seed))
     return root
 
 
-def expected_differences(arm: str, metric: str) -> np.ndarray:
-    """The per-seed differences arm - baseline, worked out from the losses the runs were written with."""
-    losses, seconds = ARMS[arm]
-    out = []
-    for seed in SEEDS:
-        mine, base = losses(seed), baseline_losses(seed)
-        if metric == "final_val_loss":
-            out.append(mine[40] - base[40])
-        elif metric == "best_val_loss":
-            out.append(min(mine.values()) - min(base.values()))
-        else:  # the shorter run's last evaluation sets the time; each run's last evaluation by then
-            wall = min(40 * seconds, 40 * BASELINE_SECONDS_PER_STEP)
-            arm_step = max(step for step in mine if step * seconds <= wall)
-            base_step = max(step for step in base if step * BASELINE_SECONDS_PER_STEP <= wall)
-            out.append(mine[arm_step] - base[base_step])
-    return np.array(out)
+def rule_flags(family=FAMILY) -> list[str]:
+    return ["--alpha", str(ALPHA), "--equivalence-margin", str(MARGIN), "--family", *family]
+
+
+def table_command(runs_root, out, *flags) -> list[str]:
+    return ["interventions-table", "--runs-dir", str(runs_root), "--out-dir", str(out), *flags]
 
 
 def enumerated_sign_flip_p(values: np.ndarray) -> float:
     observed = abs(values.sum())
     signs = itertools.product((1, -1), repeat=len(values))
-    return float(np.mean([abs(np.dot(sign, values)) >= observed - 1e-12 for sign in signs]))
+    return float(np.mean([abs(np.dot(sign, values)) >= observed * (1 - 1e-12) for sign in signs]))
+
+
+def holm_by_hand(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's adjusted p as defined: the i-th smallest times (m - i + 1), running maximum, at most 1."""
+    ordered = sorted(p_values, key=p_values.get)
+    adjusted, running = {}, 0.0
+    for i, name in enumerate(ordered):
+        running = max(running, (len(ordered) - i) * p_values[name])
+        adjusted[name] = min(1.0, running)
+    return adjusted
 
 
 def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, capsys):
     out = tmp_path / "tables"
-    assert main(["interventions-table", "--runs-dir", str(intervention_runs), "--out-dir", str(out)]) == 0
+    assert main(table_command(intervention_runs, out, *rule_flags())) == 0
     table = pd.read_csv(out / "interventions.csv")
-    assert list(table.columns) == [
-        "arm",
-        "baseline",
-        "n_seeds",
-        "metric",
-        "delta_mean",
-        "ci_low",
-        "ci_high",
-        "p_value",
-        "verdict",
-    ]
-    assert set(table["arm"]) == set(ARMS) and set(table["baseline"]) == {"adamw"}
-    assert len(table) == len(ARMS) * 3
+    assert tuple(table.columns) == interventions_table.INTERVENTION_COLUMNS
+    assert table["arm"].tolist() == sorted(ARMS) and set(table["baseline"]) == {
+        "adamw"
+    }  # unknown cases: by name
+    assert (table["metric"] == "final_val_loss_full").all()  # one metric: no best-loss or wall-time rows
+    p_values, differences = {}, {}
     for row in table.itertuples():
-        differences = expected_differences(row.arm, row.metric)
-        ci = stats.bootstrap(
-            (differences,), np.mean, n_resamples=9_999, method="percentile", random_state=0
-        ).confidence_interval
-        assert row.n_seeds == len(SEEDS)
-        assert row.delta_mean == pytest.approx(differences.mean(), abs=1e-12)
-        assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-12)
-        assert row.p_value == pytest.approx(enumerated_sign_flip_p(differences))
-        expected = "better" if ci.high < 0 else "worse" if ci.low > 0 else "no detectable difference"
-        assert row.verdict == expected, (row.arm, row.metric)
-    verdicts = table.set_index(["arm", "metric"])["verdict"]
-    assert verdicts[("arm_lower", "final_val_loss")] == "better"
-    assert verdicts[("arm_higher", "final_val_loss")] == "worse"
-    assert verdicts[("arm_same", "final_val_loss")] == "no detectable difference"
-    assert verdicts[("arm_same", "best_val_loss")] == "better"  # its best is the step-20 evaluation
-    # faster per step matters: lower at the end, worse at the baseline's wall time
-    assert verdicts[("arm_slow", "final_val_loss")] == "better"
-    assert verdicts[("arm_slow", "val_loss_at_equal_wall_time")] == "worse"
-    # one sign on all five seeds: the smallest p five seeds can give
-    p_values = table.set_index(["arm", "metric"])["p_value"]
-    assert p_values[("arm_lower", "final_val_loss")] == pytest.approx(2 / 2**5)
+        differences[row.arm] = np.array([ARMS[row.arm](s) - baseline_loss(s) for s in SEEDS])
+        d = differences[row.arm]
+        ci = stats.ttest_1samp(d, 0.0).confidence_interval(1 - ALPHA)
+        tost = stats.ttest_1samp(d, 0.0).confidence_interval(1 - 2 * ALPHA)
+        assert row.n_seeds == len(SEEDS) and row.min_seeds == 8  # 4 comparisons: 4 * 2 / 2^8 < 0.05
+        assert row.delta_mean == pytest.approx(d.mean(), abs=1e-12)
+        assert row.sd == pytest.approx(d.std(ddof=1), rel=1e-9)
+        assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-9)
+        assert (row.tost_low, row.tost_high) == pytest.approx((tost.low, tost.high), abs=1e-9)
+        assert math.isnan(row.boot_ci_low)  # 8 < 20 seeds: no bootstrap interval
+        assert row.p_value == pytest.approx(enumerated_sign_flip_p(d))
+        assert row.in_family and row.alpha == ALPHA and row.equivalence_margin == MARGIN
+        assert math.isnan(row.cost_ratio)  # no costs given
+        p_values[row.arm] = row.p_value
+    holm = holm_by_hand(p_values)
+    for row in table.itertuples():
+        assert row.p_holm == pytest.approx(holm[row.arm])
+        assert row.verdict == EXPECTED[row.arm], row.arm
+        power = statistics.t_test_power(row.detectable_effect / row.sd, row.n_seeds, ALPHA / len(FAMILY))
+        assert power == pytest.approx(0.8, abs=1e-6)
+    # one sign on all eight seeds: the smallest p eight seeds can give, times 4 after Holm
+    lower = table.set_index("arm").loc["arm_lower"]
+    assert lower.p_value == pytest.approx(2 / 2**8) and lower.p_holm == pytest.approx(4 * 2 / 2**8)
     printed = capsys.readouterr().out
-    assert "arm_higher - adamw, final_val_loss: mean +0.046" in printed and ": worse" in printed
+    assert "arm_higher: mean +0.0505, 95% t-CI" in printed and ": worse" in printed
+
+    seeds = pd.read_csv(out / "interventions_seeds.csv")
+    assert tuple(seeds.columns) == interventions_table.SEED_COLUMNS
+    assert len(seeds) == len(ARMS) * len(SEEDS)  # one row per comparison and seed
+    for row in seeds.itertuples():
+        assert row.difference == pytest.approx(ARMS[row.arm](row.seed) - baseline_loss(row.seed))
+        assert row.difference == pytest.approx(row.arm_value - row.baseline_value)
 
     tex = (out / "interventions.tex").read_text()
-    assert r"\label{tab:interventions}" in tex and r"\texttt{arm\_slow} against \texttt{adamw}" in tex
-    assert tex.count("no detectable difference") >= 2  # the caption and arm_same's row
-    assert r"\num{0.0625} at $n = 5$" in tex and "& 0.0625 & better" in tex
+    assert r"\label{tab:interventions}" in tex and r"\texttt{arm\_noisy}" in tex
+    assert "family of 4 declared comparisons" in tex and "no verdict below $n = 8$" in tex
+    assert r"inside $\pm\num{0.01}$" in tex and "& inconclusive" in tex and "& equivalent" in tex
 
 
-def test_equal_wall_time_reads_the_last_evaluation_by_then():
-    evals = interventions_table.eval_rows(
-        pd.DataFrame(
-            {
-                "step": [0, 10, 20, 30, 40],
-                "wall_s": [0.0, 1.5, 3.0, 4.5, 6.0],
-                "val_loss": [4.0, np.nan, 3.0, np.nan, 2.0],
-            }
+def test_the_table_is_recomputed_from_the_seeds_table_alone(intervention_runs, tmp_path):
+    """interventions_seeds.csv holds everything a verdict needs: a reader recomputes interventions.csv
+    from it and the rule (alpha, margin, family), digit for digit."""
+    out = tmp_path / "tables"
+    assert main(table_command(intervention_runs, out, *rule_flags(["arm_lower", "arm_same"]))) == 0
+    kept = pd.read_csv(out / "interventions.csv")
+    again = interventions_table.comparisons_table(
+        pd.read_csv(out / "interventions_seeds.csv"), ALPHA, MARGIN, ["arm_lower", "arm_same"]
+    )
+    pd.testing.assert_frame_equal(again, kept, check_dtype=False, rtol=1e-12, atol=0)
+    # outside the declared family: the numbers, no Holm p, no verdict
+    outside = kept[~kept["in_family"]]
+    assert set(outside["arm"]) == {"arm_higher", "arm_noisy"}
+    assert outside["p_holm"].isna().all() and (outside["verdict"] == statistics.NOT_IN_FAMILY).all()
+    assert (kept["min_seeds"] == statistics.minimum_seeds(ALPHA, 2)).all()
+
+
+def test_smoke_seeds_give_no_verdict(tmp_path, capsys):
+    """Two seeds (the smoke config): below the rule's minimum, every row says n too small, however clear the
+    difference; the power row says nothing is detectable."""
+    root = tmp_path / "runs"
+    for seed in (0, 1):
+        write_arm_run(root, "adamw", seed, baseline_loss(seed))
+        write_arm_run(root, "arm_lower", seed, baseline_loss(seed) - 0.5)
+    out = tmp_path / "tables"
+    assert main(table_command(root, out, "--equivalence-margin", "0.01")) == 0
+    row = pd.read_csv(out / "interventions.csv").iloc[0]
+    assert row.verdict == statistics.N_TOO_SMALL and row.min_seeds == 6 and row.n_seeds == 2
+    assert row.p_value == pytest.approx(0.5) and math.isinf(row.detectable_effect)
+    assert r"{none} &" in (out / "interventions.tex").read_text()  # an S column's text cell
+
+
+def test_the_two_by_two_interaction_per_seed(tmp_path):
+    """adamw, the gauge arm, its blocks fixed at their initial values and adamw from the gauge point, told
+    apart by run.json's options: their interaction per seed is (gauge - from gauge point) - (at init -
+    adamw)."""
+    root = tmp_path / "runs"
+    loss = {
+        "adamw": lambda s: 2.0 + 0.01 * s,
+        "adamw_gauge_fixed": lambda s: 1.97 + 0.01 * s,
+        "adamw_from_gauge_point": lambda s: 1.975 + 0.012 * s,
+        "adamw_gauge_fixed_at_init": lambda s: 2.001 + 0.01 * s,
+    }
+    options = {
+        "adamw": ("adamw", {}),
+        "adamw_gauge_fixed": ("adamw_gauge_fixed", {"initial_point": "gauge"}),
+        "adamw_from_gauge_point": ("adamw", {"initial_point": "gauge"}),
+        "adamw_gauge_fixed_at_init": ("adamw_gauge_fixed", {"initial_point": "init"}),
+    }
+    for seed in SEEDS:
+        for arm, (case, config) in options.items():
+            write_arm_run(root, case, seed, loss[arm](seed), folder=arm, **config)
+    by_arm = interventions_table.load_runs_by_arm(root)
+    assert list(by_arm) == [
+        "adamw",
+        "adamw_from_gauge_point",
+        "adamw_gauge_fixed",
+        "adamw_gauge_fixed_at_init",
+    ]
+    seeds, notes = interventions_table.paired_seed_table(by_arm)
+    assert not notes
+    interaction = seeds[seeds["comparison"] == interventions_table.INTERACTION]
+    assert interaction["seed"].tolist() == list(SEEDS)
+    for row in interaction.itertuples():
+        frozen_at_gauge = loss["adamw_gauge_fixed"](row.seed) - loss["adamw_from_gauge_point"](row.seed)
+        frozen_at_init = loss["adamw_gauge_fixed_at_init"](row.seed) - loss["adamw"](row.seed)
+        assert row.arm_value == pytest.approx(frozen_at_gauge) and row.baseline_value == pytest.approx(
+            frozen_at_init
         )
+        assert row.difference == pytest.approx(frozen_at_gauge - frozen_at_init)
+    table = interventions_table.comparisons_table(seeds, ALPHA, MARGIN)
+    row = table.set_index("comparison").loc[interventions_table.INTERACTION]
+    assert (
+        row.arm == "adamw_gauge_fixed-adamw_from_gauge_point"
+        and row.baseline == "adamw_gauge_fixed_at_init-adamw"
     )
-    assert evals["step"].tolist() == [0, 20, 40]  # the rows between evaluations log no val loss
-    assert interventions_table.val_loss_reached_by(evals, 4.4) == 3.0
-    assert interventions_table.val_loss_reached_by(evals, 6.0) == 2.0
-    assert interventions_table.val_loss_reached_by(evals, 2.99) == 4.0
-    assert math.isnan(interventions_table.val_loss_reached_by(evals, -1.0))
-    shorter = interventions_table.eval_rows(
-        pd.DataFrame({"step": [0, 20], "wall_s": [0.0, 4.0], "val_loss": [4.1, 2.9]})
-    )
-    assert interventions_table.equal_wall_time_losses(evals, shorter) == (3.0, 2.9)
-    assert interventions_table.equal_wall_time_losses(shorter, evals) == (2.9, 3.0)
+    assert row.delta_mean == pytest.approx(np.mean([-0.005 - 0.002 * s - 0.001 for s in SEEDS]))
+    assert row.p_value == pytest.approx(2 / 2**8)  # negative on every seed
+    assert len(table) == 4  # three arms against adamw, and the interaction
+    tex = interventions_table.render_interventions_table(table)
+    assert r"interaction: starting point $\times$ frozen" in tex
+
+
+def test_an_lr_arm_is_named_apart_or_refused(tmp_path, capsys):
+    """adamw at another lr is adamw's case with another setting: two runs of one seed that the table cannot
+    tell apart are a one-line error; named with attnid train --arm, they are an arm."""
+    root = tmp_path / "runs"
+    for seed in SEEDS:
+        write_arm_run(root, "adamw", seed, baseline_loss(seed))
+        write_arm_run(root, "adamw", seed, baseline_loss(seed) - 0.01, folder="adamw_lr2x")
+    assert main(table_command(root, tmp_path / "out")) == 2
+    error = capsys.readouterr().err.strip()
+    assert "two runs of arm adamw with seed 0" in error and "attnid train --arm" in error
+    for seed in SEEDS:
+        write_arm_run(root, "adamw", seed, baseline_loss(seed) - 0.01, folder="adamw_lr2x", arm="adamw_lr2x")
+    assert main(table_command(root, tmp_path / "out", *rule_flags(["adamw_lr2x"]))) == 0
+    row = pd.read_csv(tmp_path / "out" / "interventions.csv").iloc[0]
+    assert row.arm == "adamw_lr2x" and row.verdict == "better"
+
+
+def test_the_cost_ratio_comes_from_the_kept_benchmark(intervention_runs, tmp_path, capsys):
+    costs = tmp_path / "arms_cost.csv"
+    pd.DataFrame(
+        {
+            "arm": ["adamw", "arm_lower", "arm_higher"],
+            "ms_per_step": [70.0, 77.0, 63.0],
+            "ratio_to_adamw": [1.0, 1.1, 0.9],
+            "platform": "Linux",
+            "cpu": "Some CPU",
+            "torch": "2.1",
+            "date": "2026-01-02",
+        }
+    ).to_csv(costs, index=False)
+    out = tmp_path / "tables"
+    assert main(table_command(intervention_runs, out, *rule_flags(), "--arm-costs", str(costs))) == 0
+    table = pd.read_csv(out / "interventions.csv").set_index("arm")
+    assert table.loc["arm_lower", "cost_ratio"] == pytest.approx(1.1)
+    assert table.loc["arm_higher", "cost_ratio"] == pytest.approx(0.9)
+    assert math.isnan(table.loc["arm_same", "cost_ratio"])  # not measured
+    assert r"arms\_cost.csv: Some CPU, torch 2.1, 2026-01-02" in (out / "interventions.tex").read_text()
+    assert "note: cost ratios from arms_cost.csv: Some CPU" in capsys.readouterr().out
+    kept = interventions_table.ArmCosts({"adamw": 1.0, "a": 1.2, "b": 0.96}, "")
+    assert kept.of("a", "b") == pytest.approx(1.25) and math.isnan(kept.of("a", "c"))
+
+
+def test_the_cost_benchmark_writes_what_the_table_reads(tmp_path):
+    """benchmarks/arms_cost.py's table (its timing is a benchmark, never a test): medians of per-round ratios
+    to adamw, the machine and date on every row, read back by the table; its arms carry the table's names
+    (those of attnid train's options; the lr arm is named with --arm)."""
+    import importlib.util
+
+    from pipeline_helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("arms_cost", REPO / "benchmarks" / "arms_cost.py")
+    assert spec is not None and spec.loader is not None
+    arms_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arms_cost)
+    for arm, (case, extra) in arms_cost.ARMS.items():
+        named = interventions_table.arm_name(case, extra)
+        assert named == arm or (arm == "adamw_lr2x" and extra == {"lr": 2 * arms_cost.ADAMW_LR}), arm
+    seconds = {"adamw": [2.0, 2.2, 2.0], "adamw_gauge_fixed": [2.2, 2.2, 2.4], "adamw_lr2x": [2.1, 2.31, 2.0]}
+    machine = {"platform": "Linux-x", "cpu": "Some CPU", "torch": "2.1", "date": "2026-01-02"}
+    table = arms_cost.cost_table(seconds, 40, machine)
+    assert table.set_index("arm").loc["adamw_gauge_fixed", "ratio_to_adamw"] == pytest.approx(1.1)
+    assert table.set_index("arm").loc["adamw_gauge_fixed", "ms_per_step"] == pytest.approx(55.0)
+    table.to_csv(tmp_path / "arms_cost.csv", index=False)
+    costs = interventions_table.read_arm_costs(tmp_path / "arms_cost.csv")
+    assert costs.ratio["adamw"] == 1.0 and costs.ratio["adamw_lr2x"] == pytest.approx(1.05)
+    assert costs.source == "arms_cost.csv: Some CPU, torch 2.1, 2026-01-02"
 
 
 def test_a_seed_without_a_baseline_run_is_a_one_line_error(intervention_runs, tmp_path, capsys):
-    write_arm_run(intervention_runs, "arm_lower", 7, baseline_losses(7), 0.1)
-    command = ["interventions-table", "--runs-dir", str(intervention_runs), "--out-dir", str(tmp_path)]
-    assert main(command) == 2
+    write_arm_run(intervention_runs, "arm_lower", 11, 2.0)
+    assert main(table_command(intervention_runs, tmp_path)) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [
-        "attnid interventions-table: error: arm arm_lower: seed(s) 7 have no adamw run to pair "
+        "attnid interventions-table: error: arm arm_lower: seed(s) 11 have no adamw run to pair "
         "with; pass the adamw runs of the same seeds (or leave those arm_lower runs out)"
     ]
     assert not (tmp_path / "interventions.csv").exists()
@@ -196,54 +322,63 @@ def test_a_seed_without_a_baseline_run_is_a_one_line_error(intervention_runs, tm
 @pytest.mark.parametrize(
     "mistake, message",
     [
-        ("twice", "two runs of case arm_lower with seed 0"),
+        ("twice", "two runs of arm arm_lower with seed 0"),
         ("longer", "arm arm_lower seed 0 trains 60 steps, adamw seed 0 40"),
         ("no baseline", "no adamw runs among the runs given"),
         ("only baseline", "only adamw runs given: nothing to compare"),
+        ("family", "the family names arm_elsewhere, not among the runs' comparisons"),
+        ("family twice", "the family names arm_lower twice"),
+        ("no full loss", "has no final_val_loss_full"),
     ],
 )
 def test_other_selection_mistakes_are_one_line_errors(intervention_runs, tmp_path, capsys, mistake, message):
     runs = sorted(str(path.parent) for path in intervention_runs.rglob("run.json"))
+    flags = []
     if mistake == "twice":
-        runs.append(str(write_arm_run(tmp_path / "copy", "arm_lower", 0, baseline_losses(0), 0.1)))
+        runs.append(str(write_arm_run(tmp_path / "copy", "arm_lower", 0, 2.0)))
     elif mistake == "longer":
         runs = [r for r in runs if not r.endswith("arm_lower/seed0")]
-        runs.append(
-            str(
-                write_arm_run(
-                    tmp_path / "long", "arm_lower", 0, baseline_losses(0) | {60: 2.2}, 0.1, steps=60
-                )
-            )
-        )
+        runs.append(str(write_arm_run(tmp_path / "long", "arm_lower", 0, 2.0, steps=60)))
     elif mistake == "no baseline":
         runs = [r for r in runs if "/adamw/" not in r]
-    else:
+    elif mistake == "only baseline":
         runs = [r for r in runs if "/adamw/" in r]
-    assert main(["interventions-table", "--runs", *runs, "--out-dir", str(tmp_path / "out")]) == 2
+    elif mistake == "family":
+        flags = ["--family", "arm_lower", "arm_elsewhere"]
+    elif mistake == "family twice":
+        flags = ["--family", "arm_lower", "arm_same", "arm_lower"]
+    else:  # a run from before the whole-split evaluation
+        run_json = intervention_runs / "arm_same" / "seed3" / "run.json"
+        info = json.loads(run_json.read_text())
+        del info["final_val_loss_full"]
+        run_json.write_text(json.dumps(info))
+    command = ["interventions-table", "--runs", *runs, "--out-dir", str(tmp_path / "out"), *flags]
+    assert main(command) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and message in errors[0], errors
 
 
 def test_a_diverged_run_leaves_its_pair_out_and_says_so(intervention_runs, tmp_path, capsys):
-    losses, seconds = ARMS["arm_lower"]
-    write_arm_run(intervention_runs, "arm_lower", 2, losses(2), seconds, status="diverged")
-    for seed in (0, 1, 2, 3):  # arm_higher: only seed 4 left, too few for a CI
-        write_arm_run(
-            intervention_runs, "arm_higher", seed, ARMS["arm_higher"][0](seed), 0.1, status="diverged"
-        )
+    write_arm_run(intervention_runs, "arm_lower", 2, 0.0, status="diverged")
+    for seed in SEEDS[:-1]:  # arm_higher: only seed 7 left, too few for anything
+        write_arm_run(intervention_runs, "arm_higher", seed, 0.0, status="diverged")
     out = tmp_path / "tables"
-    assert main(["interventions-table", "--runs-dir", str(intervention_runs), "--out-dir", str(out)]) == 0
-    table = pd.read_csv(out / "interventions.csv").set_index(["arm", "metric"])
-    lower = table.loc[("arm_lower", "final_val_loss")]
-    kept = np.delete(expected_differences("arm_lower", "final_val_loss"), 2)
-    assert lower.n_seeds == 4 and lower.delta_mean == pytest.approx(kept.mean())
-    assert lower.p_value == pytest.approx(2 / 2**4)
-    higher = table.loc[("arm_higher", "best_val_loss")]
-    assert higher.n_seeds == 1 and higher.verdict == interventions_table.TOO_FEW_SEEDS
-    assert math.isnan(higher.ci_low) and math.isnan(higher.p_value)
+    assert main(table_command(intervention_runs, out, *rule_flags())) == 0
+    table = pd.read_csv(out / "interventions.csv").set_index("arm")
+    lower = table.loc["arm_lower"]
+    kept = np.array([ARMS["arm_lower"](s) - baseline_loss(s) for s in SEEDS if s != 2])
+    assert lower.n_seeds == 7 and lower.delta_mean == pytest.approx(kept.mean())
+    assert lower.p_value == pytest.approx(2 / 2**7) and lower.verdict == statistics.N_TOO_SMALL  # 7 < 8
+    higher = table.loc["arm_higher"]
+    assert higher.n_seeds == 1 and higher.verdict == statistics.N_TOO_SMALL
+    assert math.isnan(higher.ci_low) and math.isnan(higher.p_value) and math.isnan(higher.p_holm)
+    # a member without a p-value enters Holm as 1: the others' adjustment still counts four comparisons
+    assert table.loc["arm_same", "p_holm"] >= table.loc["arm_same", "p_value"]
+    seeds = pd.read_csv(out / "interventions_seeds.csv")
+    assert seeds["difference"].isna().sum() == 1 + 7  # the pairs stay in the seeds table, without a value
     printed = capsys.readouterr().out
-    assert "note: arm_lower vs adamw, final_val_loss: seed 2 left out (arm_lower diverged)" in printed
-    assert printed.count("note: arm_higher vs adamw") == 4 * 3  # four seeds, three metrics
+    assert "note: arm_lower: seed 2 left out (arm_lower diverged)" in printed
+    assert printed.count("note: arm_higher: seed") == 7
 
 
 def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(intervention_runs, tmp_path):
@@ -263,20 +398,28 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_the_table_fits_the_page(tmp_path, repo_root):
-    """The widest rows the table gets (long arm names, differences in scientific notation) compile with no
-    box more than 5 pt too wide."""
+    """The widest rows the table gets (long arm names, another baseline, the interaction, differences in
+    scientific notation) compile with no box more than 5 pt too wide."""
     from test_studies import _theory
 
     root = tmp_path / "runs"
+    arms = {
+        "adamw_gauge_fixed": ("adamw_gauge_fixed", {}),
+        "adamw_gauge_fixed_at_init": ("adamw_gauge_fixed", {"initial_point": "init"}),
+        "adamw_from_gauge_point": ("adamw", {"initial_point": "gauge"}),
+        "adamw_rebalance": ("adamw_rebalance", {}),
+        "adamw_rebalance_transport": ("adamw_rebalance", {"rebalance_moments": "transport"}),
+    }
     for seed in SEEDS:
-        write_arm_run(root, "adamw", seed, baseline_losses(seed), 0.1)
-        for arm, shift in (("adamw_gauge_fixed", -1.234e-4), ("adamw_rebalance_transport", 3.21e-3)):
-            losses = {k: v + shift * (1 + seed) for k, v in baseline_losses(seed).items()}
-            write_arm_run(root, arm, seed, losses, 0.1 + 0.01 * seed)
+        write_arm_run(root, "adamw", seed, baseline_loss(seed))
+        for i, (arm, (case, config)) in enumerate(arms.items()):
+            write_arm_run(
+                root, case, seed, baseline_loss(seed) + 1.234e-4 * (i - 2) * (1 + seed), folder=arm, **config
+            )
     tables, paper = tmp_path / "tables", tmp_path / "paper"
-    interventions_table.write_interventions_table(root, tables)
+    interventions_table.write_interventions_table(root, tables, equivalence_margin=0.01)
     paper.mkdir()
     shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
     (paper / "appendix.tex").write_text(

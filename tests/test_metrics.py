@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -214,10 +215,43 @@ def test_inspect_reports_per_layer_mu_imbalance_and_counts(tmp_path, capsys):
         )
     assert report["total"]["mu_qk"] == pytest.approx(expected["mu_qk"], rel=1e-12)
 
-    assert main(["inspect", str(path)]) == 0
-    table = capsys.readouterr().out
-    assert "mu_qk" in table and len(table.strip().splitlines()) == 2 + 2 + 1
     assert inspect_model(model)["total"]["identified_fraction"] == pytest.approx(1 - 240 / 1248)
+
+
+def test_inspect_table_has_a_labelled_total_row_and_a_legend(tmp_path, capsys):
+    """The total row is labelled and each of its numbers sits under its own header (the whole model's 240
+    unidentified parameters under ``unid``, its biases' under ``unid bias``); every header is explained."""
+    model = tiny_gpt(torch.float32)
+    path = tmp_path / "ckpt.pt"
+    save_nanogpt_checkpoint(model, path)
+    assert main(["inspect", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert main(["inspect", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1]
+    # headers are right-aligned over their column: cut each row at the header's column ends
+    ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", header)]
+    names = [m.group() for m in re.finditer(r"\S+(?: \S+)*", header)]
+
+    def row(line: str) -> dict[str, str]:
+        starts = [0] + ends[:-1]
+        return {name: line[a:b].strip() for name, a, b in zip(names, starts, ends)}
+
+    layers = [row(line) for line in lines[2:4]]
+    total = row(lines[4])
+    assert [r["layer"] for r in layers] == ["0", "1"] and total["layer"] == "total"
+    assert total["unid"] == "240" and total["attn params"] == "1248"
+    bias = sum(layer["unidentified_bias"] for layer in report["layers"])
+    assert total["unid bias"] == str(bias) and 0 < bias < 240
+    assert total["unid qk"] == str(sum(layer["unidentified_qk"] for layer in report["layers"]))
+    assert total["mu_qk"] == f"{report['total']['mu_qk']:.4g}"
+    assert total["dim = closed form"] == "yes" and all(r["dim = closed form"] == "yes" for r in layers)
+    explained = {  # "  mu_qk, mu_ov  what they are" -> mu_qk, mu_ov
+        name.strip()
+        for entry in lines[lines.index("columns:") + 1 :]
+        for name in entry.strip().split("  ")[0].split(",")
+    }
+    assert set(names[2:]) | {"total"} <= explained  # layer and heads explain themselves
 
 
 @pytest.mark.parametrize("content", [None, b"not a checkpoint", "dict"])

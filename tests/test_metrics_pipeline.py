@@ -184,8 +184,9 @@ def test_tau_every_probes_every_nth_row_and_changes_nothing_else(prepared_data_d
     probed = third.tau.notna().to_numpy()
     assert probed.tolist() == [index % 3 == 0 for index in range(len(third))]  # row 0 included
     assert every.tau.notna().all()
-    # tau (and skipped_pairs) on the probed rows are the every-row run's; the training is the same
-    probe_columns = ["tau", "tau_logits", "skipped_pairs"]
+    # tau (and skipped_pairs, the move's size) on the probed rows are the every-row run's; the training is
+    # the same
+    probe_columns = ["tau", "tau_logits", "skipped_pairs", "move_qk", "move_ov"]
     assert_same_rows(
         third[probed][probe_columns].reset_index(drop=True),
         every[probed][probe_columns].reset_index(drop=True),

@@ -18,13 +18,15 @@ from pipeline_helpers import (
     REPO,
     copy_pipeline,
     expected_outputs,
-    lr_label,
     run_smoke_dag,
     run_snakemake,
     shared_smoke_run,
     smoke_config,
     stderr_lines,
+    train_jobs,
 )
+
+from attnid.plan.runs import lr_label
 
 SMOKE = smoke_config()["results_dir"]
 
@@ -62,6 +64,18 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     assert "tab:experiment-cases" in appendix and "fig4" in appendix
     assert "tab:study-heads" in appendix and "tab:study-variants" in appendix and "fig5" in appendix
     assert "tab:interventions" in appendix and "fig6" in appendix
+
+
+@pytest.mark.slow
+def test_smoke_build_makes_the_appendix_pdf_where_latexmk_is_installed(smoke_dir):
+    """config/smoke.yaml's paper_pdf: auto, as the README says: the PDF where latexmk exists, else none."""
+    assert smoke_config()["paper_pdf"] == "auto"
+    pdf = smoke_dir / SMOKE / "paper" / "main.pdf"
+    if shutil.which("latexmk") is None:
+        assert not pdf.exists()
+    else:
+        assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 50_000
+        assert not list(pdf.parent.glob(".latexmk-*")), "scratch build folder left behind"
 
 
 @pytest.mark.slow
@@ -121,6 +135,30 @@ def test_second_run_has_nothing_to_do(smoke_dir, shakespeare_url):
     assert "Nothing to be done" in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
 
 
+@pytest.mark.slow
+def test_a_changed_setting_reruns_exactly_the_runs_it_changes(smoke_dir, shakespeare_url, tmp_path):
+    """A built smoke DAG (a copy, times kept) with one case's weight decay changed: the plan rewrites that
+    case's spec files only, and Snakemake plans only those training jobs (and the gathers after them)."""
+    workdir = tmp_path / "built"
+    shutil.copytree(smoke_dir, workdir, symlinks=True)
+    proc = run_smoke_dag(workdir, shakespeare_url, "-n", config={"cases": {"sgd_wd": {"weight_decay": 0.2}}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = job_counts(proc.stdout)
+    training = {rule: n for rule, n in counts.items() if rule.startswith("train_")}
+    assert training == {"train_case": len(smoke_config()["seeds"])}, counts
+    reruns = re.findall(r"output: (\S+)/metrics.csv", proc.stdout)
+    assert sorted(reruns) == [f"{SMOKE}/runs/sgd_wd/seed{seed}" for seed in smoke_config()["seeds"]]
+    assert f"reason: Updated input files: {SMOKE}/specs/runs/sgd_wd/seed0.yaml" in proc.stdout
+    # changed back (never built in between): those runs were trained with these settings, nothing to do
+    proc = run_smoke_dag(workdir, shakespeare_url, "-n")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    # so is a deleted specs/ folder: rewritten, dated before the runs that trained them
+    shutil.rmtree(workdir / SMOKE / "specs")
+    proc = run_smoke_dag(workdir, shakespeare_url, "-n")
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
 @pytest.mark.parametrize(
     "setting, where",
     [
@@ -164,7 +202,7 @@ def test_configfile_replaces_the_default_and_sweeps_need_their_case(tmp_path):
 def test_paper_config_plans_the_expected_jobs(tmp_path):
     copy_pipeline(tmp_path)
     paper = yaml.safe_load((REPO / "config/paper.yaml").read_text())
-    proc = run_snakemake(tmp_path, "-n", configfile="config/paper.yaml")
+    proc = run_snakemake(tmp_path, "-n", "-p", configfile="config/paper.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = job_counts(proc.stdout)
     n_sweep = sum(len(s["lrs"]) * len(s["seeds"]) for s in paper["sweep"].values())
@@ -173,10 +211,11 @@ def test_paper_config_plans_the_expected_jobs(tmp_path):
     for rule in ("fetch_data", "prepare_data", "counts", "verify", "tables", "figures", "appendix", "all"):
         assert counts[rule] == 1, counts
     # CUDA jobs ask for a GPU; every training job has its own log and benchmark
-    train_jobs = re.findall(r"rule train_case:.*?(?=\n\n|\Z)", proc.stdout, re.S)
-    assert train_jobs and all("gpu=1" in job for job in train_jobs)
-    assert all(f"benchmark: {paper['results_dir']}/benchmarks/runs/" in job for job in train_jobs)
-    assert "--device cuda" in proc.stdout or "--n-layer 6" in proc.stdout or train_jobs
+    case_jobs = re.findall(r"rule train_case:.*?(?=\n\n|\Z)", proc.stdout, re.S)
+    assert case_jobs and all("gpu=1" in job for job in case_jobs)
+    assert all(f"benchmark: {paper['results_dir']}/benchmarks/runs/" in job for job in case_jobs)
+    jobs = train_jobs(tmp_path, proc.stdout)
+    assert jobs and all(job["device"] == "cuda" and job["n_layer"] == 6 for job in jobs.values())
 
 
 def test_default_config_is_valid_and_plans_all_cases(tmp_path):
@@ -187,9 +226,11 @@ def test_default_config_is_valid_and_plans_all_cases(tmp_path):
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert set(default["cases"]) == {"sgd", "sgd_wd", "sgd_momentum", "adamw", "adamw_rebalance"}
     assert counts["train_case"] == 5 * len(default["seeds"])
-    # the shell command carries the case's own settings and one thread per job
-    assert re.search(r"attnid train .*--case adamw_rebalance .*--rebalance-every 200", proc.stdout)
-    assert re.search(r"attnid train .*--case sgd .*--threads 1", proc.stdout)
+    # each job trains with its case's own settings (its spec file) and one thread
+    jobs = train_jobs(tmp_path, proc.stdout)
+    assert jobs["results/default/runs/adamw_rebalance/seed0"]["rebalance_every"] == 200
+    assert jobs["results/default/runs/sgd/seed0"]["case"] == "sgd"
+    assert {job["threads"] for job in jobs.values()} == {"1"}
     assert "gpu=" not in proc.stdout  # CPU config asks for no GPU
 
 
@@ -206,18 +247,18 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
             "cases": "{sgd: {lr: 0.1}, adamw: {lr: 1e-3}}",
             "paper_pdf": "true",
             "seeds": "[0]",
-            "training": "{max_iters: 7}",
+            "training": "{max_iters: 7, warmup_iters: 1}",  # a run attnid train accepts
         },
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert job_counts(proc.stdout)["train_case"] == len(default["cases"])  # every case, one seed
-    run = re.search(r"attnid train [^\n]*--case sgd [^\n]*--out results/default/runs/sgd/seed0", proc.stdout)
-    assert run, proc.stdout[-3000:]
-    flags = run.group(0)
-    assert "--lr 0.1 " in flags and f"--weight-decay {default['cases']['sgd']['weight_decay']} " in flags
-    assert "--max-iters 7 " in flags and f"--log-every {default['training']['log_every']} " in flags
-    assert re.search(r"attnid train [^\n]*--case adamw [^\n]*--lr 0.001 ", proc.stdout)
+    jobs = train_jobs(tmp_path, proc.stdout)
+    sgd = jobs["results/default/runs/sgd/seed0"]
+    assert sgd["case"] == "sgd" and sgd["lr"] == 0.1
+    assert sgd["weight_decay"] == default["cases"]["sgd"]["weight_decay"]
+    assert sgd["max_iters"] == 7 and sgd["log_every"] == default["training"]["log_every"]
+    assert jobs["results/default/runs/adamw/seed0"]["lr"] == 0.001
     assert "results/default/paper/main.pdf" in proc.stdout  # paper_pdf=true asks for the PDF
 
 
@@ -262,6 +303,7 @@ def _snapshot(root):
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # a second whole build: .ci/run runs it after the README's command
 def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tmp_path):
     """After the smoke build, a (shortened) default build in the same checkout succeeds, writes
     only under its own results_dir, and leaves the smoke build complete and untouched."""
@@ -285,15 +327,20 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "eval_every": 2,
             "warmup_iters": 1,
         },  # the default's points
+        # one arm (a list replaces the default's four): each arm writes under the same folder
         "interventions": {
+            "arms": [{"case": "adamw_projected"}],
             "seeds": [0],
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
-        },  # the default's arms
+        },
+        "edits": {"seeds": [0]},
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
     assert default["results_dir"] != SMOKE
-    proc = run_snakemake(workdir, configfile=None, config=shortened, timeout=1800)
+    proc = run_snakemake(
+        workdir, configfile=None, config=shortened, timeout=1800, progress="a shortened default build"
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     merged = {
         **default,
@@ -304,9 +351,12 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         "variants": {**default["variants"], **shortened["variants"]},
         "interventions": {
             **default["interventions"],
+            "arms": shortened["interventions"]["arms"],
             "seeds": [0],
             "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
         },
+        "edits": {**default["edits"], "seeds": [0]},
+        "paper_pdf": False,
     }
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]
     assert not missing, missing

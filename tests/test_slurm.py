@@ -9,8 +9,8 @@ preempts one running training job with ``scontrol requeue``, and checks:
 - the preempted job was requeued by SLURM (the profile's ``slurm-requeue``) and the DAG finished;
 - the tables equal those of a local run of the same DAG.
 
-Needs root and Debian's slurm/munge/mariadb packages (``.ci/run`` installs them); without
-them the test fails and says so: it never skips.
+Needs root and Debian's slurm/munge/mariadb packages (the README's apt line; ``.ci/run`` installs
+them): without them it skips and names what is missing, except under ``.ci/run``, where it fails.
 """
 
 from __future__ import annotations
@@ -29,14 +29,16 @@ import yaml
 from pipeline_helpers import (
     REPO,
     TABLES,
+    copied_study_runs,
     copy_pipeline,
     expected_outputs,
-    reused_study_runs,
+    run_showing_progress,
     shared_smoke_run,
     smoke_config,
     snakemake_env,
 )
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
+from system_packages import require_or_skip
 
 PROFILE = REPO / "profiles" / "slurm"
 SNAKEMAKE_TIMEOUT_S = 1500
@@ -190,20 +192,16 @@ def assert_tables_match(got_dir: Path, want_dir: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.slurm
+@pytest.mark.ci  # the smoke build again, through SLURM: .ci/run runs it after the README's command
 def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_path_factory):
-    missing = missing_requirements()
-    if missing:
-        pytest.fail(
-            "the SLURM test needs " + ", ".join(missing) + ": run it as root after .ci/run installed "
-            "slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
-        )
+    require_or_skip(missing_requirements(), "the SLURM test")
     local_dir = shared_smoke_run(
         tmp_path_factory, shakespeare_url
     )  # the local reference (shared, built once)
     workdir = copy_pipeline(tmp_path / "wf")
     config = smoke_config()
     runs = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
-    n_training = runs - len(reused_study_runs(config))  # a repeated study point is copied, not trained
+    n_training = runs - len(copied_study_runs(config))  # a repeated study point is copied, not trained
 
     with SlurmCluster(tmp_path / "slurm") as cluster:
         env = snakemake_env()
@@ -215,13 +213,12 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
         watcher.start()
         started = time.monotonic()
         try:
-            proc = subprocess.run(
+            proc = run_showing_progress(
                 slurm_snakemake_command(shakespeare_url),
-                cwd=workdir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=SNAKEMAKE_TIMEOUT_S + 60,
+                workdir,
+                env,
+                SNAKEMAKE_TIMEOUT_S + 60,
+                "the smoke build on a SLURM test cluster",
             )
         finally:
             stop.set()
@@ -248,7 +245,7 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     # every other rule of the DAG ran on SLURM too, without a GPU
     ran = sorted(job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in others)
     expected = list(OTHER_RULES) + [rule for rule in PER_EDIT_SEED_RULES for _ in config["edits"]["seeds"]]
-    expected += ["reuse_study_run" for _ in reused_study_runs(config)]  # copies of a repeated study point
+    expected += ["reuse_study_run" for _ in copied_study_runs(config)]  # copies of a repeated study point
     assert ran == sorted(expected), others
     assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
     # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed

@@ -1,5 +1,6 @@
-"""The identification studies (attnid.reports.studies): the §4.10 matched embedding, the point plan, the
-gathering and rank correlation on synthetic run directories, Figure 5, and the rules' plan."""
+"""The identification studies (attnid.plan.studies, attnid.reports.studies): the §4.10 matched embedding,
+the point plan, the gathering and rank correlation on synthetic run directories, Figure 5, and the rules'
+plan."""
 
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import pandas as pd
 import pytest
 import yaml
 from figure_checks import invisible_legend_entries, overlapping_labels
-from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines
+from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines, train_jobs
 from scipy import stats
 from synthetic_runs import write_run
+from system_packages import needs
 
 from attnid.cli import main
+from attnid.plan import plan
+from attnid.plan import studies as study_plan
 from attnid.reports import appendix, figures, studies
 from attnid.reports.figures import fig5_identification_study
 from attnid.reports.figures.inputs import Sources
@@ -30,7 +34,7 @@ from attnid.theory import counts
 @pytest.mark.parametrize("n_embd, reference", [(128, 4), (32, 2), (384, 6), (768, 12), (100, 1)])
 def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_form(n_embd, reference):
     exact = n_embd * math.sqrt(2 - 1 / reference)  # §4.10: 2 E0^2 = (4 - 2/H) E^2
-    e0 = studies.matched_single_head_embd(n_embd, reference)
+    e0 = study_plan.matched_single_head_embd(n_embd, reference)
     assert e0 % 2 == 0 and abs(e0 - exact) <= 1
     assert abs(e0 - exact) == min(abs(even - exact) for even in range(0, 2 * n_embd + 4, 2))
     # the single head's identified count 2 E0^2 matches the H_ref-head layer's (4 - 2/H) E^2 up to the
@@ -42,16 +46,16 @@ def test_matched_single_head_embedding_is_the_even_integer_nearest_the_closed_fo
 
 def test_default_config_plans_the_issue_points():
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
-    plan = studies.study_points(config)
-    e0 = studies.matched_single_head_embd(
+    points = study_plan.study_points(config)
+    e0 = study_plan.matched_single_head_embd(
         config["model"]["n_embd"], config["heads"]["matched_reference_heads"]
     )
-    heads = {point.name: point for point in plan["heads"]}
+    heads = {point.name: point for point in points["heads"]}
     assert list(heads) == [f"h{h}" for h in (1, 2, 4, 8, 16)] + [f"h1_e{e0}"]
     assert all(point.head_dim * point.n_head == point.n_embd for point in heads.values())
     assert (heads[f"h1_e{e0}"].n_embd, heads[f"h1_e{e0}"].n_head, heads[f"h1_e{e0}"].head_dim) == (e0, 1, e0)
     n_head = config["model"]["n_head"]
-    variants = {point.name: (point.n_kv_head, point.rope, point.n_head) for point in plan["variants"]}
+    variants = {point.name: (point.n_kv_head, point.rope, point.n_head) for point in points["variants"]}
     assert sorted(variants.values()) == sorted(
         [
             (n_head, False, n_head),
@@ -61,34 +65,50 @@ def test_default_config_plans_the_issue_points():
             (n_head // 2, True, n_head),
         ]
     )
-    assert studies.check_study_config(config) == []
+    assert study_plan.check_study_config(config) == []
     for section in ("heads", "variants"):  # the same token budget for every point of a study
         assert "max_iters" in config[section] and "batch_size" not in config[section]
+
+
+def copied_points(config: dict) -> dict[str, str]:
+    """{"<study>/<point>": "<study>/<point>" it copies} of the plan's copied study runs, any seed."""
+    out = f"{config['results_dir']}/studies/"
+    return {
+        run_dir.removeprefix(out).rsplit("/", 1)[0]: source.removeprefix(out).rsplit("/", 1)[0]
+        for run_dir, source in plan(config).copied().items()
+    }
 
 
 def test_a_point_that_trains_what_an_earlier_point_trains_reuses_its_runs():
     config = yaml.safe_load((REPO / "config/config.yaml").read_text())
     n_head = config["model"]["n_head"]
     # the variants' MHA is the heads sweep's point at the model's H: same shape, same study settings
-    assert studies.reused_points(config) == {("variants", "mha"): ("heads", f"h{n_head}")}
+    assert copied_points(config) == {"variants/mha": f"heads/h{n_head}"}
+    assert len(plan(config).copied()) == len(config["variants"]["seeds"])
     # any difference in what `attnid train` would be told makes it a run of its own
     longer = yaml.safe_load((REPO / "config/config.yaml").read_text())
     longer["variants"]["max_iters"] += 1
-    assert studies.reused_points(longer) == {}
+    assert copied_points(longer) == {}
     without = yaml.safe_load((REPO / "config/config.yaml").read_text())
     without["heads"]["n_heads"] = [h for h in without["heads"]["n_heads"] if h != n_head]
-    assert studies.reused_points(without) == {}
+    assert copied_points(without) == {}
     # two identical variants: the second reuses the first (config order)
     twice = yaml.safe_load((REPO / "config/config.yaml").read_text())
     twice["variants"]["points"]["gqa_full"] = {"n_kv_head": n_head}
-    assert studies.reused_points(twice)[("variants", "gqa_full")] == ("heads", f"h{n_head}")
+    assert copied_points(twice)["variants/gqa_full"] == f"heads/h{n_head}"
+    # a seed the earlier point does not train is trained, not copied from a run no job makes
+    more = yaml.safe_load((REPO / "config/config.yaml").read_text())
+    more["variants"]["seeds"] = [*more["heads"]["seeds"], 7]
+    copies = plan(more).copied()
+    assert f"{more['results_dir']}/studies/variants/mha/seed7" not in copies
+    assert len(copies) == len(more["heads"]["seeds"])
 
 
 def test_shapes_the_model_cannot_build_are_config_problems():
     config = smoke_config()
     config["heads"]["n_heads"] = [1, 3]
     config["variants"]["points"]["bad_gqa"] = {"n_kv_head": 3}
-    problems = studies.check_study_config(config)
+    problems = [f"{key}: {problem}" for key, problem in study_plan.check_study_config(config)]
     assert any(p.startswith("heads/h3: n_head 3 does not divide") for p in problems), problems
     assert any(p.startswith("variants/bad_gqa: n_kv_head=3 must divide") for p in problems), problems
 
@@ -463,8 +483,6 @@ def _theory(tmp_path):
         main(
             [
                 "counts",
-                "--architectures",
-                str(REPO / "config/architectures.yaml"),
                 "--out",
                 str(theory / "counts.csv"),
                 "--single-head-out",
@@ -496,37 +514,29 @@ def test_smoke_plan_lists_one_training_job_per_point_and_seed(tmp_path):
     proc = run_snakemake(tmp_path, "-n", "-p")
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = smoke_config()
-    plan = studies.study_points(config)
     expected = {
         f"{config['results_dir']}/studies/{study}/{point.name}/seed{seed}"
-        for study, points in plan.items()
+        for study, points in study_plan.study_points(config).items()
         for point in points
         for seed in config[study]["seeds"]
     }
-    planned = set(re.findall(r"attnid train [^\n]*--out (\S+/studies/\S+)", proc.stdout))
-    reused = {
-        f"{config['results_dir']}/studies/{study}/{point}/seed{seed}": (source_study, source_point)
-        for (study, point), (source_study, source_point) in studies.reused_points(config).items()
-        for seed in config[study]["seeds"]
-    }
-    assert reused and planned == expected - set(reused)
-    for run_dir, (source_study, source_point) in reused.items():  # copied from the point it repeats
-        seed = run_dir.rsplit("/seed", 1)[1]
-        source = f"{config['results_dir']}/studies/{source_study}/{source_point}/seed{seed}"
+    jobs = train_jobs(tmp_path, proc.stdout)
+    planned = {run_dir for run_dir in jobs if "/studies/" in run_dir}
+    copied = plan(smoke_config()).copied()
+    assert copied and planned == expected - set(copied)
+    for run_dir, source in copied.items():  # copied from the run it repeats
         assert re.search(
             rf"cp {re.escape(source)}/metrics.csv {re.escape(run_dir)}/metrics.csv.tmp", proc.stdout
         )
-    rope_mqa = re.search(r"attnid train [^\n]*--out \S+/studies/variants/rope_mqa/seed0", proc.stdout).group(
-        0
-    )
-    assert "--case adamw " in rope_mqa and "--n-kv-head 1 " in rope_mqa and "--rope " in rope_mqa
-    assert f"--max-iters {config['variants']['max_iters']} " in rope_mqa
-    assert f"--lr {config['cases']['adamw']['lr']} " in rope_mqa
-    e0 = studies.matched_single_head_embd(
+    rope_mqa = jobs[f"{config['results_dir']}/studies/variants/rope_mqa/seed0"]
+    assert rope_mqa["case"] == "adamw" and rope_mqa["n_kv_head"] == 1 and rope_mqa["rope"] is True
+    assert rope_mqa["max_iters"] == config["variants"]["max_iters"]
+    assert rope_mqa["lr"] == config["cases"]["adamw"]["lr"]
+    e0 = study_plan.matched_single_head_embd(
         config["model"]["n_embd"], config["heads"]["matched_reference_heads"]
     )
-    matched = re.search(rf"attnid train [^\n]*--out \S+/studies/heads/h1_e{e0}/seed0", proc.stdout).group(0)
-    assert "--n-head 1 " in matched and f"--n-embd {e0} " in matched and f"--head-dim {e0} " in matched
+    matched = jobs[f"{config['results_dir']}/studies/heads/h1_e{e0}/seed0"]
+    assert (matched["n_head"], matched["n_embd"], matched["head_dim"]) == (1, e0, e0)
     assert "attnid studies --heads-runs" in proc.stdout and "fig5.pdf" in proc.stdout
 
 
@@ -571,7 +581,7 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("latexmk") is None, reason="needs TeX (latexmk)")
+@needs("latexmk")
 def test_study_tables_fit_the_page(tmp_path):
     """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
     parameters) compile at 9 pt with no box more than 5 pt too wide."""

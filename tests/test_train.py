@@ -300,11 +300,12 @@ def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
             "1000",
             "--warmup-iters",
             "0",
+            "--full-val-eval",
         )
         == 0
     )
     info = run_json(out)
-    assert info["status"] == "diverged"
+    assert info["status"] == "diverged" and info["final_val_loss_full"] is None
     assert 1 < info["diverged_step"] <= 50 and info["steps_completed"] == info["diverged_step"] - 1
     frame = metrics(out)
     assert frame.step.max() == info["diverged_step"] - 1  # rows up to the last good step
@@ -338,6 +339,35 @@ def test_no_metrics_logs_losses_only_and_progress_lines(prepared_data_dir, tmp_p
     assert progress and progress[-1].startswith("attnid train: step 20/20 loss ")
 
 
+def test_the_final_model_is_evaluated_on_the_whole_val_split(prepared_data_dir, tmp_path):
+    """run.json's final_val_loss_full is the final checkpoint's mean next-token loss over every token of the
+    val split, counted once (consecutive windows; docs/design.md §11.5), not the sampled eval batches."""
+    import numpy as np
+    from torch.nn import functional as F
+
+    out, without = tmp_path / "full", tmp_path / "without"
+    assert train(prepared_data_dir, without, "--case", "adamw", "--no-metrics", "--max-iters", "6") == 0
+    assert run_json(without)["final_val_loss_full"] is None  # only when asked: the interventions ask
+    flags = ("--case", "adamw", "--no-metrics", "--max-iters", "6", "--full-val-eval")
+    assert train(prepared_data_dir, out, *flags) == 0
+    info = run_json(out)
+    model = load_nanogpt_checkpoint(out / "ckpt.pt")
+    val = np.fromfile(prepared_data_dir / "val.bin", dtype=np.uint16).astype(np.int64)
+    block = 32  # TINY_TRAIN_FLAGS
+    n_windows = (len(val) - 1) // block
+    x = torch.from_numpy(val[: n_windows * block].reshape(n_windows, block))
+    y = torch.from_numpy(val[1 : n_windows * block + 1].reshape(n_windows, block))
+    total = 0.0
+    with torch.no_grad():
+        for first in range(0, n_windows, 512):
+            logits, _ = model(x[first : first + 512], full_logits=True)  # (B, T, V)
+            total += float(
+                F.cross_entropy(logits.flatten(0, 1), y[first : first + 512].flatten(), reduction="sum")
+            )
+    assert info["final_val_loss_full"] == pytest.approx(total / y.numel(), rel=1e-5)
+    assert info["final_val_loss_full"] != info["final_val_loss"]  # 2 sampled batches are not the split
+
+
 def test_config_file_and_flag_precedence(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -368,7 +398,8 @@ def test_config_file_and_flag_precedence(tmp_path):
         (["--out", "o"], "missing --data"),
         (["--data", "d", "--out", "o", "--n-embd", "30", "--n-head", "4"], "multiple"),
         (["--data", "d", "--out", "o", "--rebalance-target", "zero"], "initial or balanced"),
-        (["--data", "d", "--out", "o", "--rebalance-moments", "rotate"], "keep, transport or reset"),
+        (["--data", "d", "--out", "o", "--rebalance-moments", "rotate"], "keep, first-moment or reset"),
+        (["--data", "d", "--out", "o", "--rebalance-moments", "transport"], "transport was retired"),
         (["--data", "d", "--out", "o", "--reset-optimizer-state"], "--rebalance-moments reset"),
         (["--data", "d", "--out", "o", "--case", "adamw_gauge_fixed", "--rope"], "does not support --rope"),
         (["--data", "{tmp}/nowhere", "--out", "{tmp}/o"], "meta.json not found"),

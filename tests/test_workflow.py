@@ -1,28 +1,42 @@
-"""The workflow's contracts with the package and with its users: the config-key -> `attnid train` flag
-table against the command's own options and the schema, the case list taken from the registry (a new
-case needs no other file), one `config error:` line for unwritable folders and broken YAML, and no .smk
-file reading a name that another .smk file (other than common.smk) defines."""
+"""The workflow's contracts with the package and with its users: the pipeline config's schema generated
+from TrainConfig (a new setting is one field), each training job reading its spec file (written only when
+its settings change), the case list taken from the registry (a new case needs no other file), one
+`config error:` line for unwritable folders, a results_dir over the checkout, broken or exploding YAML,
+the workflow importing only attnid.plan, and no .smk file reading a name that another .smk file (other
+than common.smk) defines."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
+import os
 import re
 import shutil
-import subprocess
-import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import yaml
-from pipeline_helpers import REPO, copy_pipeline, pipeline_config, run_snakemake, smoke_config, stderr_lines
+from pipeline_helpers import (
+    REPO,
+    copy_pipeline,
+    run_snakemake,
+    smoke_config,
+    stderr_lines,
+    train_jobs,
+)
 
 from attnid.cli import build_parser
-from attnid.reports.studies import study_points
+from attnid.cli.train import add_train_arguments, config_from_args
+from attnid.plan import plan, write_spec_files
+from attnid.plan.runs import spec_text
+from attnid.plan.schema import JOB_OPTIONS, config_schema, option_schema, section_settings
 from attnid.training import cases
+from attnid.training.config import option_names, resolve_config
 
-SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
-JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
-# Keys of the run sections that are not settings of one run: the grids and the stage's own choices.
-GRID_KEYS = {"lrs", "seeds", "n_heads", "matched_reference_heads", "points", "case"}
+SCHEMA_FILE = REPO / "src/attnid/plan/config.schema.yaml"
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -30,75 +44,62 @@ def train_parser() -> argparse.ArgumentParser:
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["train"]
 
 
-def schema_run_keys() -> dict[str, dict]:
-    """{key: its schema} of every key a config may set for a training run, from each section that holds
-    them (model, training, cases, sweep, heads, variants and their points, edits)."""
-    schema = yaml.safe_load(SCHEMA.read_text())
-    defs, properties = schema["$defs"], schema["properties"]
+def _run_setting_objects(node, found):
+    """Every object schema of the completed schema that holds run settings (its properties)."""
+    if isinstance(node, dict):
+        if "properties" in node and set(node["properties"]) & set(option_names()):
+            found.append(node["properties"])
+        for value in node.values():
+            _run_setting_objects(value, found)
+    elif isinstance(node, list):
+        for item in node:
+            _run_setting_objects(item, found)
+    return found
 
-    def resolve(spec: dict) -> dict:
-        while "$ref" in spec:
-            node = schema
-            for part in spec["$ref"].removeprefix("#/").split("/"):
-                node = node[part]
-            spec = {**node, **{k: v for k, v in spec.items() if k != "$ref"}}
-        return spec
 
-    sections = [
-        properties["model"]["properties"],
-        properties["training"]["properties"],
-        defs["run_settings"],
-        defs["case"]["properties"],
-        defs["sweep"]["properties"],
-        properties["heads"]["properties"],
-        properties["variants"]["properties"],
-        properties["variants"]["properties"]["points"]["additionalProperties"]["properties"],
-        properties["edits"]["properties"],
-    ]
-    return {
-        key: resolve(spec) for section in sections for key, spec in section.items() if key not in GRID_KEYS
+def test_every_run_setting_of_the_schema_is_a_train_option_typed_and_bounded_as_its_field():
+    settings = {
+        key: spec
+        for properties in _run_setting_objects(config_schema(), [])
+        for key, spec in properties.items()
+        if key in option_names() and key != "case"  # a case is a name of the registry ($defs/case_name)
     }
+    assert {"lr", "max_iters", "n_layer", "rebalance_moments", "dtype", "n_kv_head", "rope", "bias"} <= set(
+        settings
+    )
+    for key, spec in settings.items():
+        generated = option_schema(key)
+        assert {k: spec[k] for k in generated if k != "description"} == {
+            k: v for k, v in generated.items() if k != "description"
+        }, key
+    # spot checks against what the fields say
+    assert settings["lr"]["exclusiveMinimum"] == 0 and settings["lr"]["type"] == "number"
+    assert settings["max_iters"] == settings["max_iters"] | {"type": "integer", "minimum": 1}
+    assert settings["dropout"]["exclusiveMaximum"] == 1 and settings["warmup_iters"]["minimum"] == 0
+    assert config_schema()["$defs"]["seeds"]["items"]["maximum"] == 2**64 - 1
 
 
-def schema_type(spec: dict) -> str:
-    if "enum" in spec:
-        return "string"
-    return spec["type"]
+def test_the_schema_file_declares_no_setting_of_a_run():
+    """config.schema.yaml gives a run setting at most a default or a description of its own: its type,
+    bounds and values are TrainConfig's (declared once)."""
+    text = SCHEMA_FILE.read_text()
 
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in (node.get("properties") or {}).items():
+                if key in option_names() and key != "case":
+                    assert set(value) <= {"default", "description", "x-train-option"}, (key, value)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
 
-def test_every_mapped_flag_is_an_attnid_train_option_of_the_same_type():
-    table = pipeline_config().TRAIN_FLAGS
-    help_text = subprocess.run(
-        [sys.executable, "-m", "attnid", "train", "--help"], capture_output=True, text=True, check=True
-    ).stdout
-    actions = {option: action for action in train_parser()._actions for option in action.option_strings}
-    for key, entry in table.items():
-        assert entry.flag in help_text, f"{key}: {entry.flag} is not in 'attnid train --help'"
-        action = actions[entry.flag]
-        if entry.kind is bool:  # --flag / --no-flag
-            assert isinstance(action, argparse.BooleanOptionalAction), key
-            assert f"--no-{entry.flag[2:]}" in action.option_strings, key
-        else:
-            assert action.type is entry.kind, (
-                f"{key}: {entry.flag} takes {action.type}, the table says {entry.kind}"
-            )
-        assert action.dest == key, f"{key} maps to {entry.flag}, which sets {action.dest}"
-
-
-def test_every_run_setting_the_schema_allows_maps_to_a_flag():
-    table = pipeline_config().TRAIN_FLAGS
-    keys = schema_run_keys()
-    assert set(keys) - set(table) == set(), "settings without an `attnid train` flag"
-    for key, spec in keys.items():
-        assert schema_type(spec) == JSON_TYPES[table[key].kind], key
-    # the rest of the table: the job's seed and the attention shape of a study point
-    architecture = {
-        key
-        for points in study_points(smoke_config()).values()
-        for point in points
-        for key in point.architecture()
-    }
-    assert set(table) == set(keys) | {"seed"} | architecture, "table entries no config can set"
+    walk(yaml.safe_load(text))
+    assert "x-run-settings" not in str(config_schema()) and "x-train-option" not in str(config_schema())
+    # no section sets a job option (the workflow gives those per job)
+    for name, settings in section_settings().items():
+        assert not set(settings) & set(JOB_OPTIONS), name
 
 
 def test_the_training_rule_passes_only_attnid_train_options():
@@ -106,34 +107,232 @@ def test_the_training_rule_passes_only_attnid_train_options():
         r"rule train_case:.*?shell:\n(.*?)\n\n", (REPO / "workflow/rules/train.smk").read_text(), re.DOTALL
     ).group(1)
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", shell))
-    assert flags == {"--data", "--threads", "--device", "--out"}, flags
+    assert flags == {"--config", "--data", "--threads", "--device", "--out"}, flags
     options = {option for action in train_parser()._actions for option in action.option_strings}
     assert flags <= options
 
 
-def test_run_flags_follow_the_table():
-    module = pipeline_config()
-    flags = module.run_flags("adamw", {"n_layer": 2, "bias": False, "rope": True, "lr": 0.001, "seed": 3})
-    assert flags == "--case adamw --n-layer 2 --no-bias --rope --lr 0.001 --seed 3"
-    with pytest.raises(module.ConfigError, match="'n_layers' has no `attnid train` flag"):
-        module.run_flags("adamw", {"n_layers": 2})
-    with pytest.raises(module.ConfigError, match="--bias takes true or false"):
-        module.run_flags("adamw", {"bias": "yes"})
+def test_a_spec_file_reads_back_as_the_run_its_plan_checked(tmp_path):
+    """`attnid train --config SPEC` resolves to exactly the settings the plan checked with resolve_config:
+    types, booleans and floats survive the YAML round trip."""
+    planned = plan(smoke_config())
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    for run_dir, spec in planned.trained().items():
+        path = tmp_path / "spec.yaml"
+        path.write_text(spec_text(spec, str(path), run_dir))
+        args = parser.parse_args(["--config", str(path), "--data", "d", "--out", run_dir])
+        expected = resolve_config({**spec.options(), "data": "d", "out": run_dir})
+        assert asdict(config_from_args(args)) == asdict(expected), run_dir
 
 
-def test_a_setting_without_a_flag_is_a_config_error(tmp_path):
-    """A key the schema allows but the table lacks stops the parse with one line, not a failed job."""
-    copy_pipeline(tmp_path)
-    schema_file = tmp_path / "workflow/schemas/config.schema.yaml"
-    schema = yaml.safe_load(schema_file.read_text())
-    schema["properties"]["model"]["properties"]["n_experts"] = {"type": "integer"}
-    schema_file.write_text(yaml.safe_dump(schema, sort_keys=False))
-    proc = run_snakemake(tmp_path, "-n", config={"model": {"n_experts": 2}})
-    assert proc.returncode != 0
+def test_a_new_setting_is_one_field_and_the_schema_plan_and_spec_follow(tmp_path):
+    """A copy of the source with one more TrainConfig field (and nothing else): the config may set it in
+    the training section, a bad value is a config error naming the key, and the spec files carry it."""
+    source = tmp_path / "src"
+    shutil.copytree(REPO / "src", source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    module = source / "attnid/training/config.py"
+    text = module.read_text()
+    anchor = "    rebalance_every: int = option("
+    assert anchor in text
+    module.write_text(
+        text.replace(
+            anchor,
+            '    label_smoothing: float = option(0.0, "label smoothing (default 0)", bound="non_negative",'
+            " below=1)\n" + anchor,
+            1,
+        )
+    )
+    workdir = copy_pipeline(tmp_path / "pipeline")
+    env = {"PYTHONPATH": str(source)}
+    proc = run_snakemake(workdir, "-n", "-p", config={"training": {"label_smoothing": 0.1}}, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = train_jobs(workdir, proc.stdout)
+    assert jobs and all(job["label_smoothing"] == 0.1 for job in jobs.values())
+    # its bounds are the field's, one line naming the key
+    proc = run_snakemake(workdir, "-n", config={"cases": {"sgd": {"label_smoothing": 1.5}}}, env=env)
     lines = stderr_lines(proc)
-    assert len(lines) == 1 and lines[0].startswith("config error: "), proc.stderr
-    assert "'n_experts' has no `attnid train` flag" in lines[0] and "/runs/" in lines[0], lines[0]
-    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert (
+        lines[0]
+        == "config error: cases/sgd/label_smoothing: 1.5 is greater than or equal to the maximum of 1"
+    )
+    # the checkout's own TrainConfig has no such field: the same key is refused
+    proc = run_snakemake(workdir, "-n", config={"training": {"label_smoothing": 0.1}})
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and "'label_smoothing' was unexpected" in lines[0], proc.stderr
+
+
+def test_spec_files_change_only_with_their_runs_settings(tmp_path):
+    """The plan rewrites a spec file only when its content changes, so Snakemake reruns exactly the jobs
+    whose settings changed (it compares an input's time with its outputs')."""
+    workdir = copy_pipeline(tmp_path)
+    assert run_snakemake(workdir, "-n").returncode == 0
+    specs = sorted((workdir / "results/smoke/specs").rglob("*.yaml"))
+    assert len(specs) == len(plan(smoke_config()).trained())
+    old = time.time() - 3600
+    for path in specs:
+        os.utime(path, (old, old))
+    assert run_snakemake(workdir, "-n").returncode == 0
+    assert all(abs(path.stat().st_mtime - old) < 1 for path in specs)  # nothing changed, nothing written
+    # one case's setting changes: its runs' spec files, and no other
+    proc = run_snakemake(workdir, "-n", config={"cases": {"sgd_wd": {"weight_decay": 0.2}}})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    changed = {
+        path.relative_to(workdir / "results/smoke/specs").as_posix()
+        for path in specs
+        if path.stat().st_mtime > old + 1
+    }
+    assert changed == {"runs/sgd_wd/seed0.yaml", "runs/sgd_wd/seed1.yaml"}, changed
+    assert "weight_decay: 0.2" in (workdir / "results/smoke/specs/runs/sgd_wd/seed0.yaml").read_text()
+    assert not list((workdir / "results/smoke/specs").rglob(".*.tmp"))
+
+
+def test_a_spec_rewritten_for_a_run_trained_with_it_is_dated_before_the_run(tmp_path, monkeypatch):
+    """A spec file written anew for a finished run whose run.json records exactly its settings is dated
+    before the run's outputs (Snakemake then has nothing to rerun); for any other run it is new."""
+    monkeypatch.chdir(tmp_path)
+    planned = plan(smoke_config())
+    run_dir = planned.case_runs[0]
+    spec = planned.runs[run_dir]
+    Path(run_dir).mkdir(parents=True)
+    recorded = asdict(resolve_config({**spec.options(), "data": "elsewhere", "out": run_dir, "threads": 3}))
+    Path(run_dir, "run.json").write_text(json.dumps({"status": "done", "config": recorded}))
+    Path(run_dir, "metrics.csv").write_text("step\n0\n")
+    assert len(write_spec_files(planned)) == len(planned.trained())
+    outputs = Path(run_dir, "run.json").stat().st_mtime
+    assert Path(planned.spec_file(run_dir)).stat().st_mtime < outputs
+    other = planned.case_runs[1]
+    assert not Path(other).exists() and Path(planned.spec_file(other)).stat().st_mtime >= outputs - 1
+    assert write_spec_files(planned) == []  # unchanged: nothing written
+    # a run trained with other settings: its rewritten spec is newer than its outputs
+    changed = smoke_config()
+    changed["cases"][spec.case]["lr"] *= 2
+    replanned = plan(changed)
+    assert planned.spec_file(run_dir) in write_spec_files(replanned)
+    assert Path(planned.spec_file(run_dir)).stat().st_mtime >= outputs - 1e-3
+
+
+@pytest.mark.parametrize(
+    "results_dir",
+    ["/", ".", "..", "results/..", "{workdir}"],
+)
+def test_a_results_dir_over_the_checkout_is_one_config_error(tmp_path, results_dir):
+    workdir = copy_pipeline(tmp_path / "checkout")
+    proc = run_snakemake(workdir, "-n", config={"results_dir": results_dir.format(workdir=workdir)})
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("config error: results_dir: "), lines[0]
+    assert "root folder" in lines[0] or "the checkout" in lines[0], lines[0]
+    assert not (workdir / "specs").exists() and not (tmp_path / "specs").exists()
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("sweep={sgd: {lrs: [1.0e-4, .nan]}}", "config error: sweep/sgd/lrs/1: nan is not a finite number"),
+        (
+            "sweep={adamw: {lrs: [1.0e-4, .inf]}}",
+            "config error: sweep/adamw/lrs/1: inf is not a finite number",
+        ),
+        (
+            "seeds=[0, 18446744073709551616]",
+            "config error: seeds/1: 18446744073709551616 is greater than the maximum of 18446744073709551615",
+        ),
+        ("seeds=[-1]", "config error: seeds/0: -1 is less than the minimum of 0"),
+    ],
+)
+def test_nonsense_values_are_one_config_error_naming_the_key(tmp_path, setting, message):
+    copy_pipeline(tmp_path)
+    key, value = setting.split("=", 1)
+    proc = run_snakemake(tmp_path, "-n", config={key: value})
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and lines == [message], proc.stderr
+    # the same value in a config file
+    config = smoke_config()
+    config[key] = config.get(key) or {}
+    override = yaml.safe_load(value)
+    if isinstance(override, dict):
+        for name, section in override.items():
+            config[key][name] = {**config[key].get(name, {}), **section}
+    else:
+        config[key] = override
+    (tmp_path / "config/mine.yaml").write_text(yaml.safe_dump(config))
+    proc = run_snakemake(tmp_path, "-n", configfile="config/mine.yaml")
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and lines == [message], proc.stderr
+
+
+def _alias_bomb(depth: int) -> str:
+    items = ['&a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    items += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, depth + 1)]
+    return "[" + ", ".join(items) + "]"
+
+
+@pytest.mark.parametrize("where", ["configfile", "default"])
+def test_a_yaml_alias_bomb_is_one_short_line(tmp_path, where):
+    """A "billion laughs" config (9^9 values through 9 aliases) is refused by its size, in one short line,
+    before anything quotes it."""
+    copy_pipeline(tmp_path)
+    text = (
+        (REPO / "config/smoke.yaml")
+        .read_text()
+        .replace("results_dir: results/smoke", "results_dir: " + _alias_bomb(8))
+    )
+    target = "config/bomb.yaml" if where == "configfile" else "config/config.yaml"
+    (tmp_path / target).write_text(text)
+    proc = run_snakemake(
+        tmp_path, "-n", configfile="config/bomb.yaml" if where == "configfile" else None, timeout=120
+    )
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and len(lines) == 1, proc.stderr[:2000]
+    assert lines[0].startswith("config error: (top level): holds more than 100000 values"), lines[0]
+    assert len(proc.stderr) < 1000
+    # a smaller one that fits the budget is still one line of bounded length (the schema's message is cut)
+    (tmp_path / target).write_text(text.replace(_alias_bomb(8), _alias_bomb(3)))
+    proc = run_snakemake(tmp_path, "-n", configfile="config/bomb.yaml" if where == "configfile" else None)
+    lines = stderr_lines(proc)
+    assert proc.returncode != 0 and len(lines) == 1 and len(lines[0]) <= 320, proc.stderr[:2000]
+    assert lines[0].startswith("config error: results_dir: "), lines[0]
+
+
+def _imports(text: str) -> dict[str, set[str]]:
+    """{module: names} of the Python import statements in ``text`` (a .smk file is Python with rules)."""
+    found: dict[str, set[str]] = {}
+    for line in re.findall(r"^(?:from\s+\S+\s+import\s+(?:\([^)]*\)|[^\n]*)|import\s+[^\n]*)", text, re.M):
+        node = ast.parse(line).body[0]
+        if isinstance(node, ast.ImportFrom):
+            found.setdefault(node.module or "", set()).update(alias.name for alias in node.names)
+        else:
+            for alias in node.names:
+                found.setdefault(alias.name, set())
+    return found
+
+
+# What the workflow may import of the package: the plan's public names; the figures' registry (what each
+# figure reads, for the one `figure` rule) and the report's table pages (which tables have a page).
+# Everything else it knows of a run comes from the plan.
+WORKFLOW_SURFACE = {
+    "attnid.plan": set(__import__("attnid.plan").plan.__all__),
+    "attnid.reports.figures": {"registry"},
+    "attnid.reports.report_pages": {"TABLE_PAGES", "table_pages"},
+    # the counts' input: the published shapes, package data (docs/design.md §6)
+    "attnid.theory.architectures": {"PACKAGED_ARCHITECTURES"},
+}
+
+
+def test_the_workflow_imports_only_the_plan():
+    imported: dict[str, set[str]] = {}
+    for path in [REPO / "Snakefile", *(REPO / "workflow").rglob("*.smk"), *(REPO / "workflow").rglob("*.py")]:
+        for module, names in _imports(path.read_text()).items():
+            imported.setdefault(module, set()).update(names)
+    package = {module: names for module, names in imported.items() if module.split(".")[0] == "attnid"}
+    assert set(package) <= set(WORKFLOW_SURFACE), package
+    for module, names in package.items():
+        assert names <= WORKFLOW_SURFACE[module], (module, names - WORKFLOW_SURFACE[module])
+    assert "attnid.plan" in package
+    others = {module.split(".")[0] for module in imported} - {"attnid"}
+    assert others <= {"os", "re", "shlex", "shutil", "sys", "snakemake"}, others
 
 
 def _enums(node) -> list[list]:
@@ -146,12 +345,12 @@ def _enums(node) -> list[list]:
     return []
 
 
-def test_schema_file_lists_no_case_and_the_workflow_takes_the_registry():
-    schema = yaml.safe_load(SCHEMA.read_text())
+def test_schema_file_lists_no_case_and_the_plan_takes_the_registry():
+    schema = yaml.safe_load(SCHEMA_FILE.read_text())
     copied = [enum for enum in _enums(schema) if set(enum) & set(cases.CASES)]
     assert not copied, f"the schema file copies case names: {copied}"  # the registry is the one list
     assert schema["$defs"]["case_name"] == {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"}
-    assert pipeline_config().config_schema()["$defs"]["case_name"] == {"enum": list(cases.CASES)}
+    assert config_schema()["$defs"]["case_name"] == {"enum": list(cases.CASES)}
 
 
 def test_a_new_case_needs_only_the_registry(tmp_path):
@@ -168,15 +367,14 @@ def test_a_new_case_needs_only_the_registry(tmp_path):
     workdir = copy_pipeline(tmp_path / "pipeline")
     new_case = {
         "cases": {"sgd_nesterov": {"lr": 0.02}},
-        "sweep": {"sgd_nesterov": {"lrs": [0.01, 0.02], "seeds": [0], "max_iters": 5}},
+        "sweep": {"sgd_nesterov": {"lrs": [0.01, 0.02], "seeds": [0], "max_iters": 5, "warmup_iters": 1}},
         "edits": {"case": "sgd_nesterov", "seeds": [0]},
     }
     proc = run_snakemake(workdir, "-n", "-p", config=new_case, env={"PYTHONPATH": str(source)})
     assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = train_jobs(workdir, proc.stdout)
     for run_dir in ("runs/sgd_nesterov/seed0", "sweep/sgd_nesterov/lr0.02/seed0", "edits/sgd_nesterov/seed0"):
-        assert re.search(
-            rf"attnid train [^\n]*--case sgd_nesterov [^\n]*--out \S+/{run_dir} ", proc.stdout
-        ), run_dir
+        assert jobs[f"results/smoke/{run_dir}"]["case"] == "sgd_nesterov", run_dir
     # the checkout's own registry does not know it: the same config is refused with one line
     proc = run_snakemake(workdir, "-n", config=new_case)
     lines = stderr_lines(proc)

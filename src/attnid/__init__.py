@@ -7,6 +7,7 @@ checks this in the tests, docs/design.md §6 maps every module):
 - ``cli``       the ``attnid`` command line (top)
 - ``reports``   tables, claims, figures, the LaTeX appendix
   ``edits``     reading user checkpoints safely; function-preserving edits
+- ``plan``      what a pipeline config trains: every run and its settings, the config's checks
 - ``training``  data, the optimizer cases, the training loop, the run directory
 - ``measure``   ρ, β, τ, μ and the exact drift split, measured on a model
 - ``model``     the nanoGPT-compatible GPT, its factor pairs and orbit moves

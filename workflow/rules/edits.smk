@@ -19,6 +19,9 @@ EDIT_SHELL = (
 if EDITS:
 
     use rule train_case as train_edits with:
+        input:
+            data=rules.prepare_data.output,
+            spec=f"{SPECS}/edits/{{case}}/seed{{seed}}.yaml",
         output:
             metrics=f"{EDITS_DIR}/{{case}}/seed{{seed}}/metrics.csv",
             run=f"{EDITS_DIR}/{{case}}/seed{{seed}}/run.json",
@@ -29,8 +32,6 @@ if EDITS:
         wildcard_constraints:
             case=EDITS["case"],
             seed=r"\d+",
-        params:
-            flags=edit_flags,
 
     rule prune_biases:
         input:
@@ -82,7 +83,11 @@ if EDITS:
 
     rule edits_table:
         input:
-            EDIT_REPORTS,
+            [
+                f"{d}/{edit}.json"
+                for d in PLAN.edit_runs
+                for edit in ("prune", "balance")
+            ],
         output:
             EDITS_TABLE_FILES,
         log:

@@ -5,12 +5,12 @@
 # `snakemake --report report.html` (with the build's --configfile) opens on the claims (the landing text
 # report/index.rst), then has every figure with its caption, then the tables (rule report_pages).
 
-from attnid.reports.figures import caption_parts, registry
+from attnid.reports.figures import registry
 from attnid.reports.report_pages import TABLE_PAGES, table_pages
 
 # The optional stages this config runs: a figure of a stage (its module's STAGE) is drawn only with it.
 STAGES = {
-    "studies": bool(STUDY_POINTS),
+    "studies": bool(STUDY_RUN_DIRS),
     "edits": bool(EDITS),
     "interventions": bool(INTERVENTIONS),
 }
@@ -35,7 +35,7 @@ SOURCE_FILES = {
 SOURCE_RUNS = {
     "runs": RUN_DIRS,
     "intervention_runs": INTERVENTION_RUN_DIRS,
-    "identity_runs": list(IDENTITY_RUNS),
+    "identity_runs": PLAN.identity_runs,
 }
 REPORT_DIR = f"{RESULTS}/report"
 # The table pages of the report this build has: {page: its CSVs}.
@@ -120,7 +120,7 @@ rule report_pages:
                 category="Figures",
                 labels={
                     "figure": f"Figure {figure.number}",
-                    "shows": caption_parts(figure.caption_template)[0].rstrip("."),
+                    "shows": figure.title,
                 },
             )
             for name, figure in FIGURES.items()

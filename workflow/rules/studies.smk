@@ -1,4 +1,4 @@
-# Does identification buy anything? The heads and variants studies (src/attnid/reports/studies.py).
+# Does identification buy anything? The heads and variants studies (src/attnid/plan/studies.py).
 #
 # One AdamW training job per point and seed under <results_dir>/studies/<study>/<point>/seed<N>/
 # (the adamw case's settings, the model and training sections, then the study's own max_iters,
@@ -6,6 +6,9 @@
 
 
 use rule train_case as train_study with:
+    input:
+        data=rules.prepare_data.output,
+        spec=f"{SPECS}/studies/{{study}}/{{point}}/seed{{seed}}.yaml",
     output:
         metrics=f"{RESULTS}/studies/{{study}}/{{point}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/studies/{{study}}/{{point}}/seed{{seed}}/run.json",
@@ -14,30 +17,32 @@ use rule train_case as train_study with:
     benchmark:
         f"{BENCHMARKS}/studies/{{study}}/{{point}}/seed{{seed}}.tsv"
     wildcard_constraints:
-        study="|".join(STUDY_POINTS) or "none",
+        study="|".join(STUDY_RUN_DIRS) or "none",
         point=r"[a-z][a-z0-9_]*",
         seed=r"\d+",
-    params:
-        flags=study_flags,
 
 
-# A point that trains what an earlier point trains copies its runs (REUSED_STUDY_RUNS).
-if REUSED_STUDY_RUNS:
+# A run that trains what an earlier study run trains copies its files:
+# {"<study>/<point>/seed<N>" of the copy: the run directory it copies}.
+COPIED_STUDY_RUNS = {
+    os.path.relpath(run_dir, f"{RESULTS}/studies"): source
+    for run_dir, source in PLAN.copied().items()
+}
+if COPIED_STUDY_RUNS:
 
     ruleorder: reuse_study_run > train_study
 
     rule reuse_study_run:
         input:
-            metrics=lambda wildcards: reused_run_file(wildcards, "metrics.csv"),
-            run=lambda wildcards: reused_run_file(wildcards, "run.json"),
+            metrics=lambda wildcards: f"{COPIED_STUDY_RUNS[wildcards.copied]}/metrics.csv",
+            run=lambda wildcards: f"{COPIED_STUDY_RUNS[wildcards.copied]}/run.json",
         output:
-            metrics=f"{RESULTS}/studies/{{reused}}/seed{{seed}}/metrics.csv",
-            run=f"{RESULTS}/studies/{{reused}}/seed{{seed}}/run.json",
+            metrics=f"{RESULTS}/studies/{{copied}}/metrics.csv",
+            run=f"{RESULTS}/studies/{{copied}}/run.json",
         log:
-            f"{LOGS}/studies/{{reused}}/seed{{seed}}.log",
+            f"{LOGS}/studies/{{copied}}.log",
         wildcard_constraints:
-            reused="|".join(map(re.escape, REUSED_STUDY_RUNS)),
-            seed=r"\d+",
+            copied="|".join(map(re.escape, COPIED_STUDY_RUNS)),
         conda:
             ENV
         shell:
@@ -46,11 +51,11 @@ if REUSED_STUDY_RUNS:
             " && echo 'copied from {input.run:q}') > {log:q} 2>&1"
 
 
-if STUDY_POINTS:
+if STUDY_RUN_DIRS:
 
     rule study_tables:
         input:
-            STUDY_OUTPUTS,
+            run_files(d for run_dirs in STUDY_RUN_DIRS.values() for d in run_dirs),
         output:
             STUDY_TABLE_FILES,
         log:

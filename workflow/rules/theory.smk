@@ -1,10 +1,13 @@
 # Claims T1-T6: closed-form counts for real architectures, checked by Jacobian nullity; the whole-model
 # census (every continuous symmetry, not only attention's) for the same architectures and a grid of shapes.
 
+# architectures.yaml is package data, its one copy; the workflow reads the installed package's file.
+from attnid.theory.architectures import PACKAGED_ARCHITECTURES
+
 
 rule counts:
     input:
-        "config/architectures.yaml",
+        str(PACKAGED_ARCHITECTURES),
     output:
         counts=f"{THEORY_DIR}/counts.csv",
         single_head=f"{THEORY_DIR}/single_head.csv",

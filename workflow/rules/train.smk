@@ -5,14 +5,24 @@
 # run is a finished job (exit 0, run.json status "diverged").
 #
 # train_case is the template of every training job: the sweeps here, the identification
-# studies (studies.smk) and the edits' runs (edits.smk) are `use rule train_case as ... with:`
-# their own output paths, wildcards and `flags` (the run's settings as `attnid train` flags,
-# common.smk's *_flags functions); the data, threads, resources and command are this rule's.
+# studies (studies.smk), the edits' runs (edits.smk) and the interventions (interventions.smk)
+# are `use rule train_case as ... with:` their own output paths, wildcards and spec file (the
+# run's settings, written by attnid.plan: common.smk); the data, threads, resources and command
+# are this rule's. A run directory the plan does not list has no spec file, so no job makes it.
+
+# The resources of every training job.
+TRAIN_RESOURCES = {
+    "mem_mb": config["resources"]["mem_mb"],
+    "runtime": config["resources"]["runtime"],
+}
+if config["device"] == "cuda":
+    TRAIN_RESOURCES["gpu"] = config["resources"]["gpu"]
 
 
 rule train_case:
     input:
-        rules.prepare_data.output,
+        data=rules.prepare_data.output,
+        spec=f"{SPECS}/runs/{{case}}/seed{{seed}}.yaml",
     output:
         metrics=f"{RESULTS}/runs/{{case}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/runs/{{case}}/seed{{seed}}/run.json",
@@ -21,7 +31,7 @@ rule train_case:
     benchmark:
         f"{BENCHMARKS}/runs/{{case}}/seed{{seed}}.tsv"
     wildcard_constraints:
-        case="|".join(CASES),
+        case="|".join(config["cases"]),
         seed=r"\d+",
     conda:
         ENV
@@ -29,16 +39,18 @@ rule train_case:
     resources:
         **TRAIN_RESOURCES,
     params:
-        flags=case_flags,
-        data_dir=lambda wildcards, input: os.path.dirname(input[0]),
+        data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
         device=config["device"],
         out_dir=lambda wildcards, output: os.path.dirname(output.run),
     shell:
-        "attnid train --data {params.data_dir:q} {params.flags} --threads {threads} --device {params.device}"
-        " --out {params.out_dir:q} > {log:q} 2>&1"
+        "attnid train --config {input.spec:q} --data {params.data_dir:q} --threads {threads}"
+        " --device {params.device} --out {params.out_dir:q} > {log:q} 2>&1"
 
 
 use rule train_case as train_sweep with:
+    input:
+        data=rules.prepare_data.output,
+        spec=f"{SPECS}/sweep/{{optimizer}}/lr{{lr}}/seed{{seed}}.yaml",
     output:
         metrics=f"{RESULTS}/sweep/{{optimizer}}/lr{{lr}}/seed{{seed}}/metrics.csv",
         run=f"{RESULTS}/sweep/{{optimizer}}/lr{{lr}}/seed{{seed}}/run.json",
@@ -50,5 +62,3 @@ use rule train_case as train_sweep with:
         optimizer="|".join(config["sweep"]) or "none",
         lr=r"[0-9.e+-]+",
         seed=r"\d+",
-    params:
-        flags=sweep_flags,

@@ -69,7 +69,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnid.cli.reports",
         "the Snakemake report's pages: the claims first, each figure with its caption, each table",
     ),
-    "figures": ("attnid.cli.reports", "draw figures 1-5 from the tables and logs"),
+    "figures": ("attnid.cli.reports", "draw figures 1-6 from the tables and logs"),
     "studies": (
         "attnid.cli.reports",
         "gather the heads and variants studies (does identification buy anything?) "
@@ -77,7 +77,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "interventions-table": (
         "attnid.cli.reports",
-        "compare every arm with the adamw baseline, seed by seed: mean difference, bootstrap CI, p, verdict",
+        "compare every arm with the adamw baseline, seed by seed: mean difference, t-CI, exact p, Holm, "
+        "verdict",
     ),
 }
 

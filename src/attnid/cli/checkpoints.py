@@ -7,34 +7,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
-from attnid.edits.checkpoints import (
-    HF_FOLDER,
-    HF_LLAMA,
-    Checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    weight_format,
-)
-from attnid.edits.hf_llama import STORED_DTYPES, LlamaCheckpoint, set_stored_dtype
-from attnid.edits.operations import (
-    BALANCE_TARGETS,
-    attention_variant,
-    balance_layers,
-    balance_on_own_orbit,
-    check_plain_layout,
-    checkpoint_layout,
-    checkpoint_shape,
-    layer_tensors_of,
-    pair_summary,
-    prune_layer_biases,
-    redundant_bias_count,
-    store_layers,
-    stored_initial_imbalance,
-)
-from attnid.measure.inspect import format_inspection, inspect_layers, inspect_model, inspection_csv
+from attnid.edits.options import BALANCE_TARGETS, STORED_DTYPE_NAMES
+
+if TYPE_CHECKING:
+    from attnid.edits.checkpoints import Checkpoint
+
+# The edits and the measurements import torch: each is imported in the function that runs it, so that
+# `--help` answers at once.
 
 FOLDER_HELP = (
     "a Hugging Face folder (config.json + safetensors or pytorch_model.bin, sharded or not) of "
@@ -61,6 +44,7 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _inspect_file(path: Path) -> dict:
+    from attnid.measure.inspect import inspect_model
     from attnid.model.gpt import load_nanogpt_checkpoint
 
     progress.stage(f"reading {path}")
@@ -78,22 +62,22 @@ def _inspect_file(path: Path) -> dict:
 
 def _inspect_folder(path: Path) -> dict:
     """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
+    from attnid.edits.api import inspect_checkpoint
+    from attnid.edits.checkpoints import load_checkpoint
+
     progress.stage(f"reading {path}")
     checkpoint = load_checkpoint(path)
-    report = inspect_layers(
-        checkpoint_layout(checkpoint),
-        checkpoint_shape(checkpoint),
-        layer_tensors_of(checkpoint.attention_layers()),
-    )
     return {
         "format": checkpoint.kind,
         "model_type": checkpoint.payload.get("model_type"),
         "dtype": _stored_dtype(checkpoint),
-        **report,
+        **inspect_checkpoint(checkpoint),
     }
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    from attnid.measure.inspect import format_inspection, inspection_csv
+
     rule = outputs.current()
     rule.read(args.checkpoint)
     rule.write(args.plot, outputs.PNG, "--plot")
@@ -122,7 +106,7 @@ def add_edit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     parser.add_argument(
         "--dtype",
-        choices=sorted(STORED_DTYPES),
+        choices=STORED_DTYPE_NAMES,
         default=None,
         help="store a Llama-family folder's weights in this dtype instead of the input's: a "
         "bfloat16 or float16 model's edited weights are then not rounded back to it",
@@ -146,6 +130,8 @@ def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _stored_dtype(checkpoint: Checkpoint) -> str:
+    from attnid.edits.hf_llama import LlamaCheckpoint
+
     if isinstance(checkpoint, LlamaCheckpoint):
         return checkpoint.stored_dtype()
     stored = checkpoint.tensors[f"{checkpoint.layer_prefix}0.attn.c_attn.weight"]
@@ -153,17 +139,30 @@ def _stored_dtype(checkpoint: Checkpoint) -> str:
 
 
 def _edit_and_prove(
-    args: argparse.Namespace, command: str, edit, allow_rope: bool, allow_resized: bool = False
-) -> dict:
+    args: argparse.Namespace,
+    command: str,
+    edit,
+    allow_rope: bool,
+    allow_resized: bool = False,
+    nothing_to_do=None,
+) -> dict | None:
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the
-    report."""
+    report. None, with nothing written, where ``nothing_to_do(checkpoint, rope)`` gives a reason (printed)
+    why the edit would leave the checkpoint as it is."""
+    from attnid.edits.checkpoints import HF_LLAMA, load_checkpoint, save_checkpoint
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
+    from attnid.edits.hf_llama import LlamaCheckpoint, set_stored_dtype
+    from attnid.edits.operations import check_plain_layout
 
     declare_edit_files(args)
     check_load_memory(args.checkpoint)
     progress.stage(f"reading {args.checkpoint}")
     checkpoint = load_checkpoint(args.checkpoint)
     rope = check_plain_layout(checkpoint, command, allow_rope, allow_resized)
+    reason = nothing_to_do(checkpoint, rope) if nothing_to_do is not None else None
+    if reason is not None:
+        print(f"{args.checkpoint}: {reason}; no copy written")
+        return None
     if args.dtype is not None and checkpoint.kind != HF_LLAMA:
         raise UserError(
             f"--dtype rewrites Llama-family folders only; {args.checkpoint} is written in its own dtype"
@@ -224,6 +223,8 @@ EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and b
 def declare_edit_files(args: argparse.Namespace) -> None:
     """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
     --out in the input's format (a file, or a folder of the same files), --json a report."""
+    from attnid.edits.checkpoints import HF_FOLDER, weight_format
+
     rule = outputs.current()
     source = args.checkpoint
     # the input, the held-out data named or found next to a nanoGPT checkpoint, the text
@@ -281,20 +282,27 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
 
 def run_prune_biases(args: argparse.Namespace) -> int:
-    def edit(checkpoint: Checkpoint, rope: bool) -> dict:
-        layout = checkpoint_layout(checkpoint)
-        edited = [prune_layer_biases(layer, layout) for layer in checkpoint.attention_layers()]
-        rounding = store_layers(checkpoint, [layer for layer, _, _ in edited])
-        return {
-            **redundant_bias_count(checkpoint),
-            "rope": rope,
-            "write_back_rel_error": rounding,
-            "nonzero_key_biases_zeroed": sum(k for _, k, _ in edited),
-            "nonzero_value_biases_folded": sum(v for _, _, v in edited),
-        }
+    from attnid.edits.api import prune_checkpoint
+    from attnid.edits.operations import redundant_bias_count
 
-    report = _edit_and_prove(args, "prune-biases", edit, allow_rope=True)
-    biases = "yes" if report["bias"] else "none (nothing to prune)"
+    def edit(checkpoint: Checkpoint, rope: bool) -> dict:
+        return prune_checkpoint(checkpoint)
+
+    def nothing_to_prune(checkpoint: Checkpoint, rope: bool) -> str | None:
+        count = redundant_bias_count(checkpoint)
+        if count["redundant_params"]:
+            return None
+        if checkpoint.attention_layer(0).c_attn_bias is None:
+            return "nothing to prune: no attention biases"
+        return (
+            f"nothing to prune: its {count['key_biases_kept']:,} key biases are identified under RoPE and "
+            f"its {count['value_biases_kept']:,} value biases have no output bias to fold into"
+        )
+
+    report = _edit_and_prove(args, "prune-biases", edit, allow_rope=True, nothing_to_do=nothing_to_prune)
+    if report is None:
+        return 0
+    biases = "yes" if report["bias"] else "none"
     lines = [
         f"{_model_line(report)}, attention biases: {biases}",
         f"redundant biases set to 0: {report['redundant_params']:,} of "
@@ -311,25 +319,13 @@ def run_prune_biases(args: argparse.Namespace) -> int:
 
 
 def run_balance(args: argparse.Namespace) -> int:
+    from attnid.edits.api import balance_checkpoint
+
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:
-        if checkpoint.kind != HF_LLAMA and (rope or attention_variant(checkpoint)[1]):
-            return balance_on_own_orbit(checkpoint, args.target)
-        targets = stored_initial_imbalance(checkpoint) if args.target == "initial" else None
-        layout, layers = checkpoint_layout(checkpoint), checkpoint.attention_layers()
-        before = pair_summary(layers, layout)
-        skipped = balance_layers(layers, layout, targets)
-        rounding = store_layers(checkpoint, layers)
-        after = pair_summary(checkpoint.attention_layers(), layout)  # as stored (its dtype)
-        return {
-            "target": args.target,
-            "orbit": "own",
-            "skipped_pairs": skipped,
-            "write_back_rel_error": rounding,
-            **{f"{k}_before": v for k, v in before.items()},
-            **{f"{k}_after": v for k, v in after.items()},
-        }
+        return balance_checkpoint(checkpoint, args.target)
 
     report = _edit_and_prove(args, "balance", edit, allow_rope=True, allow_resized=True)
+    assert report is not None  # balance always writes its copy (a balanced model is moved by 0)
     lines = [
         f"{_model_line(report)}; target {report['target']}, {report['skipped_pairs']} pair(s) skipped "
         f"(near rank-deficient)",

@@ -403,7 +403,8 @@ def run_edits_table(args: argparse.Namespace) -> int:
 
 
 def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
-    from attnid.reports.interventions_table import BASELINE_CASE
+    from attnid.reports.interventions_table import BASELINE_CASE, INTERACTION
+    from attnid.reports.statistics import ALPHA
 
     add_run_selection_arguments(parser, sweep=False)
     parser.add_argument(
@@ -411,23 +412,66 @@ def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
         default=BASELINE_CASE,
         help="the case every other case (an arm) is compared with, seed by seed (default: %(default)s)",
     )
-    parser.add_argument("--out-dir", required=True, help="where interventions.csv and interventions.tex go")
+    parser.add_argument(
+        "--out-dir",
+        required=True,
+        help="where interventions_seeds.csv, interventions.csv and interventions.tex go",
+    )
+    # the verdict rule (docs/design.md §11.3): a pipeline config fixes these before any run
+    parser.add_argument(
+        "--alpha", type=float, default=ALPHA, help="family-wise level of the verdicts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=None,
+        metavar="DELTA",
+        help="a comparison is 'equivalent' when its 1 - 2 alpha t-interval lies inside +-DELTA, in the "
+        "loss's units (default: none, so nothing is called equivalent)",
+    )
+    parser.add_argument(
+        "--family",
+        nargs="+",
+        default=None,
+        metavar="COMPARISON",
+        help="the comparisons Holm's correction runs over: an arm (against the baseline), ARM-BASELINE, or "
+        f"{INTERACTION} (default: every comparison the runs make)",
+    )
+    parser.add_argument(
+        "--arm-costs",
+        default=None,
+        metavar="CSV",
+        help="each arm's cost per step as written by benchmarks/arms_cost.py, shown beside the verdicts",
+    )
 
 
 def run_interventions_table(args: argparse.Namespace) -> int:
+    import math
+
     from attnid.reports.interventions_table import write_interventions_table
 
     check_run_selection(args)
-    declare_report_files(args)
+    declare_report_files(args, args.arm_costs)
     with written_by("attnid train"):
-        table, notes = write_interventions_table(args.runs_dir, args.out_dir, args.runs, args.baseline)
+        table, notes = write_interventions_table(
+            args.runs_dir,
+            args.out_dir,
+            args.runs,
+            args.baseline,
+            alpha=args.alpha,
+            equivalence_margin=args.equivalence_margin,
+            family=args.family,
+            costs_path=args.arm_costs,
+        )
     for note in notes:
         print(f"note: {note}")
-    for row in table.itertuples():
+    for row in table.to_dict("records"):
+        cost = "" if math.isnan(row["cost_ratio"]) else f", cost per step x{row['cost_ratio']:.3g}"
         print(
-            f"{row.arm} - {row.baseline}, {row.metric}: mean {row.delta_mean:+.4g}, 95% CI "
-            f"[{row.ci_low:+.4g}, {row.ci_high:+.4g}] over {row.n_seeds} seeds, "
-            f"sign-flip p = {row.p_value:.3g}: {row.verdict}"
+            f"{row['comparison']}: mean {row['delta_mean']:+.4g}, {100 * (1 - args.alpha):g}% t-CI "
+            f"[{row['ci_low']:+.4g}, {row['ci_high']:+.4g}] over {row['n_seeds']} seeds, sign-flip "
+            f"p = {row['p_value']:.3g}, Holm p = {row['p_holm']:.3g}, detectable "
+            f"{row['detectable_effect']:.3g}{cost}: {row['verdict']}"
         )
-    print(f"wrote interventions.csv and interventions.tex to {args.out_dir}")
+    print(f"wrote interventions_seeds.csv, interventions.csv and interventions.tex to {args.out_dir}")
     return 0

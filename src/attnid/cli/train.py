@@ -8,7 +8,6 @@ from dataclasses import fields
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
-from attnid.training import rundir
 from attnid.training.config import (
     REPLACED_OPTIONS,
     TrainConfig,
@@ -55,6 +54,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from attnid.training import rundir
     from attnid.training.train import train
 
     cfg = config_from_args(args)

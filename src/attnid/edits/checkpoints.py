@@ -269,7 +269,7 @@ def gpt2_expected_shapes(sizes: dict[str, int], prefix: str) -> tuple[dict, dict
 
 
 def load_hf_gpt2(folder: Path) -> Checkpoint:
-    from attnid.theory.hf_config import read_hf_config
+    from attnid.common.hf_config_file import read_hf_config
 
     if not (folder / "config.json").exists():
         raise UserError(
@@ -321,8 +321,8 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     ``config.json``)."""
     path = Path(path)
     if path.is_dir():
+        from attnid.common.hf_config_file import read_hf_config
         from attnid.edits.hf_llama import LLAMA_FAMILY, load_hf_llama  # it builds on this module
-        from attnid.theory.hf_config import read_hf_config
 
         if not (path / "config.json").exists():
             raise UserError(

@@ -33,6 +33,7 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_json_atomic
+from attnid.common.hf_config_file import read_hf_config
 from attnid.edits.checkpoints import (
     HF_LLAMA,
     AttentionLayer,
@@ -41,15 +42,16 @@ from attnid.edits.checkpoints import (
     _read_weight_file,
     _save_hf,
 )
+from attnid.edits.options import STORED_DTYPE_NAMES
 from attnid.model.layout import AttentionLayout, row_blocks
 from attnid.theory import counts
-from attnid.theory.hf_config import architecture_from_hf_config, read_hf_config
+from attnid.theory.hf_config import architecture_from_hf_config
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "gemma")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 ANCHOR = "layers.0.self_attn.q_proj.weight"
 # --dtype: the stored dtype a folder can be rewritten in (a bfloat16 or float16 weight is exact in float32)
-STORED_DTYPES = {"float32": torch.float32}
+STORED_DTYPES = {name: getattr(torch, name) for name in STORED_DTYPE_NAMES}
 # config.json's name for the stored dtype: "dtype" (transformers 5) or "torch_dtype" (4.x)
 CONFIG_DTYPE_KEYS = ("dtype", "torch_dtype")
 

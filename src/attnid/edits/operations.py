@@ -47,9 +47,6 @@ from attnid.model.moves import rebalance_model
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 
-BALANCE_TARGETS = ("balanced", "initial")
-
-
 # --------------------------------------------------------------------------------------
 # the edits (pure functions on float64 layers in nanoGPT's layout, grouped for GQA)
 # --------------------------------------------------------------------------------------

@@ -121,64 +121,65 @@ def inspection_csv(report: dict) -> str:
     return buffer.getvalue()
 
 
+# attnid inspect's table: (header, report key, format) per column; the legend under it says what each is
+# (§n: docs/design.md's sections; lemmas: the paper's)
+INSPECT_COLUMNS = (
+    ("layer", "layer", "{}"),
+    ("heads", "heads", "{}"),
+    ("mu_qk", "mu_qk", "{:.4g}"),
+    ("mu_ov", "mu_ov", "{:.4g}"),
+    ("|I_qk|_F", "imbalance_norm_qk", "{:.4g}"),
+    ("|I_ov|_F", "imbalance_norm_ov", "{:.4g}"),
+    ("attn params", "attention_params", "{}"),
+    ("orbit qk", "orbit_qk", "{}"),
+    ("dim qk", "orbit_dim_qk", "{}"),
+    ("unid qk", "unidentified_qk", "{}"),
+    ("dim ov", "orbit_dim_ov", "{}"),
+    ("unid ov", "unidentified_ov", "{}"),
+    ("unid bias", "unidentified_bias", "{}"),
+    ("unid", "unidentified", "{}"),
+    ("identified", "identified_fraction", "{:.6f}"),
+)
+INSPECT_LEGEND = (
+    (
+        "mu_qk, mu_ov",
+        "excess norm of the query-key and output-value pairs over their orbit's minimum "
+        "(0 = balanced; docs/design.md §3.4)",
+    ),
+    ("|I_qk|_F, |I_ov|_F", "Frobenius norm of the conserved imbalance A A^T - B B^T (§3.2)"),
+    ("attn params", "attention parameters of the layer (weights and biases of Q, K, V and the output)"),
+    ("orbit qk", "the query-key pair's orbit: gl (all of GL_D) or rope (the RoPE commutant, §8)"),
+    ("dim qk, dim ov", "orbit dimension measured at these weights (the tangent map's rank, §9)"),
+    ("unid qk, unid ov", "unidentified parameters by the closed forms (Lemmas 4.1-4.6, Prop. 4.8; §5.1)"),
+    ("unid bias", "unidentified key and value biases (§4.7 of the paper)"),
+    ("unid", "their sum"),
+    ("identified", "the identified share of the attention parameters, 1 - unid / attn params (§5.1)"),
+    ("dim = closed form", "whether both measured dimensions equal the closed forms"),
+    (
+        "total",
+        "the whole model: parameters summed over layers, mu over all pairs pooled, |I|_F the root of "
+        "the summed squares",
+    ),
+)
+
+
 def format_inspection(report: dict) -> str:
-    columns = [
-        ("layer", "{}"),
-        ("heads", "{}"),
-        ("mu_qk", "{:.4g}"),
-        ("mu_ov", "{:.4g}"),
-        ("imbalance_norm_qk", "{:.4g}"),
-        ("imbalance_norm_ov", "{:.4g}"),
-        ("attention_params", "{}"),
-        ("orbit_qk", "{}"),
-        ("orbit_dim_qk", "{}"),
-        ("unidentified_qk", "{}"),
-        ("orbit_dim_ov", "{}"),
-        ("unidentified_ov", "{}"),
-        ("unidentified_bias", "{}"),
-        ("identified_fraction", "{:.6f}"),
-    ]
-    headers = [
-        "layer",
-        "heads",
-        "mu_qk",
-        "mu_ov",
-        "|I_qk|_F",
-        "|I_ov|_F",
-        "attn params",
-        "orbit qk",
-        "dim qk",
-        "unid qk",
-        "dim ov",
-        "unid ov",
-        "unid bias",
-        "identified",
-    ]
+    """``attnid inspect``'s table: the model's shape, one row per layer, a labelled total row, a legend."""
+    headers = [header for header, _, _ in INSPECT_COLUMNS] + ["dim = closed form"]
     cells = [
-        [fmt.format(row[key]) for key, fmt in columns]
-        + [("" if row["orbit_matches_closed_form"] else "MISMATCH")]
+        [fmt.format(row[key]) for _, key, fmt in INSPECT_COLUMNS]
+        + [("yes" if row["orbit_matches_closed_form"] else "MISMATCH")]
         for row in report["layers"]
     ]
-    headers.append("dim = closed form")
-    total = report["total"]
+    total = dict(report["total"])
+    for key in ("unidentified_qk", "unidentified_ov", "unidentified_bias"):  # summed like attn params
+        total[key] = sum(row[key] for row in report["layers"])
     cells.append(
         [
-            "all",
-            "",
-            f"{total['mu_qk']:.4g}",
-            f"{total['mu_ov']:.4g}",
-            f"{total['imbalance_norm_qk']:.4g}",
-            f"{total['imbalance_norm_ov']:.4g}",
-            str(total["attention_params"]),
-            "",
-            "",
-            "",
-            "",
-            "",
-            str(total["unidentified"]),
-            f"{total['identified_fraction']:.6f}",
-            "yes" if total["orbit_matches_closed_form"] else "NO",
+            fmt.format(total[key]) if key in total else ("total" if key == "layer" else "")
+            for _, key, fmt in INSPECT_COLUMNS
         ]
+        + ["yes" if total["orbit_matches_closed_form"] else "MISMATCH"]
     )
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
     source = "".join(f"{key}={report[key]} " for key in ("format", "model_type", "dtype") if report.get(key))
@@ -189,4 +190,6 @@ def format_inspection(report: dict) -> str:
         "  ".join(h.rjust(w) for h, w in zip(headers, widths)),
     ]
     lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    name_width = max(len(name) for name, _ in INSPECT_LEGEND)
+    lines += ["", "columns:"] + [f"  {name:<{name_width}}  {text}" for name, text in INSPECT_LEGEND]
     return "\n".join(lines)

@@ -34,6 +34,7 @@ import math
 import torch
 
 from attnid.common.errors import UserError
+from attnid.measure.options import METRICS_DEVICES
 from attnid.measure.products import CircuitPairs, CircuitStep, read_pairs, steps_between
 from attnid.model import moves
 from attnid.model.layout import (
@@ -44,6 +45,7 @@ from attnid.model.layout import (
     orbit_of,
     stacked_pairs,
 )
+from attnid.model.options import REBALANCE_TARGETS
 from attnid.theory import factor_pairs
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import RebalanceTarget
@@ -65,9 +67,6 @@ def _share(numerator: float, denominator: float) -> float:
 
 def _device(model: torch.nn.Module) -> torch.device:
     return attention_blocks(model)[0].attn.c_attn.weight.device
-
-
-METRICS_DEVICES = ("host", "device")
 
 
 def excess_norm(frobenius_sq: torch.Tensor, minimum: torch.Tensor) -> float:
@@ -136,7 +135,7 @@ class MetricTracker:
     def rebalance_targets(self, target: str) -> dict[str, RebalanceTarget]:
         """Per circuit, the prepared target of :func:`attnid.model.moves.rebalance_model` that moves to
         ``I_0`` (``initial``) or 0 (``balanced``)."""
-        if target not in moves.REBALANCE_TARGETS:
+        if target not in REBALANCE_TARGETS:
             raise UserError(f"rebalance target must be 'initial' or 'balanced', got {target!r}")
         for circuit, initial in self.initial_imbalance.items():
             if (circuit, target) not in self._targets:

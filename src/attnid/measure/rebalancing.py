@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from attnid.measure.metrics import MetricTracker
 from attnid.theory.circuits import CIRCUITS
 
+# The probe of a run that does not rebalance moves every pair to its nearest balanced point (docs/design.md
+# §3.3): the minimum-norm representative that μ measures, in closed form (one SVD per pair), and a move as
+# large as the pair's whole imbalance, so τ tests the symmetry at full size whatever the run conserves.
+PROBE_TARGET = "balanced"
+
 
 @torch.no_grad()
 def move_and_measure(
@@ -29,8 +34,9 @@ def move_and_measure(
     """Move every pair along its orbit to imbalance ``I_0`` (``initial``) or 0 (``balanced``), in place, and
     measure τ across the move on the tracker's probe batch.
 
-    Returns ``({'tau', 'tau_logits', 'skipped_pairs'}, {circuit: the Move})``. ``pairs``: per circuit the
-    :class:`attnid.measure.products.CircuitPairs` of the model's weights where the maths runs, when the
+    Returns ``({'tau', 'tau_logits', 'skipped_pairs', 'move_qk', 'move_ov'}, {circuit: the Move})``, with
+    ``move_<circuit>`` the move's relative Frobenius distance (docs/design.md §3.5). ``pairs``: per circuit
+    the :class:`attnid.measure.products.CircuitPairs` of the model's weights where the maths runs, when the
     caller has them. The optimizer state is not touched.
     """
     targets = tracker.rebalance_targets(target)
@@ -42,7 +48,8 @@ def move_and_measure(
             model, circuit, targets[circuit], compute_device=tracker.compute_device, pairs=given
         )
         skipped += done[circuit].skipped
-    return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped}, done
+    moved = {f"move_{circuit}": move.relative_move for circuit, move in done.items()}
+    return tracker.tau(before, tracker.probe(model)) | {"skipped_pairs": skipped} | moved, done
 
 
 @torch.no_grad()
@@ -50,7 +57,7 @@ def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "ini
     """:func:`move_and_measure`, and the tracker remembers each move (μ at the weights it moved from reuses
     the move's orbit minimum, :meth:`attnid.measure.metrics.MetricTracker.state_metrics`).
 
-    Returns ``{'tau', 'tau_logits', 'skipped_pairs'}``."""
+    Returns ``{'tau', 'tau_logits', 'skipped_pairs', 'move_qk', 'move_ov'}``."""
     row, done = move_and_measure(model, tracker, target)
     for circuit, move in done.items():
         tracker.remember_move(circuit, move)  # a τ probe restores these weights: μ reuses the move's SVD
@@ -58,7 +65,7 @@ def rebalance(model: torch.nn.Module, tracker: MetricTracker, target: str = "ini
 
 
 @torch.no_grad()
-def tau_probe(model: torch.nn.Module, tracker: MetricTracker, target: str = "initial") -> dict[str, float]:
+def tau_probe(model: torch.nn.Module, tracker: MetricTracker, target: str = PROBE_TARGET) -> dict[str, float]:
     """:func:`rebalance` without side effects: the model's weights are bit-identical afterwards."""
     with moves.kept_attention_weights(model):
         return rebalance(model, tracker, target)
@@ -69,7 +76,7 @@ def tau_probe_on_copy(
     probe_model: torch.nn.Module,
     weights: list[torch.Tensor],
     tracker: MetricTracker,
-    target: str = "initial",
+    target: str = PROBE_TARGET,
     pairs: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """τ of a probe rebalance of a model whose parameters and buffers (in ``named_parameters``,

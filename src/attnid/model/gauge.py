@@ -34,6 +34,16 @@ in :class:`attnid.model.gpt.GPT` (and in nanoGPT).
 
 Under RoPE the query-key orbit is the rotations' commutant (docs/design.md §8), which
 cannot move a block of ``W_K`` to ``c I``; this parametrisation is refused there.
+
+The controls of this arm (docs/design.md §14) come from the same pieces:
+
+- ``fix_gauge(model, at="init")``: the same windows fixed at their *initial* values, no move:
+  ``adamw``'s initialisation with ``2 G D^2`` entries per layer frozen. A block fixed to a constant
+  invertible matrix ``M`` is a gauge as much as ``c I`` is (the block determines ``S``: ``S F_c = M``),
+  so this arm differs from the gauge-fixed one only in where it starts on the orbit;
+- :func:`move_to_gauge_point`: the gauge arm's initial point with nothing fixed;
+- :class:`FrozenEntries` / :func:`freeze_random_mlp_entries`: as many entries frozen at random in the
+  MLP weights, outside attention, where freezing an entry is no gauge.
 """
 
 from __future__ import annotations
@@ -54,10 +64,13 @@ from attnid.model.layout import (
     row_blocks,
     write_layer_pairs,
 )
+from attnid.model.options import GAUGE_POINT, INITIAL_POINTS
 
 # Which factor of each circuit's pair carries the fixed block: the key B of a query-key pair, the value A of
 # an output-value pair (the factors with one D x E matrix per group)
 GAUGED_FACTOR = {"qk": "b", "ov": "a"}
+# Offset that gives the draw of the frozen MLP entries its own seed, apart from the init's and the batches'
+FROZEN_SEED_OFFSET = 15_485_863
 
 
 def check_gauge_layout(layout: AttentionLayout) -> None:
@@ -96,6 +109,18 @@ def best_windows(factor: torch.Tensor, n_embd: int) -> torch.Tensor:
     return condition.argmin(-1)
 
 
+def window_columns(starts: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Each pair's window as weight columns, ``(G, D)``: row ``g`` is ``starts[g] .. starts[g] + D - 1``."""
+    return starts[:, None] + torch.arange(head_dim, device=starts.device)
+
+
+def window_blocks(factor: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """The ``D x D`` block of each pair's factor ``(G, D, n)`` at its window: ``(G, D, D)``."""
+    head_dim = factor.shape[-2]
+    columns = window_columns(starts, head_dim)[:, None, :].expand(-1, head_dim, -1)
+    return torch.take_along_dim(factor, columns, dim=-1)
+
+
 def gauge_move(
     pair_a: torch.Tensor, pair_b: torch.Tensor, circuit: str, starts: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -109,8 +134,8 @@ def gauge_move(
     """
     gauged, other = (pair_b, pair_a) if GAUGED_FACTOR[circuit] == "b" else (pair_a, pair_b)
     head_dim = gauged.shape[-2]
-    columns = starts[:, None] + torch.arange(head_dim, device=starts.device)  # (G, D)
-    block = torch.take_along_dim(gauged, columns[:, None, :].expand(-1, head_dim, -1), dim=-1)  # (G, D, D)
+    columns = window_columns(starts, head_dim)  # (G, D)
+    block = window_blocks(gauged, starts)  # (G, D, D)
     unit_gauged = torch.linalg.solve(block, gauged)  # F_c^{-1} F
     unit_other = block.transpose(-1, -2) @ other  # F_cᵀ O
     scale = (unit_other.square().sum((-1, -2)) / unit_gauged.square().sum((-1, -2))).pow(0.25)  # (G,) = c
@@ -131,7 +156,8 @@ def gauge_move(
 
 class GaugeFixedQKV(nn.Module):
     """``c_attn`` of a gauge-fixed layer: ``x -> x Wᵀ + b`` with ``W = [W_Q; W_K; W_V]``, where each group's
-    key and value window (``key_starts[g]``, ``value_starts[g]``) is a fixed ``c I`` (module docstring).
+    key and value window (``key_starts[g]``, ``value_starts[g]``) is fixed at the value it has when the
+    module is made: ``c I`` at the gauge point, or the initial block (module docstring).
 
     ``weight`` ``(H*D + 2*G*D, E)`` is a buffer holding the whole matrix; the parameters are views of its
     free entries (``query_weight`` ``(H*D, E)``, ``key{g}_left`` ``(D, s_g)``, ``key{g}_right``,
@@ -237,6 +263,8 @@ class GaugeFixedQKV(nn.Module):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
+        # nothing writes a fixed block, so the blocks this module was made with are the ones it must load
+        fixed = [block.clone() for block in self.fixed_blocks()]
         for name, target in (("weight", self.weight), ("bias", self.bias)):
             if target is None:
                 continue
@@ -253,10 +281,11 @@ class GaugeFixedQKV(nn.Module):
                 continue
             with torch.no_grad():
                 target.copy_(value)  # in place: the parameter views follow
-        if not gauge_holds(self):
+        if not all(torch.equal(a, b) for a, b in zip(fixed, self.fixed_blocks(), strict=True)):
             error_msgs.append(
-                f"{prefix}weight: a fixed block is not c I (not a checkpoint of this "
-                f"gauge-fixed parametrisation, or of another seed's)"
+                f"{prefix}weight: a fixed block differs from this model's (c I at the gauge point, or "
+                f"the initial block): not a checkpoint of this gauge-fixed parametrisation, or of "
+                f"another seed's"
             )
         own = {prefix + "weight", prefix + "bias"}
         unexpected_keys.extend(
@@ -265,7 +294,7 @@ class GaugeFixedQKV(nn.Module):
 
 
 def gauge_holds(qkv: GaugeFixedQKV) -> bool:
-    """Whether every fixed block is bit-exactly ``c I`` with ``c > 0``."""
+    """Whether every fixed block is bit-exactly ``c I`` with ``c > 0`` (the gauge point's blocks)."""
     eye = torch.eye(qkv.head_dim, dtype=qkv.weight.dtype, device=qkv.weight.device)
     return all(
         bool(block[0, 0] > 0) and torch.equal(block, block[0, 0] * eye) for block in qkv.fixed_blocks()
@@ -278,28 +307,56 @@ def gauge_holds(qkv: GaugeFixedQKV) -> bool:
 
 
 @torch.no_grad()
-def fix_gauge(model: torch.nn.Module) -> float:
-    """Move a stock GPT into the gauge along its ``GL_D`` orbits and swap every layer's ``c_attn`` for a
-    :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §14).
-
-    The maths runs in float64 and the moved weights are cast to the model's dtype, so the function is the
-    same up to that rounding. Returns the largest condition number of the blocks inverted.
-    """
+def _gauge_windows(model: torch.nn.Module, move: bool) -> tuple[list[dict[str, list[int]]], float]:
+    """Per layer, ``{circuit: window starts}`` of the gauged factors' best-conditioned blocks at the current
+    weights (:func:`best_windows`), and with ``move`` every pair moved along its orbit to its gauge point
+    (:func:`gauge_move`, float64, cast back to the model's dtype). Also returns the largest condition number
+    of the blocks: inverted for the move, or (without it) the blocks as they are, which are a gauge only
+    where invertible (docs/design.md §14)."""
     layout = layout_of(model)
     check_gauge_layout(layout)
-    worst = 1.0
-    for block, tensors in zip(attention_blocks(model), attention_tensors(model), strict=True):
+    worst, windows = 1.0, []
+    for tensors in attention_tensors(model):
         starts = {}
         for circuit in ("qk", "ov"):
             pair_a, pair_b = pairs_from_tensors(*tensors, layout, circuit)  # (G, D, n) float64
             gauged = pair_b if GAUGED_FACTOR[circuit] == "b" else pair_a
-            starts[circuit] = best_windows(gauged, layout.n_embd)
-            new_a, new_b, condition = gauge_move(pair_a, pair_b, circuit, starts[circuit])
-            write_layer_pairs(tensors, layout, circuit, new_a, new_b)
+            best = best_windows(gauged, layout.n_embd)  # (G,)
+            if move:
+                new_a, new_b, condition = gauge_move(pair_a, pair_b, circuit, best)
+                write_layer_pairs(tensors, layout, circuit, new_a, new_b)
+            else:
+                condition = torch.linalg.cond(window_blocks(gauged, best))
             worst = max(worst, float(condition.max()))
-        block.attn.c_attn = GaugeFixedQKV(
-            block.attn.c_attn, layout, starts["qk"].tolist(), starts["ov"].tolist()
-        )
+            starts[circuit] = best.tolist()
+        windows.append(starts)
+    return windows, worst
+
+
+def move_to_gauge_point(model: torch.nn.Module) -> float:
+    """Move a stock GPT along its ``GL_D`` orbits to the gauge point of :func:`fix_gauge`, in place, and fix
+    nothing: the initial point of ``adamw_gauge_fixed`` for plain training (``attnid train --initial-point
+    gauge``; docs/design.md §14). The same function up to the float32 rounding of the moved weights.
+    Returns the largest condition number of the blocks inverted."""
+    return _gauge_windows(model, move=True)[1]
+
+
+@torch.no_grad()
+def fix_gauge(model: torch.nn.Module, at: str = GAUGE_POINT) -> float:
+    """Fix one ``D x D`` block per key and value group and swap every layer's ``c_attn`` for a
+    :class:`GaugeFixedQKV`, in place, before an optimizer is made (docs/design.md §14).
+
+    ``at="gauge"`` (``adamw_gauge_fixed``): the model is first moved along its orbits into the gauge
+    (:func:`move_to_gauge_point`), so each block is ``c I``. ``at="init"``: nothing moves, and the same
+    windows (the best-conditioned blocks) are fixed at their initial values, ``2 G D^2`` entries per layer
+    as at the gauge point. Returns the largest condition number of the blocks (inverted, or fixed).
+    """
+    if at not in INITIAL_POINTS:
+        raise ValueError(f"fix_gauge at {at!r}: choose one of {INITIAL_POINTS}")
+    layout = layout_of(model)
+    windows, worst = _gauge_windows(model, move=at == GAUGE_POINT)
+    for block, starts in zip(attention_blocks(model), windows, strict=True):
+        block.attn.c_attn = GaugeFixedQKV(block.attn.c_attn, layout, starts["qk"], starts["ov"])
     return worst
 
 
@@ -318,3 +375,59 @@ def trainable_attention_params(model: torch.nn.Module) -> int:
         for param in block.attn.parameters()
         if param.requires_grad
     )
+
+
+# --------------------------------------------------------------------------------------
+# The control outside attention: as many entries frozen at random in the MLP weights
+# --------------------------------------------------------------------------------------
+
+
+class FrozenEntries:
+    """Entries of some parameters held at their current values through training (docs/design.md §14).
+
+    A hook on each parameter zeroes the gradient at its frozen entries, so they enter neither the clipped
+    gradient norm nor AdamW's moments (as a fixed block, which is no parameter, does not); :meth:`restore`,
+    run after every optimizer step, writes their values back, which undoes AdamW's decoupled weight decay,
+    the only thing that still moves them. ``masks`` maps each parameter to its ``bool`` mask (its shape)."""
+
+    def __init__(self, masks: list[tuple[nn.Parameter, torch.Tensor]]):
+        self.frozen = [
+            (param, mask.to(param.device), param.detach()[mask.to(param.device)].clone())
+            for param, mask in masks
+        ]
+        for param, mask, _ in self.frozen:
+            keep = (~mask).to(param.dtype)
+            param.register_hook(lambda grad, keep=keep: grad * keep)
+
+    @property
+    def count(self) -> int:
+        return sum(int(mask.sum()) for _, mask, _ in self.frozen)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for param, mask, values in self.frozen:
+            param[mask] = values
+
+
+def freeze_random_mlp_entries(
+    model: torch.nn.Module, seed: int, per_layer: int | None = None
+) -> FrozenEntries:
+    """Freeze ``per_layer`` entries of every layer's MLP weights (``c_fc`` and ``c_proj`` together, biases
+    not), drawn uniformly without replacement from a generator seeded with ``seed +``
+    :data:`FROZEN_SEED_OFFSET`, at their current values: the control of ``adamw_gauge_fixed`` outside
+    attention. By default as many as the gauge fixes, ``2 G D^2`` (:func:`fixed_entries_per_layer`;
+    docs/design.md §14)."""
+    if per_layer is None:
+        per_layer = fixed_entries_per_layer(layout_of(model))
+    generator = torch.Generator().manual_seed(seed + FROZEN_SEED_OFFSET)
+    masks = []
+    for block in attention_blocks(model):
+        weights = [block.mlp.c_fc.weight, block.mlp.c_proj.weight]
+        sizes = [w.numel() for w in weights]
+        if per_layer > sum(sizes):
+            raise UserError(f"cannot freeze {per_layer} of a layer's {sum(sizes)} MLP weight entries")
+        chosen = torch.zeros(sum(sizes), dtype=torch.bool)
+        chosen[torch.randperm(sum(sizes), generator=generator)[:per_layer]] = True
+        for weight, mask in zip(weights, chosen.split(sizes), strict=True):
+            masks.append((weight, mask.view(weight.shape)))
+    return FrozenEntries(masks)

@@ -33,12 +33,10 @@ from attnid.model.layout import (
     stacked_pairs,
     write_pairs_back,
 )
+from attnid.model.options import REBALANCE_TARGETS
 from attnid.theory import counts
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import Orbit, RebalanceTarget
-
-REBALANCE_TARGETS = ("initial", "balanced")
-
 
 # --------------------------------------------------------------------------------------
 # Orbit dimension (compare with counts.py's closed forms)
@@ -108,14 +106,15 @@ def prepared_target(orbit: Orbit, initial: torch.Tensor, target: str) -> Rebalan
 
 @dataclass
 class Move:
-    """What :func:`rebalance_model` did to one circuit: pairs left alone, and the stacked pairs
-    ``(L*G, D, n)`` *before* the move with mu's per-pair orbit minimum there, so a caller that
+    """What :func:`rebalance_model` did to one circuit: pairs left alone, how far the factors moved, and the
+    stacked pairs ``(L*G, D, n)`` *before* the move with mu's per-pair orbit minimum there, so a caller that
     measures mu at those weights again (the tau probe restores them) can skip the SVD."""
 
     skipped: int
     pair_a: torch.Tensor
     pair_b: torch.Tensor
     minimum: torch.Tensor
+    relative_move: float  # sqrt(sum ||A' - A||^2 + ||B' - B||^2) / sqrt(sum ||A||^2 + ||B||^2) over the pairs
 
 
 @torch.no_grad()
@@ -146,7 +145,10 @@ def rebalance_model(
     write_pairs_back(
         model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer), strict=True))
     )
-    return Move(int((~moved.done).sum()), pair_a, pair_b, moved.minimum)
+    distance_sq = (moved.pair_a - pair_a).square().sum() + (moved.pair_b - pair_b).square().sum()
+    norm_sq = pair_a.square().sum() + pair_b.square().sum()
+    relative = float((distance_sq / norm_sq).sqrt()) if float(norm_sq) > 0 else 0.0
+    return Move(int((~moved.done).sum()), pair_a, pair_b, moved.minimum, relative)
 
 
 @contextlib.contextmanager

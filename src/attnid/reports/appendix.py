@@ -16,17 +16,14 @@ import subprocess
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
+from attnid.plan.studies import STUDIES
 from attnid.reports.figures import caption_parts, registry
 from attnid.reports.latex import find_template_dir, gap_note, latex_environment, records, tex_escape
-from attnid.reports.studies import STUDIES
-
-if TYPE_CHECKING:
-    pass
 
 EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune.tex: attnid edits-table
 # One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.

@@ -35,7 +35,7 @@ BETA_REBALANCE_RATIO_MAX = 1e-2
 # so in float64 its ρ and first-order drift are round-off (the thresholds of E1's SGD identities); the
 # gauge-fixed arm starts from adamw's function (its logits and step-0 val loss equal to float32 rounding).
 GAUGE_INITIAL_CHANGE_MAX = 1e-5
-PROJECTED_CASE, GAUGE_FIXED_CASE, TRANSPORT_MOMENTS = "adamw_projected", "adamw_gauge_fixed", "transport"
+PROJECTED_CASE, GAUGE_FIXED_CASE, FIRST_MOMENT = "adamw_projected", "adamw_gauge_fixed", "first-moment"
 
 # The coarsest unit round-off at which a round-off claim above is decidable: float64 only
 # (float32 puts SGD's drift1 / drift2 near 1e-5, its ρ near 1e-9 and β_QK of the sweep at its floor).
@@ -305,7 +305,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
     - the gauge-fixed arm: the trained attention entries drop (``adamw``'s run of the same seed minus
       the arm's) by exactly the closed form ``2 L G D^2``; its initial function equals ``adamw``'s (logits
       on the probe batch, and the step-0 val loss against ``adamw``'s run of the same seed);
-    - the rebalancing arm with transported moments: its orbit moves keep the function (τ).
+    - the rebalancing arm with the first moment transported: its orbit moves keep the function (τ).
     """
     rebalancing = (
         arms[arms["case"].isin(rebalancing_cases()) & (arms["status"] != "diverged")]
@@ -313,7 +313,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
         else arms
     )
     transported = (
-        rebalancing[rebalancing["rebalance_moments"] == TRANSPORT_MOMENTS]
+        rebalancing[rebalancing["rebalance_moments"] == FIRST_MOMENT]
         if not rebalancing.empty
         else rebalancing
     )
@@ -322,13 +322,13 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
         + _gauge_fixed_claims(_finished_case(arms, GAUGE_FIXED_CASE), _finished_case(arms, CLAIM_ADAMW_CASE))
         + [
             _claim(
-                "interventions: transported rebalance tau max < 1e-5",
+                "interventions: first-moment rebalance tau max < 1e-5",
                 "design §15 (ours)",
                 _extreme(transported, ["tau_max"]),
                 "<",
                 TAU_MAX,
                 f"largest relative loss change of an orbit move over {len(transported)} rebalancing runs "
-                f"with the moments transported",
+                f"with the first moment transported",
                 dtypes_of(transported),
             )
         ]

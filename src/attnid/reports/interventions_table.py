@@ -1,34 +1,45 @@
-"""The interventions study's table: every arm against the ``adamw`` baseline, seed by seed.
+"""The interventions study's tables: every arm against the ``adamw`` baseline, seed by seed, and the verdicts.
 
 The interventions on the orbit change only how training moves along the symmetry orbit and are trained
 exactly like ``adamw`` (the same model, learning rate, schedule, seeds and batches), so each arm's run
 with seed ``s`` is compared with the baseline's run with seed ``s``. Gathering reads only ``run.json``
-and ``metrics.csv`` (torch-free, testable on synthetic runs):
+(torch-free, testable on synthetic runs):
 
     attnid interventions-table --runs RUN_DIR... --out-dir results/tables [--baseline adamw]
+        [--alpha 0.05] [--equivalence-margin 0.01] [--family COMPARISON...] [--arm-costs arms_cost.csv]
 
-writes ``interventions.csv``, one row per arm and metric with the columns :data:`INTERVENTION_COLUMNS`, and
-``interventions.tex`` (templates/interventions.tex.j2). Every arm among the runs other than the baseline
-is compared with it, in the case registry's order (cases it does not know last). An arm is a case, or a
-rebalancing case with its AdamW moments transported or reset (:func:`arm_name`:
-``adamw_rebalance_transport``); such an arm is also compared with its case's runs with the moments kept,
-when those are among the runs (a row with that case as the baseline).
+writes three files:
 
-The metrics (docs/design.md §11.5) are the final val loss, the best val loss and
-the val loss at equal wall time; the statistics (§11.1, §11.2) are
-:mod:`attnid.reports.statistics`'. Lower loss is better, so a negative ``delta_mean`` (arm minus
+* ``interventions_seeds.csv`` (:data:`SEED_COLUMNS`): one row per comparison and seed, the arm's and the
+  baseline's value of the primary metric and their difference (:func:`paired_seed_table`). Every number
+  of the next table is computed from it alone (:func:`comparisons_table`), so a reader can recompute
+  every verdict.
+* ``interventions.csv`` (:data:`INTERVENTION_COLUMNS`): one row per comparison: the mean difference, the
+  paired sd, the Student-t CI and the equivalence test's interval, the exact sign-flip p and its Holm
+  adjustment over the declared family, the smallest effect the comparison could detect, the arm's
+  per-step cost, and the verdict of the rule (docs/design.md §11).
+* ``interventions.tex`` (templates/interventions.tex.j2).
+
+The **primary metric** is ``final_val_loss_full``: the final model's loss on the whole val split, at
+equal optimizer steps (docs/design.md §11.5). Lower loss is better, so a negative ``delta_mean`` (arm minus
 baseline) is a gain of the arm.
 
+The **comparisons**: every arm among the runs other than the baseline, against it, in the case registry's
+order (cases it does not know last); an arm with transported or reset moments also against its case's
+runs with the moments kept (:func:`comparison_name` ``adamw_rebalance_first_moment-adamw_rebalance``); and,
+when its four arms are among the runs, the 2 x 2 interaction of starting point and frozen blocks
+(:data:`INTERACTION`, docs/design.md §14). An arm is named by its run (:func:`run_arm_name`).
+
 A pairing that is missing (an arm seed without a baseline run), a run listed twice or a pair trained for
-different step counts is an error. A pair in which a run diverged has no loss to compare: it is left out
-of the statistics, said on stdout, and ``n_seeds`` counts the pairs that remain; with fewer than
-:data:`attnid.reports.statistics.MIN_PAIRED_SEEDS` left, the row has no CI and its verdict is
-:data:`TOO_FEW_SEEDS`.
+different step counts is an error. A pair in which a run diverged has no loss to compare: it stays in the
+seeds table with an empty difference, is left out of the statistics, and is said on stdout.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,57 +47,69 @@ import pandas as pd
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.plan.interventions import (
+    AT_INIT_ARM,
+    BASELINE_CASE,
+    FROM_GAUGE_ARM,
+    GAUGE_ARM,
+    INTERACTION,
+    INTERACTION_TERMS,
+    arm_name,
+    comparison_name,
+    moved_moments,
+)
 from attnid.reports.latex import records, render_table
 from attnid.reports.statistics import (
-    BOOTSTRAP_RESAMPLES,
+    ALPHA,
+    BOOTSTRAP_MIN_SEEDS,
     EXACT_SIGN_FLIP_SEEDS,
     MIN_PAIRED_SEEDS,
-    compare_paired,
-    paired_differences,
+    NOT_IN_FAMILY,
+    PairedEstimate,
+    VerdictRule,
+    estimate_paired,
+    holm_adjusted,
     smallest_sign_flip_p_value,
 )
-from attnid.reports.tables import summarize_run
 from attnid.training.rundir import find_run_dirs, load_run
 
-# The paired baseline of every arm.
-BASELINE_CASE = "adamw"
-METRICS = ("final_val_loss", "best_val_loss", "val_loss_at_equal_wall_time")
+# The primary metric (docs/design.md §11.5): run.json's loss of the final model on the whole val split.
+PRIMARY_METRIC = "final_val_loss_full"
+
+SEED_COLUMNS = ("comparison", "arm", "baseline", "seed", "arm_value", "baseline_value", "difference")
 INTERVENTION_COLUMNS = (
+    "comparison",
     "arm",
     "baseline",
-    "n_seeds",
     "metric",
+    "n_seeds",
     "delta_mean",
+    "sd",
     "ci_low",
     "ci_high",
+    "tost_low",
+    "tost_high",
+    "boot_ci_low",
+    "boot_ci_high",
     "p_value",
+    "in_family",
+    "p_holm",
+    "alpha",
+    "equivalence_margin",
+    "min_seeds",
+    "detectable_effect",
+    "cost_ratio",
     "verdict",
 )
-# The verdict of a row with too few usable pairs for a CI (not one of attnid.reports.statistics.VERDICTS).
-TOO_FEW_SEEDS = "too few seeds"
-# An arm whose rebalancing keeps AdamW's moments is named after its case alone (docs/design.md §15).
-DEFAULT_MOMENTS = "keep"
-METRIC_TEX = {
-    "final_val_loss": "final val loss",
-    "best_val_loss": "best val loss",
-    "val_loss_at_equal_wall_time": "at equal wall time",
-}
 
 
 # ---------------------------------------------------------------------------- one run
 
 
-def arm_name(case: str, rebalance_moments: str | None = None) -> str:
-    """An arm's name in the tables and figures: its case, with ``_<option>`` for a rebalancing case whose
-    AdamW moments are not kept (``adamw_rebalance_transport``, docs/design.md §15)."""
-    if rebalance_moments in (None, DEFAULT_MOMENTS):
-        return case
-    return f"{case}_{rebalance_moments}"
-
-
 def run_arm_name(info: dict) -> str:
-    """The arm a finished run belongs to, from its run.json: its case and ``--rebalance-moments``."""
-    return arm_name(str(info.get("case")), (info.get("config") or {}).get("rebalance_moments"))
+    """The arm a finished run belongs to, from its run.json: its ``--arm`` name, or the name its case and
+    options give (:func:`attnid.plan.interventions.arm_name`)."""
+    return arm_name(str(info.get("case")), info.get("config") or {})
 
 
 def load_runs_by_arm(
@@ -109,10 +132,23 @@ def load_runs_by_arm(
     return {arm: by_arm[arm] for arm in sorted(by_arm, key=position)}
 
 
-def kept_moments_baseline(arm: str, runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
+def kept_moments_baseline(runs: list[tuple[dict, pd.DataFrame]]) -> str | None:
     """The case an arm with transported or reset moments is also compared with (its moments kept), or None."""
-    case = str(runs[0][0].get("case"))
-    return case if arm != case else None
+    info = runs[0][0]
+    return str(info.get("case")) if moved_moments(info.get("config") or {}) else None
+
+
+def run_value(info: dict) -> float:
+    """A run's primary metric (:data:`PRIMARY_METRIC`); NaN for a diverged run, which has none."""
+    if info.get("status") == "diverged":
+        return math.nan
+    value = info.get(PRIMARY_METRIC)
+    if value is None:
+        raise UserError(
+            f"{info.get('run_dir')}/run.json has no {PRIMARY_METRIC} (the loss on the whole val split, "
+            f"recorded since attnid evaluates it at the end of training): train that run again"
+        )
+    return float(value)
 
 
 def eval_rows(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -128,168 +164,313 @@ def eval_rows(metrics: pd.DataFrame) -> pd.DataFrame:
     return finite.sort_values("step", kind="stable").reset_index(drop=True)
 
 
-def val_loss_reached_by(evals: pd.DataFrame, wall_time: float) -> float:
-    """The val loss a run had reached by ``wall_time`` seconds of its wall clock (§11.5): that of its last
-    evaluation logged at ``wall_s <= wall_time`` (a step function, never interpolated); NaN before the
-    first."""
-    reached = evals[evals["wall_s"] <= wall_time]
-    return float(reached["val_loss"].iloc[-1]) if len(reached) else math.nan
+# ---------------------------------------------------------------------------- the seeds table
 
 
-def run_losses(info: dict, metrics: pd.DataFrame) -> dict:
-    """What a run contributes: its final and best val loss, its evaluations, status and planned steps. A
-    diverged run's losses are NaN: it has none to compare."""
-    summary = summarize_run(info, metrics)
-    evals = eval_rows(metrics)
-    diverged = summary["status"] == "diverged"
-    config = info.get("config") or {}
-    return {
-        "status": summary["status"],
-        "max_iters": info.get("max_iters", config.get("max_iters")),
-        "final_val_loss": math.nan if diverged else summary["final_val_loss"],
-        "best_val_loss": math.nan if diverged or evals.empty else float(evals["val_loss"].min()),
-        "evals": evals.iloc[0:0] if diverged else evals,
-    }
-
-
-def equal_wall_time_losses(arm_evals: pd.DataFrame, baseline_evals: pd.DataFrame) -> tuple[float, float]:
-    """The val loss each run of a pair had reached by the wall time ``T`` at which the shorter one logged its
-    last evaluation (§11.5): ``T = min`` of the two runs' last evaluation ``wall_s``, so the shorter run
-    contributes its final val loss and the longer one its last evaluation at or before ``T``."""
-    if arm_evals.empty or baseline_evals.empty:
-        return math.nan, math.nan
-    wall_time = min(float(arm_evals["wall_s"].iloc[-1]), float(baseline_evals["wall_s"].iloc[-1]))
-    return val_loss_reached_by(arm_evals, wall_time), val_loss_reached_by(baseline_evals, wall_time)
-
-
-# ---------------------------------------------------------------------------- the table
-
-
-def runs_by_seed(runs: list[tuple[dict, pd.DataFrame]], case: str) -> dict[int, dict]:
-    """``{seed: run_losses}`` of one case's runs; a seed listed twice is an error (which one would count?)."""
+def runs_by_seed(runs: list[tuple[dict, pd.DataFrame]], arm: str) -> dict[int, dict]:
+    """``{seed: run.json}`` of one arm's runs; a seed listed twice is an error (which one would count?)."""
     by_seed: dict[int, dict] = {}
-    for info, metrics in runs:
+    for info, _ in runs:
         if info.get("seed") is None:
             raise UserError(f"{info.get('run_dir')}/run.json has no seed: the runs are paired by seed")
         seed = int(info["seed"])
         if seed in by_seed:
             raise UserError(
-                f"two runs of case {case} with seed {seed} ({by_seed[seed]['run_dir']} and "
-                f"{info.get('run_dir')}): list each run once"
+                f"two runs of arm {arm} with seed {seed} ({by_seed[seed].get('run_dir')} and "
+                f"{info.get('run_dir')}): list each run once, or name them apart (attnid train --arm)"
             )
-        by_seed[seed] = run_losses(info, metrics) | {"run_dir": info.get("run_dir")}
+        by_seed[seed] = info
     return by_seed
 
 
-def _paired_values(
-    arm: str, arm_runs: dict[int, dict], baseline: str, baseline_runs: dict[int, dict]
-) -> dict[str, tuple[dict, dict]]:
-    """{metric: ({seed: arm value}, {seed: baseline value})} over the arm's seeds, after checking that every
-    arm seed has a baseline run trained for as many steps."""
+def _steps(info: dict):
+    return info.get("max_iters", (info.get("config") or {}).get("max_iters"))
+
+
+def _paired_rows(
+    arm: str, arm_runs: dict[int, dict], baseline: str, baseline_runs: dict[int, dict], table_baseline: str
+) -> list[dict]:
+    """The seeds-table rows of one arm against one baseline, after checking that every arm seed has a
+    baseline run trained for as many steps."""
     unpaired = sorted(seed for seed in arm_runs if seed not in baseline_runs)
     if unpaired:
         raise UserError(
             f"arm {arm}: seed(s) {', '.join(map(str, unpaired))} have no {baseline} run to pair "
             f"with; pass the {baseline} runs of the same seeds (or leave those {arm} runs out)"
         )
-    values: dict[str, tuple[dict[int, float], dict[int, float]]] = {metric: ({}, {}) for metric in METRICS}
+    rows = []
     for seed, run in sorted(arm_runs.items()):
         base = baseline_runs[seed]
-        if run["max_iters"] != base["max_iters"]:
+        if _steps(run) != _steps(base):
             raise UserError(
-                f"arm {arm} seed {seed} trains {run['max_iters']} steps, {baseline} seed {seed} "
-                f"{base['max_iters']}: an arm is compared with a baseline trained for as long"
+                f"arm {arm} seed {seed} trains {_steps(run)} steps, {baseline} seed {seed} "
+                f"{_steps(base)}: an arm is compared with a baseline trained for as long"
             )
-        for metric in ("final_val_loss", "best_val_loss"):
-            values[metric][0][seed], values[metric][1][seed] = run[metric], base[metric]
-        arm_value, baseline_value = equal_wall_time_losses(run["evals"], base["evals"])
-        values["val_loss_at_equal_wall_time"][0][seed] = arm_value
-        values["val_loss_at_equal_wall_time"][1][seed] = baseline_value
-    return values
+        arm_value, baseline_value = run_value(run), run_value(base)
+        rows.append(
+            {
+                "comparison": comparison_name(arm, baseline, table_baseline),
+                "arm": arm,
+                "baseline": baseline,
+                "seed": seed,
+                "arm_value": arm_value,
+                "baseline_value": baseline_value,
+                "difference": arm_value - baseline_value,
+            }
+        )
+    return rows
+
+
+def _interaction_rows(seeds: pd.DataFrame) -> list[dict]:
+    """The 2 x 2's interaction per seed (:data:`INTERACTION_TERMS`), from the seeds-table rows of its three
+    arms against the baseline: ``arm_value`` is the effect of freezing at the gauge point, ``baseline_value``
+    at the initialisation, over the seeds all four runs share."""
+    (frozen, moved), (frozen_at_init, baseline) = INTERACTION_TERMS
+    value: dict[tuple[str, int], tuple[float, float]] = {
+        (str(row["arm"]), int(row["seed"])): (float(row["arm_value"]), float(row["baseline_value"]))
+        for row in seeds.to_dict("records")
+        if row["baseline"] == baseline
+    }
+    arms_seeds = [{seed for arm, seed in value if arm == name} for name in (frozen, moved, frozen_at_init)]
+    rows = []
+    for seed in sorted(set.intersection(*arms_seeds)):
+        at_gauge = value[(frozen, seed)][0] - value[(moved, seed)][0]
+        at_init = value[(frozen_at_init, seed)][0] - value[(frozen_at_init, seed)][1]
+        rows.append(
+            {
+                "comparison": INTERACTION,
+                "arm": f"{frozen}-{moved}",
+                "baseline": f"{frozen_at_init}-{baseline}",
+                "seed": seed,
+                "arm_value": at_gauge,
+                "baseline_value": at_init,
+                "difference": at_gauge - at_init,
+            }
+        )
+    return rows
+
+
+def paired_seed_table(
+    by_arm: dict[str, list[tuple[dict, pd.DataFrame]]], baseline: str = BASELINE_CASE
+) -> tuple[pd.DataFrame, list[str]]:
+    """interventions_seeds.csv (:data:`SEED_COLUMNS`) for every comparison of ``by_arm`` ({arm: [(run.json,
+    metrics.csv)]}, as :func:`load_runs_by_arm` gives them): every arm against ``baseline``, an arm with
+    transported or reset moments also against its case with them kept, and the 2 x 2 interaction when its
+    arms are all there; and one note per pair without a value (a diverged run)."""
+    if baseline not in by_arm:
+        raise UserError(
+            f"no {baseline} runs among the runs given (arms: {', '.join(by_arm) or 'none'}): "
+            f"every arm is compared with the {baseline} runs of the same seeds"
+        )
+    by_seed = {arm: runs_by_seed(runs, arm) for arm, runs in by_arm.items()}  # one run per arm and seed
+    arms = [arm for arm in by_arm if arm != baseline]
+    if not arms:
+        raise UserError(f"only {baseline} runs given: nothing to compare with them; pass the arms' runs too")
+    pairs = [(arm, baseline) for arm in arms]
+    for arm in arms:
+        kept = kept_moments_baseline(by_arm[arm])
+        if kept is not None and kept in by_arm and kept != baseline:
+            pairs.insert(pairs.index((arm, baseline)) + 1, (arm, kept))
+    rows = [
+        row
+        for arm, against in pairs
+        for row in _paired_rows(arm, by_seed[arm], against, by_seed[against], baseline)
+    ]
+    seeds = pd.DataFrame(rows, columns=list(SEED_COLUMNS))
+    if baseline == BASELINE_CASE and {GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM} <= set(by_arm):
+        seeds = pd.concat([seeds, pd.DataFrame(_interaction_rows(seeds), columns=list(SEED_COLUMNS))])
+    notes = []
+    for row in seeds[~np.isfinite(seeds["difference"].astype(float))].to_dict("records"):
+        if row["comparison"] == INTERACTION:
+            continue  # its seeds' pairs are noted as its arms'
+        seed = int(row["seed"])
+        pair = (str(row["arm"]), str(row["baseline"]))
+        which = [name for name in pair if by_seed[name][seed].get("status") == "diverged"]
+        why = f"{' and '.join(which)} diverged" if which else "no loss to compare"
+        notes.append(f"{row['comparison']}: seed {seed} left out ({why})")
+    return seeds.reset_index(drop=True), notes
+
+
+# ---------------------------------------------------------------------------- the comparisons
+
+
+@dataclass(frozen=True)
+class ArmCosts:
+    """Each arm's per-step cost as a ratio to ``adamw``'s (benchmarks/arms_cost.py), and where it was
+    measured (the kept file's machine and date)."""
+
+    ratio: dict[str, float]
+    source: str
+
+    def of(self, arm: str, baseline: str) -> float:
+        """The arm's cost per step over the baseline's; NaN where either was not measured."""
+        if arm not in self.ratio or baseline not in self.ratio:
+            return math.nan
+        return self.ratio[arm] / self.ratio[baseline]
+
+
+def read_arm_costs(path: str | Path) -> ArmCosts:
+    """The kept output of benchmarks/arms_cost.py: columns ``arm`` and ``ratio_to_adamw``, and the machine
+    (``platform``, ``cpu``, ``torch``) and ``date`` it was measured on."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise UserError(f"cannot read the arm costs {path} ({type(err).__name__}: {err})") from None
+    missing = [c for c in ("arm", "ratio_to_adamw", "cpu", "torch", "date") if c not in table]
+    if missing:
+        raise UserError(f"{path}: no column(s) {', '.join(missing)}; write it with benchmarks/arms_cost.py")
+    first = table.iloc[0]
+    source = f"{Path(path).name}: {first['cpu']}, torch {first['torch']}, {first['date']}"
+    return ArmCosts(dict(zip(table["arm"], table["ratio_to_adamw"].astype(float), strict=True)), source)
+
+
+def comparisons_table(
+    seeds: pd.DataFrame,
+    alpha: float = ALPHA,
+    equivalence_margin: float | None = None,
+    family: Sequence[str] | None = None,
+    costs: ArmCosts | None = None,
+) -> pd.DataFrame:
+    """interventions.csv (:data:`INTERVENTION_COLUMNS`) from interventions_seeds.csv alone (docs/design.md
+    §11): per comparison, in the seeds table's order, the estimate of its finite differences
+    (:func:`attnid.reports.statistics.estimate_paired`), Holm's adjustment over ``family`` (the declared
+    comparisons; None: all of them), the rule's verdict (:class:`attnid.reports.statistics.VerdictRule`) and
+    the smallest effect it could detect, and the arm's cost per step over the baseline's from ``costs``."""
+    names = list(dict.fromkeys(seeds["comparison"]))
+    members = names if family is None else list(family)
+    repeated = sorted({name for name in members if members.count(name) > 1})
+    if repeated:
+        raise UserError(
+            f"the family names {', '.join(repeated)} twice: each comparison counts once in Holm's m"
+        )
+    unknown = [name for name in members if name not in names]
+    if unknown:
+        raise UserError(
+            f"the family names {', '.join(unknown)}, not among the runs' comparisons "
+            f"({', '.join(names)}): pass those arms' runs, or declare the family the runs make"
+        )
+    rule = VerdictRule(alpha, equivalence_margin, family_size=len(members))
+    estimates: dict[str, PairedEstimate | None] = {}
+    for name in names:
+        differences = seeds.loc[seeds["comparison"] == name, "difference"].astype(float).to_numpy()
+        finite = differences[np.isfinite(differences)]
+        estimates[name] = estimate_paired(finite, alpha) if finite.size >= MIN_PAIRED_SEEDS else None
+    holm = dict(
+        zip(
+            members,
+            holm_adjusted([getattr(estimates[name], "p_value", math.nan) for name in members]),
+            strict=True,
+        )
+    )
+    rows = []
+    for name in names:
+        first = seeds[seeds["comparison"] == name].iloc[0]
+        estimate = estimates[name]
+        n_seeds = (
+            estimate.n_seeds
+            if estimate is not None
+            else int(np.isfinite(seeds.loc[seeds["comparison"] == name, "difference"].astype(float)).sum())
+        )
+        numbers = {
+            key: getattr(estimate, key) if estimate is not None else math.nan
+            for key in (
+                "delta_mean",
+                "sd",
+                "ci_low",
+                "ci_high",
+                "tost_low",
+                "tost_high",
+                "boot_ci_low",
+                "boot_ci_high",
+                "p_value",
+            )
+        }
+        in_family = name in holm
+        rows.append(
+            {
+                "comparison": name,
+                "arm": first["arm"],
+                "baseline": first["baseline"],
+                "metric": PRIMARY_METRIC,
+                "n_seeds": n_seeds,
+                **numbers,
+                "in_family": in_family,
+                # a member without a p enters Holm as 1 (the others are adjusted for it) but has none itself
+                "p_holm": holm[name] if in_family and estimate is not None else math.nan,
+                "alpha": alpha,
+                "equivalence_margin": math.nan if equivalence_margin is None else equivalence_margin,
+                "min_seeds": rule.minimum_seeds,
+                "detectable_effect": rule.detectable_effect(numbers["sd"], n_seeds)
+                if estimate is not None
+                else math.nan,
+                "cost_ratio": costs.of(first["arm"], first["baseline"]) if costs is not None else math.nan,
+                "verdict": rule.label(estimate, holm[name]) if in_family else NOT_IN_FAMILY,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(INTERVENTION_COLUMNS))
 
 
 def interventions_table(
-    by_case: dict[str, list[tuple[dict, pd.DataFrame]]], baseline: str = BASELINE_CASE
+    by_arm: dict[str, list[tuple[dict, pd.DataFrame]]],
+    baseline: str = BASELINE_CASE,
+    alpha: float = ALPHA,
+    equivalence_margin: float | None = None,
+    family: Sequence[str] | None = None,
+    costs: ArmCosts | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    """The rows of interventions.csv (:data:`INTERVENTION_COLUMNS`) for every arm of ``by_case`` ({arm:
-    [(run.json, metrics.csv)]}, as :func:`load_runs_by_arm` gives them) against ``baseline`` (and an arm
-    with transported or reset moments against its case with them kept, when present), and one note per
-    pair left out of a metric (a diverged run)."""
-    if baseline not in by_case:
-        raise UserError(
-            f"no {baseline} runs among the runs given (cases: {', '.join(by_case) or 'none'}): "
-            f"every arm is compared with the {baseline} runs of the same seeds"
-        )
-    arms = [case for case in by_case if case != baseline]
-    if not arms:
-        raise UserError(f"only {baseline} runs given: nothing to compare with them; pass the arms' runs too")
-    comparisons = [(arm, baseline) for arm in arms]
-    for arm in arms:
-        kept = kept_moments_baseline(arm, by_case[arm])
-        if kept is not None and kept in by_case and kept != baseline:
-            comparisons.insert(comparisons.index((arm, baseline)) + 1, (arm, kept))
-    rows, notes = [], []
-    for arm, baseline in comparisons:
-        baseline_runs = runs_by_seed(by_case[baseline], baseline)
-        arm_runs = runs_by_seed(by_case[arm], arm)
-        paired = _paired_values(arm, arm_runs, baseline, baseline_runs)
-        for metric, (arm_values, baseline_values) in paired.items():
-            usable = {
-                seed
-                for seed in arm_values
-                if math.isfinite(arm_values[seed]) and math.isfinite(baseline_values[seed])
-            }
-            for seed in sorted(set(arm_values) - usable):
-                which = [
-                    case
-                    for case, runs in ((arm, arm_runs), (baseline, baseline_runs))
-                    if runs[seed]["status"] == "diverged"
-                ]
-                why = f"{' and '.join(which)} diverged" if which else "no val loss to compare"
-                notes.append(f"{arm} vs {baseline}, {metric}: seed {seed} left out ({why})")
-            row = {"arm": arm, "baseline": baseline, "n_seeds": len(usable), "metric": metric}
-            if len(usable) < MIN_PAIRED_SEEDS:
-                rows.append(
-                    row
-                    | {
-                        "delta_mean": math.nan,
-                        "ci_low": math.nan,
-                        "ci_high": math.nan,
-                        "p_value": math.nan,
-                        "verdict": TOO_FEW_SEEDS,
-                    }
-                )
-                continue
-            _, differences = paired_differences(
-                {s: arm_values[s] for s in usable}, {s: baseline_values[s] for s in usable}
-            )
-            result = compare_paired(differences)
-            rows.append(
-                row
-                | {
-                    "delta_mean": result.delta_mean,
-                    "ci_low": result.ci_low,
-                    "ci_high": result.ci_high,
-                    "p_value": result.p_value,
-                    "verdict": result.verdict,
-                }
-            )
-    return pd.DataFrame(rows, columns=list(INTERVENTION_COLUMNS)), notes
+    """interventions.csv's rows for the runs ``by_arm`` (:func:`paired_seed_table`, then
+    :func:`comparisons_table`) and the notes on the pairs left out."""
+    seeds, notes = paired_seed_table(by_arm, baseline)
+    return comparisons_table(seeds, alpha, equivalence_margin, family, costs), notes
 
 
-def render_interventions_table(table: pd.DataFrame) -> str:
+# ---------------------------------------------------------------------------- writing
+
+
+def comparison_tex(row: dict) -> str:
+    """A comparison's name in the LaTeX table: the arm (against the table's baseline), the arm minus another
+    baseline, or the interaction."""
+    from attnid.reports.latex import tex_escape
+
+    if row["comparison"] == INTERACTION:
+        return r"interaction: starting point $\times$ frozen"
+    text = rf"\texttt{{{tex_escape(row['arm'])}}}"
+    if row["comparison"] != row["arm"]:
+        text += rf" $-$ \texttt{{{tex_escape(row['baseline'])}}}"
+    return text
+
+
+def _detectable_tex(row: dict) -> str:
+    """The detectable effect's cell of its siunitx column: ``none`` below the rule's minimum n (the test
+    cannot reject at all)."""
+    from attnid.reports.latex import table_number
+
+    value = row["detectable_effect"]
+    return "{none}" if value is not None and math.isinf(value) else table_number(value, 2)
+
+
+def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = None) -> str:
     """``interventions.tex`` from templates/interventions.tex.j2 (attnid.tables' renderer)."""
-    rows = [row | {"metric_tex": METRIC_TEX[row["metric"]]} for row in records(table)]
+    rows = [
+        row | {"comparison_tex": comparison_tex(row), "detectable_tex": _detectable_tex(row)}
+        for row in records(table)
+    ]
+    family = table[table["in_family"].astype(bool)] if len(table) else table
     n_seeds = int(table["n_seeds"].max()) if len(table) else 0
+    first = table.iloc[0] if len(table) else None
+    margin = float(first["equivalence_margin"]) if first is not None else math.nan
     return render_table(
         "interventions.tex.j2",
         rows=rows,
         n_seeds=n_seeds,
         smallest_p=smallest_sign_flip_p_value(n_seeds),
-        bootstrap_resamples=BOOTSTRAP_RESAMPLES,
+        alpha=float(first["alpha"]) if first is not None else ALPHA,
+        margin=margin if math.isfinite(margin) else None,
+        family_size=len(family),
+        min_seeds=int(first["min_seeds"]) if first is not None else 0,
         exact_seeds=EXACT_SIGN_FLIP_SEEDS,
-        too_few=TOO_FEW_SEEDS,
-        min_seeds=MIN_PAIRED_SEEDS,
+        bootstrap_seeds=BOOTSTRAP_MIN_SEEDS,
+        cost_source=costs.source if costs is not None else None,
     )
 
 
@@ -298,13 +479,23 @@ def write_interventions_table(
     out_dir: str | Path,
     runs: list[str] | None = None,
     baseline: str = BASELINE_CASE,
+    alpha: float = ALPHA,
+    equivalence_margin: float | None = None,
+    family: Sequence[str] | None = None,
+    costs_path: str | Path | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
-    """Gather the listed runs (or every run under ``runs_dir``) and write interventions.csv and .tex."""
-    by_case = load_runs_by_arm(runs_dir, runs)
-    if not by_case:
+    """Gather the listed runs (or every run under ``runs_dir``) and write interventions_seeds.csv,
+    interventions.csv and interventions.tex."""
+    by_arm = load_runs_by_arm(runs_dir, runs)
+    if not by_arm:
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
-    table, notes = interventions_table(by_case, baseline)
+    seeds, notes = paired_seed_table(by_arm, baseline)
+    costs = read_arm_costs(costs_path) if costs_path is not None else None
+    table = comparisons_table(seeds, alpha, equivalence_margin, family, costs)
     out = Path(out_dir)
+    write_csv_atomic(out / "interventions_seeds.csv", seeds)
     write_csv_atomic(out / "interventions.csv", table)
-    write_text_atomic(out / "interventions.tex", render_interventions_table(table))
+    write_text_atomic(out / "interventions.tex", render_interventions_table(table, costs))
+    if costs is not None:
+        notes.append(f"cost ratios from {costs.source}")
     return table, notes

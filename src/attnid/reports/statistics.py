@@ -4,19 +4,24 @@ Every number here is defined in docs/design.md §11; this module only applies sc
 samples, with fixed settings so that the same runs always give the same table.
 
 * A **paired comparison** of an arm with its baseline (the interventions study): the per-seed
-  differences ``arm - baseline`` of a loss, matched by seed (:func:`paired_differences`); their mean with
-  a 95 % percentile bootstrap CI (:func:`mean_confidence_interval`); the two-sided sign-flip permutation
-  p-value (:func:`sign_flip_p_value`); and a verdict computed from the CI (:func:`verdict`). **Lower loss
-  is better**: a difference below zero means the arm reached a lower loss than the baseline.
+  differences ``arm - baseline`` of a loss, matched by seed (:func:`paired_differences`), summarised by
+  :func:`estimate_paired`: their mean with a Student-t CI (:func:`t_interval`), the exact two-sided
+  sign-flip p-value over all ``2**n`` sign vectors (:func:`sign_flip_p_value`), the paired sd and, from
+  ``n >= 20`` seeds on, a percentile bootstrap CI beside the t one. **Lower loss is better**: a difference
+  below zero means the arm reached a lower loss than the baseline.
+* The **verdict rule** (§11.3), :class:`VerdictRule`: Holm's step-down correction over a declared family of
+  comparisons (:func:`holm_adjusted`); ``better``/``worse`` only when the Holm-adjusted p is below
+  ``alpha``; ``equivalent`` when the ``1 - 2 alpha`` t-interval lies inside ``±δ`` (TOST); otherwise
+  ``inconclusive``; and no label at all below the smallest ``n`` at which the exact test can reach
+  ``alpha`` after Holm over the family (:func:`minimum_seeds`). Beside it, the smallest effect the
+  comparison could detect with 80 % power at its ``n`` (:func:`detectable_effect`).
 * A **rank correlation** across the points of a study (Spearman's ``r_s``, :func:`rank_correlation`) with a
   permutation p-value over the point means (:func:`rank_correlation_p_value`) and a bootstrap CI over seeds
   (:func:`rank_correlation_ci_over_seeds`).
 
-What these tests can and cannot say with few seeds (docs/design.md §11.3): with ``n`` paired seeds the
-smallest two-sided sign-flip p-value there is is ``2 / 2**n`` (0.0625 at ``n = 5``,
-:func:`smallest_sign_flip_p_value`), so at five seeds the test alone can never reach 0.05. The verdict is
-taken from the bootstrap CI, not from p, and a percentile bootstrap of five numbers covers less than its
-nominal 95 %: both numbers are reported side by side, and neither is a substitute for more seeds.
+With ``n`` paired seeds the smallest two-sided sign-flip p-value there is is ``2 / 2**n``
+(:func:`smallest_sign_flip_p_value`: 0.0625 at 5 seeds, 0.0078 at 8): the rule's minimum ``n`` follows
+from it and from the family's size, never from a hand-written constant.
 """
 
 from __future__ import annotations
@@ -24,48 +29,48 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
+from scipy import optimize, stats
 
 CONFIDENCE_LEVEL = 0.95
 # Percentile, not scipy's default BCa: BCa's acceleration is a jackknife over the sample, which at 3-10
 # seeds is itself noise, and it is undefined for a sample whose values are all equal (§11.1).
 BOOTSTRAP_METHOD: Final = "percentile"
 BOOTSTRAP_RESAMPLES = 9_999
-# scipy enumerates every sign vector when 2**n is at most this (n <= 13 seeds), else draws this many.
-SIGN_FLIP_RESAMPLES = 9_999
+# The percentile bootstrap of a mean covers about its nominal level only from about 20 values on (§11.3);
+# below, a paired comparison has the t-interval alone.
+BOOTSTRAP_MIN_SEEDS = 20
+# The sign-flip test enumerates all 2**n sign vectors up to this many seeds (2**20 means, in batches of
+# SIGN_FLIP_BATCH); beyond, it draws SIGN_FLIP_RESAMPLES of them (its smallest p is far below any alpha).
+EXACT_SIGN_FLIP_SEEDS = 20
+SIGN_FLIP_BATCH = 2**16
+SIGN_FLIP_RESAMPLES = 99_999
 # The same for the n! orderings of a correlation's point means: exact up to n = 8 points.
 PERMUTATION_RESAMPLES = 99_999
-# The most seeds / points whose null distribution scipy enumerates in full at these settings.
-EXACT_SIGN_FLIP_SEEDS = SIGN_FLIP_RESAMPLES.bit_length() - 1
+# The most points whose null distribution scipy enumerates in full at these settings.
 EXACT_PERMUTATION_POINTS = max(n for n in range(1, 20) if math.factorial(n) <= PERMUTATION_RESAMPLES)
 # Fixed, so that a table computed twice from the same runs is the same table.
 RESAMPLING_SEED = 0
-# A bootstrap CI of a mean needs two values; a rank correlation needs three points to be worth a number.
+# A mean's interval needs two values; a rank correlation needs three points to be worth a number.
 MIN_PAIRED_SEEDS = 2
 MIN_CORRELATION_POINTS = 3
 
-BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
-VERDICTS = (BETTER, WORSE, NO_DIFFERENCE)
+# The verdict rule's defaults (§11.3); a pipeline config declares its own under interventions: verdict:.
+ALPHA = 0.05
+POWER = 0.80
+
+# The labels of the verdict rule (§11.3), and the rows that get none.
+BETTER, WORSE, EQUIVALENT, INCONCLUSIVE = "better", "worse", "equivalent", "inconclusive"
+N_TOO_SMALL = "n too small"
+NOT_IN_FAMILY = "not in family"
+LABELS = (BETTER, WORSE, EQUIVALENT, INCONCLUSIVE)
+NO_LABEL = (N_TOO_SMALL, NOT_IN_FAMILY)
 
 
 # ---------------------------------------------------------------------------- paired seeds
-
-
-@dataclass(frozen=True)
-class PairedComparison:
-    """An arm against its baseline over ``n_seeds`` seed pairs (docs/design.md §11.1): mean of the
-    per-seed differences ``arm - baseline``, its 95 % bootstrap CI, the sign-flip p-value, the verdict."""
-
-    n_seeds: int
-    delta_mean: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    verdict: str
 
 
 def paired_differences(
@@ -94,16 +99,18 @@ def _mean(sample, axis=-1):
     return np.mean(sample, axis=axis)
 
 
-def mean_confidence_interval(values: ArrayLike) -> tuple[float, float]:
-    """The 95 % percentile bootstrap CI of the mean of ``values`` (``scipy.stats.bootstrap``,
-    :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seed :data:`RESAMPLING_SEED`; §11.1)."""
+def mean_confidence_interval(values: ArrayLike, confidence: float = CONFIDENCE_LEVEL) -> tuple[float, float]:
+    """The percentile bootstrap CI of the mean of ``values`` (``scipy.stats.bootstrap``,
+    :data:`BOOTSTRAP_RESAMPLES` resamples with replacement, seed :data:`RESAMPLING_SEED`; §11.1). It covers
+    less than its level at few values (§11.3): the verdict rule shows it only from
+    :data:`BOOTSTRAP_MIN_SEEDS` seeds on."""
     sample = _as_sample(values, MIN_PAIRED_SEEDS)
     result = stats.bootstrap(
         (sample,),
         _mean,
         vectorized=True,
         n_resamples=BOOTSTRAP_RESAMPLES,
-        confidence_level=CONFIDENCE_LEVEL,
+        confidence_level=confidence,
         method=BOOTSTRAP_METHOD,
         random_state=RESAMPLING_SEED,
     )
@@ -112,19 +119,34 @@ def mean_confidence_interval(values: ArrayLike) -> tuple[float, float]:
     return low, high
 
 
+def t_interval(values: ArrayLike, confidence: float = CONFIDENCE_LEVEL) -> tuple[float, float]:
+    """Student's t-interval of the mean of ``values`` (§11.1): ``mean ± t_{(1+c)/2, n-1} s / sqrt(n)``
+    with the sample sd ``s`` (``scipy.stats.t``; the interval of ``scipy.stats.ttest_1samp``). A constant
+    sample's interval is that constant."""
+    sample = _as_sample(values, MIN_PAIRED_SEEDS)
+    mean = float(np.mean(sample))
+    sem = float(np.std(sample, ddof=1)) / math.sqrt(sample.size)
+    half = float(stats.t.ppf(0.5 + confidence / 2, sample.size - 1)) * sem
+    return mean - half, mean + half
+
+
 def sign_flip_p_value(differences: ArrayLike) -> float:
     """Two-sided p-value of the paired sign-flip permutation test of mean difference 0 (§11.2):
     ``scipy.stats.permutation_test`` on the one sample of differences with ``permutation_type='samples'``,
     which flips the sign of each difference independently (under the null, which run of a pair is the arm
-    is a coin toss). Exact, over all ``2**n`` sign vectors, for ``n <= 13``; twice the smaller one-sided
-    p, at most 1."""
+    is a coin toss). Exact, over all ``2**n`` sign vectors (``n_resamples=inf``), for ``n <=``
+    :data:`EXACT_SIGN_FLIP_SEEDS`; twice the smaller one-sided p, at most 1, which for this symmetric null
+    is the share of sign vectors whose ``|mean|`` is at least the observed one."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
+    exact = sample.size <= EXACT_SIGN_FLIP_SEEDS
     result = stats.permutation_test(
         (sample,),
         _mean,
         permutation_type="samples",
         vectorized=True,
-        n_resamples=SIGN_FLIP_RESAMPLES,
+        # scipy's documented value for "every sign vector" is np.inf, which its stubs do not allow for
+        n_resamples=cast(int, np.inf) if exact else SIGN_FLIP_RESAMPLES,
+        batch=SIGN_FLIP_BATCH,
         alternative="two-sided",
         random_state=RESAMPLING_SEED,
     )
@@ -133,34 +155,155 @@ def sign_flip_p_value(differences: ArrayLike) -> float:
 
 def smallest_sign_flip_p_value(n_seeds: int) -> float:
     """The smallest two-sided p the exact sign-flip test can give with ``n_seeds`` pairs: ``2 / 2**n``
-    (every difference of one sign; 0.0625 at 5 seeds, 0.00195 at 10)."""
+    (every difference of one sign; 0.0625 at 5 seeds, 0.0078 at 8, 0.00195 at 10)."""
     return min(1.0, 2.0 / 2.0**n_seeds)
 
 
-def verdict(ci_low: float, ci_high: float) -> str:
-    """``better`` when the whole CI of ``arm - baseline`` lies below 0 (lower loss is better), ``worse`` when
-    it lies above 0, ``no detectable difference`` when it contains 0 (§11.1)."""
-    if not (math.isfinite(ci_low) and math.isfinite(ci_high)) or ci_low > ci_high:
-        raise ValueError(f"not a confidence interval: [{ci_low}, {ci_high}]")
-    if ci_high < 0:
-        return BETTER
-    if ci_low > 0:
-        return WORSE
-    return NO_DIFFERENCE
+def holm_adjusted(p_values: ArrayLike) -> np.ndarray:
+    """Holm's step-down adjusted p-values of a family (§11.3), in the order given: with the family's
+    ``m`` p-values sorted, ``p_(1) <= ... <= p_(m)``, the ``i``-th adjusted value is
+    ``min(1, max_{j <= i} (m - j + 1) p_(j))``. Rejecting where it is below ``alpha`` controls the
+    family-wise error rate at ``alpha`` (Holm 1979). A member without a p-value enters as 1."""
+    p = np.asarray(p_values, dtype=float).ravel()
+    p = np.where(np.isfinite(p), p, 1.0)
+    order = np.argsort(p, kind="stable")
+    steps = p.size - np.arange(p.size)  # m, m - 1, ..., 1
+    adjusted = np.minimum(1.0, np.maximum.accumulate(steps * p[order]))
+    out = np.empty_like(p)
+    out[order] = adjusted
+    return out
 
 
-def compare_paired(differences: ArrayLike) -> PairedComparison:
-    """Mean, CI, p-value and verdict of per-seed differences ``arm - baseline`` (§11.1, §11.2)."""
+def minimum_seeds(alpha: float, family_size: int) -> int:
+    """The smallest number of seed pairs at which the exact sign-flip test can reach ``alpha`` after Holm
+    over ``family_size`` comparisons (§11.3): the smallest ``n`` with ``m * 2 / 2**n < alpha`` (the
+    smallest p there is, :func:`smallest_sign_flip_p_value`, at Holm's first step, where it is multiplied
+    by ``m``). 8 for ``alpha = 0.05`` and 4 to 6 comparisons."""
+    if not 0 < alpha < 1 or family_size < 1:
+        raise ValueError(f"needs 0 < alpha < 1 and a family of at least one, got {alpha}, {family_size}")
+    n = 1
+    while family_size * smallest_sign_flip_p_value(n) >= alpha:
+        n += 1
+    return n
+
+
+def t_test_power(effect_over_sd: float, n_seeds: int, level: float) -> float:
+    """Power of the two-sided one-sample t-test at ``level`` with ``n_seeds`` differences whose mean is
+    ``effect_over_sd`` standard deviations from 0: ``P(|T| > t_{1 - level/2, n-1})`` with ``T`` noncentral
+    t (``scipy.stats.nct``, ``n - 1`` degrees of freedom, noncentrality ``effect_over_sd * sqrt(n)``)."""
+    df = n_seeds - 1
+    critical = float(stats.t.ppf(1 - level / 2, df))
+    noncentrality = effect_over_sd * math.sqrt(n_seeds)
+    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
+
+
+def detectable_effect(sd: float, n_seeds: int, level: float, power: float = POWER) -> float:
+    """The smallest mean difference a paired comparison of ``n_seeds`` seeds with paired sd ``sd`` detects
+    with probability ``power`` in a two-sided test at ``level`` (§11.3): the effect ``e`` with
+    :func:`t_test_power` ``(e / sd, n, level) = power``, solved with ``scipy.optimize.brentq`` (the t-test's
+    power, which the sign-flip test approaches when the differences are normal). NaN below 2 seeds."""
+    if n_seeds < MIN_PAIRED_SEEDS or not math.isfinite(sd):
+        return math.nan
+    if sd == 0:
+        return 0.0
+    upper = 1.0
+    while t_test_power(upper, n_seeds, level) < power:
+        upper *= 2
+    ratio = optimize.brentq(lambda r: t_test_power(r, n_seeds, level) - power, 0.0, upper, xtol=1e-12)
+    return float(ratio * sd)
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """An arm against its baseline over ``n_seeds`` seed pairs (docs/design.md §11.1, §11.2): the mean of the
+    per-seed differences ``arm - baseline`` and their sample sd; the ``1 - alpha`` t-interval (``ci_low``,
+    ``ci_high``) and the ``1 - 2 alpha`` one of the equivalence test (``tost_low``, ``tost_high``); the
+    ``1 - alpha`` percentile bootstrap interval from :data:`BOOTSTRAP_MIN_SEEDS` seeds on (else NaN); the
+    exact two-sided sign-flip p."""
+
+    n_seeds: int
+    delta_mean: float
+    sd: float
+    ci_low: float
+    ci_high: float
+    tost_low: float
+    tost_high: float
+    boot_ci_low: float
+    boot_ci_high: float
+    p_value: float
+
+
+def estimate_paired(differences: ArrayLike, alpha: float = ALPHA) -> PairedEstimate:
+    """Mean, sd, intervals and p-value of per-seed differences ``arm - baseline`` (§11.1, §11.2)."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
-    low, high = mean_confidence_interval(sample)
-    return PairedComparison(
+    boot = (
+        mean_confidence_interval(sample, 1 - alpha)
+        if sample.size >= BOOTSTRAP_MIN_SEEDS
+        else (math.nan, math.nan)
+    )
+    return PairedEstimate(
         n_seeds=int(sample.size),
         delta_mean=float(np.mean(sample)),
-        ci_low=low,
-        ci_high=high,
+        sd=float(np.std(sample, ddof=1)),
+        ci_low=t_interval(sample, 1 - alpha)[0],
+        ci_high=t_interval(sample, 1 - alpha)[1],
+        tost_low=t_interval(sample, 1 - 2 * alpha)[0],
+        tost_high=t_interval(sample, 1 - 2 * alpha)[1],
+        boot_ci_low=boot[0],
+        boot_ci_high=boot[1],
         p_value=sign_flip_p_value(sample),
-        verdict=verdict(low, high),
     )
+
+
+@dataclass(frozen=True)
+class VerdictRule:
+    """The verdict rule of docs/design.md §11.3, fixed before any run: the level ``alpha``, the equivalence
+    margin ``equivalence_margin`` (δ, in the metric's units; None: no comparison can be ``equivalent``)
+    and the size of the declared family of comparisons that Holm's correction runs over."""
+
+    alpha: float = ALPHA
+    equivalence_margin: float | None = None
+    family_size: int = 1
+    power: float = POWER
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise ValueError(f"alpha must be in (0, 0.5), not {self.alpha}")
+        if self.equivalence_margin is not None and not self.equivalence_margin > 0:
+            raise ValueError(f"the equivalence margin must be positive, not {self.equivalence_margin}")
+        if self.family_size < 1:
+            raise ValueError(f"a family has at least one comparison, not {self.family_size}")
+
+    @property
+    def minimum_seeds(self) -> int:
+        """Below this many seed pairs a comparison gets no label (:func:`minimum_seeds`)."""
+        return minimum_seeds(self.alpha, self.family_size)
+
+    @property
+    def detection_level(self) -> float:
+        """The two-sided level of the power calculation: Holm's worst case, its first step ``alpha / m``."""
+        return self.alpha / self.family_size
+
+    def detectable_effect(self, sd: float, n_seeds: int) -> float:
+        """The smallest effect detectable with :attr:`power` at ``n_seeds`` (:func:`detectable_effect` at
+        :attr:`detection_level`); infinite below :attr:`minimum_seeds`, where the exact test cannot reject
+        at all."""
+        if n_seeds < self.minimum_seeds:
+            return math.inf
+        return detectable_effect(sd, n_seeds, self.detection_level, self.power)
+
+    def label(self, estimate: PairedEstimate | None, p_holm: float) -> str:
+        """``better``/``worse`` when the Holm-adjusted ``p_holm`` is below ``alpha`` (by the mean's sign),
+        else ``equivalent`` when the ``1 - 2 alpha`` t-interval lies inside ``(-δ, δ)``, else
+        ``inconclusive``; ``n too small`` without an estimate or below :attr:`minimum_seeds`."""
+        if estimate is None or estimate.n_seeds < self.minimum_seeds:
+            return N_TOO_SMALL
+        if p_holm < self.alpha:
+            return BETTER if estimate.delta_mean < 0 else WORSE
+        margin = self.equivalence_margin
+        if margin is not None and -margin < estimate.tost_low and estimate.tost_high < margin:
+            return EQUIVALENT
+        return INCONCLUSIVE
 
 
 # ---------------------------------------------------------------------------- rank correlation

@@ -1,4 +1,4 @@
-"""Does identification buy anything? The heads and variants studies, planned and gathered.
+"""Does identification buy anything? The heads and variants studies, gathered.
 
 The paper closes on a hypothesis it never tests: more heads, GQA and RoPE make attention "more
 identified" (a larger closed-form identified fraction, ``attnid.theory.counts``), and that may be why they
@@ -7,12 +7,11 @@ token budget per point, 3 seeds each (docs/experiments.md, "Does identification 
 
 * ``heads``: ``H`` heads at the config's embedding ``E`` (``D = E/H``), plus the identification-matched
   single head of the paper's §4.10: ``H = 1`` at ``E_0 = E sqrt(2 - 1/H_ref)`` rounded to an even
-  integer (:func:`matched_single_head_embd`, docs/design.md §10);
+  integer (:func:`attnid.plan.studies.matched_single_head_embd`, docs/design.md §10);
 * ``variants``: at the config's ``H``, MHA, GQA (``n_kv_head``) and RoPE, alone and together.
 
-Planning (:func:`study_points`, :func:`check_study_config`) is pure Python: workflow/rules/studies.smk
-imports it to lay out one training job per point and seed under
-``<results_dir>/studies/<study>/<point>/seed<N>/``. Gathering reads only ``run.json`` and
+The points and their runs are planned by :mod:`attnid.plan.studies` (one training job per point and seed
+under ``<results_dir>/studies/<study>/<point>/seed<N>/``). Gathering reads only ``run.json`` and
 ``metrics.csv`` (torch-free, testable on synthetic runs):
 
     attnid studies --heads-runs RUN_DIR... --variants-runs RUN_DIR... --out-dir results/tables
@@ -25,7 +24,6 @@ the final val loss (and the measured ρ) across the points, per seed and over th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ import pandas as pd
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.plan.studies import STUDIES
 from attnid.reports.statistics import (
     BOOTSTRAP_RESAMPLES,
     EXACT_PERMUTATION_POINTS,
@@ -42,140 +41,15 @@ from attnid.reports.statistics import (
     rank_correlation_p_value,
 )
 from attnid.reports.tables import mean_sd_over_seeds
-from attnid.theory.counts import (
-    attention_params_per_layer,
-    identified_fraction,
-    layer_shape,
-    single_head_match_equal_identified,
-)
+from attnid.theory.counts import attention_params_per_layer, identified_fraction, layer_shape
 from attnid.training.rundir import load_run
 
-STUDIES = ("heads", "variants")
-# Every study point trains with the AdamW case's settings (lr, weight decay).
-STUDY_CASE = "adamw"
-# Keys of a study section that are the study's own grid, not flags of `attnid train`.
-STUDY_GRID_KEYS = ("n_heads", "matched_reference_heads", "points", "seeds")
 # Per-point quantities averaged over seeds (final = last logged value; rho = mean over the logged steps).
 POINT_COLUMNS = ("final_val_loss", "rho_qk_mean", "rho_ov_mean", "mu_qk_final", "mu_ov_final", "tokens_per_s")
 # What makes two points the same model (with the same step count, the same experiment).
 ARCHITECTURE_COLUMNS = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "rope", "bias")
 # The quantities whose rank correlation with the identified fraction is reported.
 CORRELATED = ("final_val_loss", "rho_qk_mean", "rho_ov_mean")
-
-
-# ---------------------------------------------------------------------------- planning
-
-
-@dataclass(frozen=True)
-class StudyPoint:
-    """One architecture of a study: its directory name and the `attnid train` flags that make it."""
-
-    study: str
-    name: str
-    n_embd: int
-    n_head: int
-    n_kv_head: int
-    head_dim: int | None  # None: E/H, when H divides E
-    rope: bool
-
-    def architecture(self) -> dict:
-        return {
-            "n_head": self.n_head,
-            "n_embd": self.n_embd,
-            "head_dim": self.head_dim,
-            "n_kv_head": self.n_kv_head,
-            "rope": self.rope,
-        }
-
-
-def matched_single_head_embd(n_embd: int, reference_heads: int) -> int:
-    """``E_0`` of the single head matched to an ``H_ref``-head layer of width ``E`` (§4.10, T6):
-    ``E sqrt(2 - 1/H_ref)`` (equal identified counts,
-    :func:`attnid.theory.counts.single_head_match_equal_identified`, docs/design.md §10), rounded to the
-    nearest even integer (170 for ``E = 128``, ``H_ref = 4``)."""
-    return 2 * math.floor(single_head_match_equal_identified(n_embd, reference_heads) / 2 + 0.5)
-
-
-def heads_points(model: dict, heads: dict) -> list[StudyPoint]:
-    """``h<H>`` for every ``H`` of ``heads.n_heads`` at ``model.n_embd``, then ``h1_e<E_0>``, the
-    matched single head, when ``heads.matched_reference_heads`` is set."""
-    n_embd = int(model["n_embd"])
-    points = []
-    for n_head in heads["n_heads"]:
-        head_dim = n_embd // n_head if n_embd % n_head == 0 else None
-        points.append(StudyPoint("heads", f"h{n_head}", n_embd, n_head, n_head, head_dim, False))
-    reference = heads.get("matched_reference_heads")
-    if reference:
-        e0 = matched_single_head_embd(n_embd, int(reference))
-        points.append(StudyPoint("heads", f"h1_e{e0}", e0, 1, 1, e0, False))
-    return points
-
-
-def variants_points(model: dict, variants: dict) -> list[StudyPoint]:
-    """One point per entry of ``variants.points`` (name -> ``{n_kv_head, rope}``) at the model's ``H``
-    and ``E``."""
-    n_embd, n_head = int(model["n_embd"]), int(model["n_head"])
-    head_dim = n_embd // n_head if n_embd % n_head == 0 else None
-    return [
-        StudyPoint(
-            "variants",
-            name,
-            n_embd,
-            n_head,
-            int((spec or {}).get("n_kv_head", n_head)),
-            head_dim,
-            bool((spec or {}).get("rope", False)),
-        )
-        for name, spec in variants["points"].items()
-    ]
-
-
-def study_points(config: dict) -> dict[str, list[StudyPoint]]:
-    """{study: its points} for the study sections a pipeline config has (``heads``, ``variants``: each
-    optional, a config without them trains no study)."""
-    planners = {"heads": heads_points, "variants": variants_points}
-    return {study: planners[study](config["model"], config[study]) for study in STUDIES if config.get(study)}
-
-
-def study_run_settings(section: dict) -> dict:
-    """The `attnid train` settings a study section sets for all its points (max_iters, log_every, ...)."""
-    return {key: value for key, value in section.items() if key not in STUDY_GRID_KEYS}
-
-
-def reused_points(config: dict) -> dict[tuple[str, str], tuple[str, str]]:
-    """``{(study, point): (study, point) it reuses}``: a point that trains exactly what an earlier point
-    trains (the same attention shape and the same study settings, so the same `attnid train` flags for
-    each seed; e.g. the variants' ``mha`` and the heads' ``h4`` at the default ``H``) takes that point's
-    runs instead of training them again. The first point of a kind, in config order, is the one trained."""
-    trained: dict[tuple, tuple[str, str]] = {}
-    reused: dict[tuple[str, str], tuple[str, str]] = {}
-    for study, points in study_points(config).items():
-        settings = tuple(sorted(study_run_settings(config[study]).items()))
-        for point in points:
-            key = (settings, tuple(sorted(point.architecture().items())))
-            if key in trained:
-                reused[(study, point.name)] = trained[key]
-            else:
-                trained[key] = (study, point.name)
-    return reused
-
-
-def check_study_config(config: dict) -> list[str]:
-    """Problems of the study sections the schema cannot see (shapes the model or counts.py reject),
-    one line each, naming the config key."""
-    problems = []
-    for study, points in study_points(config).items():
-        for point in points:
-            if point.head_dim is None:
-                problems.append(
-                    f"{study}/{point.name}: n_head {point.n_head} does not divide model/n_embd {point.n_embd}"
-                )
-                continue
-            try:
-                layer_shape(point.n_embd, point.n_head, point.n_kv_head, point.head_dim, rope=point.rope)
-            except ValueError as err:
-                problems.append(f"{study}/{point.name}: {err}")
-    return problems
 
 
 # ---------------------------------------------------------------------------- gathering
@@ -300,7 +174,7 @@ def head_sweep(points: pd.DataFrame) -> pd.Series:
 def pooled_points(runs: pd.DataFrame, points: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The points of several studies as one set for the pooled correlation: a point whose architecture
     and step count repeat an earlier point's (the variants' MHA is the heads sweep's point at the default
-    ``H``, see :func:`reused_points`) is the same experiment and counts once, or it would count twice."""
+    ``H``, see :mod:`attnid.plan.runs`) is the same experiment and counts once, or it would count twice."""
     kept = points.drop_duplicates(subset=[*ARCHITECTURE_COLUMNS, "steps"], keep="first")
     return runs[runs["point"].isin(kept["point"])], kept
 

@@ -4,9 +4,10 @@ For one whole model at a generic random point (float64), the census lists each s
 class of :mod:`attnid.theory.whole_model` with its closed-form dimension and compares their sum
 with the **measured** nullity of the Jacobian of the per-position log-probabilities with
 respect to every parameter, on enough random token sequences that the informative rows
-outnumber the parameters ``ROW_FACTOR`` times. The rank is read as in :mod:`attnid.theory.nullity`
-(relative threshold ``RANK_RTOL``, gap ``GAP_REQUIRED``); a shape *closes* when the sum equals
-the measurement and the gap is at least ``GAP_REQUIRED`` (docs/theory.md, "The whole model").
+outnumber the parameters ``ROW_FACTOR`` times. The rank is cut in the largest gap of the singular
+values (:func:`spectrum_cut`), allowing inside that gap for the one direction that only epsilon
+breaks; a shape *closes* when the sum equals the measurement and the gap is at least
+``GAP_REQUIRED`` (docs/theory.md, "The whole model" and "The measurement").
 
 The model is written out here, independently of model.py (as nullity.py does for one
 layer), so that one function covers both families: nanoGPT / GPT-2 (LayerNorm with or
@@ -19,29 +20,28 @@ count holds for any distinct nonzero frequencies, and short sequences would bare
 slow planes of base 10,000, blurring the rank.
 
 The norms keep their epsilon (``--norm-eps``, model.py's 1e-5 by default). Epsilon breaks
-one symmetry, the global scaling of the residual stream; the census does not count it then
-but reports how close to null that direction is (``near_null_scale``: ``||J v|| / ||v||``
-over the largest singular value). With ``--norm-eps 0`` it is exact and counted.
+one symmetry, the global scaling of the residual stream, by a singular value proportional to
+epsilon (``near_null_singular``); the census does not count it then but reports it, with the
+direction's own ``||J v|| / ||v||`` over the largest singular value (``near_null_scale``). With
+``--norm-eps 0`` it is exact and counted.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from attnid.theory import whole_model as theory
-from attnid.theory.nullity import GAP_REQUIRED, RANK_RTOL, ROW_FACTOR, unflatten
+from attnid.theory.nullity import GAP_REQUIRED, ROW_FACTOR, unflatten
 from attnid.theory.rope import rope_rotate  # the model's rotation: the census runs the RoPE the model runs
+from attnid.theory.whole_model import CENSUS_ROPE_BASE
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
-CENSUS_ROPE_BASE = 10.0
 SEQUENCES_PER_CHUNK = 32  # the Jacobian is built this many sequences at a time (memory)
 
 
@@ -318,13 +318,48 @@ def residual_scale_direction(
     return direction
 
 
+def spectrum_cut(
+    singular: torch.Tensor, inside: int = 0, inside_at_most: float | None = None
+) -> tuple[int, float]:
+    """The rank read off singular values (descending), and the gap it is cut in: ``(rank, gap)``.
+
+    The cut lies in the largest gap of the spectrum that holds exactly ``inside`` values, which are kept:
+    the rank ``r`` maximises ``s[r - 1 - inside] / s[r]``, among the cuts whose values inside are at most
+    ``inside_at_most * s[0]`` (when given, and when any cut qualifies). ``inside`` is the number of
+    directions the closed forms expect between the informative spectrum and round-off
+    (``theory.eps_broken_dim``: the residual scaling, whose singular value is proportional to epsilon and
+    may sit anywhere in that gap, at or below its measured near-null scale; docs/theory.md, "The
+    measurement"). Values below the dtype's machine epsilon times ``s[0]`` count as that floor, and the
+    floor closes the spectrum, so that neither round-off's own spread nor exact zeros can pose as the gap,
+    and a matrix of full rank has rank ``n``.
+    """
+    n = singular.numel()
+    if n == 0 or singular[0] <= 0:
+        return 0, float("inf")
+    floor = torch.finfo(singular.dtype).eps * singular[0]
+    padded = torch.cat([singular.clamp(min=floor), floor.reshape(1)])  # (n + 1,)
+    ratios = padded[: n - inside] / padded[inside + 1 :]  # the cut at r = inside + 1 .. n
+    if inside and inside_at_most is not None:
+        # the largest value inside the gap of the cut at r is s[r - inside]
+        allowed = padded[1 : n - inside + 1] <= max(inside_at_most * singular[0], floor)
+        if bool(allowed.any()):
+            ratios = torch.where(allowed, ratios, torch.zeros_like(ratios))
+    best = int(ratios.argmax())
+    return best + inside + 1, ratios[best].item()
+
+
 def measure(
     shape: theory.WholeModelShape,
     seed: int = 0,
     row_factor: float = ROW_FACTOR,
     rope_base: float = CENSUS_ROPE_BASE,
 ) -> dict:
-    """The measured nullity of the whole model's log-probabilities at a random point, with its gap."""
+    """The measured nullity of the whole model's log-probabilities at a random point, with its gap.
+
+    ``smallest_kept`` and ``largest_dropped`` are the singular values on either side of the gap, over the
+    largest. With epsilon, the residual scaling's singular value inside the gap is ``near_null_singular``,
+    and the direction's own ``|J v| / (|v| s_max)`` is ``near_null_scale``, which bounds where the cut
+    may place it."""
     generator = torch.Generator().manual_seed(seed)
     point = random_point(shape, generator)
     shapes = {name: tuple(value.shape) for name, value in point.items()}
@@ -342,33 +377,46 @@ def measure(
             for start in range(0, n_sequences, SEQUENCES_PER_CHUNK)
         ]
     )  # (rows, n_params)
-    singular = torch.linalg.svdvals(jacobian)  # descending
-    rank = int((singular > RANK_RTOL * singular[0]).sum())
-    kept = singular[rank - 1].item() if rank > 0 else float("nan")
-    dropped = singular[rank].item() if rank < singular.numel() else 0.0
+    singular = torch.linalg.svdvals(jacobian)  # (n_params,), descending
+    largest = singular[0].item()
     scale = torch.cat([v.reshape(-1) for v in residual_scale_direction(shape, point).values()])
-    near_null = (jacobian @ scale).norm().item() / (scale.norm().item() * singular[0].item())
+    near_null_scale = (jacobian @ scale).norm().item() / (scale.norm().item() * largest)
+    inside = theory.eps_broken_dim(shape)
+    rank, _ = spectrum_cut(singular, inside, inside_at_most=near_null_scale)
+    kept = singular[rank - 1 - inside].item() if rank > inside else float("nan")
+    dropped = singular[rank].item() if rank < singular.numel() else 0.0
     return {
         "n_params": n_params,
         "n_rows": jacobian.shape[0],
         "n_sequences": n_sequences,
         "measured": n_params - rank,
         "gap": kept / dropped if dropped > 0 else float("inf"),
-        "smallest_kept": kept / singular[0].item(),
-        "largest_dropped": dropped / singular[0].item(),
-        "near_null_scale": near_null,
+        "smallest_kept": kept / largest,
+        "largest_dropped": dropped / largest,
+        "near_null_singular": singular[rank - 1].item() / largest if inside else float("nan"),
+        "near_null_scale": near_null_scale,
+    }
+
+
+def closed_form_row(shape: theory.WholeModelShape) -> dict:
+    """The closed-form part of a census row: the shape's fields, its label, each class's dimension and
+    their sum (``theory``)."""
+    dims = theory.class_dims(shape)
+    return {
+        **vars(shape),
+        "shape": describe_shape(shape),
+        **{f"class_{name}": value for name, value in dims.items()},
+        "theory": sum(dims.values()),
     }
 
 
 def census(shape: theory.WholeModelShape, seed: int = 0, rope_base: float = CENSUS_ROPE_BASE) -> dict:
     """Closed forms and measurement of one shape: one row of census.csv."""
-    dims = theory.class_dims(shape)
-    row: dict[str, Any] = {"shape": describe_shape(shape), **{f"class_{name}": v for name, v in dims.items()}}
-    row["theory"] = sum(dims.values())
+    row = closed_form_row(shape)
     row.update(measure(shape, seed, rope_base=rope_base))
     row["attention_only"] = theory.attention_only_unidentified(shape)
     row["closes"] = bool(row["theory"] == row["measured"] and row["gap"] >= GAP_REQUIRED)
-    return {**{k: v for k, v in vars(shape).items()}, **row}
+    return row
 
 
 def describe_shape(shape: theory.WholeModelShape) -> str:
@@ -406,116 +454,6 @@ def describe_shape(shape: theory.WholeModelShape) -> str:
     return " ".join(parts)
 
 
-# ---------------------------------------------------------------------------------------------
-# The grid of the theory stage
-
-
-def hand_picked_shapes() -> list[theory.WholeModelShape]:
-    """Tiny shapes over every axis: layers, heads, width, biases, tying, norm, GQA, RoPE, MLP, block
-    size, vocabularies below and above the width, a first layer that sees less than the stream, epsilon."""
-    s = theory.whole_model_shape
-    # keyword arguments of whole_model_shape, splatted into it
-    nanogpt: dict[str, Any] = {"n_embd": 8, "n_head": 2, "block_size": 4, "mlp_hidden": 8}
-    biases: dict[str, Any] = {"norm_bias": True, "qkv_bias": True, "mlp_bias": True}  # nanoGPT's bias=True
-    llama: dict[str, Any] = {
-        "norm": "rmsnorm",
-        "mlp": "swiglu",
-        "tied": False,
-        "positions": "rope",
-        "mlp_hidden": 12,
-    }
-    small: dict[str, Any] = {"n_embd": 8, "n_head": 2, "block_size": 4}
-    llama_learned = llama | {"positions": "learned", "mlp_hidden": 6}
-    llama_narrow = llama | {"mlp_hidden": 6}
-    return [
-        # nanoGPT (attnid train's model): LayerNorm, GELU, tied, learned positions; then the issue's F = 4E
-        s(1, vocab_size=12, **nanogpt),
-        s(1, vocab_size=12, **{**nanogpt, "mlp_hidden": 32}),
-        s(2, vocab_size=10, **nanogpt),
-        s(1, vocab_size=12, **biases, **nanogpt),
-        s(2, n_embd=6, n_head=2, vocab_size=8, block_size=4, mlp_hidden=6, **biases),
-        s(1, vocab_size=12, tied=False, **nanogpt),
-        s(1, vocab_size=12, tied=False, **biases, **nanogpt),
-        s(1, n_embd=9, n_head=3, vocab_size=14, block_size=3, mlp_hidden=12),
-        # one head as wide as the stream; GQA; model.py's rope variant; the residual scaling made exact
-        s(1, n_embd=8, n_head=1, vocab_size=12, block_size=4, mlp_hidden=8),
-        s(1, n_embd=8, n_head=4, n_kv_head=2, vocab_size=12, block_size=4, mlp_hidden=8),
-        s(1, n_embd=8, n_head=2, vocab_size=12, block_size=5, mlp_hidden=8, positions="rope"),
-        s(1, vocab_size=12, norm_eps=0.0, **nanogpt),
-        # vocabularies below the width: tied, part of the stream rotation survives; biases reach log-softmax
-        s(1, vocab_size=6, **nanogpt),
-        s(1, vocab_size=5, block_size=5, n_embd=8, n_head=2, mlp_hidden=8),
-        s(1, vocab_size=6, **biases, **nanogpt),
-        s(1, vocab_size=6, tied=False, **nanogpt),
-        # embeddings spanning less than the stream (V + T - 1 < E, as nanoGPT shakespeare-char)
-        s(1, n_embd=12, n_head=2, vocab_size=7, block_size=4, mlp_hidden=8),
-        s(1, n_embd=10, n_head=2, vocab_size=6, block_size=4, **llama_learned),
-        # a LayerNorm bias without linear biases; q/k/v biases without an output bias
-        s(1, vocab_size=12, norm_bias=True, **nanogpt),
-        s(1, vocab_size=12, qkv_bias=True, out_bias=False, **nanogpt),
-        # Llama family: RMSNorm, RoPE, SwiGLU, untied, GQA; Qwen2 (q/k/v biases); Gemma (tied, GeGLU)
-        s(1, vocab_size=12, **small, **llama),
-        s(2, n_embd=6, n_head=4, n_kv_head=2, head_dim=2, vocab_size=9, block_size=4, **llama_narrow),
-        s(1, vocab_size=12, qkv_bias=True, out_bias=False, **small, **llama),
-        s(1, vocab_size=12, **small, **{**llama, "tied": True, "mlp": "geglu"}),
-        s(1, vocab_size=6, **small, **{**llama, "positions": "learned", "tied": True}),
-        s(1, vocab_size=12, norm_eps=0.0, **small, **llama),
-        # parallel blocks: Falcon (multi-query, RoPE, LayerNorm with a bias, no linear biases), all biases
-        s(
-            1,
-            **small,
-            n_kv_head=1,
-            vocab_size=24,
-            mlp_hidden=6,
-            norm_bias=True,
-            positions="rope",
-            block="parallel",
-        ),
-        s(1, **small, vocab_size=8, mlp_hidden=6, **biases, block="parallel"),
-    ]
-
-
-def random_shapes(count: int, seed: int = 0, max_params: int = 900) -> list[theory.WholeModelShape]:
-    """``count`` shapes drawn at random from the closed forms' domain (every option, tiny sizes), so the
-    grid holds shapes that nobody picked: a rejected draw (outside the domain, too large or with too small
-    an input domain to measure) is drawn again."""
-    import random
-
-    rng = random.Random(seed)
-    shapes: list[theory.WholeModelShape] = []
-    while len(shapes) < count:
-        n_embd = rng.choice([6, 7, 8, 9, 10])
-        n_kv_head = rng.choice([1, 2])
-        positions = rng.choice(["learned", "learned", "rope", "none"])
-        norm = rng.choice(theory.NORMS)
-        options: dict[str, Any] = dict(
-            n_embd=n_embd,
-            n_head=n_kv_head * rng.choice([1, 2, 3]),
-            n_kv_head=n_kv_head,
-            head_dim=rng.choice([2, 4]) if positions == "rope" else rng.choice([2, 3, 4]),
-            vocab_size=rng.choice([n_embd - 2, n_embd - 1, n_embd, n_embd + 1, n_embd + 3, 2 * n_embd]),
-            block_size=rng.choice([3, 4, 5]),
-            norm=norm,
-            norm_bias=norm == "layernorm" and rng.random() < 0.5,
-            qkv_bias=rng.random() < 0.4,
-            out_bias=rng.random() < 0.5,
-            mlp=rng.choice(theory.MLPS),
-            mlp_hidden=rng.choice([4, 6, 8, 12]),
-            mlp_bias=rng.random() < 0.4,
-            tied=rng.random() < 0.5,
-            positions=positions,
-            block="parallel" if rng.random() < 0.15 else "sequential",
-            norm_eps=0.0 if rng.random() < 0.15 else theory.DEFAULT_NORM_EPS,
-        )
-        try:
-            shape = theory.whole_model_shape(rng.choice([1, 1, 2]), **options)
-            measurable(shape, max_params)
-        except ValueError:
-            continue
-        shapes.append(shape)
-    return shapes
-
-
 def measurable(shape: theory.WholeModelShape, max_params: int | None = None) -> None:
     """Raise ValueError if the census cannot measure ``shape``: too many parameters (``max_params``), or
     an input domain too small to give ``ROW_FACTOR`` informative rows per parameter (see
@@ -531,32 +469,3 @@ def measurable(shape: theory.WholeModelShape, max_params: int | None = None) -> 
             f"the model's whole input domain ({shape.vocab_size} tokens, {shape.block_size} positions) "
             f"gives fewer than {ROW_FACTOR * n_params} informative Jacobian rows: too small to measure"
         )
-
-
-RANDOM_SHAPES, RANDOM_SEED = 8, 0
-
-
-def default_grid(random_count: int = RANDOM_SHAPES, seed: int = RANDOM_SEED) -> list[theory.WholeModelShape]:
-    """The theory stage's grid: the hand-picked shapes, then ``random_count`` random ones."""
-    return hand_picked_shapes() + random_shapes(random_count, seed)
-
-
-def run_grid(
-    shapes: list[theory.WholeModelShape],
-    progress: Callable[[str], None] | None = None,
-    rope_base: float = CENSUS_ROPE_BASE,
-) -> pd.DataFrame:
-    import pandas as pd
-
-    rows = []
-    for shape in shapes:
-        start = time.perf_counter()
-        row = census(shape, rope_base=rope_base)
-        rows.append(row)
-        if progress is not None:
-            status = "ok" if row["closes"] else "FAIL"
-            progress(
-                f"{status:4s} {row['shape']}: theory {row['theory']}, measured {row['measured']} of "
-                f"{row['n_params']}, gap {row['gap']:.1e} ({time.perf_counter() - start:.1f} s)"
-            )
-    return pd.DataFrame(rows)

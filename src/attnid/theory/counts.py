@@ -43,15 +43,8 @@ Where the counts come from:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from fractions import Fraction
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from attnid.common.errors import UserError
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -371,80 +364,12 @@ def single_head_row(n_embd: int, n_head: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Architectures (config/architectures.yaml) and the `attnid counts` command
-
-ARCHITECTURE_KEYS = {
-    "n_layer",
-    "n_embd",
-    "n_head",
-    "n_kv_head",
-    "head_dim",
-    "value_dim",
-    "rope",
-    "bias",
-    "out_bias",
-    "source",
-    # whole-model fields, read and validated by attnid.theory.whole_model (WHOLE_MODEL_KEYS)
-    "vocab_size",
-    "block_size",
-    "norm",
-    "norm_bias",
-    "mlp",
-    "mlp_hidden",
-    "mlp_bias",
-    "tied",
-    "block",
-    "norm_eps",
-}
-
-
-def load_architectures(path: str | Path) -> dict[str, dict]:
-    """Read ``architectures.yaml``: a mapping ``name -> {n_layer, n_embd, n_head, ...,
-    source}``. Every problem is a UserError naming the entry and the field."""
-    from attnid.common.files import read_yaml
-
-    path = Path(path)
-    if not path.exists():
-        raise UserError(
-            f"architectures file {path} not found: pass --architectures PATH "
-            f"(default config/architectures.yaml)"
-        )
-    data = read_yaml(path, "architectures file")
-    entries = data.get("architectures") if isinstance(data, dict) else None
-    if not isinstance(entries, dict) or not entries:
-        raise UserError(f"{path} must have a non-empty 'architectures:' mapping of name -> shape")
-    for name, spec in entries.items():
-        if not isinstance(spec, dict):
-            raise UserError(f"{path}: architecture {name!r} must be a mapping of fields")
-        unknown = set(spec) - ARCHITECTURE_KEYS
-        if unknown:
-            raise UserError(
-                f"{path}: architecture {name!r} has unknown field(s) {sorted(unknown)}; "
-                f"allowed: {sorted(ARCHITECTURE_KEYS)}"
-            )
-        missing = {"n_layer", "n_embd", "n_head", "source"} - set(spec)
-        if missing:
-            raise UserError(f"{path}: architecture {name!r} lacks {sorted(missing)}")
-        for flag in ("rope", "bias", "out_bias"):
-            if flag in spec and not isinstance(spec[flag], bool):
-                raise UserError(
-                    f"{path}: architecture {name!r}: {flag} must be true or false, got {spec[flag]!r}"
-                )
-        for field in ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "value_dim"):
-            if field in spec and (
-                isinstance(spec[field], bool) or not isinstance(spec[field], int) or spec[field] < 1
-            ):
-                raise UserError(
-                    f"{path}: architecture {name!r}: {field} must be a positive integer, got {spec[field]!r}"
-                )
-        try:
-            architecture_shape(spec)
-        except ValueError as err:
-            raise UserError(f"{path}: architecture {name!r}: {err}") from None
-    return entries
+# An architecture entry's attention (the fields of architectures.yaml, attnid.theory.architectures)
 
 
 def architecture_shape(spec: dict) -> LayerShape:
+    """The attention layer of an architecture entry (``n_embd``, ``n_head``, ``n_kv_head``, ``head_dim``,
+    ``value_dim``, ``rope``, ``bias``, ``out_bias``); ValueError for a shape outside the closed forms."""
     return layer_shape(
         spec["n_embd"],
         spec["n_head"],
@@ -455,72 +380,3 @@ def architecture_shape(spec: dict) -> LayerShape:
         spec.get("bias", False),
         spec.get("out_bias"),
     )
-
-
-def architecture_row(name: str, spec: dict) -> dict:
-    """Per-layer counts and whole-model totals (all layers' attention) for one architecture."""
-    shape = architecture_shape(spec)
-    n_layer = int(spec["n_layer"])
-    per_layer = layer_counts(shape)
-    row = {"architecture": name, "n_layer": n_layer, **asdict(shape), **per_layer}
-    row["total_attn_weights"] = n_layer * per_layer["attn_weights_per_layer"]
-    row["total_attn_params"] = n_layer * per_layer["attn_params_per_layer"]
-    row["total_unidentified_qk"] = n_layer * per_layer["unidentified_qk_per_layer"]
-    row["total_unidentified"] = n_layer * per_layer["unidentified_per_layer"]
-    row["total_identified"] = row["total_attn_params"] - row["total_unidentified"]
-    row["source"] = spec["source"]
-    return row
-
-
-def counts_table(architectures: dict[str, dict]) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame([architecture_row(name, spec) for name, spec in architectures.items()])
-
-
-def single_head_table(
-    architectures: dict[str, dict], extra_heads: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 32, 64)
-) -> pd.DataFrame:
-    """§4.10 rows (A3): one per distinct ``(E, H)`` among the architectures (labelled with
-    their names; plain MHA with ``D = E/H`` is assumed, as in the paper), then a sweep over
-    ``H`` at ``E = 768``. Both readings of docs/design.md §10 are columns of every row."""
-    import pandas as pd
-
-    rows: list[dict] = []
-    seen: dict[tuple[int, int], list[str]] = {}
-    for name, spec in architectures.items():
-        key = (int(spec["n_embd"]), int(spec["n_head"]))
-        seen.setdefault(key, []).append(name)
-    for (n_embd, n_head), names in seen.items():
-        rows.append({"label": ", ".join(names), **single_head_row(n_embd, n_head)})
-    for n_head in extra_heads:
-        rows.append({"label": f"sweep H={n_head}", **single_head_row(768, n_head)})
-    return pd.DataFrame(rows)
-
-
-DEFAULT_COUNTS_OUT = "results/theory/counts.csv"
-
-
-def hf_whole_model_columns(name: str, spec: dict) -> dict:
-    """The whole-model columns of a Hugging Face model's row (:mod:`attnid.theory.whole_model`): its
-    parameters, its unidentified count over every symmetry class, and the identified fraction; a model
-    family the census does not cover gets empty values and the reason."""
-    from attnid.theory.whole_model import whole_model_row
-
-    if "whole_model_note" in spec:
-        return {
-            "whole_params": None,
-            "whole_unidentified": None,
-            "whole_identified_fraction": None,
-            "whole_model_note": spec["whole_model_note"],
-        }
-    try:
-        row = whole_model_row(name, spec)
-    except UserError as err:
-        return {
-            "whole_params": None,
-            "whole_unidentified": None,
-            "whole_identified_fraction": None,
-            "whole_model_note": str(err),
-        }
-    return {key: row[key] for key in ("whole_params", "whole_unidentified", "whole_identified_fraction")}

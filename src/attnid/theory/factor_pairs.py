@@ -28,6 +28,8 @@ pairs (nanoGPT's layout, GQA groups) is :mod:`attnid.model.layout`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 # An eigenvalue sum b_i + a_j below this fraction of the pair's largest eigenvalue is
@@ -44,6 +46,24 @@ REBALANCE_MIN_SV_RATIO = 1e-6
 # eps * cond(A). A pivot ratio of the factor is at least 1 / cond(A); below this one the pair is far
 # from full row rank and its nuclear norm is computed from QRs of A^T and B^T instead.
 CHOLESKY_MIN_PIVOT_RATIO = 1e-3
+# The nearest pair with a nonzero target imbalance is iterated (docs/design.md §4.3). The fiber is reached
+# when ||A A^T - B B^T - I*|| <= this fraction of ||A A^T + B B^T|| (then one more Newton step, whose
+# convergence is quadratic, leaves float64 round-off times the move's condition number) ...
+FIBER_RTOL = 1e-12
+FIBER_NEWTON_STEPS = 100
+# The longest generator M of one step S -> (I + M) S (Frobenius norm): a far target is approached in steps
+# that rescale the pair by at most 3/2 each.
+MAX_GENERATOR_NORM = 0.5
+# ... and the nearest point when a Gauss-Newton step moves the pair by less than this fraction of its norm
+# (the steps shrink geometrically; below ~1e-15 they are round-off), or its damping falls below the minimum.
+NEAREST_RTOL = 1e-12
+NEAREST_STEPS = 200
+NEAREST_MIN_STEP = 1e-8
+# A step that lowered the distance lets the next one grow by this factor (up to the full step): doubling at
+# once would retry the step just halved.
+NEAREST_STEP_GROWTH = 1.25
+# Squared distances are compared with this tolerance relative to ||A||^2 + ||B||^2 (their float64 round-off).
+DISTANCE_RTOL = 1e-14
 
 
 # --------------------------------------------------------------------------------------
@@ -234,50 +254,231 @@ def product_svd(
     return q_a @ left, sing, q_b @ right_h.transpose(-1, -2)
 
 
+def nearest_balanced(
+    pair_a: torch.Tensor, pair_b: torch.Tensor, product: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The balanced point of the orbit nearest to ``(A, B)`` (docs/design.md §4.2): closed form.
+
+    With the product's thin SVD ``A^T B = U diag(s) V^T`` (``product``, :func:`product_svd`), the
+    balanced points with that product are ``(R A_1, R B_1)``, ``A_1 = diag(sqrt s) U^T``,
+    ``B_1 = diag(sqrt s) V^T``, ``R`` in ``O(D)``. The nearest in ``||A' - A||^2 + ||B' - B||^2`` maximises
+    ``tr(R^T C)`` with ``C = A A_1^T + B B_1^T`` (orthogonal Procrustes): ``R = W Z^T`` for
+    ``C = W diag(c) Z^T``. A pair that is balanced already gives ``C = R_* (A_1 A_1^T + B_1 B_1^T)``,
+    whose polar factor is ``R_*``: the pair itself.
+    """
+    left, sing, right = product
+    root = sing.sqrt().unsqueeze(-1)  # (..., D, 1)
+    first_a, first_b = root * left.transpose(-1, -2), root * right.transpose(-1, -2)  # A_1, B_1
+    cross = pair_a @ first_a.transpose(-1, -2) + pair_b @ first_b.transpose(-1, -2)  # (..., D, D)
+    polar_left, _, polar_right_h = torch.linalg.svd(cross)
+    rotation = polar_left @ polar_right_h
+    return rotation @ first_a, rotation @ first_b
+
+
+def _lyapunov(gram_sum: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """The symmetric ``N`` with ``N G + G N = rhs`` for SPD ``G`` ``(..., D, D)``, in ``G``'s eigenbasis."""
+    eig, vec = torch.linalg.eigh(gram_sum)
+    rhs_eig = vec.transpose(-1, -2) @ rhs @ vec
+    return vec @ (rhs_eig / (eig.unsqueeze(-1) + eig.unsqueeze(-2))) @ vec.transpose(-1, -2)
+
+
+@dataclass(frozen=True)
+class _FiberPoint:
+    """The pair ``(S A, S^{-T} B)`` seen through ``D x D`` products (docs/design.md §4.3)."""
+
+    element: torch.Tensor  # S (..., D, D)
+    inverse_t: torch.Tensor  # S^{-T}
+    gram_a: torch.Tensor  # S A A^T S^T
+    gram_b: torch.Tensor  # S^{-T} B B^T S^{-1}
+
+    @staticmethod
+    def of(element: torch.Tensor, gram_a0: torch.Tensor, gram_b0: torch.Tensor) -> _FiberPoint:
+        inverse_t = torch.linalg.inv(element).transpose(-1, -2)
+        gram_a = element @ gram_a0 @ element.transpose(-1, -2)
+        gram_b = inverse_t @ gram_b0 @ inverse_t.transpose(-1, -2)
+        return _FiberPoint(element, inverse_t, gram_a, gram_b)
+
+    @property
+    def imbalance(self) -> torch.Tensor:
+        return self.gram_a - self.gram_b
+
+
+def _sq_distance(point: _FiberPoint, gram_a0: torch.Tensor, gram_b0: torch.Tensor) -> torch.Tensor:
+    """``||S A - A||^2 + ||S^{-T} B - B||^2`` per pair, from ``(S - I)`` and
+    ``S^{-T} - I = -S^{-T} (S - I)^T`` (no cancellation when the move is small)."""
+    eye = torch.eye(point.element.shape[-1], dtype=point.element.dtype, device=point.element.device)
+    diff_a = point.element - eye
+    diff_b = -point.inverse_t @ diff_a.transpose(-1, -2)
+    return ((diff_a @ gram_a0) * diff_a).sum((-1, -2)) + ((diff_b @ gram_b0) * diff_b).sum((-1, -2))
+
+
+def _relative_residual(point: _FiberPoint, target: torch.Tensor) -> torch.Tensor:
+    """``||A A^T - B B^T - I*|| / ||A A^T + B B^T||`` per pair."""
+    scale = torch.linalg.matrix_norm(point.gram_a + point.gram_b)
+    return torch.linalg.matrix_norm(point.imbalance - target) / scale
+
+
+def _step(generator: torch.Tensor) -> torch.Tensor:
+    """The group element ``I + M`` of a step with generator ``M``: invertible, because :func:`_capped` keeps
+    ``||M||_2 <= ||M||_F <= 1/2``. Any invertible element moves the pair exactly along its orbit; ``exp(M)``
+    would agree to second order at several times the cost."""
+    return torch.eye(generator.shape[-1], dtype=generator.dtype, device=generator.device) + generator
+
+
+def _capped(generator: torch.Tensor, step_scale: torch.Tensor) -> torch.Tensor:
+    """``generator`` times ``step_scale`` ``(...)``, shrunk to Frobenius norm at most
+    :data:`MAX_GENERATOR_NORM` (a trust region, which also keeps :func:`_step` invertible)."""
+    norm = torch.linalg.matrix_norm(generator) * step_scale
+    shrink = step_scale * torch.where(norm > MAX_GENERATOR_NORM, MAX_GENERATOR_NORM / norm, 1.0)
+    return generator * shrink[..., None, None]
+
+
+def _onto_fiber(
+    point: _FiberPoint, gram_a0: torch.Tensor, gram_b0: torch.Tensor, target: torch.Tensor, polish: bool
+) -> tuple[_FiberPoint, torch.Tensor]:
+    """Newton's method for ``A A^T - B B^T = I*`` along the symmetric generators, the directions of the orbit
+    normal to the fiber (docs/design.md §4.3): each step solves ``N G + G N = I* - I`` with
+    ``G = A A^T + B B^T``. A step that does not lower ``||I - I*||`` is halved (and a step longer than
+    :func:`_capped` allows is shortened) until every pair is within :data:`FIBER_RTOL`; with ``polish`` one
+    more step takes it to round-off (the convergence is quadratic). Returns the point and a bool ``(...)``:
+    True where the relative residual is within :data:`FIBER_RTOL`."""
+
+    def newton_step(point, residual, step_scale, active):
+        generator = _capped(_lyapunov(point.gram_a + point.gram_b, target - point.imbalance), step_scale)
+        trial = _FiberPoint.of(_step(generator) @ point.element, gram_a0, gram_b0)
+        trial_residual = torch.linalg.matrix_norm(trial.imbalance - target)
+        better = (trial_residual < residual) & active
+        return _where(better, trial, point), torch.where(better, trial_residual, residual), better
+
+    def reached(point):
+        return _relative_residual(point, target) <= FIBER_RTOL
+
+    residual = torch.linalg.matrix_norm(point.imbalance - target)
+    step_scale = torch.ones_like(residual)
+    for _ in range(FIBER_NEWTON_STEPS):
+        active = ~reached(point)
+        if not bool(active.any()):
+            break
+        point, residual, better = newton_step(point, residual, step_scale, active)
+        step_scale = torch.where(better, (2 * step_scale).clamp_max(1), step_scale / 2)
+    if polish:
+        point, _, _ = newton_step(point, residual, torch.ones_like(residual), residual > 0)
+    return point, reached(point)
+
+
+def _where(mask: torch.Tensor, new: _FiberPoint, old: _FiberPoint) -> _FiberPoint:
+    keep = mask[..., None, None]
+    return _FiberPoint(
+        *(torch.where(keep, n, o) for n, o in zip(vars(new).values(), vars(old).values(), strict=True))
+    )
+
+
+def _gauss_newton_step(
+    point: _FiberPoint, gram_a0: torch.Tensor, gram_b0: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The generator ``M`` of the Gauss-Newton step towards the nearest point of the fiber and its size
+    ``(||M A||^2 + ||M^T B||^2)^{1/2}`` (docs/design.md §4.3).
+
+    Linearised at the current pair ``(A, B)`` (moved from ``(A_0, B_0)``), the orbit step ``(M A, -M^T B)``
+    that comes nearest to ``(A_0 - A, B_0 - B)`` while moving the imbalance by ``I* - I`` is
+    ``M = Y + N``: ``Y`` solves the Sylvester equation ``Y A A^T + B B^T Y = C`` of §2.2 with
+    ``C = (A_0 - A) A^T - B (B_0 - B)^T``, and the symmetric ``N`` solves
+    ``N G + G N = I* - I - (C + C^T)``, ``G = A A^T + B B^T``.
+    """
+    gram_sum = point.gram_a + point.gram_b
+    rhs = gram_a0 @ point.element.transpose(-1, -2) - point.inverse_t @ gram_b0 - point.imbalance  # C
+    rhs_eig, inv_denom, vec_a, vec_b, _ = _sylvester_in_eigenbases(point.gram_a, point.gram_b, rhs)
+    toward = vec_b @ (rhs_eig * inv_denom) @ vec_a.transpose(-1, -2)  # Y
+    generator = toward + _lyapunov(gram_sum, target - point.imbalance - (rhs + rhs.transpose(-1, -2)))
+    size_sq = ((generator @ point.gram_a) * generator).sum((-1, -2)) + (
+        (generator.transpose(-1, -2) @ point.gram_b) * generator.transpose(-1, -2)
+    ).sum((-1, -2))
+    return generator, size_sq.clamp_min(0).sqrt()
+
+
+def nearest_on_fiber(
+    gram_a0: torch.Tensor, gram_b0: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The orbit element ``S`` ``(..., D, D)`` that moves ``(A, B)`` to the nearest pair with imbalance ``I*``
+    (docs/design.md §4.3), from ``A A^T`` and ``B B^T`` alone, and a bool ``(...)``: True where the
+    imbalance was reached and the step size fell below :data:`NEAREST_RTOL`.
+
+    First Newton's method along the normal (symmetric) generators reaches the fiber; then damped
+    Gauss-Newton steps (:func:`_gauss_newton_step`), each followed by the same Newton correction, lower
+    the distance to ``(A, B)`` while staying on the fiber. A step that does not lower it is halved. A pair
+    already at ``I*`` gives the identity: both right-hand sides are zero.
+    """
+    eye = torch.eye(gram_a0.shape[-1], dtype=gram_a0.dtype, device=gram_a0.device).expand_as(gram_a0)
+    start = _FiberPoint.of(eye.clone(), gram_a0, gram_b0)
+    point, on_fiber = _onto_fiber(start, gram_a0, gram_b0, target, polish=False)
+    distance = _sq_distance(point, gram_a0, gram_b0)
+    scale = (trace(gram_a0) + trace(gram_b0)).sqrt()  # ||A||^2 + ||B||^2, so that sizes are relative
+    floor = DISTANCE_RTOL * scale.square()
+    generator, size = _gauss_newton_step(point, gram_a0, gram_b0, target)
+    step_scale = torch.ones_like(distance)
+    converged = ~on_fiber
+    for _ in range(NEAREST_STEPS):
+        converged = converged | (size <= NEAREST_RTOL * scale)
+        if bool(converged.all()):
+            break
+        moved = _FiberPoint.of(_step(_capped(generator, step_scale)) @ point.element, gram_a0, gram_b0)
+        trial, trial_on_fiber = _onto_fiber(moved, gram_a0, gram_b0, target, polish=False)
+        trial_distance = _sq_distance(trial, gram_a0, gram_b0)
+        trial_generator, trial_size = _gauss_newton_step(trial, gram_a0, gram_b0, target)
+        # progress: a lower distance, or, where the change is below the distance's round-off (steps of
+        # relative size 1e-8 and less), a smaller step (the first-order condition nearer to hold)
+        better = (
+            trial_on_fiber
+            & ~converged
+            & (
+                (trial_distance < distance - floor)
+                | ((trial_distance <= distance + floor) & (trial_size < size))
+            )
+        )
+        point = _where(better, trial, point)
+        distance = torch.where(better, trial_distance, distance)
+        generator = torch.where(better[..., None, None], trial_generator, generator)
+        size = torch.where(better, trial_size, size)
+        step_scale = torch.where(better, (NEAREST_STEP_GROWTH * step_scale).clamp_max(1), step_scale / 2)
+        converged = converged | (step_scale < NEAREST_MIN_STEP)
+    point, on_fiber = _onto_fiber(point, gram_a0, gram_b0, target, polish=True)
+    return point.element, on_fiber, converged
+
+
 def rebalance_pairs(
     pair_a: torch.Tensor,
     pair_b: torch.Tensor,
     target_imbalance: torch.Tensor | None = None,
-    target_eigh: tuple[torch.Tensor, torch.Tensor] | None = None,
     product: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Move a batch of pairs along their orbits to hit a target imbalance (paper §5; docs/design.md §4).
+    """Move a batch of pairs to the nearest point of their orbit with a target imbalance (paper §5;
+    docs/design.md §4).
 
-    ``target_imbalance`` is symmetric ``(..., D, D)`` (zeros = balanced, or the
-    initial ``I_0`` to restore the conservation law of Lemma 5.1). With the product's
-    thin SVD ``A^T B = U diag(s) V^T`` (:func:`product_svd`), ``I* = P diag(b) P^T``
-    and ``p = (b + sqrt(b^2 + 4 s^2)) / 2``, ``W = P diag(sqrt p)``:
+    ``target_imbalance`` is symmetric ``(..., D, D)``; None or zeros = balanced (the closed form
+    :func:`nearest_balanced`), otherwise e.g. the initial ``I_0`` that restores the conservation law of
+    Lemma 5.1 (:func:`nearest_on_fiber`). Either keeps ``A'^T B' = A^T B`` and reaches
+    ``A' A'^T - B' B'^T = I*``, and of all such pairs takes the one nearest to ``(A, B)`` in
+    ``||A' - A||^2 + ||B' - B||^2``: a pair already at ``I*`` is returned as it is (to round-off), so
+    rebalancing twice is rebalancing once.
 
-        A' = W U^T,   B' = W^{-T} diag(s) V^T
-
-    keeps ``A'^T B' = A^T B`` and gives ``A' A'^T - B' B'^T = P diag(p - s^2/p) P^T = I*``.
-    ``s`` (descending) is paired with ``b`` sorted descending; any pairing is exact.
-
-    ``target_eigh`` (``torch.linalg.eigh(target_imbalance)``) and ``product``
-    (``product_svd(A, B)``) may be passed precomputed, which
-    :meth:`attnid.theory.orbits.GeneralLinearOrbit.rebalance` does. Returns
-    ``(A', B', done)``; pairs with ``s_min / s_max < 1e-6`` (or a zero product) are
-    returned unchanged with ``done`` False.
+    ``product`` (``product_svd(A, B)``) may be passed precomputed, which
+    :meth:`attnid.theory.orbits.GeneralLinearOrbit.rebalance` does. Returns ``(A', B', done)``; pairs
+    with ``s_min / s_max < 1e-6`` (or a zero product), and pairs where the iteration did not reach the
+    target, are returned unchanged with ``done`` False.
     """
     left_full, sing, right_full = product_svd(pair_a, pair_b) if product is None else product
-    target_eig, target_vec = (
-        torch.linalg.eigh(target_imbalance) if target_eigh is None else target_eigh
-    )  # ascending
-    target_eig, target_vec = target_eig.flip(-1), target_vec.flip(-1)  # descending, to pair with s
-    root = torch.sqrt(target_eig.square() + 4 * sing.square())
-    # p = (b + r)/2 cancels catastrophically for b < 0; there use the equal 2 s^2 / (r - b)
-    p = torch.where(
-        target_eig >= 0,
-        (target_eig + root) / 2,
-        2 * sing.square() / (root - target_eig).clamp_min(torch.finfo(sing.dtype).tiny),
-    )
-
-    done = sing[..., -1] >= REBALANCE_MIN_SV_RATIO * sing[..., 0]
-    done = done & (sing[..., 0] > 0)
-    p_safe = torch.where(done.unsqueeze(-1), p, torch.ones_like(p))
-    new_a = (target_vec * p_safe.sqrt().unsqueeze(-2)) @ left_full.transpose(-1, -2)  # W U^T
-    # W^{-T} = P diag(1/sqrt p) because P is orthogonal
-    new_b = (target_vec * (sing / p_safe.sqrt()).unsqueeze(-2)) @ right_full.transpose(-1, -2)
+    done = (sing[..., -1] >= REBALANCE_MIN_SV_RATIO * sing[..., 0]) & (sing[..., 0] > 0)
+    if target_imbalance is None or not bool(target_imbalance.any()):
+        new_a, new_b = nearest_balanced(pair_a, pair_b, (left_full, sing, right_full))
+    else:
+        eye = torch.eye(pair_a.shape[-2], dtype=pair_a.dtype, device=pair_a.device)
+        gram_a0 = torch.where(done[..., None, None], gram(pair_a), eye)  # skipped pairs: a harmless problem
+        gram_b0 = torch.where(done[..., None, None], gram(pair_b), eye)
+        target = torch.where(done[..., None, None], target_imbalance, 0)
+        element, reached, _ = nearest_on_fiber(gram_a0, gram_b0, target)
+        done = done & reached
+        new_a = element @ pair_a
+        new_b = torch.linalg.solve(element.transpose(-1, -2), pair_b)
     keep = done.unsqueeze(-1).unsqueeze(-1)
     return torch.where(keep, new_a, pair_a), torch.where(keep, new_b, pair_b), done
 

@@ -1,10 +1,12 @@
-"""Attention shapes from a Hugging Face ``config.json``, for ``attnid counts --hf-config``.
+"""Attention and whole-model shapes from a Hugging Face ``config.json``'s settings, for ``attnid counts
+--hf-config``, ``attnid census --hf-config`` and the checkpoint loaders (which read the file:
+:mod:`attnid.common.hf_config_file`).
 
 Maps the fields of GPT-2, Llama, Mistral, Qwen2, Gemma and Falcon configs onto the
 architecture fields of :mod:`attnid.theory.counts` (``n_layer``, ``n_embd`` = E,
 ``n_head`` = H, ``n_kv_head`` = G, ``head_dim`` = D, ``rope``, ``bias`` for the
 q/k/v projections, ``out_bias`` for the output projection), so a downloaded model's
-counts come out as the same row as ``config/architectures.yaml`` would give it.
+counts come out as the same row as ``architectures.yaml`` would give it (:mod:`attnid.theory.architectures`).
 
 Which model types use RoPE and which biases they carry is not in the config's
 numbers but in the modelling code of each type; the table :data:`MODEL_TYPES`
@@ -13,9 +15,6 @@ records it (with the config flags that switch it, e.g. Llama's ``attention_bias`
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 from attnid.common.errors import UserError
@@ -55,24 +54,6 @@ FIELD_NAMES = {
 }
 
 
-def read_hf_config(path: str | os.PathLike) -> dict:
-    """The JSON object of ``path`` (a ``config.json``, or a folder that holds one)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise UserError(
-            f"Hugging Face config {path} not found: pass a config.json or the model folder holding one"
-        )
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON: {err}") from None
-    if not isinstance(config, dict):
-        raise UserError(f"{path} must hold a JSON object of model settings")
-    return config
-
-
 def _field(config: dict, ours: str, where: str) -> int:
     for name in FIELD_NAMES[ours]:
         if config.get(name) is not None:
@@ -109,8 +90,7 @@ def _rope_and_biases(config: dict, model_type: str) -> tuple[bool, bool, bool]:
 
 
 def architecture_from_hf_config(config: dict, source: str = "config.json") -> dict:
-    """An ``architectures.yaml``-style entry (see :func:`attnid.theory.counts.architecture_row`) for one
-    HF config.
+    """An ``architectures.yaml``-style entry (see :mod:`attnid.theory.architectures`) for one HF config.
 
     Raises a one-line UserError naming the field it could not find or the model type
     it does not know.
@@ -173,11 +153,7 @@ def _whole_model_fields(config: dict, model_type: str, spec: dict) -> dict:
     return fields
 
 
-def hf_architecture(path: str | os.PathLike) -> tuple[str, dict]:
-    """``(name, spec)`` for the config at ``path``; the name is the config's model type and folder."""
-    config = read_hf_config(path)
-    where = str(Path(path) / "config.json") if Path(path).is_dir() else str(path)
-    spec = architecture_from_hf_config(config, source=where)
-    folder = Path(path) if Path(path).is_dir() else Path(path).parent
-    name = config.get("_name_or_path") or folder.name or config["model_type"]
-    return str(name), spec
+def hf_model_name(config: dict, folder_name: str) -> str:
+    """The name of the model a config describes: its ``_name_or_path``, else the name of the folder it was
+    read from, else its model type."""
+    return str(config.get("_name_or_path") or folder_name or config.get("model_type") or "model")

@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -79,20 +79,33 @@ class NullityCase:
 
 def default_cases() -> list[NullityCase]:
     """The verification suite: every formula, every flag, small enough for < 1 minute on one core."""
-    cases = [
+    single_head = NullityCase(
+        "single head of the paper, Q K V without output projection, E=6", "single_head", n_embd=6
+    )
+    return pair_cases() + attention_cases() + gqa_cases() + rope_cases() + [single_head]
+
+
+def pair_cases() -> list[NullityCase]:
+    """One factor pair below, at and above the embedding (Lemma 4.1, 4.3, Cor. 4.4)."""
+    return [
         NullityCase("pair D<E (D=3, E=5)", "pair", n_embd=5, head_dim=3),
         NullityCase("pair D=E (D=4, E=4)", "pair", n_embd=4, head_dim=4),
         NullityCase("pair D>E (D=5, E=3)", "pair", n_embd=3, head_dim=5),
     ]
-    for n_head in (1, 2, 3, 4, 6, 12):
-        cases.append(NullityCase(f"attention E=12 H={n_head}", "attention", n_embd=12, n_head=n_head))
-    for n_head in (1, 2, 3, 4):
-        cases.append(
-            NullityCase(
-                f"attention+bias E=12 H={n_head}", "attention_bias", n_embd=12, n_head=n_head, bias=True
-            )
-        )
-    cases.append(
+
+
+def attention_cases() -> list[NullityCase]:
+    """Plain multi-head attention over the head counts (T3), and with biases (T4, §4.7)."""
+    cases = [
+        NullityCase(f"attention E=12 H={n_head}", "attention", n_embd=12, n_head=n_head)
+        for n_head in (1, 2, 3, 4, 6, 12)
+    ]
+    cases += [
+        NullityCase(f"attention+bias E=12 H={n_head}", "attention_bias", n_embd=12, n_head=n_head, bias=True)
+        for n_head in (1, 2, 3, 4)
+    ]
+    wide: dict[str, Any] = {"n_embd": 8, "n_head": 2, "head_dim": 3, "value_dim": 5, "bias": True}
+    return cases + [
         NullityCase(
             "attention+qkv bias, no out bias E=12 H=3",
             "attention_bias",
@@ -100,56 +113,50 @@ def default_cases() -> list[NullityCase]:
             n_head=3,
             bias=True,
             out_bias=False,
-        )
-    )
-    cases.append(
+        ),
         NullityCase(
             "attention+qkv bias, no out bias, wide values E=8 H=2 D=3 C=5",
             "attention_bias",
-            n_embd=8,
-            n_head=2,
-            head_dim=3,
-            value_dim=5,
-            bias=True,
             out_bias=False,
-        )
-    )
-    cases.append(
-        NullityCase(
-            "attention+bias E=8 H=2 D=3 C=5",
-            "attention_bias",
-            n_embd=8,
-            n_head=2,
-            head_dim=3,
-            value_dim=5,
-            bias=True,
-        )
-    )
-    for n_kv_head in (1, 2, 4):
-        cases.append(
-            NullityCase(f"GQA E=12 H=4 G={n_kv_head} D=3", "gqa", n_embd=12, n_head=4, n_kv_head=n_kv_head)
-        )
-    cases.append(
+            **wide,
+        ),
+        NullityCase("attention+bias E=8 H=2 D=3 C=5", "attention_bias", **wide),
+    ]
+
+
+def gqa_cases() -> list[NullityCase]:
+    """Grouped-query attention (T5, §4.9), with and without biases."""
+    cases = [
+        NullityCase(f"GQA E=12 H=4 G={n_kv_head} D=3", "gqa", n_embd=12, n_head=4, n_kv_head=n_kv_head)
+        for n_kv_head in (1, 2, 4)
+    ]
+    return cases + [
         NullityCase("GQA+bias E=12 H=4 G=2 D=3", "gqa_bias", n_embd=12, n_head=4, n_kv_head=2, bias=True)
-    )
-    for pairing in ("interleaved", "half"):
-        cases.append(NullityCase(f"RoPE {pairing} E=12 H=3", "rope", n_embd=12, n_head=3, rope=pairing))
+    ]
+
+
+def rope_cases() -> list[NullityCase]:
+    """RoPE's commutant (Prop. 4.8) in both pairings, with GQA and with biases (T4, T5)."""
+    cases = [
+        NullityCase(f"RoPE {pairing} E=12 H=3", "rope", n_embd=12, n_head=3, rope=pairing)
+        for pairing in ("interleaved", "half")
+    ]
     cases.append(NullityCase("RoPE interleaved E=8 H=1 D=8", "rope", n_embd=8, n_head=1, rope="interleaved"))
-    for pairing in ("interleaved", "half"):
-        cases.append(
-            NullityCase(
-                f"RoPE {pairing}+GQA E=16 H=4 G=2", "rope_gqa", n_embd=16, n_head=4, n_kv_head=2, rope=pairing
-            )
+    cases += [
+        NullityCase(
+            f"RoPE {pairing}+GQA E=16 H=4 G=2", "rope_gqa", n_embd=16, n_head=4, n_kv_head=2, rope=pairing
         )
+        for pairing in ("interleaved", "half")
+    ]
     cases.append(
         NullityCase("RoPE half+GQA E=16 H=4 G=1", "rope_gqa", n_embd=16, n_head=4, n_kv_head=1, rope="half")
     )
-    for pairing in ("interleaved", "half"):
-        cases.append(
-            NullityCase(
-                f"RoPE {pairing}+bias E=12 H=3", "rope_bias", n_embd=12, n_head=3, rope=pairing, bias=True
-            )
+    cases += [
+        NullityCase(
+            f"RoPE {pairing}+bias E=12 H=3", "rope_bias", n_embd=12, n_head=3, rope=pairing, bias=True
         )
+        for pairing in ("interleaved", "half")
+    ]
     cases.append(
         NullityCase(
             "RoPE half+GQA+qkv bias, no out bias (Qwen2-like) E=16 H=4 G=2",
@@ -161,9 +168,6 @@ def default_cases() -> list[NullityCase]:
             bias=True,
             out_bias=False,
         )
-    )
-    cases.append(
-        NullityCase("single head of the paper, Q K V without output projection, E=6", "single_head", n_embd=6)
     )
     return cases
 

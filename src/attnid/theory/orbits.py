@@ -28,9 +28,8 @@ import torch
 
 from attnid.theory import factor_pairs, rope
 
-# What Orbit.rebalance_target prepares and Orbit.rebalance takes: the target's eigendecomposition
-# (GL_D), the target itself (the RoPE commutant), or None for balanced.
-RebalanceTarget = tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None
+# What Orbit.rebalance_target prepares and Orbit.rebalance takes: the target imbalance, or None for balanced.
+RebalanceTarget = torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -163,27 +162,16 @@ class GeneralLinearOrbit(Orbit):
         return factor_pairs.excess_norm_terms(pair_a, pair_b, grams)
 
     def rebalance_target(self, imbalance: torch.Tensor | None) -> RebalanceTarget:
-        """The target's eigendecomposition, done once. Balanced: eigenvalues 0 and the identity as basis
-        (any orthonormal basis is exact; the identity keeps ``A' = sqrt(s) U^T`` simple). A None target
-        is prepared by :meth:`rebalance` itself, where the pairs' shape is known."""
-        return None if imbalance is None else torch.linalg.eigh(imbalance)
+        """The target itself (None: balanced)."""
+        return imbalance
 
     def rebalance(
         self, pair_a: torch.Tensor, pair_b: torch.Tensor, target: RebalanceTarget = None
     ) -> Rebalanced:
-        *batch, head_dim, _ = pair_a.shape
-        if target is None:
-            eye = torch.eye(head_dim, dtype=pair_a.dtype, device=pair_a.device).expand(
-                *batch, head_dim, head_dim
-            )
-            target = (torch.zeros(*batch, head_dim, dtype=pair_a.dtype, device=pair_a.device), eye)
-        values, vectors = target
-        eigh = (
-            values.to(pair_a.device).reshape(*batch, head_dim),
-            vectors.to(pair_a.device).reshape(*batch, head_dim, head_dim),
-        )
+        if target is not None:
+            target = target.reshape(*pair_a.shape[:-2], *target.shape[-2:]).to(pair_a)
         product = factor_pairs.product_svd(pair_a, pair_b)
-        new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, target_eigh=eigh, product=product)
+        new_a, new_b, done = factor_pairs.rebalance_pairs(pair_a, pair_b, target, product=product)
         return Rebalanced(new_a, new_b, done, 2 * product[1].sum(-1))
 
     def random_element(
@@ -250,8 +238,6 @@ class RopeCommutantOrbit(Orbit):
     def rebalance(
         self, pair_a: torch.Tensor, pair_b: torch.Tensor, target: RebalanceTarget = None
     ) -> Rebalanced:
-        if isinstance(target, tuple):  # GeneralLinearOrbit's prepared form
-            raise TypeError("a RoPE orbit's target is the imbalance itself (its rebalance_target)")
         if target is not None:
             target = target.reshape(*pair_a.shape[:-2], *target.shape[-2:]).to(pair_a)
         minimum = rope.rope_excess_norm_terms(pair_a, pair_b)[1]

@@ -29,14 +29,9 @@ and ``E' = E`` for RMSNorm.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from attnid.common.errors import UserError
 from attnid.theory import counts
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "geglu")  # swiglu / geglu: act(W_gate x) * (W_up x), then W_down
@@ -44,20 +39,9 @@ GATED_MLPS = ("swiglu", "geglu")
 POSITIONS = ("learned", "rope", "none")
 BLOCKS = ("sequential", "parallel")  # parallel: x + attn(n(x)) + mlp(n(x)), one shared norm
 DEFAULT_NORM_EPS = 1e-5  # model.py's LayerNorm
-
-# Fields of config/architectures.yaml that the whole-model counts need on top of the attention ones.
-WHOLE_MODEL_KEYS = (
-    "vocab_size",
-    "block_size",
-    "norm",
-    "norm_bias",
-    "mlp",
-    "mlp_hidden",
-    "mlp_bias",
-    "tied",
-    "block",
-    "norm_eps",
-)
+# The census's measurement defaults (attnid.theory.census), here without torch so that `attnid census
+# --help` shows it at once: the RoPE base it measures with.
+CENSUS_ROPE_BASE = 10.0
 
 
 @dataclass(frozen=True)
@@ -504,6 +488,14 @@ def residual_scale_dim(shape: WholeModelShape) -> int:
     return 1 if shape.norm_eps == 0 else 0
 
 
+def eps_broken_dim(shape: WholeModelShape) -> int:
+    """Directions that only the norms' epsilon breaks: the residual scaling when ``norm_eps > 0`` (then
+    ``residual_scale`` counts 0), else none. Its singular value is proportional to epsilon
+    (docs/theory.md, "The measurement"), so it may lie anywhere between round-off and the informative
+    spectrum: the census's cut allows for it (:func:`attnid.theory.census.spectrum_cut`)."""
+    return 1 - residual_scale_dim(shape)
+
+
 @dataclass(frozen=True)
 class SymmetryClass:
     name: str
@@ -574,6 +566,11 @@ def whole_model_unidentified(shape: WholeModelShape) -> int:
     return sum(class_dims(shape).values())
 
 
+def attention_params(shape: WholeModelShape) -> int:
+    """Every layer's attention parameters (:func:`attnid.theory.counts.attention_params_per_layer`)."""
+    return shape.n_layer * counts.attention_params_per_layer(shape.attention)
+
+
 def attention_only_unidentified(shape: WholeModelShape) -> int:
     """What the paper counts: ``L`` times one attention layer's nullity (:mod:`attnid.theory.counts`)."""
     return shape.n_layer * counts.unidentified_params_per_layer(shape.attention)
@@ -595,106 +592,6 @@ def whole_model_params(shape: WholeModelShape) -> int:
     e = shape.n_embd
     embeddings = shape.vocab_size * e + (shape.block_size * e if shape.positions == "learned" else 0)
     norms_per_layer = 1 if shape.block == "parallel" else 2
-    per_layer = (
-        norms_per_layer * norm_params(shape)
-        + counts.attention_params_per_layer(shape.attention)
-        + mlp_params(shape)
-    )
+    per_layer = norms_per_layer * norm_params(shape) + mlp_params(shape)
     head = 0 if shape.tied else shape.vocab_size * e
-    return embeddings + shape.n_layer * per_layer + norm_params(shape) + head
-
-
-# ---------------------------------------------------------------------------------------------
-# Real architectures (config/architectures.yaml, Hugging Face configs)
-
-WHOLE_MODEL_REQUIRED = ("vocab_size", "norm", "mlp", "mlp_hidden", "tied")
-WHOLE_MODEL_KEY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "vocab_size": int,
-    "block_size": int,
-    "mlp_hidden": int,
-    "norm": str,
-    "mlp": str,
-    "block": str,
-    "norm_bias": bool,
-    "mlp_bias": bool,
-    "tied": bool,
-    "norm_eps": (int, float),
-}
-WHOLE_MODEL_TYPE_NAMES = {
-    int: "a positive integer",
-    str: "a name",
-    bool: "true or false",
-    (int, float): "a number",
-}
-
-
-def shape_from_architecture(name: str, spec: dict) -> WholeModelShape:
-    """The whole-model shape of one ``architectures.yaml`` entry; a UserError names a missing field."""
-    missing = [key for key in WHOLE_MODEL_REQUIRED if key not in spec]
-    positions = "rope" if spec.get("rope", False) else "learned"
-    if positions == "learned" and "block_size" not in spec:
-        missing.append("block_size")
-    if missing:
-        raise UserError(
-            f"architecture {name!r} lacks {', '.join(missing)} (needed for the whole-model count)"
-        )
-    for key, kind in WHOLE_MODEL_KEY_TYPES.items():
-        value = spec.get(key)
-        if value is not None and not (
-            isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        ):
-            raise UserError(
-                f"architecture {name!r}: {key} must be {WHOLE_MODEL_TYPE_NAMES[kind]}, got {value!r}"
-            )
-    try:
-        return whole_model_shape(
-            n_layer=spec["n_layer"],
-            n_embd=spec["n_embd"],
-            n_head=spec["n_head"],
-            vocab_size=spec["vocab_size"],
-            block_size=spec.get("block_size", 2),
-            n_kv_head=spec.get("n_kv_head"),
-            head_dim=spec.get("head_dim"),
-            norm=spec["norm"],
-            norm_bias=spec.get("norm_bias", False),
-            qkv_bias=spec.get("bias", False),
-            out_bias=spec.get("out_bias"),
-            mlp=spec["mlp"],
-            mlp_hidden=spec["mlp_hidden"],
-            mlp_bias=spec.get("mlp_bias", False),
-            tied=spec["tied"],
-            positions=positions,
-            block=spec.get("block", "sequential"),
-            norm_eps=spec.get("norm_eps", DEFAULT_NORM_EPS),
-        )
-    except (TypeError, ValueError) as err:
-        raise UserError(f"architecture {name!r}: {err}") from None
-
-
-def whole_model_row(name: str, spec: dict) -> dict:
-    """One row of ``whole_model.csv``: the attention-only count next to the whole model's, class by class."""
-    shape = shape_from_architecture(name, spec)
-    dims = class_dims(shape)
-    attention_params = shape.n_layer * counts.attention_params_per_layer(shape.attention)
-    attention_unidentified = attention_only_unidentified(shape)
-    params = whole_model_params(shape)
-    unidentified = sum(dims.values())
-    return {
-        "architecture": name,
-        **asdict(shape),
-        "attention_params": attention_params,
-        "attention_unidentified": attention_unidentified,
-        "attention_identified_fraction": 1 - attention_unidentified / attention_params,
-        "whole_params": params,
-        "whole_unidentified": unidentified,
-        "whole_identified_fraction": 1 - unidentified / params,
-        "extra_unidentified": unidentified - attention_unidentified,
-        **{f"group_{group}": sum(dims[name] for name in names) for group, names in CLASS_GROUPS.items()},
-        **{f"class_{key}": value for key, value in dims.items()},
-    }
-
-
-def whole_model_table(architectures: dict[str, dict]) -> pd.DataFrame:
-    import pandas as pd
-
-    return pd.DataFrame([whole_model_row(name, spec) for name, spec in architectures.items()])
+    return embeddings + shape.n_layer * per_layer + attention_params(shape) + norm_params(shape) + head

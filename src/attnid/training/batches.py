@@ -1,4 +1,5 @@
-"""Token batches for training: random windows of the token stream, and the fixed eval batches."""
+"""Token batches for training: random windows of the token stream, the fixed eval batches, and the whole
+val split in consecutive windows for the final evaluation."""
 
 from __future__ import annotations
 
@@ -106,3 +107,37 @@ class FixedEvalBatches:
             out[name] = total / len(self.starts[name])
         model.train(was_training)
         return out
+
+
+def split_windows(n_tokens: int, block_size: int) -> torch.Tensor:
+    """Starts of the consecutive windows that predict every token of a split once: ``0, T, 2T, ...``, as many
+    as fit with their targets (``(n_tokens - 1) // T``); window ``i`` predicts tokens ``iT + 1 .. iT + T``.
+    The last ``(n_tokens - 1) % T`` tokens are not predicted."""
+    return torch.arange((n_tokens - 1) // block_size) * block_size  # (n_windows,)
+
+
+@torch.no_grad()
+def split_loss(
+    model: GPT,
+    data: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager],
+) -> float:
+    """The mean next-token loss over a whole split (:func:`split_windows`: every predicted token counted
+    once, each with the context of its window), ``batch_size`` windows per forward pass, summed in float64
+    (docs/design.md §11.5: the interventions' primary metric, ``final_val_loss_full``)."""
+    was_training = model.training
+    model.eval()
+    starts = split_windows(len(data), block_size)
+    total, count = 0.0, 0
+    for first in range(0, len(starts), batch_size):
+        chunk = starts[first : first + batch_size]
+        x, y = batch_from_starts(data, chunk, block_size, device)
+        with autocast():
+            _, loss = model(x, y)
+        total += float(loss.double()) * y.numel()  # the batch's mean over its tokens, back to a sum
+        count += y.numel()
+    model.train(was_training)
+    return total / count

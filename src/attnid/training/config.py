@@ -2,9 +2,11 @@
 
 Each field of :class:`TrainConfig` carries its type (the annotation, read with
 :func:`typing.get_type_hints`) and its metadata: ``help`` (``None`` hides a test
-hook from ``--help``), ``metavar``, ``bound`` (``positive`` or ``non_negative``) and
-``resume`` (False for keys that may differ between a checkpoint and the command that
-resumes it). Adding an option is adding one field.
+hook from ``--help``), ``metavar``, ``bound`` (``positive`` or ``non_negative``),
+``maximum`` and ``below`` (inclusive and exclusive upper limits), ``choices`` (the values
+a text option takes) and ``resume`` (False for keys that may differ between a checkpoint
+and the command that resumes it). Adding an option is adding one field: the flag, the
+``--config`` key and the pipeline config's schema (:mod:`attnid.plan.schema`) follow.
 """
 
 from __future__ import annotations
@@ -12,20 +14,19 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field, fields
 
 from attnid.common.errors import UserError
-from attnid.measure.metrics import METRICS_DEVICES
-from attnid.model.gauge import check_gauge_layout
-from attnid.model.layout import AttentionLayout
-from attnid.model.moves import REBALANCE_TARGETS
+from attnid.measure.options import METRICS_DEVICES
+from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
 from attnid.training import cases
-from attnid.training.moments import REBALANCE_MOMENTS
-from attnid.training.precision import DTYPES
+from attnid.training.options import DEVICES, DTYPES, REBALANCE_MOMENTS, RETIRED_MOMENTS
 
-DEVICES = ("auto", "cpu", "cuda")
+# An arm's name (--arm): it names a results folder and a row of the interventions table
+ARM_NAME = re.compile(r"[a-z][a-z0-9_]*")
 # Options that were replaced: each gives one line that says what to use instead
 REPLACED_OPTIONS = {
     "reset_optimizer_state": "--reset-optimizer-state was replaced by --rebalance-moments reset "
@@ -39,12 +40,28 @@ def option(
     *,
     metavar: str | None = None,
     bound: str | None = None,
+    maximum: float | None = None,
+    below: float | None = None,
+    choices: tuple[str, ...] | None = None,
     resume: bool = True,
 ) -> typing.Any:  # a dataclass field, typed as its default for the class body
     """A :class:`TrainConfig` field with its ``--help`` text and checks."""
     return field(
-        default=default, metadata={"help": help, "metavar": metavar, "bound": bound, "resume": resume}
+        default=default,
+        metadata={
+            "help": help,
+            "metavar": metavar,
+            "bound": bound,
+            "maximum": maximum,
+            "below": below,
+            "choices": choices,
+            "resume": resume,
+        },
     )
+
+
+# torch.manual_seed takes an unsigned 64-bit seed
+SEED_MAXIMUM = 2**64 - 1
 
 
 @dataclass
@@ -60,7 +77,12 @@ class TrainConfig:
     )
     case: str = option("adamw", "optimizer case: {cases}", metavar="CASE")
     lr: float | None = option(None, "peak learning rate (default per case: {default_lrs})", bound="positive")
-    seed: int = option(1337, "seed for the init, the batches and dropout (default 1337)")
+    seed: int = option(
+        1337,
+        "seed for the init, the batches and dropout (default 1337)",
+        bound="non_negative",
+        maximum=SEED_MAXIMUM,
+    )
     max_iters: int = option(5000, "optimizer steps (default 5000)", bound="positive")
     log_every: int = option(
         10,
@@ -96,7 +118,7 @@ class TrainConfig:
     )
     block_size: int = option(64, "context length (default 64)", bound="positive")
     batch_size: int = option(12, "sequences per step (default 12)", bound="positive")
-    dropout: float = option(0.0, "dropout probability (default 0.0)", bound="non_negative")
+    dropout: float = option(0.0, "dropout probability (default 0.0)", bound="non_negative", below=1)
     bias: bool = option(False, "biases in Linears and LayerNorms (default off, as nanoGPT's CPU config)")
     weight_decay: float = option(
         0.1,
@@ -109,21 +131,56 @@ class TrainConfig:
     grad_clip: float = option(
         1.0, "clip the gradient norm at this value, 0 = off (default 1.0)", bound="non_negative"
     )
-    warmup_iters: int | None = option(None, "linear warmup steps (default min(100, max_iters // 10))")
+    warmup_iters: int | None = option(
+        None, "linear warmup steps (default min(100, max_iters // 10))", bound="non_negative"
+    )
     lr_decay_iters: int | None = option(None, "cosine decay length (default max_iters)")
     min_lr: float | None = option(None, "learning rate at the end of the decay (default lr / 10)")
     rebalance_every: int = option(
         200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive"
     )
     rebalance_target: str = option(
-        "initial", "rebalancing cases: target imbalance, 'initial' (I_0) or 'balanced' (0) (default initial)"
+        "initial",
+        "rebalancing cases: target imbalance, 'initial' (I_0) or 'balanced' (0) (default initial)",
+        choices=REBALANCE_TARGETS,
     )
     rebalance_moments: str = option(
         "keep",
         "rebalancing cases: the attention weights' AdamW moments at "
-        "each rebalance: keep (as they are), transport (mapped with the "
-        "orbit move) or reset (dropped) (default keep)",
+        "each rebalance: keep (as they are), first-moment (the first "
+        "mapped with the orbit move, the second kept) or reset (dropped) "
+        "(default keep)",
         metavar="HOW",
+        choices=REBALANCE_MOMENTS,
+    )
+    initial_point: str | None = option(
+        None,
+        "where training starts on each attention pair's orbit: init (the initialisation of --seed) or gauge "
+        "(moved along the orbits to adamw_gauge_fixed's gauge point: the same function, docs/design.md §14); "
+        "for adamw_gauge_fixed also where its blocks are fixed (init: at their initial values) (default: "
+        "gauge for adamw_gauge_fixed, init otherwise)",
+        metavar="WHERE",
+        choices=INITIAL_POINTS,
+    )
+    freeze_mlp: bool = option(
+        False,
+        "freeze as many MLP weight entries as adamw_gauge_fixed fixes in attention (2 G D^2 per layer), "
+        "drawn at random from --seed, at their initial values: a control outside attention "
+        "(docs/design.md §14)",
+    )
+    arm: str | None = option(
+        None,
+        "the run's name as an arm of 'attnid interventions-table' (default: its case and options, e.g. "
+        "adamw_gauge_fixed_at_init); name an arm that differs from another only by its settings (--lr)",
+        metavar="NAME",
+        resume=False,
+    )
+    full_val_eval: bool = option(
+        False,
+        "at the end, evaluate the final model on the whole val split, every token once "
+        "(run.json's final_val_loss_full: the interventions' primary metric, docs/design.md §11.5; "
+        "seconds on a CPU)",
+        resume=False,
     )
     diverge_threshold: float | None = option(
         None, "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)"
@@ -151,6 +208,7 @@ class TrainConfig:
         "trains) or auto (host when training on CUDA, else device) (default "
         "auto)",
         metavar="WHERE",
+        choices=("auto", *METRICS_DEVICES),
     )
     compile: bool | None = option(
         None,
@@ -158,12 +216,15 @@ class TrainConfig:
         "the CPU); checkpoints keep nanoGPT's parameter names",
     )
     threads: int = option(1, "torch CPU threads (default 1)", bound="positive", resume=False)
-    device: str = option("auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE")
+    device: str = option(
+        "auto", "auto (CUDA when present), cpu or cuda (default auto)", metavar="DEVICE", choices=DEVICES
+    )
     dtype: str = option(
         "auto",
         "training precision: auto (float32 on CPU, bf16 on CUDA), bf16 (CUDA autocast, "
         "TF32), float32 (true float32, TF32 off) or float64 (default auto)",
         metavar="DTYPE",
+        choices=("auto", *DTYPES),
     )
     fresh: bool = option(False, "ignore an existing ckpt.pt in --out and start over", resume=False)
     # test hook: behave as if SIGTERM arrived after this step
@@ -235,6 +296,19 @@ def read_config_file(path: str | os.PathLike) -> dict:
     return {k: _coerce(k, v, f"config file {path}") for k, v in content.items()}
 
 
+def _alternatives(choices: tuple[str, ...]) -> str:
+    return " or ".join(filter(None, (", ".join(choices[:-1]), choices[-1])))
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    for f in fields(TrainConfig):
+        value, choices = getattr(cfg, f.name), f.metadata["choices"]
+        if choices is not None and value is not None and value not in choices:  # None: a derived default
+            raise UserError(
+                f"unknown --{f.name.replace('_', '-')} {value!r}: choose {_alternatives(choices)}"
+            )
+
+
 def _check_bounds(cfg: TrainConfig) -> None:
     for bound in (
         "positive",
@@ -248,6 +322,12 @@ def _check_bounds(cfg: TrainConfig) -> None:
                 raise UserError(f"--{f.name.replace('_', '-')} must be positive, not {value}")
             if bound == "non_negative" and not value >= 0:
                 raise UserError(f"--{f.name.replace('_', '-')} must be >= 0, not {value}")
+    for f in fields(TrainConfig):
+        value, maximum, below = getattr(cfg, f.name), f.metadata["maximum"], f.metadata["below"]
+        if value is not None and maximum is not None and not value <= maximum:
+            raise UserError(f"--{f.name.replace('_', '-')} must be at most {maximum}, not {value}")
+        if value is not None and below is not None and not value < below:
+            raise UserError(f"--{f.name.replace('_', '-')} must be below {below}, not {value}")
 
 
 def _check_attention_shape(cfg: TrainConfig) -> None:
@@ -276,31 +356,31 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.out is None:
         raise UserError("missing --out RUN_DIR (where metrics.csv, run.json and ckpt.pt go)")
     case = cases.get_case(cfg.case)
-    if cfg.rebalance_target not in REBALANCE_TARGETS:
-        raise UserError(f"unknown --rebalance-target {cfg.rebalance_target!r}: choose initial or balanced")
-    if cfg.rebalance_moments not in REBALANCE_MOMENTS:
-        raise UserError(
-            f"unknown --rebalance-moments {cfg.rebalance_moments!r}: choose keep, transport or reset"
-        )
-    if cfg.device not in DEVICES:
-        raise UserError(f"unknown --device {cfg.device!r}: choose auto, cpu or cuda")
-    if cfg.dtype not in ("auto", *DTYPES):
-        raise UserError(f"unknown --dtype {cfg.dtype!r}: choose auto, {', '.join(DTYPES)}")
+    if cfg.rebalance_moments in RETIRED_MOMENTS:
+        raise UserError(RETIRED_MOMENTS[cfg.rebalance_moments])
+    _check_choices(cfg)
     if cfg.lr is None:
         cfg.lr = case.default_lr
     _check_bounds(cfg)
-    if not cfg.dropout < 1:
-        raise UserError(f"--dropout must be below 1, not {cfg.dropout}")
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
         raise UserError("--beta1 and --beta2 must be in [0, 1)")
     _check_attention_shape(cfg)
-    if case.gauge_fixed:
+    if cfg.initial_point is None:
+        cfg.initial_point = GAUGE_POINT if case.gauge_fixed else INITIAL_VALUES
+    if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
+        # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
+        # are TrainConfig's fields) answers without importing torch
+        from attnid.model.gauge import check_gauge_layout
+        from attnid.model.layout import AttentionLayout
+
         head_dim = cfg.head_dim if cfg.head_dim is not None else cfg.n_embd // cfg.n_head
         check_gauge_layout(
             AttentionLayout(cfg.n_embd, cfg.n_head, cfg.n_kv_head or cfg.n_head, head_dim, cfg.rope, cfg.bias)
         )
-    if cfg.metrics_device not in ("auto", *METRICS_DEVICES):
-        raise UserError(f"unknown --metrics-device {cfg.metrics_device!r}: choose auto, host or device")
+    if cfg.arm is not None and not ARM_NAME.fullmatch(cfg.arm):
+        raise UserError(
+            f"--arm {cfg.arm!r}: a name of lower-case letters, digits and _, starting with a letter"
+        )
     if cfg.warmup_iters is None:
         cfg.warmup_iters = min(100, cfg.max_iters // 10)
     if cfg.lr_decay_iters is None:

@@ -102,7 +102,7 @@ class MetricsPipeline:
         queue_steps: int,
         tf32_training: bool,
         probes: bool,
-        tau_target: str = "initial",
+        tau_target: str = rebalancing.PROBE_TARGET,
     ) -> None:
         self.tracker, self.drift, self.threads, self.tau_target = tracker, drift, threads, tau_target
         self.layout = layout_of(model)

@@ -30,8 +30,8 @@ from typing import TypeVar
 import torch
 
 from attnid.common.errors import UserError
+from attnid.training.options import DTYPES
 
-DTYPES = ("bf16", "float32", "float64")
 # What a resolved dtype can be: the requested ones, and fp16 where a GPU lacks bfloat16
 RESOLVED_DTYPES = DTYPES + ("fp16",)
 # Data-centre GPUs with full-rate float64 (compute capability): P100, V100, A100, H100/H200.

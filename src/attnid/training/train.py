@@ -15,7 +15,7 @@ after the optimizer step (:meth:`Run.train_step`), in the precision of ``--dtype
         #   tau by a probe rebalance on a copy of the model (every --tau-every rows), beta, mu
     rebalance steps: rebalancing.rebalance(model, tracker, ...)  # orbit move in place (E3), after the
         # step's rho and drift columns; then drift.reset_reference(model), beta, mu; AdamW's moments
-        # kept, transported or reset (attnid.training.moments)
+        # kept, the first transported, or reset (attnid.training.moments)
     row = head | future.result() | eval losses  # appended in step order
 
 :class:`attnid.training.metrics_pipeline.MetricsPipeline` runs the metrics: on the training
@@ -48,9 +48,16 @@ from attnid.measure import rebalancing
 from attnid.measure.drift import attention_snapshot
 from attnid.model import gauge
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.model.options import GAUGE_POINT
 from attnid.model.step_projection import remove_orbit_component
 from attnid.training import gpu_slots, loop, moments, precision, rundir
-from attnid.training.batches import FixedEvalBatches, TrainBatches, batch_from_starts, random_starts
+from attnid.training.batches import (
+    FixedEvalBatches,
+    TrainBatches,
+    batch_from_starts,
+    random_starts,
+    split_loss,
+)
 from attnid.training.cases import get_case
 from attnid.training.config import TrainConfig, resume_free_keys
 from attnid.training.loop import get_lr
@@ -124,6 +131,7 @@ class Run:
         self.pending_rows: list[tuple[dict, Future | None, dict]] = []
         self.metrics_waited = {"queue": 0.0, "drain": 0.0}  # before this process (resumed runs)
         self.step, self.best_val_loss, self.wall_before = 0, 1e9, 0.0
+        self.final_val_loss_full: float | None = None  # the final model on the whole val split (finish)
         self.resumed_at: list[int] = []  # the steps this run was resumed at
         self.status = "completed"
         self.diverged_step: int | None = None
@@ -169,12 +177,17 @@ class Run:
             len(train_data), min(cfg.batch_size, PROBE_SEQUENCES), cfg.block_size, probe_generator
         )
         probe_batch = batch_from_starts(train_data, probe_starts, cfg.block_size, self.device)
-        self.gauge = self.fix_gauge(probe_batch) if self.case.gauge_fixed else None
+        on_orbit = self.case.gauge_fixed or cfg.initial_point == GAUGE_POINT
+        self.gauge = self.fix_gauge(probe_batch) if on_orbit else None
+        # the control outside attention: as many MLP entries frozen as the gauge fixes (docs/design.md §14)
+        self.frozen = gauge.freeze_random_mlp_entries(self.model, cfg.seed) if cfg.freeze_mlp else None
         # the compiled module trains and evaluates; checkpoints and metrics use the plain one (same tensors)
         self.compiled = loop.resolve_compile(cfg.compile, self.device)
         # torch.compile's wrapper forwards the GPT's calls and attributes to it
         self.forward_model = cast(GPT, torch.compile(self.model)) if self.compiled else self.model
         self.optimizer = self.case.make_optimizer(self.model, cfg, self.device.type)
+        if self.frozen is not None:  # weight decay moved the frozen entries: put them back
+            self.optimizer.register_step_post_hook(lambda *_: self.frozen.restore())
         self.scaler = precision.grad_scaler(self.dtype, self.device)
         self.batches = TrainBatches(
             self.splits["train"], cfg.batch_size, cfg.block_size, self.device, cfg.seed
@@ -202,26 +215,33 @@ class Run:
                 queue_steps=queue_steps_for(cfg.log_every),
                 tf32_training=precision.trains_with_tf32(self.dtype, self.device),
                 probes=not self.case.rebalances,
-                tau_target=cfg.rebalance_target,
             )
 
     @torch.no_grad()
     def fix_gauge(self, probe_batch: tuple[torch.Tensor, torch.Tensor]) -> dict:
-        """adamw_gauge_fixed: move the initial weights into the gauge (docs/design.md §14), before the
-        optimizer, the tracker's I_0 and torch.compile see the model. Returns what run.json records of it:
-        the largest condition number inverted, and the change of the probe batch's logits (eval mode),
-        max-abs over max-abs."""
+        """adamw_gauge_fixed: fix one block per key and value group, at the gauge point (the initial weights
+        moved there) or at their initial values; --initial-point gauge of another case: the move alone
+        (docs/design.md §14). Before the optimizer, the tracker's I_0 and torch.compile see the model.
+        Returns what run.json records of it: the initial point, whether blocks are fixed, the largest
+        condition number of the blocks (inverted, or fixed where they are: a gauge only if invertible), and
+        the change of the probe batch's logits (eval mode), max-abs over max-abs."""
+        point, fixed = self.cfg.initial_point, self.case.gauge_fixed
+        assert point is not None  # resolve_config sets it from the case
         self.model.eval()
         before = self.model(probe_batch[0], full_logits=True)[0]
-        condition = gauge.fix_gauge(self.model)
+        if fixed:
+            condition = gauge.fix_gauge(self.model, at=point)
+        else:
+            condition = gauge.move_to_gauge_point(self.model)
         after = self.model(probe_batch[0], full_logits=True)[0]
         self.model.train()
         change = float((after - before).abs().max() / before.abs().max())
+        what = f"blocks fixed at the {point} point" if fixed else "moved to the gauge point, nothing fixed"
         say(
-            f"gauge fixed: blocks inverted with condition number <= {condition:.3g}, probe logits changed by "
+            f"gauge: {what}, block condition number <= {condition:.3g}, probe logits changed by "
             f"{change:.2e} (relative)"
         )
-        return {"condition": condition, "logit_change": change}
+        return {"initial_point": point, "fixed": fixed, "condition": condition, "logit_change": change}
 
     def resume(self, checkpoint: dict) -> None:
         ours = checkpoint["attnid"]
@@ -459,13 +479,13 @@ class Run:
             assert self.metrics is not None  # the future of a row's metrics comes from the pipeline
             self.metrics.drain()
             row.update(metrics.result())
-        before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "transport" else None
+        before = attention_snapshot(self.model) if self.cfg.rebalance_moments == "first-moment" else None
         row.update(rebalancing.rebalance(self.model, self.tracker, target=self.cfg.rebalance_target))
         if self.drift is not None:
             self.drift.reset_reference(self.model)
         row["rebalanced"] = 1
-        if before is not None:  # the moments map with the move (docs/design.md §15)
-            moments.transport_moments(self.optimizer, self.model, before)
+        if before is not None:  # the first moment maps with the move (docs/design.md §15)
+            moments.transport_first_moment(self.optimizer, self.model, before)
         elif self.cfg.rebalance_moments == "reset":  # the moved tensors' moments point the old way
             moments.reset_moments(self.optimizer, self.model)
         if self.metrics is not None:
@@ -512,6 +532,7 @@ class Run:
             "final_train_loss": last_eval.get("eval_train_loss"),
             "final_val_loss": last_eval.get("val_loss"),
             "final_eval_step": last_eval.get("step"),
+            "final_val_loss_full": self.final_val_loss_full,
             "wall_time_s": self.wall_s(),
             "device": device.type,
             "dtype": self.dtype,
@@ -523,6 +544,7 @@ class Run:
             "resumed_at": self.resumed_at,
             "trained_attention_params": gauge.trainable_attention_params(self.model),
             "gauge": self.gauge,
+            "frozen_mlp_entries": self.frozen.count if self.frozen is not None else None,
             "metrics_threads": cfg.metrics_threads if self.metrics is not None else None,
             "metrics_queue_wait_s": waited["queue"],
             "metrics_drain_s": waited["drain"],
@@ -536,6 +558,17 @@ class Run:
     def finish(self) -> int:
         self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
         self.collect_rows()
+        if self.status == "completed" and self.cfg.full_val_eval:  # the interventions' metric (§11.5)
+            progress.stage("evaluating the final model on the whole val split")
+            # the plain module: a compiled one would compile again for the last, shorter batch
+            self.final_val_loss_full = split_loss(
+                self.model,
+                self.splits["val"],
+                self.cfg.block_size,
+                self.cfg.batch_size,
+                self.device,
+                self.autocast,
+            )
         summary = self.summary()
         self.save_checkpoint(summary)
         rundir.write_outputs(self.out, self.rows, summary)

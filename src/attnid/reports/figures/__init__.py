@@ -63,6 +63,14 @@ class FigureModule:
     def caption_template(self) -> str:
         return self.module.CAPTION
 
+    @property
+    def title(self) -> str:
+        """The caption's title, ``**Figure N — title.**`` without its number and full stop."""
+        parts = caption_parts(self.caption_template)
+        if parts is None:
+            raise ValueError(f"{self.name}: its CAPTION must start with **Figure {self.number} — title.**")
+        return parts[0].rstrip(".")
+
     def draw(self, sources: Sources) -> Drawing:
         return styled(self.module.draw)(sources)
 

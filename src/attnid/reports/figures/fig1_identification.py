@@ -22,8 +22,8 @@ attention layer's parameters against the number of heads :math:`H`. Lines: close
 (``attnid.theory.counts.identified_fraction``) for multi-head attention (:math:`1 - 1/(2H)`), grouped-query
 attention with 8 query heads per key/value head, RoPE, and both, at :math:`E = 8192`. Circles: the same
 fraction measured as the numerical nullity of the Jacobian of small random layers (``attnid verify``).
-Stars: real architectures (``config/architectures.yaml``); the right panel shows the unidentified
-fraction on a log scale, with their names.
+Stars: real architectures (``architectures.yaml``, shipped with attnid); the right panel shows the
+unidentified fraction on a log scale, with their names.
 """
 
 N_EMBD = 8192  # wide enough that every power-of-two head count up to 128 divides it

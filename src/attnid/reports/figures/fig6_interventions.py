@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from attnid.common.errors import UserError
+from attnid.plan.interventions import BASELINE_CASE
 from attnid.reports.figures.inputs import RUN_FILES, Drawing, RunGroup, Sources
 from attnid.reports.figures.series import Floors, plot_band, runs_dtype, seed_band
 from attnid.reports.figures.style import (
@@ -23,7 +24,7 @@ from attnid.reports.figures.style import (
     keep_texts_inside,
     pyplot,
 )
-from attnid.reports.interventions_table import BASELINE_CASE, eval_rows, interventions_table
+from attnid.reports.interventions_table import PRIMARY_METRIC, eval_rows, interventions_table
 from attnid.reports.round_off import at_round_off
 from attnid.reports.statistics import MIN_PAIRED_SEEDS, mean_confidence_interval
 
@@ -225,13 +226,13 @@ def _draw_orbit_panel(ax: Axes, column: str, series: list[tuple[str, dict, list]
 
 def caption_numbers(arm_runs: dict[str, RunGroup], identity_runs: RunGroup) -> dict:
     """The numbers Figure 6's caption is filled with: ``n_seeds``; ``final``, the interventions table's
-    final-val-loss rows with a ``label``; the identity run's ``identity_steps``, ``identity_rho_max``,
+    rows with a ``label``; the identity run's ``identity_steps``, ``identity_rho_max``,
     ``identity_drift_ratio_max``; ``projected_rho_max``, ``projected_dtype`` and ``adamw_rho_mean``."""
     projected = arm_runs.get("adamw_projected", [])
     table, _ = interventions_table(arm_runs)
     final = [
         row | {"label": arm_style(row["arm"], str(arm_runs[row["arm"]][0][0].get("case")))["label"]}
-        for row in table[table["metric"] == "final_val_loss"].to_dict("records")
+        for row in table[table["metric"] == PRIMARY_METRIC].to_dict("records")
     ]
     return {
         "n_seeds": int(table["n_seeds"].max()) if len(table) else 0,
