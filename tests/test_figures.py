@@ -320,3 +320,14 @@ def test_pdfs_embed_truetype_not_type3_fonts(tmp_path):
     plt.close(fig)
     content = pdf.read_bytes()
     assert b"/Type3" not in content and b"/CIDFontType2" in content  # embedded TrueType
+
+
+def test_a_caption_s_signed_value_has_a_true_minus_and_a_power_of_ten():
+    from attnid.reports.appendix import rst_to_tex
+
+    value = figures.caption_value
+    assert value(-0.0123) == "\u22120.012" and value(0.25) == "0.25" and value(0.0) == "0"
+    assert value(-3.6e-5) == r":math:`-3.6 \times 10^{-5}`" and value(2.5e4) == r":math:`2.5 \times 10^{4}`"
+    assert value(float("nan")) == "n/a" and value(None) == "n/a"
+    shown = rst_to_tex(f"from {value(-0.0123)} to {value(-3.6e-5)}")
+    assert shown == r"from $-$0.012 to $-3.6 \times 10^{-5}$"

@@ -53,7 +53,16 @@ def optional_parts() -> dict[str, set[str]]:
 
 # Typographic characters of the caption files and their TeX; anything else non-ASCII must be
 # written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
-_CAPTION_CHARACTERS = {"—": "---", "–": "--", "’": "'", "‘": "`", "“": "``", "”": "''", "\u00a0": "~"}
+_CAPTION_CHARACTERS = {
+    "—": "---",
+    "–": "--",
+    "’": "'",
+    "‘": "`",
+    "“": "``",
+    "”": "''",
+    "\u00a0": "~",
+    "\u2212": "$-$",  # a true minus sign (attnid.reports.figures.caption_value)
+}
 _RST_INLINE = re.compile(
     r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*", re.S
 )

@@ -8,7 +8,8 @@ A figure module declares
 - ``STAGE`` (optional): the optional stage of the pipeline the figure shows (``"studies"``,
   ``"interventions"``); it is drawn only for a build with that stage. Without it, every build draws it.
 - ``CAPTION``: its caption, reStructuredText whose first sentence is ``**Figure N — title.**``, a jinja2
-  template filled with the numbers the drawing returns (``fmt`` formats a number).
+  template filled with the numbers the drawing returns (``fmt`` formats a number, ``value`` a signed one
+  for prose: a true minus sign, a power of ten in math).
 - ``draw(sources) -> Drawing``: the matplotlib figure (drawn under the one style, :mod:`.style`) and the
   numbers of its caption.
 
@@ -119,6 +120,21 @@ def caption_number(value: float, digits: int = 2) -> str:
     return f"{float(value):.{digits}g}"
 
 
+MINUS = "\u2212"  # a true minus sign; the appendix sets it as TeX's $-$
+
+
+def caption_value(value: float, digits: int = 2) -> str:
+    """A signed number for a caption's prose, as reStructuredText: a true minus sign, and a power of ten
+    in math below 1e-3 or from 1e4 (``−0.012``, ``:math:`3.6 \\times 10^{-5}```); "n/a" for none."""
+    if value is None or not math.isfinite(float(value)):
+        return "n/a"
+    number = float(value)
+    if number != 0 and not 1e-3 <= abs(number) < 1e4:
+        mantissa, exponent = f"{number:.{digits - 1}e}".split("e")
+        return rf":math:`{mantissa} \times 10^{{{int(exponent)}}}`"
+    return f"{number:.{digits}g}".replace("-", MINUS)
+
+
 CAPTION_HEADING = re.compile(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", re.S)
 
 
@@ -130,12 +146,13 @@ def caption_parts(text: str) -> tuple[str, str] | None:
 
 
 def fill_caption(template: str, numbers: Mapping[str, Any]) -> str:
-    """A caption template (jinja2) filled with a drawing's ``numbers``; ``fmt`` is :func:`caption_number`."""
+    """A caption template (jinja2) filled with a drawing's ``numbers``; ``fmt`` is :func:`caption_number`,
+    ``value`` :func:`caption_value`."""
     from jinja2 import StrictUndefined, Template
 
     return Template(
         template, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
-    ).render(**numbers, fmt=caption_number)
+    ).render(**numbers, fmt=caption_number, value=caption_value)
 
 
 def make_figure(name: str, sources: Sources, out_dir: str | Path) -> list[Path]:

@@ -97,18 +97,21 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
 
 def figure_legend(fig: Figure, ax: Axes, ncol: int = 6) -> None:
     """One legend for the whole figure, below the panels, without repeated labels (``ax``'s first,
-    then any other panel's: a series drawn as a round-off band is absent from its panel)."""
+    then any other panel's: a series drawn as a round-off band is absent from its panel). A figure laid out
+    by a layout engine of its own (constrained, for panels of different widths) keeps it."""
     unique: dict[str, Any] = {}  # label -> handle
     for axis in [ax] + [other for other in fig.axes if other is not ax]:
         handles, labels = axis.get_legend_handles_labels()
         for handle, label in zip(handles, labels):
             unique.setdefault(label, handle)
-    if not unique:
+    if fig.get_layout_engine() is None:
         fig.tight_layout()
+    else:
+        fig.draw_without_rendering()  # the engine lays the panels out at a draw
+    if not unique:
         return
-    # lay the panels out first, then hang the legend below the figure: its top edge at the figure's
+    # the panels laid out first, then the legend hung below the figure: its top edge at the figure's
     # bottom, so a legend of several rows never covers the x labels (savefig's tight box takes it in)
-    fig.tight_layout()
     fig.legend(
         unique.values(),
         unique.keys(),
