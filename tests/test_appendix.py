@@ -18,33 +18,81 @@ from attnid.common.files import write_csv_atomic
 from attnid.reports import appendix, figures, latex
 from attnid.theory import nullity
 
-# Figure 6's caption numbers of a build with every arm (attnid.reports.figures.fig6_interventions).
-SAMPLE_FIG6_NUMBERS = {
-    "n_seeds": 5,
-    "final": [
-        {
-            "label": label,
-            "baseline": baseline,
-            "delta_mean": delta,
-            "ci_low": delta - 0.004,
-            "ci_high": delta + 0.004,
-            "verdict": verdict,
-        }
-        for label, baseline, delta, verdict in (
-            ("AdamW + rebalancing", "adamw", -0.0031, "no detectable difference"),
-            ("AdamW + rebalancing, transport", "adamw", 0.0123, "worse"),
-            ("AdamW + rebalancing, transport", "adamw_rebalance", 0.0154, "worse"),
-            ("AdamW, projected", "adamw", -0.0007, "no detectable difference"),
-            ("AdamW, gauge fixed", "adamw", -0.0211, "better"),
-        )
-    ],
-    "identity_steps": 200,
-    "identity_rho_max": 1.6e-28,
-    "identity_drift_ratio_max": 2.9e-14,
-    "projected_rho_max": 8.1e-11,
-    "projected_dtype": "float32",
-    "adamw_rho_mean": 0.033,
-}
+# The comparisons of a paper-sized build (16 seeds): (comparison, arm, baseline, mean difference, spread).
+SAMPLE_COMPARISONS = (
+    ("adamw_from_gauge_point", "adamw_from_gauge_point", "adamw", -0.0112, 0.003),
+    ("adamw_frozen_mlp", "adamw_frozen_mlp", "adamw", 0.0204, 0.004),
+    ("adamw_lr2x", "adamw_lr2x", "adamw", -0.006, 0.03),
+    ("adamw_rebalance", "adamw_rebalance", "adamw", 0.0021, 0.003),
+    ("adamw_rebalance_first_moment", "adamw_rebalance_first_moment", "adamw", 0.0043, 0.003),
+    (
+        "adamw_rebalance_first_moment-adamw_rebalance",
+        "adamw_rebalance_first_moment",
+        "adamw_rebalance",
+        2.2e-5,
+        0.003,
+    ),
+    ("adamw_projected", "adamw_projected", "adamw", 0.0011, 0.002),
+    ("adamw_gauge_fixed", "adamw_gauge_fixed", "adamw", -0.0123, 0.003),
+    ("adamw_gauge_fixed_at_init", "adamw_gauge_fixed_at_init", "adamw", 0.0005, 0.002),
+)
+
+
+def sample_fig6_numbers() -> dict:
+    """Figure 6's caption numbers of a paper-sized build (every arm, 16 seeds, the 2 x 2, the identity run):
+    its tables computed by the interventions table's own code from a synthetic seeds table."""
+    import numpy as np
+    import pandas as pd
+
+    from attnid.reports.figures import fig6_interventions
+    from attnid.reports.interventions_table import comparisons_table
+
+    rows = []
+    for i, (comparison, arm, baseline, mean, spread) in enumerate(SAMPLE_COMPARISONS):
+        for seed in range(16):
+            base = 2.4 + 0.02 * seed
+            rows.append((comparison, arm, baseline, seed, base + mean + spread * np.sin(seed + i), base))
+    seeds = pd.DataFrame(
+        rows, columns=["comparison", "arm", "baseline", "seed", "arm_value", "baseline_value"]
+    )
+    seeds["difference"] = seeds["arm_value"] - seeds["baseline_value"]
+    by_arm = {(arm, seed): value for _, arm, b, seed, value, _ in rows if b == "adamw"}
+    interaction = [
+        (by_arm[("adamw_gauge_fixed", s)] - by_arm[("adamw_from_gauge_point", s)])
+        - (by_arm[("adamw_gauge_fixed_at_init", s)] - (2.4 + 0.02 * s))
+        for s in range(16)
+    ]
+    seeds = pd.concat(
+        [
+            seeds,
+            pd.DataFrame(
+                {
+                    "comparison": "start_x_frozen",
+                    "arm": "adamw_gauge_fixed-adamw_from_gauge_point",
+                    "baseline": "adamw_gauge_fixed_at_init-adamw",
+                    "seed": range(16),
+                    "arm_value": np.nan,
+                    "baseline_value": np.nan,
+                    "difference": interaction,
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
+    table = comparisons_table(seeds, 0.05, 0.01)
+    comparisons = fig6_interventions.comparisons_of(table, seeds, {})
+    grid = fig6_interventions.two_by_two(seeds, comparisons)
+    numbers = fig6_interventions.caption_numbers(table, comparisons, grid, {}, [])
+    return numbers | {  # the orbit panels' numbers of a build with the projected arm and its identity run
+        "orbit": True,
+        "projected_steps": 5000,
+        "projected_rho_max": 8.1e-11,
+        "projected_dtype": "float32",
+        "identity_steps": 200,
+        "identity_rho_max": 1.6e-28,
+        "identity_drift_ratio_max": 2.9e-14,
+        "adamw_rho_mean": 0.033,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -240,7 +288,7 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
 def _filled_caption(name: str) -> str:
     """The caption ``attnid figures`` writes next to figure ``name``, with a build's numbers."""
     figure = figures.registry()[name]
-    numbers = {"fig2": {"rho_floors": {"SGD": 2.6e-24}}, "fig6": SAMPLE_FIG6_NUMBERS}.get(name, {})
+    numbers = {"fig2": {"rho_floors": {"SGD": 2.6e-24}}, "fig6": sample_fig6_numbers()}.get(name, {})
     return figures.fill_caption(figure.caption_template, numbers)
 
 

@@ -138,8 +138,8 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="FIGURE",
         help="draw only these (fig1, fig2, ...; each needs the sources its module's INPUTS name); by default "
-        "every figure without an optional stage, and fig5 / fig6 where the studies' tables / the "
-        "interventions' runs are given",
+        "every figure without an optional stage, and fig5 / fig6 where the studies' / the interventions' "
+        "tables are given",
     )
     parser.add_argument("--tables", default=None, help="results/tables (sweep.csv, sweep_slopes.csv, ...)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
