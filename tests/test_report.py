@@ -146,3 +146,42 @@ def test_a_table_page_shows_a_mean_and_its_sd_as_one_column():
     ]
     table = report_pages.html_table(frame)
     assert '<td class="number">3.66 ± 0.0215</td>' in table and '<td class="number">2</td>' in table
+
+
+def test_the_interventions_page_shows_the_verdict_columns_and_every_seed(tmp_path):
+    """interventions.csv's page: per comparison n, the mean with its t-interval, p before and after Holm, the
+    detectable effect, the cost and the verdict, grey where the rule gives none; the rule under it; every
+    column to unfold; and the seeds table as one row per comparison, one column per seed."""
+    from synthetic_runs import write_intervention_runs
+    from test_figure6 import DEFAULT_EFFECTS, final_losses
+
+    from attnid.reports.interventions_table import write_interventions_table
+
+    losses = final_losses(DEFAULT_EFFECTS, 8)
+    arm_dirs, _ = write_intervention_runs(tmp_path / "runs", losses, identity=False)
+    family = ["adamw_gauge_fixed", "adamw_from_gauge_point", "start_x_frozen"]
+    table, _ = write_interventions_table(
+        None, tmp_path, runs=arm_dirs, equivalence_margin=0.01, family=family
+    )
+    page = report_pages.interventions_html(pd.read_csv(tmp_path / "interventions.csv"))
+    head = re.findall(r"<th>(.*?)</th>", page.split("<details>")[0])
+    assert head == [html.escape(h) for h, _ in report_pages.INTERVENTION_COLUMNS]
+    body = page.split("<details>")[0]
+    rows = [
+        (grey, re.findall(r"<td[^>]*>(.*?)</td>", cells))
+        for grey, cells in re.findall(r'<tr( class="undecided")?>(.*?)</tr>', body)
+        if "<td" in cells
+    ]
+    assert [cells[0] for _, cells in rows] == table["comparison"].tolist()
+    for (grey, cells), row in zip(rows, table.itertuples()):
+        assert cells[2] == report_pages.cell(row.delta_mean) and cells[-1] == row.verdict
+        assert cells[3] == f"[{report_pages.cell(row.ci_low)}, {report_pages.cell(row.ci_high)}]"
+        assert bool(grey) == (row.verdict == "not in family")  # outside the family: shown, not judged
+    assert "over the 3 comparisons of the family is below α = 0.05" in page and "inside ±0.01" in page
+    assert "<summary>every column of interventions.csv</summary>" in page and "tost_low" in page
+    seeds = report_pages.seeds_html(pd.read_csv(tmp_path / "interventions_seeds.csv"))
+    assert re.findall(r"<th>(.*?)</th>", seeds) == ["comparison"] + [f"seed {s}" for s in range(8)]
+    first = re.search(r"<tr><td>adamw_from_gauge_point</td>(.*?)</tr>", seeds).group(1)
+    shown = re.findall(r'<td class="number">(.*?)</td>', first)
+    expected = [b - a for a, b in zip(losses["adamw"], losses["adamw_from_gauge_point"])]
+    assert shown == [report_pages.cell(value) for value in expected]

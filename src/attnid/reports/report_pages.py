@@ -32,7 +32,7 @@ TABLE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "cases": ("Cases: each optimizer case over its seeds", ("cases.csv",)),
     "interventions": (
         "Interventions: each arm against its paired baseline, with its verdict",
-        ("interventions.csv",),
+        ("interventions.csv", "interventions_seeds.csv"),
     ),
     "identification": (
         "Identification: the heads and variants studies and their rank correlations",
@@ -57,6 +57,9 @@ th, td { border-bottom: 1px solid #cbd5e1; padding: 3px 8px; text-align: left; v
 th { background: #f1f5f9; }
 td.number { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.pass { color: #15803d; font-weight: 600; } td.fail { color: #b91c1c; font-weight: 600; }
+tr.undecided td { color: #94a3b8; } td.decided { font-weight: 600; }
+p.rule { max-width: 60em; line-height: 1.45; } details { margin-bottom: 1.6em; }
+table.compact { font-size: 12px; } table.compact th, table.compact td { padding: 2px 5px; }
 img { max-width: 100%; } figcaption { max-width: 60em; line-height: 1.45; margin-top: 0.8em; }
 """
 
@@ -115,6 +118,104 @@ def html_table(frame: pd.DataFrame) -> str:
             )
         rows.append(f"<tr>{''.join(cells)}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+# interventions.csv as its page shows it: (heading, how a row's cell is made); every column is in the
+# full table below it.
+INTERVENTION_COLUMNS = (
+    ("comparison", lambda row: str(row["comparison"])),
+    ("n", lambda row: cell(row["n_seeds"])),
+    ("mean Δ", lambda row: cell(row["delta_mean"])),
+    ("95 % t-interval", lambda row: f"[{cell(row['ci_low'])}, {cell(row['ci_high'])}]"),
+    ("p (sign-flip)", lambda row: cell(row["p_value"])),
+    ("Holm p", lambda row: cell(row["p_holm"])),
+    (
+        "detectable Δ",
+        lambda row: "none at this n" if _is_inf(row["detectable_effect"]) else cell(row["detectable_effect"]),
+    ),
+    ("cost per step", lambda row: cell(row["cost_ratio"])),
+    ("verdict", lambda row: str(row["verdict"])),
+)
+DECIDED = ("better", "worse", "equivalent", "inconclusive")  # attnid.reports.statistics.LABELS
+
+
+def _is_inf(value: Any) -> bool:
+    try:
+        return math.isinf(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def interventions_html(frame: pd.DataFrame) -> str:
+    """interventions.csv as a reader wants it: per comparison its n, mean difference with the t-interval,
+    p before and after Holm, the smallest detectable effect, the cost and the verdict (grey where the rule
+    gives none), the rule's settings under it, and every column in a table to unfold."""
+    import pandas as pd
+
+    frame = frame.astype(object).where(pd.notna(frame), None)
+    head = "".join(f"<th>{html.escape(heading)}</th>" for heading, _ in INTERVENTION_COLUMNS)
+    rows = []
+    for row in frame.to_dict("records"):
+        decided = str(row["verdict"]) in DECIDED
+        cells = []
+        for heading, make in INTERVENTION_COLUMNS:
+            kind = "" if heading in ("comparison", "verdict") else "number"
+            if heading == "verdict" and str(row["verdict"]) in ("better", "worse"):
+                kind = "decided"
+            text = html.escape(make(row))
+            cells.append(f'<td class="{kind}">{text}</td>' if kind else f"<td>{text}</td>")
+        opening = "<tr>" if decided else '<tr class="undecided">'
+        rows.append(opening + "".join(cells) + "</tr>")
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    first = frame.iloc[0] if len(frame) else None
+    rule = ""
+    if first is not None:
+        family = int(pd.Series(frame["in_family"]).astype(str).str.lower().eq("true").sum())
+        margin = first["equivalence_margin"]
+        rule = (
+            f'<p class="rule">The rule, fixed before the runs: Δ is the arm\'s final loss on the whole '
+            f"validation split minus the baseline's, seed by seed; better or worse when Holm's p over the "
+            f"{family} comparisons of the family is below α = {float(first['alpha']):g} (exact sign-flip "
+            "test), "
+            + (
+                f"equivalent when the {round(100 * (1 - 2 * float(first['alpha'])))} % t-interval lies "
+                f"inside ±{float(margin):g}, "
+                if margin is not None
+                else ""
+            )
+            + f"inconclusive otherwise; no verdict below n = {int(first['min_seeds'])} seed pairs (n too "
+            "small). Detectable: the smallest mean |Δ| found with 80 % power at this n.</p>"
+        )
+    every = f"<details><summary>every column of interventions.csv</summary>{html_table(frame)}</details>"
+    return table + rule + every
+
+
+def seeds_html(frame: pd.DataFrame) -> str:
+    """interventions_seeds.csv as one row per comparison and one column per seed: each seed's difference,
+    arm minus baseline (-- where a run diverged)."""
+    import pandas as pd
+
+    order = list(dict.fromkeys(frame["comparison"]))
+    wide = frame.pivot_table(
+        index="comparison", columns="seed", values="difference", aggfunc="first", dropna=False
+    )
+    wide = wide.reindex(order)
+    head = "<th>comparison</th>" + "".join(f"<th>seed {int(seed)}</th>" for seed in wide.columns)
+    rows = []
+    for comparison, values in wide.iterrows():
+        cells = "".join(
+            f'<td class="number">{html.escape(cell(None if pd.isna(v) else v))}</td>' for v in values
+        )
+        rows.append(f"<tr><td>{html.escape(str(comparison))}</td>{cells}</tr>")
+    return (
+        "<p>Each seed's difference, arm minus baseline (the final loss on the whole validation split): "
+        "every number of the table above is computed from these alone.</p>"
+        f'<table class="compact"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
+    )
+
+
+# A table with a view of its own on its page (else every column as is, :func:`html_table`).
+TABLE_VIEWS = {"interventions.csv": interventions_html, "interventions_seeds.csv": seeds_html}
 
 
 def html_page(title: str, body: str) -> str:
@@ -242,7 +343,10 @@ def write_report_pages(
     for page in pages:
         if page not in shown:
             raise UserError(f"no table of the {page} page ({', '.join(TABLE_PAGES[page][1])}) in {tables}")
-        body = "".join(f"<h3>{name}</h3>{html_table(pd.read_csv(tables / name))}" for name in shown[page])
+        body = "".join(
+            f"<h3>{name}</h3>{TABLE_VIEWS.get(name, html_table)(pd.read_csv(tables / name))}"
+            for name in shown[page]
+        )
         written.append(write_text_atomic(out / f"{page}.html", html_page(TABLE_PAGES[page][0], body), PAGE))
     written.append(write_text_atomic(out / "claims.html", html_page("Claims", html_table(claims)), PAGE))
     landing = landing_rst(claims, results_dir, titles, pages)
