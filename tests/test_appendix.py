@@ -14,6 +14,7 @@ from synthetic_runs import write_run, write_study
 from system_packages import needs
 
 from attnid.cli import main
+from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic
 from attnid.reports import appendix, figures, latex
 from attnid.theory import nullity
@@ -278,11 +279,28 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
     status = _render(theory_csvs, paper / "appendix.tex", "--pdf")
     if shutil.which("latexmk") is None:
         assert status == 2 and "latexmk not found" in capsys.readouterr().err
+    elif appendix.missing_tex_packages():
+        err = capsys.readouterr().err
+        assert status == 2 and "siunitx.sty not found" in err and "texlive-science" in err
     else:
         assert status == 0, capsys.readouterr().err
         pdf = paper / "main.pdf"
         assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 10_000
         assert not list(paper.glob(".latexmk-*")), "scratch build folder left behind"
+
+
+@needs("latexmk", "kpsewhich")
+def test_a_missing_latex_package_is_one_line_naming_its_debian_package(tmp_path, monkeypatch):
+    """Where TeX lacks a package paper/main.tex loads, --pdf says which and what installs it, before latexmk
+    runs (instead of latexmk's first error)."""
+    monkeypatch.setattr(appendix, "TEX_PACKAGES", {"no-such-package-attnid.sty": "texlive-nothing"})
+    assert appendix.missing_tex_packages() == ["no-such-package-attnid.sty"]
+    (tmp_path / "main.tex").write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    with pytest.raises(
+        UserError, match=r"no-such-package-attnid.sty not found .* apt-get install texlive-nothing"
+    ):
+        appendix.compile_pdf(tmp_path / "main.tex")
+    assert not (tmp_path / "main.pdf").exists()
 
 
 def _filled_caption(name: str) -> str:
@@ -325,7 +343,7 @@ def _font_types(pdffonts_output: str) -> set[str]:
     return {line[start:end].strip() for line in lines[2:] if line.strip()}
 
 
-@needs("latexmk", "pdffonts")
+@needs("latexmk", "siunitx.sty", "pdffonts")
 def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
     """The whole document (theory tables, experiment tables of a synthetic study, figures with
     their captions) compiles with no box more than 5 pt too wide, no float too tall, and no

@@ -398,7 +398,7 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
 
 
 @pytest.mark.slow
-@needs("latexmk")
+@needs("latexmk", "siunitx.sty")
 def test_the_table_fits_the_page(tmp_path, repo_root):
     """The widest table the builds make: paper.yaml's family of ten comparisons (long arm names, another
     baseline, the interaction, differences in scientific notation) compiles with no box too wide, its

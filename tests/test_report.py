@@ -14,13 +14,14 @@ import pandas as pd
 import pytest
 from figure_checks import invisible_legend_entries, overlapping_labels
 from pipeline_helpers import run_smoke_dag, shared_smoke_run, smoke_config
+from system_packages import needs
 
 from attnid.cli import build_parser
 from attnid.reports import figures, report_pages
 from attnid.reports.figures.inputs import Sources
 
 SMOKE = smoke_config()["results_dir"]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMIUM = shutil.which("chromium") or "chromium"
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_the_report_holds_the_claims_every_figure_with_its_caption_and_the_table
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a headless Chromium (apt-get install chromium)")
+@needs("chromium")
 def test_the_report_opens_on_the_claims_in_chromium(report_html, tmp_path):
     """Chromium runs the report's scripts; the page it shows first is the claims table."""
     command = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000"]

@@ -581,7 +581,7 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
 
 
 @pytest.mark.slow
-@needs("latexmk")
+@needs("latexmk", "siunitx.sty")
 def test_study_tables_fit_the_page(tmp_path):
     """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
     parameters) compile at 9 pt with no box more than 5 pt too wide."""

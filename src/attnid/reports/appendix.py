@@ -283,13 +283,37 @@ def _table_blocks(experiment_tables: str | os.PathLike | None, omitted: frozense
     }
 
 
+# The LaTeX packages paper/main.tex loads beyond those of latexmk's TeX, and the Debian package of each.
+TEX_PACKAGES = {"siunitx.sty": "texlive-science"}
+
+
+def missing_tex_packages() -> list[str]:
+    """The files of :data:`TEX_PACKAGES` that ``kpsewhich`` does not find (none where there is no kpsewhich:
+    then there is no TeX, and latexmk's absence says so)."""
+    kpsewhich = shutil.which("kpsewhich")
+    if kpsewhich is None:
+        return []
+    return [
+        name
+        for name in TEX_PACKAGES
+        if not subprocess.run([kpsewhich, name], capture_output=True, text=True).stdout.strip()
+    ]
+
+
 def compile_pdf(main_tex: Path) -> Path:
     """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path. The LaTeX
     log is kept next to it (``main.log``)."""
     if shutil.which("latexmk") is None:
         raise UserError(
-            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) "
-            "or drop --pdf"
+            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended "
+            "texlive-science) or drop --pdf"
+        )
+    missing = missing_tex_packages()
+    if missing:
+        packages = " ".join(sorted({TEX_PACKAGES[name] for name in missing}))
+        raise UserError(
+            f"{', '.join(missing)} not found (the appendix sets its numbers with siunitx): "
+            f"apt-get install {packages}, or drop --pdf (paper_pdf: false)"
         )
     if not main_tex.is_file():
         raise UserError(f"{main_tex} not found: --pdf compiles the main.tex that sits next to --out")
