@@ -208,8 +208,18 @@ def test_paper_config_plans_the_expected_jobs(tmp_path):
     n_sweep = sum(len(s["lrs"]) * len(s["seeds"]) for s in paper["sweep"].values())
     assert counts["train_case"] == len(paper["cases"]) * len(paper["seeds"]) == 15
     assert counts["train_sweep"] == n_sweep
-    for rule in ("fetch_data", "prepare_data", "counts", "verify", "tables", "figures", "appendix", "all"):
+    for rule in (
+        "fetch_data",
+        "prepare_data",
+        "counts",
+        "verify",
+        "tables",
+        "report_pages",
+        "appendix",
+        "all",
+    ):
         assert counts[rule] == 1, counts
+    assert counts["figure"] == 6  # one job per figure: the paper config has the studies and the interventions
     # CUDA jobs ask for a GPU; every training job has its own log and benchmark
     case_jobs = re.findall(r"rule train_case:.*?(?=\n\n|\Z)", proc.stdout, re.S)
     assert case_jobs and all("gpu=1" in job for job in case_jobs)
