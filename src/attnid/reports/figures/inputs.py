@@ -32,7 +32,7 @@ FOLDERS = ("theory", "tables")  # the sources that are a folder (the others list
 # source -> the commands that write it (for the error a missing file gives)
 SOURCE_WRITERS = {
     "theory": "'attnid counts' / 'attnid verify'",
-    "tables": "'attnid tables' (and 'attnid studies')",
+    "tables": "'attnid tables' (and 'attnid studies', 'attnid interventions-table')",
 }
 RunGroup = list[tuple[dict, "pd.DataFrame"]]  # (run.json, metrics.csv) of each run
 
