@@ -2,7 +2,8 @@
 
     snakemake --cores all                                   # default, laptop CPU -> results/default/
     snakemake --cores all --configfile config/paper.yaml    # the paper's scale, GPU -> results/paper/
-    snakemake --report report.html                          # figures 1-6 with captions
+    snakemake --report report.html                          # the claims, figures, tables (default)
+    snakemake --report report.html --configfile config/smoke.yaml   # ... of the smoke build
 
 The rules are thin: each one calls the ``attnid`` command line. The DAG is
 data -> (theory, training runs) -> tables -> figures -> appendix. Each config writes
@@ -36,5 +37,5 @@ rule all:
         rules.tables.output,
         STUDY_TABLE_FILES,
         INTERVENTION_TABLE_FILES,
-        rules.figures.output,
+        rules.report_pages.output,
         rules.appendix.output,

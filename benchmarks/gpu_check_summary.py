@@ -188,7 +188,7 @@ def _verdict(value: float, threshold: float, applies: bool, resolved: bool = Tru
 
 
 def summary_row(run_dir: Path) -> dict:
-    from attnid.reports.tables import FLOAT64_ONLY, RHO_SGD_MAX, TAU_MAX, resolves
+    from attnid.reports.claims import FLOAT64_ONLY, RHO_SGD_MAX, TAU_MAX, resolves
 
     result = json.loads((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
     run = (

@@ -242,10 +242,17 @@ def expected_outputs(config: dict) -> list[str]:
     if studies:
         files += [f"{out}/tables/{study}.{ext}" for study in studies for ext in ("csv", "tex")]
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
-    files += [f"{out}/figures/fig{i}.{ext}" for i in range(1, 6 if studies else 5) for ext in ("png", "pdf")]
+    figures = (
+        [f"fig{i}" for i in range(1, 5)] + (["fig5"] if studies else []) + (["fig6"] if interventions else [])
+    )
+    files += [f"{out}/figures/{name}.{ext}" for name in figures for ext in ("png", "pdf", "rst")]
+    pages = ["cases"] + (["interventions"] if interventions else []) + (["identification"] if studies else [])
+    pages += ["prune"] if edits else []
+    files += [f"{out}/report/{page}.html" for page in ["claims", *figures, *pages]] + [
+        f"{out}/report/index.rst"
+    ]
     if interventions:
         files += [f"{out}/tables/interventions.{ext}" for ext in ("csv", "tex")]
-        files += [f"{out}/figures/fig6.{ext}" for ext in ("png", "pdf", "rst")]
     files += [
         f"{out}/theory/counts.csv",
         f"{out}/theory/single_head.csv",

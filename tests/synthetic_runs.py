@@ -190,3 +190,67 @@ def write_study(root: Path, sgd_dtype: str = "float64") -> tuple[Path, Path]:
         )
     write_run(sweep / "sgd" / "lr1000" / "seed0", "sgd", 0, 1000.0, status="diverged", dtype=sgd_dtype)
     return runs, sweep
+
+
+# The interventions' arms as attnid train names them (attnid.plan.interventions.arm_name): arm -> (case,
+# lr, what its run.json's config adds). The lr arm names itself (--arm).
+INTERVENTION_ARMS = {
+    "adamw": ("adamw", 1e-3, {}),
+    "adamw_gauge_fixed": ("adamw_gauge_fixed", 1e-3, {}),
+    "adamw_gauge_fixed_at_init": ("adamw_gauge_fixed", 1e-3, {"initial_point": "init"}),
+    "adamw_from_gauge_point": ("adamw", 1e-3, {"initial_point": "gauge"}),
+    "adamw_lr2x": ("adamw", 2e-3, {"arm": "adamw_lr2x"}),
+    "adamw_projected": ("adamw_projected", 1e-3, {}),
+    "adamw_frozen_mlp": ("adamw", 1e-3, {"freeze_mlp": True}),
+    "adamw_rebalance": ("adamw_rebalance", 1e-3, {}),
+    "adamw_rebalance_first_moment": ("adamw_rebalance", 1e-3, {"rebalance_moments": "first-moment"}),
+}
+
+
+def write_intervention_runs(
+    root: Path, final_losses: dict[str, list[float]], identity: bool = True
+) -> tuple[list[str], list[str]]:
+    """Runs of the interventions under ``root``/<arm>/seed<S>: per arm of :data:`INTERVENTION_ARMS`, its
+    final loss on the whole val split for seeds 0, 1, ... (``final_losses``); ``adamw``'s ρ is 0.05 and the
+    projected arm's 1e-12 (float32 round-off); with ``identity``, a float64 identity run of the projected
+    arm at 1e-29. Returns (the arms' run directories, the identity run's)."""
+    dirs = []
+    for arm, losses in final_losses.items():
+        case, lr, config = INTERVENTION_ARMS[arm]
+        projected = case == "adamw_projected"
+        for seed, loss in enumerate(losses):
+            run_dir = write_run(
+                root / arm / f"seed{seed}",
+                case,
+                seed,
+                lr,
+                final_val_loss=loss,
+                dtype="float32",
+                rho_qk=1e-12 if projected else 0.05,
+                rho_ov=1e-12 if projected else 0.07,
+                drift1=1e-8 if projected else 0.2,
+                drift2=1e-3,
+                rebalance_every=20 if case == "adamw_rebalance" else 0,
+            )
+            info = json.loads((run_dir / "run.json").read_text())
+            info["config"].update(config)
+            (run_dir / "run.json").write_text(json.dumps(info))
+            dirs.append(str(run_dir))
+    identity_dirs = []
+    if identity:
+        identity_dirs.append(
+            str(
+                write_run(
+                    root / "identity" / "seed0",
+                    "adamw_projected",
+                    0,
+                    1e-3,
+                    rho_qk=1e-29,
+                    rho_ov=1e-29,
+                    drift1=1e-17,
+                    drift2=1e-4,
+                    dtype="float64",
+                )
+            )
+        )
+    return dirs, identity_dirs

@@ -1,25 +1,31 @@
-"""Tests that drive programs from Debian packages (TeX, poppler, SLURM) skip where a program is missing,
-naming it and the one apt line that installs them all (the README's). .ci/run installs them and sets
+"""Tests that drive programs from Debian packages (TeX, poppler, Chromium, SLURM) skip where a program is
+missing, naming it and the one apt line that installs them all (the README's). .ci/run installs them and sets
 ``ATTNID_REQUIRE_SYSTEM_PACKAGES=1``: there a missing program fails the test instead.
 
-    @needs("latexmk", "pdffonts")
+    @needs("latexmk", "siunitx.sty", "pdffonts")
     def test_pdf_...(): ...
+
+A name ending in ``.sty`` is a LaTeX package, looked up with ``kpsewhich``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 
 import pytest
 
-# program -> the Debian package that installs it
+# program (or LaTeX package) -> the Debian package that installs it
 PACKAGE_OF = {
     "latexmk": "latexmk",
+    "siunitx.sty": "texlive-science",  # the appendix's numbers (paper/main.tex)
+    "kpsewhich": "texlive-latex-recommended",  # (its dependency texlive-binaries)
     "pdflatex": "texlive-latex-recommended",
     "pdffonts": "poppler-utils",
     "pdftotext": "poppler-utils",
     "pdftoppm": "poppler-utils",
+    "chromium": "chromium",
     "munged": "munge",
     "mariadbd": "mariadb-server",
     "mariadb-install-db": "mariadb-server",
@@ -41,8 +47,10 @@ APT_PACKAGES = (
     "latexmk",
     "texlive-latex-recommended",
     "texlive-fonts-recommended",
+    "texlive-science",  # siunitx: the appendix's numbers
     "lmodern",
     "poppler-utils",
+    "chromium",  # the Snakemake report, opened headless (tests/test_report.py)
     "slurmctld",
     "slurmd",
     "slurm-client",
@@ -54,8 +62,16 @@ APT_LINE = "sudo apt-get install " + " ".join(APT_PACKAGES)
 REQUIRED = os.environ.get("ATTNID_REQUIRE_SYSTEM_PACKAGES") == "1"
 
 
+def _installed(name: str) -> bool:
+    if name.endswith(".sty"):
+        kpsewhich = shutil.which("kpsewhich")
+        found = kpsewhich and subprocess.run([kpsewhich, name], capture_output=True, text=True).stdout
+        return bool(found and found.strip())
+    return shutil.which(name) is not None
+
+
 def missing_programs(*programs: str) -> list[str]:
-    return [name for name in programs if shutil.which(name) is None]
+    return [name for name in programs if not _installed(name)]
 
 
 def missing_reason(missing: list[str]) -> str:

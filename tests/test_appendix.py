@@ -14,37 +14,86 @@ from synthetic_runs import write_run, write_study
 from system_packages import needs
 
 from attnid.cli import main
+from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic
-from attnid.reports import figures, latex
+from attnid.reports import appendix, figures, latex
 from attnid.theory import nullity
 
-# Figure 6's caption numbers of a build with every arm (attnid.reports.figures.interventions_caption).
-SAMPLE_FIG6_NUMBERS = {
-    "n_seeds": 5,
-    "final": [
-        {
-            "label": label,
-            "baseline": baseline,
-            "delta_mean": delta,
-            "ci_low": delta - 0.004,
-            "ci_high": delta + 0.004,
-            "verdict": verdict,
-        }
-        for label, baseline, delta, verdict in (
-            ("AdamW + rebalancing", "adamw", -0.0031, "no detectable difference"),
-            ("AdamW + rebalancing, transport", "adamw", 0.0123, "worse"),
-            ("AdamW + rebalancing, transport", "adamw_rebalance", 0.0154, "worse"),
-            ("AdamW, projected", "adamw", -0.0007, "no detectable difference"),
-            ("AdamW, gauge fixed", "adamw", -0.0211, "better"),
-        )
-    ],
-    "identity_steps": 200,
-    "identity_rho_max": 1.6e-28,
-    "identity_drift_ratio_max": 2.9e-14,
-    "projected_rho_max": 8.1e-11,
-    "projected_dtype": "float32",
-    "adamw_rho_mean": 0.033,
-}
+# The comparisons of a paper-sized build (16 seeds): (comparison, arm, baseline, mean difference, spread).
+SAMPLE_COMPARISONS = (
+    ("adamw_from_gauge_point", "adamw_from_gauge_point", "adamw", -0.0112, 0.003),
+    ("adamw_frozen_mlp", "adamw_frozen_mlp", "adamw", 0.0204, 0.004),
+    ("adamw_lr2x", "adamw_lr2x", "adamw", -0.006, 0.03),
+    ("adamw_rebalance", "adamw_rebalance", "adamw", 0.0021, 0.003),
+    ("adamw_rebalance_first_moment", "adamw_rebalance_first_moment", "adamw", 0.0043, 0.003),
+    (
+        "adamw_rebalance_first_moment-adamw_rebalance",
+        "adamw_rebalance_first_moment",
+        "adamw_rebalance",
+        2.2e-5,
+        0.003,
+    ),
+    ("adamw_projected", "adamw_projected", "adamw", 0.0011, 0.002),
+    ("adamw_gauge_fixed", "adamw_gauge_fixed", "adamw", -0.0123, 0.003),
+    ("adamw_gauge_fixed_at_init", "adamw_gauge_fixed_at_init", "adamw", 0.0005, 0.002),
+)
+
+
+def sample_fig6_numbers() -> dict:
+    """Figure 6's caption numbers of a paper-sized build (every arm, 16 seeds, the 2 x 2, the identity run):
+    its tables computed by the interventions table's own code from a synthetic seeds table."""
+    import numpy as np
+    import pandas as pd
+
+    from attnid.reports.figures import fig6_interventions
+    from attnid.reports.interventions_table import comparisons_table
+
+    rows = []
+    for i, (comparison, arm, baseline, mean, spread) in enumerate(SAMPLE_COMPARISONS):
+        for seed in range(16):
+            base = 2.4 + 0.02 * seed
+            rows.append((comparison, arm, baseline, seed, base + mean + spread * np.sin(seed + i), base))
+    seeds = pd.DataFrame(
+        rows, columns=["comparison", "arm", "baseline", "seed", "arm_value", "baseline_value"]
+    )
+    seeds["difference"] = seeds["arm_value"] - seeds["baseline_value"]
+    by_arm = {(arm, seed): value for _, arm, b, seed, value, _ in rows if b == "adamw"}
+    interaction = [
+        (by_arm[("adamw_gauge_fixed", s)] - by_arm[("adamw_from_gauge_point", s)])
+        - (by_arm[("adamw_gauge_fixed_at_init", s)] - (2.4 + 0.02 * s))
+        for s in range(16)
+    ]
+    seeds = pd.concat(
+        [
+            seeds,
+            pd.DataFrame(
+                {
+                    "comparison": "start_x_frozen",
+                    "arm": "adamw_gauge_fixed-adamw_from_gauge_point",
+                    "baseline": "adamw_gauge_fixed_at_init-adamw",
+                    "seed": range(16),
+                    "arm_value": np.nan,
+                    "baseline_value": np.nan,
+                    "difference": interaction,
+                }
+            ),
+        ],
+        ignore_index=True,
+    )
+    table = comparisons_table(seeds, 0.05, 0.01)
+    comparisons = fig6_interventions.comparisons_of(table, seeds, {})
+    grid = fig6_interventions.two_by_two(seeds, comparisons)
+    numbers = fig6_interventions.caption_numbers(table, comparisons, grid, {}, [])
+    return numbers | {  # the orbit panels' numbers of a build with the projected arm and its identity run
+        "orbit": True,
+        "projected_steps": 5000,
+        "projected_rho_max": 8.1e-11,
+        "projected_dtype": "float32",
+        "identity_steps": 200,
+        "identity_rho_max": 1.6e-28,
+        "identity_drift_ratio_max": 2.9e-14,
+        "adamw_rho_mean": 0.033,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +239,7 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     (tables / "sweep.tex").write_text("sweep-marker\n")  # cases.tex absent: skipped
     for k in range(1, 5):
         (figures / f"fig{k}.pdf").write_bytes(b"%PDF-1.4 placeholder")
+        (figures / f"fig{k}.rst").write_text(_filled_caption(f"fig{k}"), encoding="utf-8")
     out = tmp_path / "paper" / "appendix.tex"
     assert _render(theory_csvs, out, "--experiment-tables", str(tables), "--figures", str(figures)) == 0
     tex = out.read_text()
@@ -203,7 +253,7 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     for k in range(1, 5):
         size = r"width=\linewidth,height=0.62\textheight,keepaspectratio"
         assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
-        title = latex.figure_caption(f"fig{k}")["title"]
+        title = appendix.figure_caption(f"fig{k}", figures)["title"]
         assert (
             rf"\caption[{title}]{{\textbf{{{title}.}}" in tex
             and rf"Figure~\ref{{fig:fig{k}}}, {title}" in tex
@@ -229,11 +279,35 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
     status = _render(theory_csvs, paper / "appendix.tex", "--pdf")
     if shutil.which("latexmk") is None:
         assert status == 2 and "latexmk not found" in capsys.readouterr().err
+    elif appendix.missing_tex_packages():
+        err = capsys.readouterr().err
+        assert status == 2 and "siunitx.sty not found" in err and "texlive-science" in err
     else:
         assert status == 0, capsys.readouterr().err
         pdf = paper / "main.pdf"
         assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 10_000
         assert not list(paper.glob(".latexmk-*")), "scratch build folder left behind"
+
+
+@needs("latexmk", "kpsewhich")
+def test_a_missing_latex_package_is_one_line_naming_its_debian_package(tmp_path, monkeypatch):
+    """Where TeX lacks a package paper/main.tex loads, --pdf says which and what installs it, before latexmk
+    runs (instead of latexmk's first error)."""
+    monkeypatch.setattr(appendix, "TEX_PACKAGES", {"no-such-package-attnid.sty": "texlive-nothing"})
+    assert appendix.missing_tex_packages() == ["no-such-package-attnid.sty"]
+    (tmp_path / "main.tex").write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
+    with pytest.raises(
+        UserError, match=r"no-such-package-attnid.sty not found .* apt-get install texlive-nothing"
+    ):
+        appendix.compile_pdf(tmp_path / "main.tex")
+    assert not (tmp_path / "main.pdf").exists()
+
+
+def _filled_caption(name: str) -> str:
+    """The caption ``attnid figures`` writes next to figure ``name``, with a build's numbers."""
+    figure = figures.registry()[name]
+    numbers = {"fig2": {"rho_floors": {"SGD": 2.6e-24}}, "fig6": sample_fig6_numbers()}.get(name, {})
+    return figures.fill_caption(figure.caption_template, numbers)
 
 
 def _figure_pdfs(folder):
@@ -245,15 +319,15 @@ def _figure_pdfs(folder):
 
     folder.mkdir()
     with matplotlib.rc_context({"pdf.fonttype": 42}):
-        for name in latex.FIGURES:
+        for name in figures.registry():
             # Figure 6 is three panels and a legend row, as drawn (its filled caption is the longest)
             fig, ax = plt.subplots(figsize=(10.8, 3.5) if name == "fig6" else (6, 3))
             ax.plot([1, 2, 3], [1, 4, 9], label=name)
             ax.legend()
             fig.savefig(folder / f"{name}.pdf")
             plt.close(fig)
-    # a caption filled with a build's numbers sits next to its figure (as long as a real one)
-    (folder / "fig6.rst").write_text(figures.interventions_caption(SAMPLE_FIG6_NUMBERS), encoding="utf-8")
+            # the caption filled with a build's numbers sits next to its figure (as long as a real one)
+            (folder / f"{name}.rst").write_text(_filled_caption(name), encoding="utf-8")
 
 
 def _overfull_boxes(log: str) -> list[float]:
@@ -269,7 +343,7 @@ def _font_types(pdffonts_output: str) -> set[str]:
     return {line[start:end].strip() for line in lines[2:] if line.strip()}
 
 
-@needs("latexmk", "pdffonts")
+@needs("latexmk", "siunitx.sty", "pdffonts")
 def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
     """The whole document (theory tables, experiment tables of a synthetic study, figures with
     their captions) compiles with no box more than 5 pt too wide, no float too tall, and no
@@ -316,6 +390,21 @@ def test_pdf_fits_the_page_in_vector_fonts(theory_csvs, tmp_path, repo_root):
     assert kinds <= {"Type 1", "Type 1C", "TrueType", "CID Type 0C", "CID TrueType"}, fonts
     tex = (paper / "appendix.tex").read_text()
     assert r"\resizebox" not in tex and r"\scriptsize" not in tex and r"\tiny" not in tex
+    floats = _floats_in_page_order(paper / "main.pdf")
+    assert floats == sorted(floats, key=_float_order), floats  # A1 before A2 ..., tables before figures
+    assert floats[:3] == ["Table A1", "Table A1b", "Table A2"], floats
+
+
+def _floats_in_page_order(pdf) -> list[str]:
+    """The captions' labels (``Table A1``, ``Figure 3``) in the order the PDF's pages show them."""
+    text = subprocess.run(["pdftotext", "-layout", str(pdf), "-"], capture_output=True, text=True).stdout
+    return re.findall(r"^\s*((?:Table|Figure) [A-Z]?\d+b?):", text, flags=re.M)
+
+
+def _float_order(label: str) -> tuple:
+    kind, number = label.split()
+    match = re.fullmatch(r"([A-Z]?)(\d+)(b?)", number)
+    return (kind == "Figure", match[1], int(match[2]), match[3])
 
 
 def test_log_and_font_parsers():
@@ -330,25 +419,23 @@ def test_log_and_font_parsers():
     assert _font_types(fonts) == {"Type 1", "Type 3"}
 
 
-def test_every_caption_converts_and_is_shared_with_the_report(repo_root):
-    report_rules = (repo_root / "workflow" / "rules" / "report.smk").read_text()
-    assert 'caption_file(f"fig{i}")' in report_rules and "caption=FIGURE_CAPTIONS[i]" in report_rules
-    for name in latex.FIGURES:
-        source = latex.caption_file(name)
-        text = open(source, encoding="utf-8").read()
-        assert text.startswith(f"**Figure {name.removeprefix('fig')} ")
-        caption = latex.figure_caption(name)
+def test_every_caption_converts(tmp_path):
+    for name in figures.registry():
+        text = _filled_caption(name)
+        assert text.startswith(f"**Figure {name.removeprefix('fig')} ") and "{{" not in text
+        (tmp_path / f"{name}.rst").write_text(text, encoding="utf-8")
+        caption = appendix.figure_caption(name, tmp_path)
         assert caption["caption"].startswith(rf"\textbf{{{caption['title']}.}} ")
         assert all(ord(char) < 128 for char in caption["caption"]), name  # pdflatex-safe
-    assert latex.rst_to_tex("the drift :math:`\\beta` of ``run.json`` is *small* — 50% off") == (
+    assert appendix.rst_to_tex("the drift :math:`\\beta` of ``run.json`` is *small* — 50% off") == (
         r"the drift $\beta$ of \texttt{run.\allowbreak{}json} is \emph{small} --- 50\% off"
     )
     with pytest.raises(ValueError, match="ρ"):
-        latex.rst_to_tex("a bare ρ")
+        appendix.rst_to_tex("a bare ρ")
 
 
 def test_templates_are_package_data(repo_root):
-    """Every shipped template and caption matches a package-data glob, so a wheel has them;
+    """Every shipped template matches a package-data glob, so a wheel has them;
     they are found through importlib.resources, not through the source tree."""
     patterns = tomllib.loads((repo_root / "pyproject.toml").read_text())["tool"]["setuptools"][
         "package-data"
@@ -357,7 +444,6 @@ def test_templates_are_package_data(repo_root):
     shipped = {path for pattern in patterns for path in package.glob(pattern)}
     templates = {path for path in (package / "reports" / "templates").rglob("*") if path.is_file()}
     assert templates and templates <= shipped, sorted(map(str, templates - shipped))
-    assert {f"{name}.rst" for name in latex.FIGURES} <= {path.name for path in templates}
     assert str(latex.find_template_dir()) == str(package / "reports" / "templates")
     assert not (repo_root / "paper" / "templates").exists()
 
@@ -384,7 +470,7 @@ def test_wide_figures_get_a_landscape_page(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnid.reports.latex import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
+    from attnid.reports.appendix import WIDE_FIGURE_ASPECT, pdf_aspect_ratio
 
     ratios = {}
     for name, size in {"wide": (12, 6), "square": (6, 6)}.items():

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from attnid.cli import build_parser, main
 from attnid.cli.theory import load_architectures
 from attnid.model.gpt import GPT, GPTConfig
-from attnid.reports import latex, tables
+from attnid.reports import claims, latex
 from attnid.theory import architectures, census, census_grid
 from attnid.theory import whole_model as theory
 from attnid.theory.rope import ROPE_BASE
@@ -457,10 +457,10 @@ def _census_frame(closes):
 
 
 def test_census_claim_row():
-    row = tables.census_claim(_census_frame([True, True, True]))
+    row = claims.census_claim(_census_frame([True, True, True]))
     assert row["claim"] == "whole-model census closes on 3 shapes" and row["result"] == "pass"
     assert row["measured"] == 3 and row["dtype"] == "float64"
-    assert tables.census_claim(_census_frame([True, False, True]))["result"] == "fail"
+    assert claims.census_claim(_census_frame([True, False, True]))["result"] == "fail"
 
 
 def test_whole_model_counts_of_a_hugging_face_config(tmp_path):

@@ -312,6 +312,16 @@ CASES = [
         "figures --tables {w}/nope --runs-dir {w}/runs --theory-dir {w}/nope --out-dir {w}/f",
         "not found",
     ),
+    (
+        "report-pages-tables-missing",
+        "report-pages --tables {w}/nope --figures {w}/nope --title t --out-dir {w}/r",
+        "not found",
+    ),
+    (
+        "report-pages-out-dir-is-a-file",
+        "report-pages --tables {w}/nope --figures {w} --title t --out-dir {w}/notes.txt",
+        "is a file",
+    ),
     ("studies-no-runs", "studies --out-dir {w}/s", "say which runs"),
     ("interventions-table-no-runs", "interventions-table --out-dir {w}/i", "say which runs"),
     ("interventions-table-run-missing", "interventions-table --runs {w}/nope --out-dir {w}/i", "no run.json"),

@@ -50,10 +50,10 @@ def test_help_imports_no_heavy_library(helps, command):
 
 
 def test_figures_help_names_every_figure(helps):
-    from attnid.reports.latex import FIGURES
+    from attnid.reports.figures import registry
 
     text = helps[""]["help"] + helps["figures"]["help"]
-    assert re.findall(r"figures 1-(\d+)", text) == [str(len(FIGURES))] * 2
+    assert re.findall(r"figures 1-(\d+)", text) == [str(len(registry()))] * 2
 
 
 def test_every_file_a_help_text_points_to_exists(helps):

@@ -193,7 +193,7 @@ def test_appendix_includes_the_prune_table_when_present(edit_reports, tmp_path, 
     assert "tab:prune" not in (tmp_path / "without.tex").read_text()
 
 
-@needs("latexmk")
+@needs("latexmk", "siunitx.sty")
 def test_prune_table_fits_the_text_width(edit_reports, tmp_path, repo_root):
     """The widest cells (every number a mean +- sd in scientific notation) stay inside the page."""
     wide = []

@@ -23,8 +23,8 @@ from attnid.common.errors import UserError
 from attnid.edits.checkpoints import HF_LLAMA, load_checkpoint, save_checkpoint
 from attnid.edits.hf_llama import load_hf_llama
 from attnid.model.layout import orbit_of, pairs_from_tensors, write_layer_pairs
-from attnid.reports.figures import round_off_floor
 from attnid.reports.inspect_figure import PRECISION_OF_DTYPE
+from attnid.reports.round_off import round_off_floor
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.orbits import GENERAL_LINEAR
 

@@ -12,6 +12,7 @@ import re
 import pandas as pd
 import pytest
 import yaml
+from figure_checks import invisible_legend_entries, overlapping_labels, visible_labels
 from pipeline_helpers import (
     REPO,
     copy_pipeline,
@@ -24,8 +25,14 @@ from synthetic_runs import write_run
 
 from attnid.plan import ConfigError, interventions, plan
 from attnid.plan.schema import config_schema, option_schema
-from attnid.reports import figures, tables
-from attnid.reports.interventions_table import interventions_table, load_runs_by_arm
+from attnid.reports import appendix, claims, figures, tables
+from attnid.reports.figures import fig6_interventions
+from attnid.reports.figures.inputs import Sources
+from attnid.reports.interventions_table import (
+    interventions_table,
+    load_runs_by_arm,
+    write_interventions_table,
+)
 from attnid.reports.statistics import minimum_seeds
 from attnid.training.rundir import load_run
 
@@ -325,7 +332,7 @@ def test_the_default_dag_trains_the_stage_s_own_adamw_runs_at_its_length(tmp_pat
     assert {jobs[f"{out}/runs/adamw/seed{seed}"]["max_iters"] for seed in DEFAULT["seeds"]} == {1500}
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
     assert sorted(gather) == sorted(expected)
-    assert "--identity-runs" in re.search(r"attnid figures [^\n]*", proc.stdout).group(0)
+    assert "--identity-runs" in re.search(r"attnid figures fig6 [^\n]*", proc.stdout).group(0)
     assert "calibration" not in proc.stdout
 
 
@@ -553,7 +560,7 @@ def test_arms_are_told_apart_by_their_moments_and_transport_meets_keep(tmp_path)
 
 def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     arm_dirs, identity = study_runs(tmp_path / "good")
-    good = tables.intervention_claims(
+    good = claims.intervention_claims(
         tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity])
     )
     results = {row["claim"]: row for row in good}
@@ -568,7 +575,7 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     )
     bad = {
         row["claim"]: row
-        for row in tables.intervention_claims(
+        for row in claims.intervention_claims(
             tables.runs_table([_path(d) for d in arm_dirs]), tables.runs_table([_path(d) for d in identity])
         )
     }
@@ -582,9 +589,9 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     # an identity run in float32 cannot resolve the float64 thresholds
     float32 = write_run(tmp_path / "f32" / "seed0", "adamw_projected", 0, 1e-3, rho_qk=1e-12, dtype="float32")
     rows = {
-        row["claim"]: row for row in tables.intervention_claims(pd.DataFrame(), tables.runs_table([float32]))
+        row["claim"]: row for row in claims.intervention_claims(pd.DataFrame(), tables.runs_table([float32]))
     }
-    assert rows["interventions: projected rho max < 1e-20"]["result"] == tables.NOT_APPLICABLE
+    assert rows["interventions: projected rho max < 1e-20"]["result"] == claims.NOT_APPLICABLE
     assert rows["interventions: gauge-fixed initial logits = adamw's (< 1e-5)"]["result"] == "missing"
 
 
@@ -595,32 +602,27 @@ def _path(run_dir):
 
 
 def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
+    """Figure 6 as the workflow's rule makes it: from the interventions tables (and the runs, for the orbit
+    panels); its caption carries every comparison's numbers and says that 3 seeds decide nothing."""
     arm_dirs, identity = study_runs(tmp_path / "runs")
-    by_arm = load_runs_by_arm(None, arm_dirs)
-    paths = figures.figure_interventions(by_arm, [load_run(d) for d in identity], tmp_path)
+    table = write_interventions_table(None, tmp_path / "tables", runs=arm_dirs)[0]
+    sources = Sources(tables=tmp_path / "tables", intervention_runs=arm_dirs, identity_runs=identity)
+    paths = figures.make_figure("fig6", sources, tmp_path)
     assert [p.name for p in paths] == ["fig6.png", "fig6.pdf", "fig6.rst"]
     assert paths[0].stat().st_size > 10_000
-    caption = (tmp_path / "fig6.rst").read_text()
+    fig = fig6_interventions.draw(sources).figure  # every series shown, the projected arm's on its floors
+    assert not invisible_legend_entries(fig) and not overlapping_labels(fig)
+    for title in ("unidentified share", "first-order drift"):
+        (ax,) = [ax for ax in fig.axes if ax.get_title().startswith(title)]
+        expected = {"AdamW", "AdamW, projected (float32)", "AdamW, projected (float64 identity run)"}
+        assert expected <= visible_labels(ax), visible_labels(ax)
+    caption = " ".join((tmp_path / "fig6.rst").read_text().split())
     assert caption.startswith("**Figure 6 — does identification change training?")
     assert "{{" not in caption and "{%" not in caption
-    table, _ = interventions_table(by_arm)
-    for row in table[table["metric"] == "final_val_loss"].itertuples():
-        low, high = figures._caption_number(row.ci_low), figures._caption_number(row.ci_high)
-        shown = f"[{low}, {high}], {row.verdict}"
-        assert shown in " ".join(caption.split()), shown
-    assert "1e-29" in caption and "3 seeds" in caption
-    from attnid.reports import latex
-
-    assert latex.figure_caption("fig6", tmp_path)["caption"].startswith(r"\textbf{does identification change")
-
-
-def test_paired_differences_per_step_are_the_table_s_at_the_last_evaluation(tmp_path):
-    arm_dirs, _ = study_runs(tmp_path)
-    by_arm = load_runs_by_arm(None, arm_dirs)
-    differences = figures.paired_eval_differences(by_arm["adamw_gauge_fixed"], by_arm["adamw"])
-    assert differences["step"].tolist() == [0, 20, 40] and (differences["n_seeds"] == 3).all()
-    assert differences["mean"].tolist() == pytest.approx([0.0, -0.05, -0.05])
-    table, _ = interventions_table(by_arm)
-    row = table[table["arm"] == "adamw_gauge_fixed"].iloc[0]
-    # these synthetic runs' whole-split loss is their last evaluation's: the same mean difference
-    assert differences.iloc[-1]["mean"] == pytest.approx(row["delta_mean"])
+    value = figures.caption_value
+    for row in table.itertuples():
+        shown = f"``{row.comparison}`` {value(row.delta_mean)} [{value(row.ci_low)}, {value(row.ci_high)}]"
+        assert f"{shown}, n = 3, n too small, detectable none at this n" in caption, shown
+    assert "With 3 seed pairs no comparison is decided" in caption and "at most 1e-29" in caption
+    tex = appendix.figure_caption("fig6", tmp_path)["caption"]
+    assert tex.startswith(r"\textbf{does identification change") and "$-$0.05" in tex  # a true minus sign

@@ -218,6 +218,20 @@ def test_the_detectable_effect_has_80_percent_power_in_a_simulation():
     assert statistics.detectable_effect(0.0, 8, 0.01) == 0.0
 
 
+def test_the_power_of_a_paper_sized_family_is_a_number():
+    """16 seeds and a family of 12 (paper.yaml's size): the t-test's lower tail lies where scipy's
+    noncentral-t cdf gives NaN; the power is still the two tails' sum, and the detectable effect is found."""
+    level = 0.05 / 12
+    power = statistics.t_test_power(2.0, 16, level)
+    critical = scipy_stats.t.ppf(1 - level / 2, 15)
+    upper = scipy_stats.nct.sf(critical, 15, 8.0)  # the mean 2 sd above 0: all but a sliver is the upper tail
+    assert math.isfinite(power) and upper <= power < upper + 1e-12
+    # a mean 0.5 sd below 0 is as detectable as one 0.5 sd above
+    assert statistics.t_test_power(-0.5, 16, level) == pytest.approx(statistics.t_test_power(0.5, 16, level))
+    effect = statistics.detectable_effect(1.0, 16, level)
+    assert statistics.t_test_power(effect, 16, level) == pytest.approx(0.8, abs=1e-9)
+
+
 def test_estimates_refuse_bad_input():
     with pytest.raises(ValueError, match="at least 2"):
         statistics.estimate_paired([0.1])

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from figure_checks import invisible_legend_entries, overlapping_labels
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines, train_jobs
 from scipy import stats
 from synthetic_runs import write_run
@@ -22,7 +23,9 @@ from system_packages import needs
 from attnid.cli import main
 from attnid.plan import plan
 from attnid.plan import studies as study_plan
-from attnid.reports import figures, latex, studies
+from attnid.reports import appendix, figures, studies
+from attnid.reports.figures import fig5_identification_study
+from attnid.reports.figures.inputs import Sources
 from attnid.theory import counts
 
 # ---------------------------------------------------------------------------- planning
@@ -361,18 +364,19 @@ def test_figure_5_is_drawn_and_included_in_the_appendix(synthetic_study, tmp_pat
     studies.write_study_tables(
         {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
     )
-    paths = figures.figure_identification_study(tables, tmp_path / "figs")
-    assert sorted(p.name for p in paths) == ["fig5.pdf", "fig5.png"]
-    assert all(p.stat().st_size > 5_000 for p in paths)
-    fig = figures.draw_identification_study(
+    paths = figures.make_figure("fig5", Sources(tables=tables), tmp_path / "figs")
+    assert sorted(p.name for p in paths) == ["fig5.pdf", "fig5.png", "fig5.rst"]
+    assert all(p.stat().st_size > 5_000 for p in paths if p.suffix != ".rst")
+    fig = fig5_identification_study.draw_identification_study(
         pd.read_csv(tables / "heads.csv"), pd.read_csv(tables / "variants.csv")
     )
     fraction_axis = fig.axes[0]
     curve = fraction_axis.get_lines()[0]
     h = curve.get_xdata()
     np.testing.assert_allclose(curve.get_ydata(), 1 - 1 / (2 * h))  # the closed form T3
-    assert "fig5" in latex.FIGURES and "fig5" in latex.OPTIONAL_FIGURES
-    caption = latex.figure_caption("fig5")
+    assert not invisible_legend_entries(fig) and not overlapping_labels(fig)
+    assert figures.registry()["fig5"].stage == "studies"
+    caption = appendix.figure_caption("fig5", tmp_path / "figs")
     assert caption["title"].startswith("does identification buy anything")
 
 
@@ -381,7 +385,7 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
     studies.write_study_tables(
         {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
     )
-    text = latex.render_appendix(
+    text = appendix.render_appendix(
         *_theory(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables
     )
     assert r"\section{Does identification buy anything?}" in text
@@ -398,7 +402,7 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
     ],
 )
 def test_figure_5_labels_are_spread_at_least_a_gap_apart_and_stay_near_their_points(values, gap):
-    positions = figures.spread_positions(values, gap)
+    positions = fig5_identification_study.spread_positions(values, gap)
     assert len(positions) == len(values)
     assert all(b - a >= gap - 1e-12 for a, b in zip(positions, positions[1:]))  # order kept, no overlap
     assert sum(positions) == pytest.approx(sum(values))  # centred on the points
@@ -417,10 +421,12 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     figs.mkdir()
     for i in range(1, 6):
         (figs / f"fig{i}.pdf").write_bytes(b"%PDF-1.4 /MediaBox [0 0 400 300]")
+        caption = figures.fill_caption(figures.registry()[f"fig{i}"].caption_template, {})
+        (figs / f"fig{i}.rst").write_text(caption, encoding="utf-8")
     out = tmp_path / "paper" / "appendix.tex"
-    full = latex.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
+    full = appendix.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
     assert "fig5.pdf" in full and r"\label{tab:study-heads}" in full and "PRUNE-LEFTOVER" in full
-    lean = latex.render_appendix(
+    lean = appendix.render_appendix(
         *_theory(tmp_path), out, experiment_tables=tables, figures=figs, omit=("studies", "edits")
     )
     for leftover in (
@@ -435,10 +441,7 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     # the figures command: no Figure 5 from the leftover study tables with --no-studies
     (tables / "sweep.csv").write_text("optimizer\n")
     drawn = []
-    for name in ("figure_identification", "figure_training", "figure_conservation", "figure_sweep"):
-        monkeypatch.setattr(figures, name, lambda *args, **kwargs: [])
-    monkeypatch.setattr(figures, "figure_identification_study", lambda *args: drawn.append("fig5") or [])
-    monkeypatch.setattr(figures, "load_runs_by_case", lambda *args: {"adamw": ["a run"]})
+    monkeypatch.setattr(figures, "make_figure", lambda name, *args: drawn.append(name) or [])
     theory = _theory(tmp_path)[0].parent
     assert (
         main(
@@ -457,7 +460,8 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
         )
         == 0
     )
-    assert drawn == []
+    assert drawn == ["fig1", "fig2", "fig3", "fig4"]
+    drawn.clear()
     assert (
         main(
             [
@@ -474,7 +478,7 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
         )
         == 0
     )
-    assert drawn == ["fig5"]
+    assert drawn == ["fig1", "fig2", "fig3", "fig4", "fig5"]
 
 
 def _theory(tmp_path):
@@ -582,7 +586,7 @@ def test_bad_study_shape_is_a_one_line_config_error(tmp_path):
 
 
 @pytest.mark.slow
-@needs("latexmk")
+@needs("latexmk", "siunitx.sty")
 def test_study_tables_fit_the_page(tmp_path):
     """The widest cells a study table gets (ρ in scientific notation, a long shape, millions of
     parameters) compile at 9 pt with no box more than 5 pt too wide."""
@@ -607,9 +611,9 @@ def test_study_tables_fit_the_page(tmp_path):
     studies.write_study_tables({"variants": sorted((tmp_path / "studies/variants").glob("*/seed*"))}, tables)
     paper.mkdir()
     shutil.copy(REPO / "paper" / "main.tex", paper / "main.tex")
-    text = latex.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+    text = appendix.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
     (paper / "appendix.tex").write_text(text)
-    latex.compile_pdf(paper / "main.tex")
+    appendix.compile_pdf(paper / "main.tex")
     log = (paper / "main.log").read_text(errors="replace")
     widths = [float(w) for w in re.findall(r"Overfull \\hbox \(([\d.]+)pt too wide\)", log)]
     assert not widths or max(widths) <= 5.0, re.findall(r"Overfull.*", log)

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 from synthetic_runs import write_run, write_study
 
-from attnid.reports import latex, tables
+from attnid.reports import claims as claims_module
+from attnid.reports import latex, round_off, tables
 from attnid.training import rundir
 
 
@@ -106,7 +107,8 @@ def test_round_off_claims_on_float32_runs_are_not_applicable(tmp_path):
         "E1 sgd sweep beta_ov slope in [1.8, 2.2]",
         "E2 sgd_wd drift1 = prediction (rel. error < 1e-6)",
     ]
-    assert (claims.loc[float64_only, "result"] == tables.NOT_APPLICABLE).all(), claims.loc[float64_only]
+    not_applicable = claims.loc[float64_only, "result"] == claims_module.NOT_APPLICABLE
+    assert not_applicable.all(), claims.loc[float64_only]
     assert (claims.loc[float64_only, "dtype"] == "float32").all()
     others = claims.drop(index=float64_only)
     assert (others["result"] == "pass").all(), others[["measured", "result"]]
@@ -119,14 +121,14 @@ def test_round_off_claims_on_float32_runs_are_not_applicable(tmp_path):
 
 
 def test_runs_from_before_the_dtype_field_read_as_their_devices_default():
-    assert tables.run_dtype({"device": "cpu"}) == "float32"
-    assert tables.run_dtype({"device": "cuda"}) == "bf16"
-    assert tables.run_dtype({"device": "cuda", "dtype": "bfloat16"}) == "bf16"
-    assert tables.run_dtype({"device": "cpu", "dtype": "float64"}) == "float64"
-    assert tables.resolves("float64", tables.FLOAT64_ONLY) and not tables.resolves(
-        "float32+float64", tables.FLOAT64_ONLY
+    assert round_off.run_dtype({"device": "cpu"}) == "float32"
+    assert round_off.run_dtype({"device": "cuda"}) == "bf16"
+    assert round_off.run_dtype({"device": "cuda", "dtype": "bfloat16"}) == "bf16"
+    assert round_off.run_dtype({"device": "cpu", "dtype": "float64"}) == "float64"
+    assert claims_module.resolves("float64", claims_module.FLOAT64_ONLY) and not claims_module.resolves(
+        "float32+float64", claims_module.FLOAT64_ONLY
     )
-    assert not tables.resolves("", tables.FLOAT64_ONLY) and tables.resolves("bf16", None)
+    assert not claims_module.resolves("", claims_module.FLOAT64_ONLY) and claims_module.resolves("bf16", None)
 
 
 def test_claims_fail_or_go_missing_when_the_runs_do_not_show_them(tmp_path):
@@ -170,7 +172,7 @@ def test_every_file_is_written_and_latex_is_escaped(study):
     ):
         assert (out / name).stat().st_size > 0, name
     cases_tex = (out / "cases.tex").read_text()
-    assert r"sgd\_wd" in cases_tex and r"$\pm$" in cases_tex and "\\begin{tabular}" in cases_tex
+    assert r"sgd\_wd" in cases_tex and " +- " in cases_tex and "\\begin{tabular}" in cases_tex
     assert cases_tex.count("\\\\") == 1 + 4  # header + one row per case
     sweep_tex = (out / "sweep.tex").read_text()
     assert "diverged" in sweep_tex and "slope" in sweep_tex
@@ -178,10 +180,19 @@ def test_every_file_is_written_and_latex_is_escaped(study):
 
 
 def test_tex_number_formats():
-    assert latex.tex_number(0.1234) == "0.123"
-    assert latex.tex_number(1.5e-9) == r"$1.50\times10^{-9}$"
+    """siunitx typesets every number (true minus signs, a x 10^b); a mean and its spread share one box."""
+    assert latex.tex_number(0.1234) == r"\num{0.123}"
+    assert latex.tex_number(-1.5e-9) == r"\num{-1.50e-9}"
     assert latex.tex_number(float("nan")) == "--" and latex.tex_number(None) == "--"
-    assert latex.tex_mean_sd(2.0, 1.0) == r"2 $\pm$ 1"
+    assert latex.table_number(0.0546) == "5.46e-2" and latex.table_number(None) == "{--}"
+    assert latex.table_number(0.5, 3, 1e-3) == "0.5"
+    assert latex.table_format([0.0546, 2.53e-30, 15.1, None, -3.2]) == "-2.2e-2"
+    assert latex.table_format([1, 2, 36]) == "2"
+    assert latex.tex_mean_sd(2.0, 1.0) == r"\mbox{\num{2.00 +- 1.00}}"
+    assert latex.tex_mean_sd(4.13e-27, 5.0e-27) == r"\mbox{\num{4.13 +- 5.00 e-27}}"
+    assert latex.tex_mean_sd(0.06, 2.2e-3) == r"\mbox{\num{0.0600 +- 0.0022}}"
+    # a spread below the mean's last digit: both numbers in full, never "0.139 +- 0.000"
+    assert latex.tex_mean_sd(0.139, 1.1e-5) == r"\mbox{\num{0.139} $\pm$ \num{1.1e-5}}"
 
 
 def test_cli_without_runs_is_one_line(tmp_path):

@@ -498,7 +498,7 @@ def test_corrupt_checkpoint_is_moved_aside_with_one_line(prepared_data_dir, tmp_
 
 def test_a_registered_case_trains_through_the_normal_code_path(prepared_data_dir, tmp_path, capsys):
     """Adding a case is one Case record: the flags, the help, training, run.json and the plot style follow."""
-    from attnid.reports import figures
+    from attnid.reports.figures import style
     from attnid.training import cases
 
     def nesterov(model, cfg, device_type):
@@ -545,7 +545,7 @@ def test_a_registered_case_trains_through_the_normal_code_path(prepared_data_dir
         )  # a non-rebalancing case: tau probed
         groups = torch.load(out / "ckpt.pt", weights_only=True)["optimizer"]["param_groups"]
         assert all(group["nesterov"] and group["momentum"] == 0.9 for group in groups)
-        assert figures.case_style("sgd_nesterov")["color"] == "#56B4E9"
+        assert style.case_style("sgd_nesterov")["color"] == "#56B4E9"
     finally:
         cases.unregister("sgd_nesterov")
     assert "sgd_nesterov" not in CASES

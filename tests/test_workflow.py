@@ -309,11 +309,13 @@ def _imports(text: str) -> dict[str, set[str]]:
     return found
 
 
-# What the workflow may import of the package: the plan's public names, and the figures' captions
-# (package data the report shows). Everything else it knows of a run comes from the plan.
+# What the workflow may import of the package: the plan's public names; the figures' registry (what each
+# figure reads, for the one `figure` rule) and the report's table pages (which tables have a page).
+# Everything else it knows of a run comes from the plan.
 WORKFLOW_SURFACE = {
     "attnid.plan": set(__import__("attnid.plan").plan.__all__),
-    "attnid.reports.latex": {"caption_file"},
+    "attnid.reports.figures": {"registry"},
+    "attnid.reports.report_pages": {"TABLE_PAGES", "table_pages"},
     # the counts' input: the published shapes, package data (docs/design.md §6)
     "attnid.theory.architectures": {"PACKAGED_ARCHITECTURES"},
 }

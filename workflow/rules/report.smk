@@ -1,33 +1,53 @@
-# Tables, figures 1-6 (with report captions) and the LaTeX appendix, under the config's results_dir.
-# Figure captions are package data (attnid/reports/templates/captions), shared with the LaTeX appendix;
-# Figure 6's is filled with the build's numbers by `attnid figures` (fig6.rst next to the figure).
+# Tables, figures, the report's pages and the LaTeX appendix, under the config's results_dir.
+# Each figure is one module of attnid.reports.figures (the registry): the one `figure` rule draws figN from
+# exactly the files its module's INPUTS names, and writes its caption filled with the build's numbers
+# (figN.rst next to figN.png), which the report and the appendix show.
+# `snakemake --report report.html` (with the build's --configfile) opens on the claims (the landing text
+# report/index.rst), then has every figure with its caption, then the tables (rule report_pages).
 
+from attnid.reports.figures import registry
+from attnid.reports.report_pages import TABLE_PAGES, table_pages
 
-# Figures 1-4 always; Figure 5 draws the identification studies and Figure 6 the interventions, when the
-# config has them.
-FIGURE_NUMBERS = (
-    [1, 2, 3, 4] + ([5] if STUDY_RUN_DIRS else []) + ([6] if INTERVENTIONS else [])
-)
-# The caption a figure's report entry shows: the package's, or the one its build filled in.
-FIGURE_CAPTIONS = {
-    i: (
-        os.path.abspath(f"{FIGURES_DIR}/fig{i}.rst")
-        if i == 6
-        else caption_file(f"fig{i}")
-    )
-    for i in FIGURE_NUMBERS
+# The optional stages this config runs: a figure of a stage (its module's STAGE) is drawn only with it.
+STAGES = {
+    "studies": bool(STUDY_RUN_DIRS),
+    "edits": bool(EDITS),
+    "interventions": bool(INTERVENTIONS),
 }
+FIGURES = {
+    name: figure
+    for name, figure in registry().items()
+    if figure.stage is None or STAGES[figure.stage]
+}
+FIGURE_FILES = [
+    f"{FIGURES_DIR}/{name}.{ext}" for name in FIGURES for ext in ("png", "pdf", "rst")
+]
+# What a figure's sources (attnid.reports.figures.inputs) are in this build: a folder and the files this
+# build makes there, or the run directories of a group.
+SOURCE_FOLDERS = {"theory": THEORY_DIR, "tables": TABLES_DIR}
+SOURCE_FILES = {
+    "theory": [*rules.counts.output, *rules.verify.output],
+    "tables": TABLE_FILES
+    + STUDY_TABLE_FILES
+    + EDITS_TABLE_FILES
+    + INTERVENTION_TABLE_FILES,
+}
+SOURCE_RUNS = {
+    "runs": RUN_DIRS,
+    "intervention_runs": INTERVENTION_RUN_DIRS,
+    "identity_runs": PLAN.identity_runs,
+}
+REPORT_DIR = f"{RESULTS}/report"
+# The table pages of the report this build has: {page: its CSVs}.
+REPORT_PAGES = table_pages(os.path.basename(path) for path in SOURCE_FILES["tables"])
+
+
+report: os.path.abspath(f"{REPORT_DIR}/index.rst")
+
+
 # The optional stages this config leaves out: their files of an earlier build are never shown
 # (the interventions' table appears once the config has an interventions stage).
-OMITTED_PARTS = [
-    part
-    for part, on in (
-        ("studies", STUDY_RUN_DIRS),
-        ("edits", EDITS),
-        ("interventions", config.get("interventions")),
-    )
-    if not on
-]
+OMITTED_PARTS = [stage for stage, on in STAGES.items() if not on]
 
 
 rule tables:
@@ -50,39 +70,87 @@ rule tables:
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
-rule figures:
+rule figure:
     input:
-        tables=TABLE_FILES,
-        studies=STUDY_TABLE_FILES,
-        runs=RUN_OUTPUTS,
-        interventions=INTERVENTION_OUTPUTS,
-        counts=rules.counts.output.counts,
-        nullity=rules.verify.output[0],
+        lambda wildcards: FIGURES[wildcards.figure].input_files(
+            SOURCE_FILES, SOURCE_RUNS
+        ),
     output:
-        [
-            report(
-                f"{FIGURES_DIR}/fig{i}.png",
-                caption=FIGURE_CAPTIONS[i],
-                category="Figures",
-            )
-            for i in FIGURE_NUMBERS
-        ],
-        [f"{FIGURES_DIR}/fig{i}.pdf" for i in FIGURE_NUMBERS],
-        [f"{FIGURES_DIR}/fig6.rst"] if INTERVENTIONS else [],
+        png=f"{FIGURES_DIR}/{{figure}}.png",
+        pdf=f"{FIGURES_DIR}/{{figure}}.pdf",
+        caption=f"{FIGURES_DIR}/{{figure}}.rst",
     log:
-        f"{LOGS}/figures.log",
+        f"{LOGS}/figures/{{figure}}.log",
+    wildcard_constraints:
+        figure="|".join(FIGURES),
     conda:
         ENV
     params:
-        **RUN_SELECTION,
-        tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
-        theory=lambda wildcards, input: os.path.dirname(input.nullity),
-        out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-        studies="" if STUDY_RUN_DIRS else "--no-studies",
-        interventions=INTERVENTION_SELECTION,
+        sources=lambda wildcards: FIGURES[wildcards.figure].source_flags(
+            SOURCE_FOLDERS, SOURCE_RUNS
+        ),
+        out_dir=lambda wildcards, output: os.path.dirname(output.png),
     shell:
-        "attnid figures --tables {params.tables:q} --runs {params.runs} {params.studies} {params.interventions}"
-        " --theory-dir {params.theory:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        "attnid figures {wildcards.figure} {params.sources} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+rule report_pages:
+    input:
+        claims=f"{TABLES_DIR}/claims.csv",
+        tables=[
+            f"{TABLES_DIR}/{name}" for names in REPORT_PAGES.values() for name in names
+        ],
+        figures=[
+            f"{FIGURES_DIR}/{name}.{ext}" for name in FIGURES for ext in ("png", "rst")
+        ],
+    output:
+        index=f"{REPORT_DIR}/index.rst",
+        claims=report(
+            f"{REPORT_DIR}/claims.html",
+            category="Claims",
+            labels={
+                "table": "claims",
+                "shows": "every claim, its number and threshold",
+            },
+        ),
+        figures=[
+            report(
+                f"{REPORT_DIR}/{name}.html",
+                caption=os.path.abspath(f"{FIGURES_DIR}/{name}.rst"),
+                category="Figures",
+                labels={
+                    "figure": f"Figure {figure.number}",
+                    "shows": figure.title,
+                },
+            )
+            for name, figure in FIGURES.items()
+        ],
+        tables=[
+            report(
+                f"{REPORT_DIR}/{page}.html",
+                category="Tables",
+                labels={
+                    "table": TABLE_PAGES[page][0].split(":")[0],
+                    "shows": TABLE_PAGES[page][0].split(": ")[1],
+                },
+            )
+            for page in REPORT_PAGES
+        ],
+    log:
+        f"{LOGS}/report_pages.log",
+    conda:
+        ENV
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.claims),
+        figures=lambda wildcards, input: os.path.dirname(input.figures[0]),
+        names=" ".join(FIGURES),
+        pages=" ".join(REPORT_PAGES),
+        title=f"the {os.path.basename(RESULTS)} build ({RESULTS})",
+        out_dir=lambda wildcards, output: os.path.dirname(output.index),
+    shell:
+        "attnid report-pages --tables {params.tables:q} --figures {params.figures:q}"
+        " --figure-names {params.names} --pages {params.pages} --title {params.title:q}"
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 # The LaTeX main document's source stays paper/main.tex; each config compiles its own copy,
@@ -111,7 +179,7 @@ rule appendix:
         studies=STUDY_TABLE_FILES,
         edits=EDITS_TABLE_FILES,
         interventions=INTERVENTION_TABLE_FILES,
-        figures=rules.figures.output,
+        figures=[path for path in FIGURE_FILES if not path.endswith(".png")],
         main=rules.paper_main.output,
     output:
         **({"pdf": f"{PAPER_DIR}/main.pdf"} if want_pdf() else {}),

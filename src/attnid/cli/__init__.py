@@ -67,6 +67,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "appendix": ("attnid.cli.reports", "render paper/appendix.tex from the jinja2 templates"),
     "tables": ("attnid.cli.reports", "gather run logs into per-run, per-case and LR-sweep tables"),
+    "report-pages": (
+        "attnid.cli.reports",
+        "the Snakemake report's pages: the claims first, each figure with its caption, each table",
+    ),
     "figures": ("attnid.cli.reports", "draw figures 1-6 from the tables and logs"),
     "studies": (
         "attnid.cli.reports",

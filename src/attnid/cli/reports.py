@@ -136,11 +136,21 @@ def run_tables(args: argparse.Namespace) -> int:
 
 
 def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tables", required=True, help="results/tables (sweep.csv, sweep_slopes.csv)")
+    parser.add_argument(
+        "figures",
+        nargs="*",
+        metavar="FIGURE",
+        help="draw only these (fig1, fig2, ...; each needs the sources its module's INPUTS name); by default "
+        "every figure without an optional stage, and fig5 / fig6 where the studies' / the interventions' "
+        "tables are given",
+    )
+    parser.add_argument("--tables", default=None, help="results/tables (sweep.csv, sweep_slopes.csv, ...)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
-    parser.add_argument("--theory-dir", required=True, help="results/theory (counts.csv, nullity.csv)")
+    parser.add_argument("--theory-dir", default=None, help="results/theory (counts.csv, nullity.csv)")
     add_intervention_run_arguments(parser)
-    parser.add_argument("--out-dir", required=True, help="where fig1..fig4 (and fig5, fig6) .png/.pdf go")
+    parser.add_argument(
+        "--out-dir", required=True, help="where each figure's .png, .pdf and filled caption .rst go"
+    )
     parser.add_argument(
         "--no-studies",
         dest="studies",
@@ -151,28 +161,37 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_figures(args: argparse.Namespace) -> int:
     # lazy: pandas and scipy, which --help does not wait for
-    from attnid.reports.figures import make_figures
+    from attnid.reports.figures import default_figures, make_figure, registry
+    from attnid.reports.figures.inputs import Sources
 
     check_run_selection(args)
+    sources = Sources(
+        theory=None if args.theory_dir is None else Path(args.theory_dir),
+        tables=None if args.tables is None else Path(args.tables),
+        runs_dir=None if args.runs_dir is None else Path(args.runs_dir),
+        runs=args.runs,
+        intervention_runs=args.intervention_runs,
+        identity_runs=args.identity_runs,
+    )
+    unknown = [name for name in args.figures if name not in registry()]
+    if unknown:
+        raise UserError(f"no figure {', '.join(unknown)}: the figures are {', '.join(registry())}")
+    names = args.figures or default_figures(sources, frozenset() if args.studies else frozenset({"studies"}))
     declare_report_files(args, *files_in(args.tables, "*.csv"), *files_in(args.theory_dir, "*.csv"))
+    paths: list[Path] = []
     with written_by("attnid tables, counts, verify or train"):
-        paths = make_figures(
-            args.tables,
-            args.runs_dir,
-            args.theory_dir,
-            args.out_dir,
-            args.runs,
-            studies=args.studies,
-            intervention_runs=args.intervention_runs,
-            identity_runs=args.identity_runs,
-        )
+        for name in names:
+            paths += make_figure(name, sources, args.out_dir)
     print(f"wrote {len(paths)} files to {args.out_dir}")
     return 0
 
 
 def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     # lazy: pandas and scipy, which --help does not wait for
-    from attnid.reports.latex import FIGURES, OPTIONAL_PARTS
+    from attnid.reports.appendix import optional_parts
+    from attnid.reports.figures import registry
+
+    parts = optional_parts()
 
     parser.add_argument("--counts", default="results/theory/counts.csv", help="default: %(default)s")
     parser.add_argument("--nullity", default="results/theory/nullity.csv", help="default: %(default)s")
@@ -195,7 +214,8 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--figures",
         default=None,
-        help=f"folder with {', '.join(name + '.pdf' for name in FIGURES)} to include",
+        help=f"folder with {', '.join(name + '.pdf' for name in registry())} (and the captions attnid "
+        "figures filled in, .rst) to include",
     )
     parser.add_argument(
         "--templates",
@@ -207,16 +227,16 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
         "--omit",
         nargs="+",
         default=[],
-        choices=sorted(OPTIONAL_PARTS),
+        choices=sorted(parts),
         metavar="PART",
         help="leave out the tables and figures of these optional stages even where files of an "
-        f"earlier build exist ({', '.join(sorted(OPTIONAL_PARTS))})",
+        f"earlier build exist ({', '.join(sorted(parts))})",
     )
 
 
 def run_appendix(args: argparse.Namespace) -> int:
     # lazy: pandas and scipy, which --help does not wait for
-    from attnid.reports.latex import compile_pdf, render_appendix
+    from attnid.reports.appendix import compile_pdf, render_appendix
 
     rule = outputs.current()
     rule.read(
@@ -228,6 +248,7 @@ def run_appendix(args: argparse.Namespace) -> int:
         args.templates,
         *files_in(args.experiment_tables, "*.tex"),
         *files_in(args.figures, "*.pdf"),
+        *files_in(args.figures, "*.rst"),
     )
     rule.write(args.out, outputs.TEX, "--out")
     if args.pdf:
@@ -251,6 +272,48 @@ def run_appendix(args: argparse.Namespace) -> int:
     write_text_atomic(args.out, text, outputs.TEX)
     if args.pdf:
         compile_pdf(Path(args.out).resolve().parent / "main.tex")
+    return 0
+
+
+def add_report_pages_arguments(parser: argparse.ArgumentParser) -> None:
+    from attnid.reports.report_pages import TABLE_PAGES
+
+    parser.add_argument("--tables", required=True, help="results/<config>/tables (claims.csv and the others)")
+    parser.add_argument("--figures", required=True, help="results/<config>/figures (figN.png and figN.rst)")
+    parser.add_argument(
+        "--figure-names",
+        nargs="*",
+        default=[],
+        metavar="FIGURE",
+        help="the figures to show (fig1, fig2, ...)",
+    )
+    parser.add_argument(
+        "--pages",
+        nargs="*",
+        default=[],
+        choices=sorted(TABLE_PAGES),
+        metavar="PAGE",
+        help=f"the table pages to write ({', '.join(TABLE_PAGES)})",
+    )
+    parser.add_argument(
+        "--title", required=True, help="what the landing page calls the build (e.g. its results_dir)"
+    )
+    parser.add_argument("--out-dir", required=True, help="where index.rst and the .html pages go")
+
+
+def run_report_pages(args: argparse.Namespace) -> int:
+    from attnid.reports.report_pages import write_report_pages
+
+    rule = outputs.current()
+    rule.read(
+        *files_in(args.tables, "*.csv"), *files_in(args.figures, "*.png"), *files_in(args.figures, "*.rst")
+    )
+    rule.write_dir(args.out_dir, "--out-dir")
+    with written_by("attnid tables, studies, edits-table, interventions-table or figures"):
+        written = write_report_pages(
+            args.tables, args.figures, args.out_dir, args.title, args.figure_names, args.pages
+        )
+    print(f"wrote {len(written)} report pages to {args.out_dir}")
     return 0
 
 

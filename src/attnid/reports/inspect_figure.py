@@ -3,7 +3,7 @@
 
 μ is zero at a balanced point and never negative, so rounding the weights of a balanced model to the
 precision they are stored in moves μ at second order: its round-off floor is the square of that
-precision's unit round-off (:func:`attnid.reports.figures.round_off_floor` with ``order=2``; never below
+precision's unit round-off (:func:`attnid.reports.round_off.round_off_floor` with ``order=2``; never below
 float64's, in which μ is computed). As in Figures 2-4, values at round-off are not drawn as data: a
 labelled floor band names the circuits that sit there (a balanced model's μ).
 """
@@ -13,14 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnid.common.files import atomic_path
-from attnid.reports.figures import (
-    PANEL_HEIGHT,
-    PANEL_WIDTH,
-    _pyplot,
-    draw_floor_bands,
-    round_off_ceiling,
-    styled,
-)
+from attnid.reports.figures.series import draw_floor_bands
+from attnid.reports.figures.style import PANEL_HEIGHT, PANEL_WIDTH, pyplot, styled
+from attnid.reports.round_off import round_off_ceiling
 
 MU_ROUND_OFF_ORDER = 2  # μ sits at its minimum when balanced: rounding moves it at second order
 
@@ -34,7 +29,7 @@ CIRCUIT_STYLE = {"qk": {"color": "#1f77b4", "marker": "o"}, "ov": {"color": "#d6
 def plot_inspection(report: dict, path: str | Path, title: str = "") -> Path:
     """Draw μ_QK and μ_OV against the layer index (log scale) from an ``attnid inspect`` report; write
     ``path`` (PNG) atomically."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator
 
     precision = PRECISION_OF_DTYPE.get(str(report.get("dtype")), "float32")

@@ -458,17 +458,31 @@ def comparison_tex(row: dict) -> str:
 
 
 def _detectable_tex(row: dict) -> str:
-    """The detectable effect's cell: ``none`` below the rule's minimum n (the test cannot reject at all)."""
-    from attnid.reports.latex import tex_number
+    """The detectable effect's cell of its siunitx column: ``none`` below the rule's minimum n (the test
+    cannot reject at all)."""
+    from attnid.reports.latex import table_number
 
     value = row["detectable_effect"]
-    return "none" if value is not None and math.isinf(value) else tex_number(value, 2)
+    return "{none}" if value is not None and math.isinf(value) else table_number(value, 2)
+
+
+def _interval_tex(row: dict) -> str:
+    """The t-interval's cell, its ends written as the mean's column writes numbers; -- without one."""
+    from attnid.reports.latex import siunitx_number
+
+    low, high = siunitx_number(row["ci_low"], 2, 1.0), siunitx_number(row["ci_high"], 2, 1.0)
+    return "--" if low is None or high is None else rf"[\num{{{low}}}, \num{{{high}}}]"
 
 
 def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = None) -> str:
     """``interventions.tex`` from templates/interventions.tex.j2 (attnid.tables' renderer)."""
     rows = [
-        row | {"comparison_tex": comparison_tex(row), "detectable_tex": _detectable_tex(row)}
+        row
+        | {
+            "comparison_tex": comparison_tex(row),
+            "detectable_tex": _detectable_tex(row),
+            "interval_tex": _interval_tex(row),
+        }
         for row in records(table)
     ]
     family = table[table["in_family"].astype(bool)] if len(table) else table
@@ -487,6 +501,7 @@ def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = Non
         exact_seeds=EXACT_SIGN_FLIP_SEEDS,
         bootstrap_seeds=BOOTSTRAP_MIN_SEEDS,
         cost_source=costs.source if costs is not None else None,
+        interaction=INTERACTION in set(table["comparison"]) if len(table) else False,
     )
 
 

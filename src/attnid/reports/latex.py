@@ -1,6 +1,4 @@
-"""LaTeX rendering: jinja2 helpers and ``attnid appendix`` (paper/appendix.tex).
-
-Reusable helpers (the experiment tables in tables.py use them too):
+"""TeX formatting and the one table renderer (jinja2); the appendix itself is :mod:`attnid.reports.appendix`.
 
 * :func:`latex_environment` -- a jinja2 environment whose delimiters cannot
   clash with TeX: ``\\VAR{expr}`` prints, ``\\BLOCK{for ...}`` / ``\\BLOCK{endfor}``
@@ -10,13 +8,7 @@ Reusable helpers (the experiment tables in tables.py use them too):
 * :func:`render_table` -- render one template (a file name in the template
   folder, or template text) with ``rows`` (a list of dicts or a DataFrame).
 
-The templates are package data, ``attnid/reports/templates/``: ``appendix.tex.j2`` is the
-skeleton, ``counts.tex.j2`` (A1), ``nullity.tex.j2`` (A2), ``single_head.tex.j2``
-(A3), ``whole_model.tex.j2`` (A4) and ``census.tex.j2`` (A5, the whole-model census),
-``experiment_*.tex.j2`` (the tables of ``attnid tables``). The figure
-captions, ``attnid/reports/templates/captions/<figure>.rst``, are shared with the Snakemake
-report (``report(..., caption=...)`` in workflow/rules/report.smk): a new figure is
-its caption file plus its name in :data:`FIGURES`.
+The templates are package data, ``attnid/reports/templates/``.
 """
 
 from __future__ import annotations
@@ -24,19 +16,12 @@ from __future__ import annotations
 import importlib.resources
 import math
 import os
-import re
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnid.common import outputs
 from attnid.common.errors import UserError
-from attnid.common.files import atomic_path
-from attnid.reports.studies import STUDIES
 
 if TYPE_CHECKING:
     import jinja2
@@ -125,29 +110,81 @@ def nullity_gap(row: Mapping[str, Any]) -> str:
     return rf"$\infty^{{{GAP_MARKS[note]}}}$" if note else scientific(row["gap"])
 
 
-def tex_number(value: Any, digits: int = 3) -> str:
-    """A number for a table cell: plain for moderate magnitudes, a×10^b otherwise, -- for missing."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return "--"
-    if not math.isfinite(value):
-        return "--"
-    if value == 0:
+def siunitx_number(value: Any, digits: int = 3, plain_from: float = 1e-2) -> str | None:
+    """A number as siunitx reads it: ``digits`` significant digits, plain from ``plain_from`` up to 1e4
+    (``0.0546``), mantissa and exponent otherwise (``2.53e-30``); None for a missing one (not a number, NaN,
+    inf). The appendix typesets it with true minus signs and ``× 10^b`` (paper/main.tex's ``\\sisetup``)."""
+    number = finite_or_none(value)
+    if number is None:
+        return None
+    if number == 0:
         return "0"
-    if 1e-2 <= abs(value) < 1e4:
-        return f"{value:.{digits}g}"
-    mantissa, exponent = f"{value:.{digits - 1}e}".split("e")
-    return f"${mantissa}\\times10^{{{int(exponent)}}}$"
+    if plain_from <= abs(number) < 1e4:
+        return f"{number:.{digits}g}"
+    mantissa, exponent = f"{number:.{digits - 1}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def tex_number(value: Any, digits: int = 3) -> str:
+    """A number for text or a table cell, ``\\num{...}`` (:func:`siunitx_number`); -- for missing."""
+    shown = siunitx_number(value, digits)
+    return "--" if shown is None else rf"\num{{{shown}}}"
+
+
+# In an aligned column a number below 1 is written with its exponent (5.46e-2, not 0.0546): every number
+# then has at most digits - 1 decimals, and the column stays as narrow as its widest mantissa.
+TABLE_PLAIN_FROM = 1.0
+
+
+def table_number(value: Any, digits: int = 3, plain_from: float = TABLE_PLAIN_FROM) -> str:
+    """A number for a siunitx ``S`` column, aligned on its decimal marker; ``{--}`` for missing."""
+    shown = siunitx_number(value, digits, plain_from)
+    return "{--}" if shown is None else shown
+
+
+def table_format(values: Iterable[Any], digits: int = 3, plain_from: float = TABLE_PLAIN_FROM) -> str:
+    """The siunitx ``table-format`` of an ``S`` column holding ``values`` as :func:`table_number` writes them:
+    room for the longest sign, integer part, decimals and exponent among them (``-1.4e-2``), so the column is
+    as wide as its widest number and aligned on the decimal marker."""
+    sign = integer = decimals = power = 0
+    exponent_sign = ""
+    for value in values:
+        shown = siunitx_number(value, digits, plain_from)
+        if shown is None:
+            continue
+        mantissa, _, exponent = shown.partition("e")
+        sign = max(sign, mantissa.startswith("-"))
+        whole, _, fraction = mantissa.lstrip("-").partition(".")
+        integer, decimals = max(integer, len(whole)), max(decimals, len(fraction))
+        if exponent:
+            power = max(power, len(exponent.lstrip("-")))
+            exponent_sign = exponent_sign or ("-" if exponent.startswith("-") else "")
+    shape = f"{'-' * sign}{max(integer, 1)}.{decimals}" if decimals else f"{'-' * sign}{max(integer, 1)}"
+    return shape + (f"e{exponent_sign}{power}" if power else "")
 
 
 def tex_mean_sd(mean: Any, sd: Any, digits: int = 3) -> str:
-    if sd is None or not math.isfinite(float(sd)):
+    """A mean with the seeds' sd in one box that never breaks across lines: ``\\num{m +- s}``, the sd to the
+    mean's last digit and in its exponent (``(4.13 ± 5.00) × 10^-27``), or the two numbers apart where the
+    sd rounds to 0 there; the mean alone without an sd."""
+    m, s = finite_or_none(mean), finite_or_none(sd)
+    if m is None or s is None:
         return tex_number(mean, digits)
-    return f"{tex_number(mean, digits)} $\\pm$ {tex_number(sd, 2)}"
+    exponent = 0
+    shown = f"{m:#.{digits}g}".rstrip(".")  # 3.20, not 3.2: the spread is rounded to the mean's last digit
+    if m != 0 and not 1e-2 <= abs(m) < 1e4:
+        shown, power = f"{m:.{digits - 1}e}".split("e")
+        exponent = int(power)
+    decimals = len(shown.split(".")[1]) if "." in shown else 0
+    spread = f"{abs(s) / 10**exponent:.{decimals}f}"
+    if float(spread) == 0:  # the spread is below the mean's last digit: both numbers in full
+        return rf"\mbox{{{tex_number(m, digits)} $\pm$ {tex_number(s, 2)}}}"
+    suffix = f" e{exponent}" if exponent else ""
+    return rf"\mbox{{\num{{{shown} +- {spread}{suffix}}}}}"
 
 
-def _finite(value: Any) -> float | None:
+def finite_or_none(value: Any) -> float | None:
+    """``value`` as a float, or None where it is missing, not a number, or not finite."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -157,32 +194,32 @@ def _finite(value: Any) -> float | None:
 
 def tex_signed(value: Any) -> str:
     """A correlation as ``$+0.54$`` / ``$-0.54$``; ``--`` when there is none."""
-    number = _finite(value)
+    number = finite_or_none(value)
     return "--" if number is None else f"${number:+.2f}$"
 
 
 def tex_spread(value: Any) -> str:
     r"""``sd 0.12`` after a per-seed mean: the seeds' spread, labelled as one; ``--`` for a single seed."""
-    number = _finite(value)
+    number = finite_or_none(value)
     return "--" if number is None else f"sd {number:.2f}"
 
 
 def tex_probability(value: Any) -> str:
     """A p-value to two significant digits (``0.34``, ``0.017``); ``--`` when there is none."""
-    number = _finite(value)
+    number = finite_or_none(value)
     return "--" if number is None else f"{number:.2g}"
 
 
 def tex_interval(low: Any, high: Any) -> str:
     """A correlation's CI as ``[$-0.52$, $-0.10$]``; ``--`` when there is none."""
-    if _finite(low) is None or _finite(high) is None:
+    if finite_or_none(low) is None or finite_or_none(high) is None:
         return "--"
     return f"[{tex_signed(low)}, {tex_signed(high)}]"
 
 
 def tex_whole(value: Any) -> str:
     """A count or a rate as a whole number with thousands separators; ``--`` when missing."""
-    number = _finite(value)
+    number = finite_or_none(value)
     return "--" if number is None else thousands(round(number))
 
 
@@ -239,12 +276,13 @@ def latex_environment(template_dir: str | os.PathLike | Traversable | None = Non
         bias=bias_label,
         gap=nullity_gap,
         num=tex_number,
+        cell=table_number,
         signed=tex_signed,
         spread=tex_spread,
         whole=tex_whole,
         p=tex_probability,
     )
-    env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval)
+    env.globals.update(mean_sd=tex_mean_sd, interval=tex_interval, sformat=table_format)
     return env
 
 
@@ -293,289 +331,3 @@ def find_template_dir(explicit: str | os.PathLike | None = None) -> Traversable:
             f"--templates {explicit}: no appendix.tex.j2 there (copy attnid/reports/templates to start from)"
         )
     return Path(explicit)
-
-
-# ---------------------------------------------------------------------------------------------
-# attnid appendix
-
-EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune.tex: attnid edits-table
-# One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.
-LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
-# The figures of `attnid figures`, in order; each has its caption in templates/captions/<name>.rst.
-FIGURES = ("fig1", "fig2", "fig3", "fig4", "fig5", "fig6")
-# Drawn only for a build with the identification studies (attnid.plan.studies) or the interventions
-# (attnid.plan.interventions): included when present.
-OPTIONAL_FIGURES = ("fig5", "fig6")
-# A figure whose caption is filled with its build's numbers: attnid figures writes <name>.rst next to it,
-# and that is the caption shown (the package's captions/<name>.rst is its template).
-FILLED_CAPTIONS = ("fig6",)
-# The studies' tables (attnid studies), included when present, each after its own paragraph.
-STUDY_TABLES = (*(f"{study}.tex" for study in STUDIES), "identification_correlation.tex")
-# The interventions' paired comparison (attnid interventions-table), in the same section, when present.
-INTERVENTION_TABLES = ("interventions.tex",)
-# The optional stages a build may leave out (`--omit`): what of the appendix each one owns, so that a
-# build with a stage turned off never includes that stage's leftovers from an earlier build.
-OPTIONAL_PARTS = {
-    "studies": {*STUDY_TABLES, "fig5"},
-    "edits": {"prune.tex"},
-    "interventions": {*INTERVENTION_TABLES, "fig6"},
-}
-
-# Typographic characters of the caption files and their TeX; anything else non-ASCII must be
-# written as :math:`...` (pdflatex with T1 fonts has no glyph for a bare Greek letter).
-_CAPTION_CHARACTERS = {"—": "---", "–": "--", "’": "'", "‘": "`", "“": "``", "”": "''", "\u00a0": "~"}
-_RST_INLINE = re.compile(
-    r"``(?P<code>.+?)``|:math:`(?P<math>.+?)`|\*\*(?P<strong>.+?)\*\*|\*(?P<emph>[^*]+?)\*", re.S
-)
-
-
-def caption_file(name: str) -> str:
-    """The caption file of figure ``name`` (e.g. ``fig1``): the Snakemake report's caption too."""
-    return str(package_template_dir().joinpath("captions", f"{name}.rst"))
-
-
-def _caption_text(text: str, where: str) -> str:
-    escaped = tex_escape(text)
-    for char, tex in _CAPTION_CHARACTERS.items():
-        escaped = escaped.replace(char, tex)
-    strange = sorted({char for char in escaped if ord(char) > 127})
-    if strange:
-        raise ValueError(f"{where}: {''.join(strange)!r} has no TeX form here; write it as :math:`...`")
-    return escaped
-
-
-def rst_to_tex(text: str, where: str = "caption") -> str:
-    """TeX for the reStructuredText subset of the caption files: ``code``, :math:`x`,
-    **strong**, *emphasis* and plain text (special characters escaped)."""
-    pieces, position = [], 0
-    for match in _RST_INLINE.finditer(text):
-        pieces.append(_caption_text(text[position : match.start()], where))
-        if match["code"] is not None:  # long identifiers may break after . _ /
-            code = tex_escape(match["code"])
-            for breakable in (".", r"\_", "/"):
-                code = code.replace(breakable, breakable + r"\allowbreak{}")
-            pieces.append(rf"\texttt{{{code}}}")
-        elif match["math"] is not None:
-            pieces.append(f"${match['math']}$")
-        elif match["strong"] is not None:
-            pieces.append(rf"\textbf{{{rst_to_tex(match['strong'], where)}}}")
-        else:
-            pieces.append(rf"\emph{{{rst_to_tex(match['emph'], where)}}}")
-        position = match.end()
-    pieces.append(_caption_text(text[position:], where))
-    return " ".join("".join(pieces).split())
-
-
-def figure_caption(name: str, caption_dir: Traversable | None = None) -> dict:
-    """Title and caption TeX of figure ``name`` from its caption file, whose first sentence is
-    ``**Figure N — title.**`` (the report shows it as is; LaTeX numbers the figure itself)."""
-    folder = caption_dir if caption_dir is not None else package_template_dir().joinpath("captions")
-    source = folder.joinpath(f"{name}.rst")
-    if not source.is_file():
-        raise UserError(
-            f"no caption for figure {name}: add {source} and list it in attnid.reports.latex.FIGURES"
-        )
-    text = source.read_text(encoding="utf-8").strip()
-    heading = re.match(r"\*\*(?:Figure\s+\d+\s*[—–-]+\s*)?(?P<title>.+?)\*\*\s*(?P<rest>.*)", text, re.S)
-    if heading is None:
-        raise UserError(f"{source}: the caption must start with **Figure N — title.**")
-    title = rst_to_tex(heading["title"], str(source))
-    return {
-        "name": name,
-        "title": title.rstrip("."),
-        "caption": rf"\textbf{{{title}}} " + rst_to_tex(heading["rest"], str(source)),
-    }
-
-
-def _figures(
-    figures: str | os.PathLike | None, out_dir: Path, omitted: frozenset = frozenset()
-) -> list[dict]:
-    """Each figure's PDF (relative to the appendix) with its caption; one error lists all missing."""
-    if figures is None:
-        return []
-    present = [name for name in FIGURES if name not in omitted and (Path(figures) / f"{name}.pdf").is_file()]
-    missing = [f"{name}.pdf" for name in FIGURES if name not in present and name not in OPTIONAL_FIGURES]
-    if missing:
-        raise UserError(f"--figures {figures}: missing {', '.join(missing)}; run 'attnid figures' first")
-    return [
-        figure_caption(name, Path(figures) if name in FILLED_CAPTIONS else None)
-        | {
-            "path": Path(os.path.relpath(Path(figures).resolve() / f"{name}.pdf", out_dir)).as_posix(),
-            "wide": pdf_aspect_ratio(Path(figures) / f"{name}.pdf") > WIDE_FIGURE_ASPECT,
-        }
-        for name in present
-    ]
-
-
-# A figure wider than this (width / height) gets a landscape page of its own: on a portrait
-# page its labels would shrink below a readable size.
-WIDE_FIGURE_ASPECT = 1.6
-
-
-def pdf_aspect_ratio(path: Path) -> float:
-    """Width / height of a one-page PDF's ``/MediaBox`` (matplotlib writes it as plain text)."""
-    match = re.search(
-        rb"/MediaBox\s*\[\s*([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s+([-\d.]+)\s*\]", path.read_bytes()
-    )
-    if match is None:
-        return 1.0  # unknown size: a portrait page, as before
-    left, bottom, right, top = (float(value) for value in match.groups())
-    return (right - left) / max(top - bottom, 1e-9)
-
-
-def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
-    import pandas as pd
-
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{what} CSV {path} not found: run the command that writes it first")
-    try:
-        frame = pd.read_csv(path)
-    except Exception as err:  # pandas raises several types for broken files
-        raise UserError(f"{what} CSV {path} cannot be read: {err}") from None
-    missing = needed - set(frame.columns)
-    if missing:
-        raise UserError(f"{what} CSV {path} lacks column(s) {sorted(missing)}: regenerate it")
-    return frame
-
-
-def _verbatim_blocks(
-    folder: str | os.PathLike | None, names: Iterable[str], omitted: frozenset
-) -> list[dict]:
-    """``{name, text}`` of each table ``names`` lists that exists in ``folder`` and is not ``omitted``."""
-    if folder is None:
-        return []
-    return [
-        {"name": name, "text": (Path(folder) / name).read_text(encoding="utf-8")}
-        for name in names
-        if name not in omitted and (Path(folder) / name).is_file()
-    ]
-
-
-def render_appendix(
-    counts_csv: str | os.PathLike,
-    nullity_csv: str | os.PathLike,
-    single_head_csv: str | os.PathLike,
-    out_path: str | os.PathLike,
-    experiment_tables: str | os.PathLike | None = None,
-    figures: str | os.PathLike | None = None,
-    template_dir: str | os.PathLike | None = None,
-    omit: Iterable[str] = (),
-    whole_model_csv: str | os.PathLike | None = None,
-    census_csv: str | os.PathLike | None = None,
-) -> str:
-    """Render the appendix text (A1 counts, A2 nullity, A3 single-head match, A4 whole-model counts and
-    A5 census when given, plus the experiment tables and figures when given), without the tables and
-    figures of the ``omit`` parts (:data:`OPTIONAL_PARTS`)."""
-    counts_frame = _read_csv(counts_csv, "counts", {"architecture", "n_layer", "unidentified_qk_per_layer"})
-    nullity_frame = _read_csv(
-        nullity_csv, "nullity", {"case", "n_params", "n_outputs", "theory", "measured", "gap", "passed"}
-    )
-    single_frame = _read_csv(single_head_csv, "single-head", {"label", "e0_equal_identified"})
-    whole_frame = (
-        None
-        if whole_model_csv is None
-        else _read_csv(
-            whole_model_csv,
-            "whole-model",
-            {"architecture", "whole_params", "whole_unidentified", "group_rotation"},
-        )
-    )
-    census_frame = (
-        None
-        if census_csv is None
-        else _read_csv(census_csv, "census", {"shape", "n_params", "theory", "measured", "gap", "closes"})
-    )
-    templates = find_template_dir(template_dir)
-    out_dir = Path(out_path).resolve().parent
-    omitted = frozenset().union(*(OPTIONAL_PARTS[part] for part in omit))
-
-    experiment_blocks = []
-    if experiment_tables is not None:
-        for name in EXPERIMENT_TABLES:
-            path = Path(experiment_tables) / name
-            if name not in omitted and path.is_file():
-                experiment_blocks.append(
-                    {
-                        "name": name,
-                        "text": path.read_text(encoding="utf-8"),
-                        "landscape": name in LANDSCAPE_TABLES,
-                    }
-                )
-    study_blocks = _verbatim_blocks(experiment_tables, STUDY_TABLES, omitted)
-    intervention_blocks = _verbatim_blocks(experiment_tables, INTERVENTION_TABLES, omitted)
-    figure_entries = _figures(figures, out_dir, omitted)
-
-    sources = [str(counts_csv), str(nullity_csv), str(single_head_csv)]
-    sources += [str(path) for path in (whole_model_csv, census_csv) if path is not None]
-    if experiment_tables is not None:  # the blocks come from there
-        sources += [
-            str(Path(experiment_tables) / b["name"])
-            for b in experiment_blocks + study_blocks + intervention_blocks
-        ]
-    shown_templates = "attnid/reports/templates (package data)" if template_dir is None else str(template_dir)
-    env = latex_environment(templates)
-    context = {
-        "sources": sources,
-        "templates": shown_templates,
-        "counts_rows": records(counts_frame),
-        "nullity_rows": records(nullity_frame),
-        "single_head_rows": records(single_frame),
-        "experiment_blocks": experiment_blocks,
-        "experiment_tables": {block["name"] for block in experiment_blocks},
-        "study_blocks": study_blocks,
-        "study_tables": {block["name"] for block in study_blocks},
-        "intervention_blocks": intervention_blocks,
-        "figures": figure_entries,
-        "n_passed": int(nullity_frame["passed"].astype(str).str.lower().eq("true").sum()),
-        "n_cases": len(nullity_frame),
-        "gap_notes": {gap_note(row) for row in records(nullity_frame)} - {""},
-        "whole_model_rows": [] if whole_frame is None else records(whole_frame),
-        "census_rows": [] if census_frame is None else records(census_frame),
-        "n_census": 0 if census_frame is None else len(census_frame),
-        "n_census_closing": 0
-        if census_frame is None
-        else int(census_frame["closes"].astype(str).str.lower().eq("true").sum()),
-    }
-    return env.get_template("appendix.tex.j2").render(**context)
-
-
-def compile_pdf(main_tex: Path) -> Path:
-    """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path. The LaTeX
-    log is kept next to it (``main.log``)."""
-    if shutil.which("latexmk") is None:
-        raise UserError(
-            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended) "
-            "or drop --pdf"
-        )
-    if not main_tex.is_file():
-        raise UserError(f"{main_tex} not found: --pdf compiles the main.tex that sits next to --out")
-    # Build in a scratch folder and move the PDF into place, so a killed run leaves no half PDF.
-    build = Path(tempfile.mkdtemp(prefix=".latexmk-", dir=main_tex.parent))
-    try:
-        result = subprocess.run(
-            [
-                "latexmk",
-                "-pdf",
-                "-interaction=nonstopmode",
-                "-halt-on-error",
-                f"-outdir={build.name}",
-                main_tex.name,
-            ],
-            cwd=main_tex.parent,
-            capture_output=True,
-            text=True,
-        )
-        log = main_tex.with_suffix(".log")
-        if (build / log.name).is_file():  # the log outlives the scratch folder (overfull boxes, errors)
-            with atomic_path(log, outputs.TEXT) as tmp:
-                shutil.copyfile(build / log.name, tmp)
-        if result.returncode != 0:
-            errors = [line for line in result.stdout.splitlines() if line.startswith("!")]
-            raise UserError(f"latexmk failed on {main_tex}: {errors[0] if errors else 'see ' + str(log)}")
-        pdf = main_tex.with_suffix(".pdf")
-        with atomic_path(pdf, outputs.PDF) as tmp:
-            os.replace(build / pdf.name, tmp)
-        return pdf
-    finally:
-        shutil.rmtree(build, ignore_errors=True)

@@ -190,11 +190,13 @@ def minimum_seeds(alpha: float, family_size: int) -> int:
 def t_test_power(effect_over_sd: float, n_seeds: int, level: float) -> float:
     """Power of the two-sided one-sample t-test at ``level`` with ``n_seeds`` differences whose mean is
     ``effect_over_sd`` standard deviations from 0: ``P(|T| > t_{1 - level/2, n-1})`` with ``T`` noncentral
-    t (``scipy.stats.nct``, ``n - 1`` degrees of freedom, noncentrality ``effect_over_sd * sqrt(n)``)."""
+    t (``scipy.stats.nct``, ``n - 1`` degrees of freedom, noncentrality ``effect_over_sd * sqrt(n)``). The
+    lower tail ``P(T < -c)`` is taken as ``P(-T > c)``, ``-T`` noncentral t with ``-noncentrality``: scipy's
+    ``nct.cdf`` far in the lower tail returns NaN (e.g. 16 seeds, a family of 12, effect 2 sd)."""
     df = n_seeds - 1
     critical = float(stats.t.ppf(1 - level / 2, df))
     noncentrality = effect_over_sd * math.sqrt(n_seeds)
-    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.cdf(-critical, df, noncentrality))
+    return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality))
 
 
 def detectable_effect(sd: float, n_seeds: int, level: float, power: float = POWER) -> float:
