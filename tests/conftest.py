@@ -49,7 +49,7 @@ def shakespeare_url(shakespeare_path: Path) -> str:
 
 
 # On a loaded machine a command can take more than the heartbeat's 8 s to import torch; a progress line
-# would then join the one-line errors that many tests count (tests/test_cli_fuzz.py tests the heartbeat).
+# would then join the one-line errors that many tests count (tests/cli/test_cli_fuzz.py tests the heartbeat).
 os.environ.setdefault("ATTNID_PROGRESS_S", "120")
 
 

@@ -1,7 +1,7 @@
 # The wiring every .smk file shares: the config, read and checked by attnid.plan, the output layout and
 # the run lists. Every name that more than one .smk file uses is defined here, and only here; the other
 # files hold rules (and names only they use). The workflow imports only attnid.plan's public names, the
-# figures' registry and the report's table pages (tests/test_workflow.py checks it).
+# figures' registry and the report's table pages (tests/workflow/test_workflow.py checks it).
 #
 # Every output of a config goes under its `results_dir` (results/default, results/smoke,
 # results/paper), so builds of different configs in one checkout never share a run directory,

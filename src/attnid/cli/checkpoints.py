@@ -45,7 +45,7 @@ def add_inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _inspect_file(path: Path) -> dict:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.checkpoints import load_checkpoint
     from attnid.measure.inspect import inspect_model
     from attnid.model.gpt import model_from_checkpoint
@@ -66,7 +66,7 @@ def _inspect_file(path: Path) -> dict:
 
 def _inspect_folder(path: Path) -> dict:
     """A Hugging Face folder read without building its model: the pairs of its stored attention tensors."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.api import inspect_checkpoint
     from attnid.edits.checkpoints import load_checkpoint
 
@@ -81,7 +81,7 @@ def _inspect_folder(path: Path) -> dict:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.measure.inspect import format_inspection, inspection_csv
 
     rule = outputs.current()
@@ -95,7 +95,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         print(format_inspection(report))
     if args.plot is not None:
-        # lazy: matplotlib, which --help must not import (tests/test_cli_help.py)
+        # lazy: matplotlib, which --help must not import (tests/cli/test_cli_help.py)
         from attnid.reports.inspect_figure import plot_inspection
 
         plot_inspection(report, args.plot, title=str(args.checkpoint))
@@ -137,7 +137,7 @@ def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _stored_dtype(checkpoint: Checkpoint) -> str:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.hf_llama import LlamaCheckpoint
 
     if isinstance(checkpoint, LlamaCheckpoint):
@@ -157,7 +157,7 @@ def _edit_and_prove(
     """Load, measure, edit (``edit(checkpoint, rope) -> report fields``), save, reload, measure; the
     report. None, with nothing written, where ``nothing_to_do(checkpoint, rope)`` gives a reason (printed)
     why the edit would leave the checkpoint as it is."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.checkpoints import HF_LLAMA, load_checkpoint, save_checkpoint
     from attnid.edits.heldout import compare, evaluate, heldout_batch, load_for_eval
     from attnid.edits.hf_llama import LlamaCheckpoint, set_stored_dtype
@@ -232,7 +232,7 @@ EDIT_REPORT = outputs.json_report("command")  # the --json of prune-biases and b
 def declare_edit_files(args: argparse.Namespace) -> None:
     """The edit's inputs and outputs for the output rule, checked before the checkpoint is read:
     --out in the input's format (a file, or a folder of the same files), --json a report."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.checkpoints import HF_FOLDER, weight_format
 
     rule = outputs.current()
@@ -291,7 +291,7 @@ def _finish(report: dict, json_path: Path | None, lines: list[str]) -> int:
 
 
 def run_prune_biases(args: argparse.Namespace) -> int:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.api import prune_checkpoint
     from attnid.edits.operations import redundant_bias_count
 
@@ -329,7 +329,7 @@ def run_prune_biases(args: argparse.Namespace) -> int:
 
 
 def run_balance(args: argparse.Namespace) -> int:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.api import balance_checkpoint
 
     def edit(checkpoint: Checkpoint, rope: bool) -> dict:

@@ -232,7 +232,7 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     import torch
 
     from attnid.theory.nullity import GAP_REQUIRED, verify
@@ -458,7 +458,7 @@ def class_lines(row: dict) -> list[str]:
 
 def measurement_lines(row: dict) -> list[str]:
     """The measurement of one census row: nullity, gap, the residual scaling and the verdict."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.theory.nullity import GAP_REQUIRED
 
     lines = [
@@ -500,7 +500,7 @@ def run_census(args: argparse.Namespace) -> int:
     if args.hf_config is not None:
         return census_of_hf_config(args)
     if args.grid:
-        # lazy: torch, which --help must not import (tests/test_cli_help.py)
+        # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
         from attnid.theory.census_grid import RANDOM_SHAPES, default_grid
 
         count = RANDOM_SHAPES if args.random_shapes is None else args.random_shapes
@@ -513,7 +513,7 @@ def run_census(args: argparse.Namespace) -> int:
 
 
 def check_measurable(shape: whole_model.WholeModelShape, max_params: int) -> None:
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.theory.census import describe_shape, measurable
 
     try:
@@ -526,7 +526,7 @@ def check_measurable(shape: whole_model.WholeModelShape, max_params: int) -> Non
 def census_of_hf_config(args: argparse.Namespace) -> int:
     """``census --hf-config``: the closed forms of a real model, class by class; measured only when it is
     small enough (--max-params) and its inputs can pin its parameters. No Jacobian is built otherwise."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.theory.census import closed_form_row, measurable
 
     name, shape = shape_from_hf_config(args.hf_config)
@@ -559,7 +559,7 @@ def census_of_hf_config(args: argparse.Namespace) -> int:
 def measure_shapes(shapes: list[whole_model.WholeModelShape], args: argparse.Namespace) -> int:
     """Measure every shape, print (one shape: its report; a grid: one line each), write --out, and return 1
     when a shape does not close."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     import torch
 
     from attnid.theory.census import CENSUS_ROPE_BASE

@@ -54,7 +54,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    # lazy: torch and pandas, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch and pandas, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.training import rundir
     from attnid.training.train import train
 

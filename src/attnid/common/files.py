@@ -95,7 +95,7 @@ def write_csv_atomic(path: str | os.PathLike, frame: pd.DataFrame) -> Path:
 def torch_save_atomic(path: str | os.PathLike, obj: Any) -> Path:
     """``torch.save`` atomically. torch writes through a file object of ours, so that a failing write (a full
     disk, a file-size limit) surfaces as the OSError behind torch's own error: one line naming ``path``."""
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     import torch
 
     with atomic_path(path, outputs.TORCH_ARCHIVE) as tmp:
@@ -184,7 +184,7 @@ def load_weights_only(path: str | os.PathLike) -> Any:  # whatever the file hold
     containers; a pickle that names any other callable (``os.system``, ``exec``, a
     class of ours) is refused before it is called.
     """
-    # lazy: torch, which --help must not import (tests/test_cli_help.py)
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     import torch
     from torch.torch_version import TorchVersion
 

@@ -344,7 +344,8 @@ def stored_layer_count(state_dict: dict) -> int:
 
 def expected_state_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     """The state dict's ``{name: shape}`` of a GPT with ``config``, without building it (no memory, no
-    time): the layout of the module docstring. ``tests/test_model.py`` holds it equal to a built model's."""
+    time): the layout of the module docstring. ``tests/model/test_model.py`` holds it equal to a built
+    model's."""
     try:
         check_config(config)
     except ValueError as err:

@@ -14,7 +14,7 @@ layer), so that one function covers both families: nanoGPT / GPT-2 (LayerNorm wi
 without a bias, GELU MLP, learned positions, ``lm_head`` tied to ``wte``) and Llama-family
 blocks (RMSNorm, RoPE with half-split pairing, grouped-query attention, gated MLP, untied
 ``lm_head``), plus the parallel block. For the nanoGPT configuration it gives the log-
-probabilities of ``attnid.model.gpt.GPT`` with the same weights (tests/test_census.py), so the
+probabilities of ``attnid.model.gpt.GPT`` with the same weights (tests/theory/test_census.py), so the
 census is about the model we train. RoPE uses base 10 by default, as nullity.py does: the
 count holds for any distinct nonzero frequencies, and short sequences would barely turn the
 slow planes of base 10,000, blurring the rank.

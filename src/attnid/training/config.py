@@ -397,7 +397,7 @@ def resolve_config(values: dict) -> TrainConfig:
     if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
         # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
         # are TrainConfig's fields) answers without importing torch
-        # lazy: torch, which --help must not import (tests/test_cli_help.py)
+        # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
         from attnid.model.gauge import check_gauge_layout
 
         check_gauge_layout(cfg.attention)

@@ -32,7 +32,7 @@ import yaml
 from attnid.plan import plan
 from attnid.plan.runs import PENDING_SUFFIX
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # What a user's checkout needs to run the DAG (results/ and data/ are outputs).
 PIPELINE_FILES = ("Snakefile", "workflow", "config", "profiles", "paper/main.tex")
 SMOKE_CONFIG = "config/smoke.yaml"

@@ -17,7 +17,7 @@ import yaml
 from figure_checks import invisible_legend_entries, overlapping_labels
 from pipeline_helpers import REPO, copy_pipeline, run_snakemake, smoke_config, stderr_lines, train_jobs
 from scipy import stats
-from synthetic_runs import write_run
+from synthetic_runs import write_run, write_theory_tables
 from system_packages import needs
 
 from attnid.cli import main
@@ -386,7 +386,7 @@ def test_appendix_includes_the_study_tables_when_present(tmp_path, synthetic_stu
         {s: sorted((synthetic_study / s).glob("*/seed*")) for s in studies.STUDIES}, tables
     )
     text = appendix.render_appendix(
-        *_theory(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables
+        *write_theory_tables(tmp_path), tmp_path / "paper" / "appendix.tex", experiment_tables=tables
     )
     assert r"\section{Does identification buy anything?}" in text
     assert r"\label{tab:study-heads}" in text and r"\label{tab:study-variants}" in text
@@ -424,10 +424,12 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
         caption = figures.fill_caption(figures.registry()[f"fig{i}"].caption_template, {})
         (figs / f"fig{i}.rst").write_text(caption, encoding="utf-8")
     out = tmp_path / "paper" / "appendix.tex"
-    full = appendix.render_appendix(*_theory(tmp_path), out, experiment_tables=tables, figures=figs)
+    full = appendix.render_appendix(
+        *write_theory_tables(tmp_path), out, experiment_tables=tables, figures=figs
+    )
     assert "fig5.pdf" in full and r"\label{tab:study-heads}" in full and "PRUNE-LEFTOVER" in full
     lean = appendix.render_appendix(
-        *_theory(tmp_path), out, experiment_tables=tables, figures=figs, omit=("studies", "edits")
+        *write_theory_tables(tmp_path), out, experiment_tables=tables, figures=figs, omit=("studies", "edits")
     )
     for leftover in (
         "fig5.pdf",
@@ -442,7 +444,7 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     (tables / "sweep.csv").write_text("optimizer\n")
     drawn = []
     monkeypatch.setattr(figures, "make_figure", lambda name, *args: drawn.append(name) or [])
-    theory = _theory(tmp_path)[0].parent
+    theory = write_theory_tables(tmp_path)[0].parent
     assert (
         main(
             [
@@ -479,36 +481,6 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
         == 0
     )
     assert drawn == ["fig1", "fig2", "fig3", "fig4", "fig5"]
-
-
-def _theory(tmp_path):
-    """The three theory CSVs of `attnid counts` and a tiny `attnid verify`-shaped nullity table."""
-    theory = tmp_path / "theory"
-    assert (
-        main(
-            [
-                "counts",
-                "--out",
-                str(theory / "counts.csv"),
-                "--single-head-out",
-                str(theory / "single_head.csv"),
-            ]
-        )
-        == 0
-    )
-    pd.DataFrame(
-        {
-            "case": ["h1"],
-            "kind": ["attention"],
-            "n_params": [576],
-            "n_outputs": [600],
-            "theory": [288],
-            "measured": [288],
-            "gap": [1e12],
-            "passed": [True],
-        }
-    ).to_csv(theory / "nullity.csv", index=False)
-    return theory / "counts.csv", theory / "nullity.csv", theory / "single_head.csv"
 
 
 # ---------------------------------------------------------------------------- the rules
@@ -611,7 +583,9 @@ def test_study_tables_fit_the_page(tmp_path):
     studies.write_study_tables({"variants": sorted((tmp_path / "studies/variants").glob("*/seed*"))}, tables)
     paper.mkdir()
     shutil.copy(REPO / "paper" / "main.tex", paper / "main.tex")
-    text = appendix.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+    text = appendix.render_appendix(
+        *write_theory_tables(tmp_path), paper / "appendix.tex", experiment_tables=tables
+    )
     (paper / "appendix.tex").write_text(text)
     appendix.compile_pdf(paper / "main.tex")
     log = (paper / "main.log").read_text(errors="replace")

@@ -281,8 +281,9 @@ def test_a_cycle_is_caught(tmp_path, monkeypatch):
     assert len(_cycles(grimp.build_graph("cyclic", cache_dir=None))) == 3
 
 
-# What a function-local import may be there for: a library that a command's --help (tests/test_cli_help.py)
-# or the report commands (which read runs without torch) must not load, or an optional dependency
+# What a function-local import may be there for: a library that a command's --help
+# (tests/cli/test_cli_help.py) or the report commands (which read runs without torch) must not load,
+# or an optional dependency
 LAZY_LIBRARIES = {"torch", "transformers", "safetensors", "matplotlib", "pandas", "scipy", "packaging"}
 LAZY_COMMENT = "# lazy:"
 
@@ -417,3 +418,42 @@ def test_modules_are_named_for_what_they_hold():
         for node in ast.walk(train)
         if isinstance(node, (ast.While, ast.For)) and "step" in ast.unparse(node)
     ]
+
+
+# The folders of tests/: one per layer of the package (and the workflow), the house's own rules, and the
+# helpers that every folder imports (pyproject.toml's pytest `pythonpath`)
+TEST_FOLDERS = {"theory", "model", "training", "reports", "workflow", "cli", "house"}
+HELPERS_FOLDER = "helpers"
+
+
+def test_tests_sit_in_a_folder_per_layer_and_share_helpers_from_one_place(repo_root):
+    """Every test module is tests/<layer>/test_*.py; every other module of tests/ (but conftest.py) is a
+    helper in tests/helpers/; and no test module imports another, so a shared check has one home."""
+    tests = repo_root / "tests"
+    misplaced, test_stems = [], set()
+    for path in sorted(tests.rglob("*.py")):
+        where = path.relative_to(tests)
+        if where == Path("conftest.py"):
+            continue
+        folder = where.parts[0] if len(where.parts) == 2 else None
+        if path.name.startswith("test_"):
+            test_stems.add(path.stem)
+            if folder not in TEST_FOLDERS:
+                misplaced.append(
+                    f"{where}: a test module belongs in tests/<{'|'.join(sorted(TEST_FOLDERS))}>/"
+                )
+        elif folder != HELPERS_FOLDER:
+            misplaced.append(f"{where}: a helper belongs in tests/{HELPERS_FOLDER}/")
+    assert not misplaced, "\n".join(misplaced)
+    borrowing = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            borrowing += [f"{path.relative_to(tests)} imports {name}" for name in names if name in test_stems]
+    assert not borrowing, "move what they share into tests/helpers/:\n" + "\n".join(borrowing)

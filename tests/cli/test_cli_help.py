@@ -57,7 +57,7 @@ def test_figures_help_names_every_figure(helps):
 
 
 def test_every_file_a_help_text_points_to_exists(helps):
-    from test_pointers import REPO, pointers_of, unresolved
+    from doc_pointers import REPO, pointers_of, unresolved
 
     problems = [
         f"attnid {command} --help: {problem}"

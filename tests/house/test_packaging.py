@@ -72,9 +72,9 @@ def test_the_test_extra_holds_what_the_tests_import(repo_root):
         "nbformat": "nbformat",
         "packaging": "packaging",
     }  # import name -> PyPI's
-    local = {path.stem for path in (repo_root / "tests").glob("*.py")} | {"attnid", "conftest"}
+    local = {path.stem for path in (repo_root / "tests").rglob("*.py")} | {"attnid", "conftest"}
     imported = set()
-    for path in (repo_root / "tests").glob("*.py"):
+    for path in (repo_root / "tests").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {alias.name.split(".")[0] for alias in node.names}

@@ -3,7 +3,7 @@
 Each drill checks two things: the failure is reported in a way a user can act on, and
 nothing half-written is left that Snakemake would trust (a rerun does the right thing).
 The kill drills compare the resumed run's metrics.csv with the same run from the shared
-uninterrupted smoke DAG (tests/pipeline_helpers.py), timing columns aside.
+uninterrupted smoke DAG (tests/helpers/pipeline_helpers.py), timing columns aside.
 """
 
 from __future__ import annotations

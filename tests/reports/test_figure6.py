@@ -13,7 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from figure_checks import invisible_legend_entries, legend_entries, overlapping_labels, visible_labels
-from synthetic_runs import write_intervention_runs
+from synthetic_runs import (
+    DEFAULT_EFFECTS,
+    PAPER_EFFECTS,
+    SMOKE_EFFECTS,
+    final_losses,
+    write_intervention_runs,
+)
 
 from attnid.common.errors import UserError
 from attnid.plan.interventions import INTERACTION
@@ -27,36 +33,7 @@ from attnid.training.cases import CASES
 MARGIN = 0.01
 # Per arm, its final loss minus adamw's on each seed (adamw's own: 2.3 + 0.02 seed): effects that the
 # default's 8 seeds decide one way or the other.
-DEFAULT_EFFECTS = {
-    "adamw_gauge_fixed": (-0.012, 0.003),  # (mean, spread): better on every seed
-    "adamw_gauge_fixed_at_init": (0.0005, 0.002),  # equivalent within +-0.01
-    "adamw_from_gauge_point": (-0.011, 0.003),  # better
-    "adamw_lr2x": (-0.006, 0.03),  # either sign, past the margin: inconclusive
-}
 DEFAULT_FAMILY = [*DEFAULT_EFFECTS, INTERACTION]
-PAPER_EFFECTS = DEFAULT_EFFECTS | {
-    "adamw_projected": (0.001, 0.002),
-    "adamw_frozen_mlp": (0.02, 0.004),  # worse
-    "adamw_rebalance": (0.002, 0.003),
-    "adamw_rebalance_first_moment": (0.004, 0.003),
-}
-SMOKE_EFFECTS = {  # the smoke config's arms: nothing is decided at 2 seeds, however clear
-    "adamw_projected": (0.0001, 0.0002),
-    "adamw_gauge_fixed": (-0.003, 0.001),
-    "adamw_rebalance": (0.00004, 0.00002),
-    "adamw_rebalance_first_moment": (0.00009, 0.00003),
-}
-
-
-def final_losses(effects: dict[str, tuple[float, float]], n_seeds: int) -> dict[str, list[float]]:
-    """adamw's final loss per seed and each arm's: adamw's plus its effect, spread evenly (both signs)."""
-    base = [2.3 + 0.02 * seed for seed in range(n_seeds)]
-    spread = np.sin(1.7 * np.arange(n_seeds) + 0.4)  # a fixed pattern of both signs
-    losses = {"adamw": base}
-    for i, (arm, (mean, width)) in enumerate(effects.items()):
-        pattern = np.roll(spread, i) - np.roll(spread, i).mean()
-        losses[arm] = [b + mean + width * p for b, p in zip(base, pattern)]
-    return losses
 
 
 def build(tmp_path, effects, n_seeds, family, identity=True) -> Sources:

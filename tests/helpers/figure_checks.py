@@ -1,5 +1,5 @@
-"""What a drawn figure must show, checked on its matplotlib artists (tests/test_figures.py and the figure
-tests of the studies, the interventions and the smoke build):
+"""What a drawn figure must show, checked on its matplotlib artists (tests/reports/test_figures.py and
+the figure tests of the studies, the interventions and the smoke build):
 
 - every legend entry has a visible artist inside the axes: one with its label (or, for a legend that is a
   key of line styles, with its line style, marker and width) and a point within the axes' limits; a series

@@ -40,7 +40,8 @@ def schema_training_options(document: dict) -> dict[str, dict]:
 
 
 def test_schema_case_enum_is_the_case_registry():
-    """The plan validates against the schema with the registry's case names (tests/test_workflow.py)."""
+    """The plan validates against the schema with the registry's case names
+    (tests/workflow/test_workflow.py)."""
     assert config_schema()["$defs"]["case_name"]["enum"] == list(cases.CASES)
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
-from synthetic_runs import write_run
+from synthetic_runs import write_run, write_theory_tables
 from system_packages import needs
 
 from attnid.cli import main
@@ -456,17 +456,15 @@ def test_a_diverged_run_leaves_its_pair_out_and_says_so(intervention_runs, tmp_p
 
 
 def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(intervention_runs, tmp_path):
-    from test_studies import _theory
-
     tables = tmp_path / "tables"
     interventions_table.write_interventions_table(intervention_runs, tables)
     out = tmp_path / "paper" / "appendix.tex"
-    text = appendix.render_appendix(*_theory(tmp_path), out, experiment_tables=tables)
+    text = appendix.render_appendix(*write_theory_tables(tmp_path), out, experiment_tables=tables)
     assert r"\section{Does identification buy anything?}" in text and r"\label{tab:interventions}" in text
     assert "Table~\\ref{tab:interventions} compares arms" in text
     assert "tab:study-correlation" not in text  # no study tables in this folder: no paragraph about them
     lean = appendix.render_appendix(
-        *_theory(tmp_path), out, experiment_tables=tables, omit=("interventions",)
+        *write_theory_tables(tmp_path), out, experiment_tables=tables, omit=("interventions",)
     )
     assert "tab:interventions" not in lean and "Does identification buy anything" not in lean
 
@@ -477,8 +475,6 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
     """The widest table the builds make: paper.yaml's family of ten comparisons (long arm names, another
     baseline, the interaction, differences in scientific notation) compiles with no box too wide, its
     numbers in aligned siunitx columns."""
-    from test_studies import _theory
-
     root = tmp_path / "runs"
     arms = {
         "adamw_projected": ("adamw_projected", {}),
@@ -502,7 +498,9 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
     paper.mkdir()
     shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
     (paper / "appendix.tex").write_text(
-        appendix.render_appendix(*_theory(tmp_path), paper / "appendix.tex", experiment_tables=tables)
+        appendix.render_appendix(
+            *write_theory_tables(tmp_path), paper / "appendix.tex", experiment_tables=tables
+        )
     )
     appendix.compile_pdf(paper / "main.tex")
     log = (paper / "main.log").read_text(errors="replace")

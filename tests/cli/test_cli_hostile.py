@@ -3,7 +3,7 @@ FIFOs, devices, sockets and symlink loops, declared sizes that would hang, value
 not finite, broken side files; plus two writers of one output, a failing disk, a closed pipe and Ctrl-C.
 
 Each case of :data:`CASES` runs one command in-process (``attnid.cli.main``, stderr captured) in one
-workspace and asserts, like ``tests/test_cli_fuzz.py``:
+workspace and asserts, like ``tests/cli/test_cli_fuzz.py``:
 
 - the exit status is not 0, within :data:`CASE_SECONDS` (an alarm stops a case that hangs);
 - stderr is one line with no ``Traceback``, and names the cause (a fragment of the expected message;

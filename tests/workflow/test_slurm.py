@@ -1,7 +1,7 @@
 """The smoke pipeline on a real single-node SLURM cluster, through profiles/slurm (issue #5).
 
 Starts munge, MariaDB, slurmdbd, slurmctld and slurmd under tmp_path
-(tests/slurm_cluster.py), runs the whole smoke DAG (fetch, prepare, counts, verify, every training
+(tests/helpers/slurm_cluster.py), runs the whole smoke DAG (fetch, prepare, counts, verify, every training
 run, tables, figures, appendix) with ``--profile profiles/slurm`` plus test-only overrides,
 preempts one running training job with ``scontrol requeue``, and checks:
 

@@ -1,6 +1,6 @@
 """The report is the landing page: `snakemake --report` after the smoke build opens on the claims, has every
 figure with its caption inline and the tables (checked in headless Chromium where it is installed); the smoke
-build's figures show every series and no label overlaps (tests/figure_checks.py)."""
+build's figures show every series and no label overlaps (tests/helpers/figure_checks.py)."""
 
 from __future__ import annotations
 
@@ -153,8 +153,7 @@ def test_the_interventions_page_shows_the_verdict_columns_and_every_seed(tmp_pat
     """interventions.csv's page: per comparison n, the mean with its t-interval, p before and after Holm, the
     detectable effect, the cost and the verdict, grey where the rule gives none; the rule under it; every
     column to unfold; and the seeds table as one row per comparison, one column per seed."""
-    from synthetic_runs import write_intervention_runs
-    from test_figure6 import DEFAULT_EFFECTS, final_losses
+    from synthetic_runs import DEFAULT_EFFECTS, final_losses, write_intervention_runs
 
     from attnid.reports.interventions_table import write_interventions_table
 

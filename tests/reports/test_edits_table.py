@@ -29,7 +29,7 @@ from system_packages import needs
 from attnid.cli import main
 from attnid.theory import counts
 
-TOLERANCE = 1e-5  # max |logit change| / max |logit|, float32 (as tests/test_checkpoints.py)
+TOLERANCE = 1e-5  # max |logit change| / max |logit|, float32 (as tests/cli/test_checkpoints.py)
 TINY = {"n_layer": 2, "n_head": 2, "n_embd": 16}
 SEEDS = (0, 1)
 

@@ -42,7 +42,7 @@ PACKAGE_OF = {
     "scontrol": "slurm-client",
 }
 # Every package the tests use (the fonts TeX needs beyond latexmk's dependencies included), as README.md's
-# apt line and .ci/run name them (tests/test_packaging.py checks both).
+# apt line and .ci/run name them (tests/house/test_packaging.py checks both).
 APT_PACKAGES = (
     "latexmk",
     "texlive-latex-recommended",
@@ -50,7 +50,7 @@ APT_PACKAGES = (
     "texlive-science",  # siunitx: the appendix's numbers
     "lmodern",
     "poppler-utils",
-    "chromium",  # the Snakemake report, opened headless (tests/test_report.py)
+    "chromium",  # the Snakemake report, opened headless (tests/reports/test_report.py)
     "slurmctld",
     "slurmd",
     "slurm-client",

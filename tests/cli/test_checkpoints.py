@@ -14,7 +14,7 @@ import pickle
 
 import pytest
 import torch
-from test_model import reference_logits  # an independent nanoGPT forward
+from reference_forward import reference_logits
 
 from attnid.cli import main
 from attnid.common.errors import UserError
