@@ -475,7 +475,8 @@ def _interval_tex(row: dict) -> str:
 
 
 def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = None) -> str:
-    """``interventions.tex`` from templates/interventions.tex.j2 (attnid.tables' renderer)."""
+    """``interventions.tex`` from templates/interventions.tex.j2
+    (:func:`attnid.reports.latex.render_table`)."""
     rows = [
         row
         | {
