@@ -341,6 +341,37 @@ def read_arm_costs(path: str | Path) -> ArmCosts:
     return ArmCosts(dict(zip(table["arm"], table["ratio_to_adamw"].astype(float), strict=True)), source)
 
 
+def _family_members(names: list[str], family: Sequence[str] | None) -> list[str]:
+    """The comparisons Holm's correction runs over (docs/design.md §11.3): the declared ``family``, each once
+    and each among ``names`` (the runs' comparisons), or every one of ``names`` when none is declared."""
+    members = names if family is None else list(family)
+    repeated = sorted({name for name in members if members.count(name) > 1})
+    if repeated:
+        raise UserError(
+            f"the family names {', '.join(repeated)} twice: each comparison counts once in Holm's m"
+        )
+    unknown = [name for name in members if name not in names]
+    if unknown:
+        raise UserError(
+            f"the family names {', '.join(unknown)}, not among the runs' comparisons "
+            f"({', '.join(names)}): pass those arms' runs, or declare the family the runs make"
+        )
+    return members
+
+
+def _paired_estimates(
+    seeds: pd.DataFrame, names: list[str], alpha: float
+) -> dict[str, PairedEstimate | None]:
+    """Each comparison's estimate from its finite differences of interventions_seeds.csv (a diverged pair
+    has none); None below :data:`MIN_PAIRED_SEEDS` of them (a mean's interval needs two)."""
+    estimates: dict[str, PairedEstimate | None] = {}
+    for name in names:
+        differences = seeds.loc[seeds["comparison"] == name, "difference"].astype(float).to_numpy()
+        finite = differences[np.isfinite(differences)]
+        estimates[name] = estimate_paired(finite, alpha) if finite.size >= MIN_PAIRED_SEEDS else None
+    return estimates
+
+
 def comparisons_table(
     seeds: pd.DataFrame,
     alpha: float = ALPHA,
@@ -354,24 +385,9 @@ def comparisons_table(
     comparisons; None: all of them), the rule's verdict (:class:`attnid.reports.statistics.VerdictRule`) and
     the smallest effect it could detect, and the arm's cost per step over the baseline's from ``costs``."""
     names = list(dict.fromkeys(seeds["comparison"]))
-    members = names if family is None else list(family)
-    repeated = sorted({name for name in members if members.count(name) > 1})
-    if repeated:
-        raise UserError(
-            f"the family names {', '.join(repeated)} twice: each comparison counts once in Holm's m"
-        )
-    unknown = [name for name in members if name not in names]
-    if unknown:
-        raise UserError(
-            f"the family names {', '.join(unknown)}, not among the runs' comparisons "
-            f"({', '.join(names)}): pass those arms' runs, or declare the family the runs make"
-        )
+    members = _family_members(names, family)
     rule = VerdictRule(alpha, equivalence_margin, family_size=len(members))
-    estimates: dict[str, PairedEstimate | None] = {}
-    for name in names:
-        differences = seeds.loc[seeds["comparison"] == name, "difference"].astype(float).to_numpy()
-        finite = differences[np.isfinite(differences)]
-        estimates[name] = estimate_paired(finite, alpha) if finite.size >= MIN_PAIRED_SEEDS else None
+    estimates = _paired_estimates(seeds, names, alpha)
     holm = dict(
         zip(
             members,
