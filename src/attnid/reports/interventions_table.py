@@ -64,7 +64,7 @@ from attnid.plan.interventions import (
     comparison_name,
     kept_moments_arm,
 )
-from attnid.reports.latex import records, render_table
+from attnid.reports.latex import records, render_table, siunitx_number, table_number, tex_escape
 from attnid.reports.statistics import (
     ALPHA,
     BOOTSTRAP_MIN_SEEDS,
@@ -77,6 +77,7 @@ from attnid.reports.statistics import (
     holm_adjusted,
     smallest_sign_flip_p_value,
 )
+from attnid.training.cases import CASES
 from attnid.training.rundir import find_run_dirs, load_run
 
 # The primary metric (docs/design.md §11.5): run.json's loss of the final model on the whole val split.
@@ -123,8 +124,6 @@ def load_runs_by_arm(
 ) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
     """{arm: [(run.json, metrics.csv)]} for the listed runs (or every run under ``runs_dir``), in the case
     registry's order of the arms' cases (unknown cases last), an arm right after its case."""
-    from attnid.training.cases import CASES
-
     by_arm: dict[str, list] = {}
     for run_dir in find_run_dirs(runs_dir, listed):
         info, metrics = load_run(run_dir)
@@ -463,8 +462,6 @@ def interventions_table(
 def comparison_tex(row: dict) -> str:
     """A comparison's name in the LaTeX table: the arm (against the table's baseline), the arm minus another
     baseline, or the interaction."""
-    from attnid.reports.latex import tex_escape
-
     if row["comparison"] == INTERACTION:
         return r"interaction: starting point $\times$ frozen"
     text = rf"\texttt{{{tex_escape(row['arm'])}}}"
@@ -476,16 +473,12 @@ def comparison_tex(row: dict) -> str:
 def _detectable_tex(row: dict) -> str:
     """The detectable effect's cell of its siunitx column: ``none`` below the rule's minimum n (the test
     cannot reject at all)."""
-    from attnid.reports.latex import table_number
-
     value = row["detectable_effect"]
     return "{none}" if value is not None and math.isinf(value) else table_number(value, 2)
 
 
 def _interval_tex(row: dict) -> str:
     """The t-interval's cell, its ends written as the mean's column writes numbers; -- without one."""
-    from attnid.reports.latex import siunitx_number
-
     low, high = siunitx_number(row["ci_low"], 2, 1.0), siunitx_number(row["ci_high"], 2, 1.0)
     return "--" if low is None or high is None else rf"[\num{{{low}}}, \num{{{high}}}]"
 
