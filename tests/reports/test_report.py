@@ -165,7 +165,7 @@ def test_the_interventions_page_shows_the_verdict_columns_and_every_seed(tmp_pat
     )
     page = report_pages.interventions_html(pd.read_csv(tmp_path / "interventions.csv"))
     head = re.findall(r"<th>(.*?)</th>", page.split("<details>")[0])
-    assert head == [html.escape(h) for h, _ in report_pages.INTERVENTION_COLUMNS]
+    assert head == [html.escape(h) for h, _ in report_pages.INTERVENTION_PAGE_COLUMNS]
     body = page.split("<details>")[0]
     rows = [
         (grey, re.findall(r"<td[^>]*>(.*?)</td>", cells))

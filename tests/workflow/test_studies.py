@@ -21,6 +21,7 @@ from synthetic_runs import write_run, write_theory_tables
 from system_packages import needs
 
 from attnid.cli import main
+from attnid.cli import reports as report_commands
 from attnid.plan import plan
 from attnid.plan import studies as study_plan
 from attnid.reports import appendix, figures, studies
@@ -443,7 +444,8 @@ def test_a_build_without_the_studies_never_shows_their_leftovers(tmp_path, synth
     # the figures command: no Figure 5 from the leftover study tables with --no-studies
     (tables / "sweep.csv").write_text("optimizer\n")
     drawn = []
-    monkeypatch.setattr(figures, "make_figure", lambda name, *args: drawn.append(name) or [])
+    # where `attnid figures` looks it up (imported at the top of attnid.cli.reports)
+    monkeypatch.setattr(report_commands, "make_figure", lambda name, *args: drawn.append(name) or [])
     theory = write_theory_tables(tmp_path)[0].parent
     assert (
         main(

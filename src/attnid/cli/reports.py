@@ -13,8 +13,13 @@ from pathlib import Path
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import write_text_atomic
+from attnid.reports.figures import default_figures, make_figure, registry
+from attnid.reports.figures.inputs import Sources
+from attnid.reports.latex import records
+from attnid.reports.report_pages import TABLE_PAGES, write_report_pages
 
-# Each command imports what it needs when it runs: `attnid tables` need not import matplotlib.
+# Every report command's --help imports this module: the modules that load pandas or scipy are imported
+# by the command that runs them (the `# lazy:` imports), so `attnid tables --help` need not wait for them.
 
 
 def add_run_selection_arguments(parser: argparse.ArgumentParser, sweep: bool = True) -> None:
@@ -110,7 +115,7 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_tables(args: argparse.Namespace) -> int:
-    # lazy: pandas and scipy, which --help does not wait for
+    # lazy: pandas, which --help does not wait for
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
@@ -160,10 +165,6 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> int:
-    # lazy: pandas and scipy, which --help does not wait for
-    from attnid.reports.figures import default_figures, make_figure, registry
-    from attnid.reports.figures.inputs import Sources
-
     check_run_selection(args)
     sources = Sources(
         theory=None if args.theory_dir is None else Path(args.theory_dir),
@@ -187,9 +188,8 @@ def run_figures(args: argparse.Namespace) -> int:
 
 
 def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
-    # lazy: pandas and scipy, which --help does not wait for
+    # lazy: pandas, which only this command's --help loads (for the optional parts), not the others'
     from attnid.reports.appendix import optional_parts
-    from attnid.reports.figures import registry
 
     parts = optional_parts()
 
@@ -235,7 +235,7 @@ def add_appendix_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_appendix(args: argparse.Namespace) -> int:
-    # lazy: pandas and scipy, which --help does not wait for
+    # lazy: pandas, which only this command's --help loads, not the others'
     from attnid.reports.appendix import compile_pdf, render_appendix
 
     rule = outputs.current()
@@ -276,8 +276,6 @@ def run_appendix(args: argparse.Namespace) -> int:
 
 
 def add_report_pages_arguments(parser: argparse.ArgumentParser) -> None:
-    from attnid.reports.report_pages import TABLE_PAGES
-
     parser.add_argument("--tables", required=True, help="results/<config>/tables (claims.csv and the others)")
     parser.add_argument("--figures", required=True, help="results/<config>/figures (figN.png and figN.rst)")
     parser.add_argument(
@@ -302,8 +300,6 @@ def add_report_pages_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_report_pages(args: argparse.Namespace) -> int:
-    from attnid.reports.report_pages import write_report_pages
-
     rule = outputs.current()
     rule.read(
         *files_in(args.tables, "*.csv"), *files_in(args.figures, "*.png"), *files_in(args.figures, "*.rst")
@@ -392,9 +388,8 @@ def add_edits_table_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_edits_table(args: argparse.Namespace) -> int:
-    # lazy: pandas and scipy, which --help does not wait for
+    # lazy: pandas, which --help does not wait for
     from attnid.reports.edits_table import write_edits_table
-    from attnid.reports.latex import records
 
     declare_report_files(args, *args.json)
     with written_by("attnid prune-biases or balance (--json)"):
@@ -411,7 +406,7 @@ def run_edits_table(args: argparse.Namespace) -> int:
 
 
 def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
-    # lazy: pandas and scipy, which --help does not wait for
+    # lazy: pandas and scipy, which only this command's --help loads (for the defaults), not the others'
     from attnid.reports.interventions_table import BASELINE_CASE, INTERACTION
     from attnid.reports.statistics import ALPHA
 
@@ -455,7 +450,6 @@ def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_interventions_table(args: argparse.Namespace) -> int:
-
     # lazy: pandas and scipy, which --help does not wait for
     from attnid.reports.interventions_table import write_interventions_table
 
@@ -500,6 +494,7 @@ def add_calibration_table_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_calibration_table(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
     from attnid.plan.runs import SPEC_FILE, read_pending_spec
     from attnid.reports.calibration import write_calibration
 

@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
@@ -160,8 +162,6 @@ def pdf_aspect_ratio(path: Path) -> float:
 
 
 def _read_csv(path: str | os.PathLike, what: str, needed: set[str]):
-    import pandas as pd
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{what} CSV {path} not found: run the command that writes it first")

@@ -9,12 +9,10 @@ latest one, and its tables read as data frames (for the notebook and for Python 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import pandas as pd
 
 from attnid.common.errors import UserError
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 RESULTS = "results"  # where every config's results_dir lies in the shipped configs
 # A build is finished once `attnid tables` wrote this (the other tables and the figures depend on it).
@@ -66,8 +64,6 @@ def locate_build(chosen: str | Path | None = None, start: str | Path | None = No
 def read_tables(build: str | Path) -> dict[str, pd.DataFrame]:
     """Every CSV table of a build (``tables/*.csv``) by name: ``claims``, ``runs``, ``cases``, ``sweep``,
     ``sweep_slopes`` and, where the config has those stages, the studies', ``prune``, ``interventions``."""
-    import pandas as pd
-
     folder = Path(build) / "tables"
     if not (Path(build) / MARKER).is_file():
         raise UserError(f"{build} is not a finished build (no {MARKER})")

@@ -99,7 +99,8 @@ def _extreme(frame: pd.DataFrame, columns: list[str], largest: bool = True) -> f
 
 def census_claim(census: pd.DataFrame) -> dict:
     """The whole-model census's row of claims.csv: how many shapes of ``census.csv`` close (sum of the
-    closed forms = measured Jacobian nullity, gap >= 1e6; attnid.census), against how many there are."""
+    closed forms = measured Jacobian nullity, gap >= 1e6; :mod:`attnid.theory.census`), against how many
+    there are."""
     closing = int(census["closes"].astype(str).str.lower().eq("true").sum())
     worst = float(pd.to_numeric(census["gap"], errors="coerce").min()) if len(census) else math.nan
     return _claim(

@@ -21,6 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from attnid.common.errors import UserError
+from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.reports.latex import records, render_table
 
 EDITS = ("prune-biases", "balance")
 SHAPE = ["edit", "format", "n_layer", "n_head", "n_embd", "bias"]
@@ -168,9 +170,6 @@ def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_edits_table(paths: list[Path], out_dir: Path) -> dict[str, pd.DataFrame]:
-    from attnid.common.files import write_csv_atomic, write_text_atomic
-    from attnid.reports.latex import records, render_table
-
     runs = per_run_table(paths)
     summary = summary_table(runs)
     out_dir = Path(out_dir)

@@ -29,9 +29,10 @@ CIRCUIT_STYLE = {"qk": {"color": "#1f77b4", "marker": "o"}, "ov": {"color": "#d6
 def plot_inspection(report: dict, path: str | Path, title: str = "") -> Path:
     """Draw μ_QK and μ_OV against the layer index (log scale) from an ``attnid inspect`` report; write
     ``path`` (PNG) atomically."""
-    plt = pyplot()
+    # lazy: matplotlib, which `attnid inspect` loads only to draw (--plot)
     from matplotlib.ticker import MaxNLocator
 
+    plt = pyplot()
     precision = PRECISION_OF_DTYPE.get(str(report.get("dtype")), "float32")
     ceiling = round_off_ceiling(precision, order=MU_ROUND_OFF_ORDER)
     fig, ax = plt.subplots(figsize=(1.4 * PANEL_WIDTH, PANEL_HEIGHT))

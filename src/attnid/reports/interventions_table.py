@@ -64,7 +64,7 @@ from attnid.plan.interventions import (
     comparison_name,
     kept_moments_arm,
 )
-from attnid.reports.latex import records, render_table
+from attnid.reports.latex import records, render_table, siunitx_number, table_number, tex_escape
 from attnid.reports.statistics import (
     ALPHA,
     BOOTSTRAP_MIN_SEEDS,
@@ -77,6 +77,7 @@ from attnid.reports.statistics import (
     holm_adjusted,
     smallest_sign_flip_p_value,
 )
+from attnid.training.cases import CASES
 from attnid.training.rundir import find_run_dirs, load_run
 
 # The primary metric (docs/design.md §11.5): run.json's loss of the final model on the whole val split.
@@ -123,8 +124,6 @@ def load_runs_by_arm(
 ) -> dict[str, list[tuple[dict, pd.DataFrame]]]:
     """{arm: [(run.json, metrics.csv)]} for the listed runs (or every run under ``runs_dir``), in the case
     registry's order of the arms' cases (unknown cases last), an arm right after its case."""
-    from attnid.training.cases import CASES
-
     by_arm: dict[str, list] = {}
     for run_dir in find_run_dirs(runs_dir, listed):
         info, metrics = load_run(run_dir)
@@ -341,6 +340,37 @@ def read_arm_costs(path: str | Path) -> ArmCosts:
     return ArmCosts(dict(zip(table["arm"], table["ratio_to_adamw"].astype(float), strict=True)), source)
 
 
+def _family_members(names: list[str], family: Sequence[str] | None) -> list[str]:
+    """The comparisons Holm's correction runs over (docs/design.md §11.3): the declared ``family``, each once
+    and each among ``names`` (the runs' comparisons), or every one of ``names`` when none is declared."""
+    members = names if family is None else list(family)
+    repeated = sorted({name for name in members if members.count(name) > 1})
+    if repeated:
+        raise UserError(
+            f"the family names {', '.join(repeated)} twice: each comparison counts once in Holm's m"
+        )
+    unknown = [name for name in members if name not in names]
+    if unknown:
+        raise UserError(
+            f"the family names {', '.join(unknown)}, not among the runs' comparisons "
+            f"({', '.join(names)}): pass those arms' runs, or declare the family the runs make"
+        )
+    return members
+
+
+def _paired_estimates(
+    seeds: pd.DataFrame, names: list[str], alpha: float
+) -> dict[str, PairedEstimate | None]:
+    """Each comparison's estimate from its finite differences of interventions_seeds.csv (a diverged pair
+    has none); None below :data:`MIN_PAIRED_SEEDS` of them (a mean's interval needs two)."""
+    estimates: dict[str, PairedEstimate | None] = {}
+    for name in names:
+        differences = seeds.loc[seeds["comparison"] == name, "difference"].astype(float).to_numpy()
+        finite = differences[np.isfinite(differences)]
+        estimates[name] = estimate_paired(finite, alpha) if finite.size >= MIN_PAIRED_SEEDS else None
+    return estimates
+
+
 def comparisons_table(
     seeds: pd.DataFrame,
     alpha: float = ALPHA,
@@ -354,24 +384,9 @@ def comparisons_table(
     comparisons; None: all of them), the rule's verdict (:class:`attnid.reports.statistics.VerdictRule`) and
     the smallest effect it could detect, and the arm's cost per step over the baseline's from ``costs``."""
     names = list(dict.fromkeys(seeds["comparison"]))
-    members = names if family is None else list(family)
-    repeated = sorted({name for name in members if members.count(name) > 1})
-    if repeated:
-        raise UserError(
-            f"the family names {', '.join(repeated)} twice: each comparison counts once in Holm's m"
-        )
-    unknown = [name for name in members if name not in names]
-    if unknown:
-        raise UserError(
-            f"the family names {', '.join(unknown)}, not among the runs' comparisons "
-            f"({', '.join(names)}): pass those arms' runs, or declare the family the runs make"
-        )
+    members = _family_members(names, family)
     rule = VerdictRule(alpha, equivalence_margin, family_size=len(members))
-    estimates: dict[str, PairedEstimate | None] = {}
-    for name in names:
-        differences = seeds.loc[seeds["comparison"] == name, "difference"].astype(float).to_numpy()
-        finite = differences[np.isfinite(differences)]
-        estimates[name] = estimate_paired(finite, alpha) if finite.size >= MIN_PAIRED_SEEDS else None
+    estimates = _paired_estimates(seeds, names, alpha)
     holm = dict(
         zip(
             members,
@@ -447,8 +462,6 @@ def interventions_table(
 def comparison_tex(row: dict) -> str:
     """A comparison's name in the LaTeX table: the arm (against the table's baseline), the arm minus another
     baseline, or the interaction."""
-    from attnid.reports.latex import tex_escape
-
     if row["comparison"] == INTERACTION:
         return r"interaction: starting point $\times$ frozen"
     text = rf"\texttt{{{tex_escape(row['arm'])}}}"
@@ -460,22 +473,19 @@ def comparison_tex(row: dict) -> str:
 def _detectable_tex(row: dict) -> str:
     """The detectable effect's cell of its siunitx column: ``none`` below the rule's minimum n (the test
     cannot reject at all)."""
-    from attnid.reports.latex import table_number
-
     value = row["detectable_effect"]
     return "{none}" if value is not None and math.isinf(value) else table_number(value, 2)
 
 
 def _interval_tex(row: dict) -> str:
     """The t-interval's cell, its ends written as the mean's column writes numbers; -- without one."""
-    from attnid.reports.latex import siunitx_number
-
     low, high = siunitx_number(row["ci_low"], 2, 1.0), siunitx_number(row["ci_high"], 2, 1.0)
     return "--" if low is None or high is None else rf"[\num{{{low}}}, \num{{{high}}}]"
 
 
 def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = None) -> str:
-    """``interventions.tex`` from templates/interventions.tex.j2 (attnid.tables' renderer)."""
+    """``interventions.tex`` from templates/interventions.tex.j2
+    (:func:`attnid.reports.latex.render_table`)."""
     rows = [
         row
         | {

@@ -21,10 +21,11 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jinja2
+
 from attnid.common.errors import UserError
 
 if TYPE_CHECKING:
-    import jinja2
     import pandas as pd
 
 # "~" in a label means "about" ("beta after rebalance ~ 0"): shown as a math \sim, not as an accent.
@@ -231,7 +232,6 @@ def package_template_dir() -> Traversable:
 
 def _resource_loader(folder: Traversable) -> jinja2.BaseLoader:
     """A jinja2 loader over a Traversable folder (what importlib.resources returns)."""
-    import jinja2
 
     def load(name: str):
         resource = folder.joinpath(*name.split("/"))
@@ -246,8 +246,6 @@ def latex_environment(template_dir: str | os.PathLike | Traversable | None = Non
     Templates are read from ``template_dir`` (a folder path, or a Traversable such as
     :func:`package_template_dir`), by default from the package's own templates.
     """
-    import jinja2
-
     loader: jinja2.BaseLoader
     if isinstance(template_dir, (str, os.PathLike)):
         loader = jinja2.FileSystemLoader(str(template_dir))
@@ -291,6 +289,7 @@ def records(rows: pd.DataFrame | Iterable[dict]) -> list[dict]:
     templates and filters see one kind of missing; any other iterable of dicts as a list."""
     if not hasattr(rows, "to_dict"):
         return list(rows)
+    # lazy: pandas, for a DataFrame's rows only: the report commands' --help import this module
     import pandas as pd
 
     return [

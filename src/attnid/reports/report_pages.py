@@ -20,9 +20,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from docutils.core import publish_parts  # type: ignore[import-untyped]
+
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import write_text_atomic
+from attnid.reports.figures import caption_parts
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -101,6 +104,7 @@ def shown_columns(frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
 
 def html_table(frame: pd.DataFrame) -> str:
     """``frame`` as an HTML table: numbers right-aligned, a pass or fail cell coloured."""
+    # lazy: pandas, which the workflow and --help (reading TABLE_PAGES) do not load
     import pandas as pd
 
     columns = shown_columns(frame)
@@ -150,6 +154,7 @@ def interventions_html(frame: pd.DataFrame) -> str:
     """interventions.csv as a reader wants it: per comparison its n, mean difference with the t-interval,
     p before and after Holm, the smallest detectable effect, the cost and the verdict (grey where the rule
     gives none), the rule's settings under it, and every column in a table to unfold."""
+    # lazy: pandas, which the workflow and --help (reading TABLE_PAGES) do not load
     import pandas as pd
 
     frame = frame.astype(object).where(pd.notna(frame), None)
@@ -193,6 +198,7 @@ def interventions_html(frame: pd.DataFrame) -> str:
 def seeds_html(frame: pd.DataFrame) -> str:
     """interventions_seeds.csv as one row per comparison and one column per seed: each seed's difference,
     arm minus baseline (-- where a run diverged)."""
+    # lazy: pandas, which the workflow and --help (reading TABLE_PAGES) do not load
     import pandas as pd
 
     order = list(dict.fromkeys(frame["comparison"]))
@@ -229,8 +235,6 @@ def html_page(title: str, body: str) -> str:
 def caption_html(caption_rst: str) -> str:
     """A figure caption (reStructuredText, :mod:`attnid.reports.figures`) as HTML, math as MathML, as the
     report renders its captions (docutils)."""
-    from docutils.core import publish_parts  # type: ignore[import-untyped]
-
     parts = publish_parts(
         caption_rst,
         writer_name="html5",
@@ -315,9 +319,8 @@ def write_report_pages(
 ) -> list[Path]:
     """Write ``index.rst``, ``claims.html``, each figure's page and each table page of ``pages`` into
     ``out_dir``; returns their paths."""
+    # lazy: pandas, which the workflow and --help (reading TABLE_PAGES) do not load
     import pandas as pd
-
-    from attnid.reports.figures import caption_parts
 
     tables, figures, out = Path(tables_dir), Path(figures_dir), Path(out_dir)
     claims_csv = tables / CLAIMS_CSV

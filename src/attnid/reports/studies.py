@@ -32,6 +32,7 @@ import pandas as pd
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
 from attnid.plan.studies import STUDIES
+from attnid.reports.latex import records, render_table
 from attnid.reports.statistics import (
     BOOTSTRAP_RESAMPLES,
     EXACT_PERMUTATION_POINTS,
@@ -40,7 +41,7 @@ from attnid.reports.statistics import (
     rank_correlation_ci_over_seeds,
     rank_correlation_p_value,
 )
-from attnid.reports.tables import mean_sd_over_seeds
+from attnid.reports.tables import mean_sd_over_seeds, summarize_run
 from attnid.theory.counts import attention_params_per_layer, identified_fraction, layer_shape
 from attnid.training.rundir import load_run
 
@@ -95,8 +96,6 @@ def summarize_study_run(run_dir: Path) -> dict:
     """One run of a study: its point (the parent folder), architecture, closed-form identified fraction
     of one attention layer (counts.py for that shape), final val loss, mean ρ, final μ and tokens/s
     (median over the logged intervals)."""
-    from attnid.reports.tables import summarize_run
-
     info, metrics = load_run(run_dir)
     summary = summarize_run(info, metrics)
     arch = run_architecture(info)
@@ -260,8 +259,6 @@ QUANTITY_TEX = {
 def render_study_table(study: str, points: pd.DataFrame) -> str:
     """``<study>.tex`` from templates/identification_study.tex.j2
     (:func:`attnid.reports.latex.render_table`)."""
-    from attnid.reports.latex import render_table
-
     return render_table(
         "identification_study.tex.j2",
         study=study,
@@ -274,8 +271,6 @@ def render_study_table(study: str, points: pd.DataFrame) -> str:
 def render_correlation_table(correlations: pd.DataFrame) -> str:
     """``identification_correlation.tex`` (every row of identification_correlation.csv) from
     templates/identification_correlation.tex.j2."""
-    from attnid.reports.latex import records, render_table
-
     rows = [row | {"quantity_tex": QUANTITY_TEX[row["quantity"]]} for row in records(correlations)]
     return render_table(
         "identification_correlation.tex.j2",

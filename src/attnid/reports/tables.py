@@ -28,6 +28,7 @@ from attnid.reports.claims import claims_table
 from attnid.reports.latex import render_table
 from attnid.reports.round_off import at_round_off, coarsest_dtype, dtypes_of, round_off_ceiling, run_dtype
 from attnid.theory.circuits import CIRCUITS
+from attnid.theory.counts import layer_shape, unidentified_ov_params, unidentified_qk_params
 from attnid.training.rundir import find_run_dirs, load_run
 
 # Per-run summary columns whose mean ± sd over seeds make the per-case table.
@@ -137,8 +138,6 @@ def unidentified_qk_ov_params(config: dict) -> float:
     run.json ``config``): the query-key and output-value weights no output sees, ``2 L G D^2`` without
     RoPE, which are the entries the gauge-fixed arm fixes (docs/design.md §5, §14). NaN for a config
     without a shape."""
-    from attnid.theory.counts import layer_shape, unidentified_ov_params, unidentified_qk_params
-
     try:
         shape = layer_shape(
             config["n_embd"],

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from jinja2 import StrictUndefined, Template
+
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import write_text_atomic
@@ -148,8 +150,6 @@ def caption_parts(text: str) -> tuple[str, str] | None:
 def fill_caption(template: str, numbers: Mapping[str, Any]) -> str:
     """A caption template (jinja2) filled with a drawing's ``numbers``; ``fmt`` is :func:`caption_number`,
     ``value`` :func:`caption_value`."""
-    from jinja2 import StrictUndefined, Template
-
     return Template(
         template, undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
     ).render(**numbers, fmt=caption_number, value=caption_value)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from attnid.reports.figures.inputs import Drawing, Sources
 from attnid.reports.figures.style import PANEL_HEIGHT, PANEL_WIDTH, pyplot
+from attnid.theory.counts import identified_fraction
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -64,8 +65,6 @@ def draw(sources: Sources) -> Drawing:
 
 
 def _draw_closed_forms(ax: Axes, ax_log: Axes) -> None:
-    from attnid.theory.counts import identified_fraction
-
     for label, kind, linestyle, color in CLOSED_FORMS:
         values = np.array(
             [

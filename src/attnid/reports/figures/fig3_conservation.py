@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -104,6 +105,7 @@ def _every(band: pd.DataFrame) -> int:
 
 
 def _legend_handles() -> list:
+    # lazy: matplotlib, which reading the figure registry (the workflow, --help) does not load
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -192,8 +194,7 @@ def predicted_beta_sgd_wd(
 
 def lr_schedule(config: dict) -> Callable[[int], float]:
     """The run's learning rate as a function of the 0-based step (nanoGPT's schedule)."""
-    from types import SimpleNamespace
-
+    # lazy: torch (training.loop's top), which drawing the figures from the logs runs without
     from attnid.training.loop import get_lr
 
     cfg = SimpleNamespace(**config)

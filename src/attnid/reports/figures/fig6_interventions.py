@@ -42,9 +42,11 @@ from attnid.reports.figures.style import (
     keep_texts_inside,
     pyplot,
 )
+from attnid.reports.interventions_table import load_runs_by_arm
 from attnid.reports.latex import finite_or_none
 from attnid.reports.round_off import at_round_off
 from attnid.reports.statistics import N_TOO_SMALL, NO_LABEL, NOT_IN_FAMILY, smallest_sign_flip_p_value
+from attnid.training.rundir import find_run_dirs, load_run
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -115,9 +117,6 @@ TABLE_COLUMNS = {
 def draw(sources: Sources) -> Drawing:
     """Figure 6 from interventions.csv, interventions_seeds.csv, the interventions' runs and the float64
     identity run(s)."""
-    from attnid.reports.interventions_table import load_runs_by_arm
-    from attnid.training.rundir import find_run_dirs, load_run
-
     table, seeds = (_read_table(sources, name) for name in TABLE_COLUMNS)
     arm_runs = load_runs_by_arm(None, sources.intervention_runs) if sources.intervention_runs else {}
     identity = [load_run(run_dir) for run_dir in find_run_dirs(None, sources.identity_runs or [])]

@@ -81,6 +81,7 @@ class Sources:
 
     def case_runs(self) -> dict[str, RunGroup]:
         """{case: runs} of ``runs`` (or of everything under ``runs_dir``), loaded once."""
+        # lazy: pandas (training.rundir), which reading the figure registry (the workflow, --help) skips
         from attnid.training.rundir import load_runs_by_case
 
         if not self.given("runs"):

@@ -62,6 +62,7 @@ def runs_dtype(runs: list[tuple[dict, pd.DataFrame]]) -> str:
 def draw_floor_band(ax: Axes, dtype: str, text: str, steps: int = 1, order: int = 1) -> None:
     """The grey band of ``dtype``'s round-off, floor/10 .. :func:`round_off_ceiling`, with ``text`` on its top
     edge (on a log y axis, extended down to show the whole band); ``order``: see :func:`round_off_floor`."""
+    # lazy: matplotlib, which reading the figure registry (the workflow, --help) does not load
     from matplotlib.transforms import blended_transform_factory
 
     floor, ceiling = round_off_floor(dtype, order), round_off_ceiling(dtype, steps, order)

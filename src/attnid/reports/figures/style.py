@@ -55,9 +55,11 @@ PANEL_HEIGHT = 2.9
 def pyplot() -> ModuleType:
     """matplotlib.pyplot on the Agg backend (imported on first use: the workflow reads the figure registry
     without matplotlib)."""
+    # lazy: matplotlib, which reading the figure registry (the workflow, --help) does not load
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # lazy: pyplot, imported once the backend is Agg (a display's backend would need one)
     import matplotlib.pyplot as plt
 
     return plt
@@ -168,6 +170,7 @@ def marker_boxes(ax: Axes, renderer: Any) -> list[Bbox]:
 
 
 def _boxes_around(points: np.ndarray, half: float) -> list[Bbox]:
+    # lazy: matplotlib, which reading the figure registry (the workflow, --help) does not load
     from matplotlib.transforms import Bbox
 
     finite = points[np.isfinite(points).all(axis=1)]
@@ -176,6 +179,7 @@ def _boxes_around(points: np.ndarray, half: float) -> list[Bbox]:
 
 def line_points(ax: Axes, step: float = 2.0) -> np.ndarray:
     """Points every ``step`` pixels along every drawn line of ``ax`` (lines and error bars), on the canvas."""
+    # lazy: matplotlib, which reading the figure registry (the workflow, --help) does not load
     from matplotlib.collections import LineCollection
 
     paths = [
