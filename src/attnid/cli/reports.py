@@ -165,7 +165,6 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_figures(args: argparse.Namespace) -> int:
-    check_run_selection(args)
     sources = Sources(
         theory=None if args.theory_dir is None else Path(args.theory_dir),
         tables=None if args.tables is None else Path(args.tables),
