@@ -146,10 +146,11 @@ def test_digit_agreement(shown, value, expected):
 
 
 # a comparison in the README: `name`: *verdict*, Δ d [t-CI low, high], Holm p q, detectable e
+NUMBER = r"−?\d+(?:\.\d+)?(?:e−?\d+)?"
 INTERVENTION = re.compile(
-    r"`(?P<comparison>[\w-]+)`: \*(?P<verdict>better|worse|equivalent|inconclusive)\*, "
-    r"Δ (?P<delta>[−\d.e]+) \[(?P<low>[−\d.e]+), (?P<high>[−\d.e]+)\], "
-    r"Holm p (?P<p>[\d.e−]+), detectable (?P<detectable>[\d.e−]+)"
+    rf"`(?P<comparison>[\w-]+)`: \*(?P<verdict>better|worse|equivalent|inconclusive)\*, "
+    rf"Δ (?P<delta>{NUMBER}) \[(?P<low>{NUMBER}), (?P<high>{NUMBER})\], "
+    rf"Holm p (?P<p>{NUMBER}), detectable (?P<detectable>{NUMBER})"
 )
 
 

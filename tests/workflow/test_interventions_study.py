@@ -593,6 +593,8 @@ def test_the_identities_are_claims_computed_from_the_runs(tmp_path):
     }
     assert rows["interventions: projected rho max < 1e-20"]["result"] == claims.NOT_APPLICABLE
     assert rows["interventions: gauge-fixed initial logits = adamw's (< 1e-5)"]["result"] == "missing"
+    # arms that move no moments (the default config's) make no first-moment claim, not a `missing` row
+    assert "interventions: first-moment rebalance tau max < 1e-5" not in rows
 
 
 def _path(run_dir):

@@ -306,7 +306,8 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
     - the gauge-fixed arm: the trained attention entries drop (``adamw``'s run of the same seed minus
       the arm's) by exactly the closed form ``2 L G D^2``; its initial function equals ``adamw``'s (logits
       on the probe batch, and the step-0 val loss against ``adamw``'s run of the same seed);
-    - the rebalancing arm with the first moment transported: its orbit moves keep the function (τ).
+    - the rebalancing arm with the first moment transported: its orbit moves keep the function (τ); only
+      where the arms include it.
     """
     rebalancing = (
         arms[arms["case"].isin(rebalancing_cases()) & (arms["status"] != "diverged")]
@@ -317,6 +318,10 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
         rebalancing[rebalancing["rebalance_moments"] == FIRST_MOMENT]
         if not rebalancing.empty
         else rebalancing
+    )
+    # a config whose arms move no moments (the default's) makes no such claim, rather than a `missing` row
+    moved_moments = (
+        not arms.empty and "rebalance_moments" in arms and (arms["rebalance_moments"] == FIRST_MOMENT).any()
     )
     return (
         _projected_claims(_finished_case(identity, PROJECTED_CASE))
@@ -332,7 +337,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
                 f"with the first moment transported",
                 dtypes_of(transported),
             )
-        ]
+        ][: int(moved_moments)]
     )
 
 
