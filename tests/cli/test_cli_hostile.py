@@ -34,6 +34,7 @@ import torch
 
 import attnid
 from attnid.cli import main
+from attnid.common import interrupts
 from attnid.model.gpt import GPT, GPTConfig
 
 CASE_SECONDS = 30
@@ -517,6 +518,27 @@ def test_ctrl_c_while_starting_is_one_line(hostile, tmp_path):
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err.strip() == "attnid train: interrupted", err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_command():
+    """A KeyboardInterrupt raised inside a third-party ``except BaseException`` while torch imports is
+    remembered and raised again before the command's work (attnid.common.interrupts); the handler that
+    SIGINT had comes back after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        with interrupts.recorded():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler runs in this, the main, thread
+            except BaseException:  # noqa: BLE001 - a library that swallows everything
+                pass
+            with pytest.raises(KeyboardInterrupt):
+                interrupts.stop_if_received()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with interrupts.recorded():
+            interrupts.stop_if_received()  # a new command starts with nothing received
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 # --------------------------------------------------------------------------------------

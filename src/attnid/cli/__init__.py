@@ -26,7 +26,7 @@ import traceback
 from typing import NoReturn
 
 from attnid import __version__
-from attnid.common import outputs, progress
+from attnid.common import interrupts, outputs, progress
 from attnid.common.errors import UserError
 
 # name -> (module, one-line help). The module defines add_<name>_arguments and run_<name>.
@@ -140,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     command = chosen if chosen in COMMANDS else None
     try:
-        with progress.Heartbeat(command or "attnid"):  # from the start: importing torch takes seconds
+        # from the start: importing torch takes seconds, and its libraries may swallow a KeyboardInterrupt
+        with interrupts.recorded(), progress.Heartbeat(command or "attnid"):
             args = build_parser(command).parse_args(argv)
+            interrupts.stop_if_received()
             rule = outputs.OutputRule(args.command, force=getattr(args, "force", False))
             try:
                 with outputs.active(rule):  # a failure removes what the command wrote, then unlocks

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from attnid.common import interrupts
 from attnid.common.errors import UserError
 
 
@@ -77,6 +78,7 @@ class StopSignals:
         self._previous: dict[int, Any] = {}  # signal -> the handler it had (signal.signal's return)
 
     def __enter__(self) -> StopSignals:
+        interrupts.stop_if_received()  # a Ctrl-C while torch was imported, which a library swallowed
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(ValueError):  # not the main thread: no handlers, no graceful stop
                 self._previous[signum] = signal.signal(signum, self._handle)
