@@ -300,3 +300,15 @@ def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
     if status["returncode"] != 0:
         raise AssertionError(f"the smoke DAG failed (exit {status['returncode']}):\n{status['output']}")
     return workdir
+
+
+def job_counts(dry_run_output: str) -> dict[str, int]:
+    """{rule: jobs} from the "Job stats" table of a dry run's output."""
+    table = dry_run_output.split("Job stats:", 1)[1]
+    found = {}
+    for line in table.splitlines()[3:]:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        found[parts[0]] = int(parts[1])
+    return found

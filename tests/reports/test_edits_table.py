@@ -18,6 +18,7 @@ import yaml
 from pipeline_helpers import (
     REPO,
     copy_pipeline,
+    job_counts,
     run_snakemake,
     shared_smoke_run,
     smoke_config,
@@ -226,17 +227,6 @@ def test_bad_reports_are_one_line_errors(tmp_path, capsys):
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 2 and "not a report of attnid prune-biases or attnid balance" in errors[0]
     assert "not found" in errors[1] and not (tmp_path / "prune.csv").exists()
-
-
-def job_counts(dry_run_output: str) -> dict[str, int]:
-    table = dry_run_output.split("Job stats:", 1)[1]
-    found = {}
-    for line in table.splitlines()[3:]:
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
-            break
-        found[parts[0]] = int(parts[1])
-    return found
 
 
 def test_smoke_plan_has_the_edit_jobs(tmp_path):

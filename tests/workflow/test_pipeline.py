@@ -337,10 +337,12 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "eval_every": 2,
             "warmup_iters": 1,
         },  # the default's points
-        # one arm (a list replaces the default's four): each arm writes under the same folder
+        # one arm (a list replaces the default's four) and the family it makes, at the stage's own length
         "interventions": {
             "arms": [{"case": "adamw_projected"}],
             "seeds": [0],
+            "max_iters": 6,
+            "verdict": {"family": ["adamw_projected"]},
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
         },
         "edits": {"seeds": [0]},
@@ -354,6 +356,11 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     merged = {
         **default,
+        "training": {**default["training"], **shortened["training"]},
+        "cases": {
+            **default["cases"],
+            "adamw_rebalance": {**default["cases"]["adamw_rebalance"], "rebalance_every": 3},
+        },
         "seeds": [0],
         "sweep": shortened["sweep"],
         "model": shortened["model"],
@@ -363,6 +370,8 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             **default["interventions"],
             "arms": shortened["interventions"]["arms"],
             "seeds": [0],
+            "max_iters": 6,
+            "verdict": {**default["interventions"]["verdict"], "family": ["adamw_projected"]},
             "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
         },
         "edits": {**default["edits"], "seeds": [0]},

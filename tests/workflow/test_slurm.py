@@ -32,7 +32,9 @@ from pipeline_helpers import (
     copied_study_runs,
     copy_pipeline,
     expected_outputs,
+    job_counts,
     run_showing_progress,
+    run_snakemake,
     shared_smoke_run,
     smoke_config,
     snakemake_env,
@@ -200,6 +202,8 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     )  # the local reference (shared, built once)
     workdir = copy_pipeline(tmp_path / "wf")
     config = smoke_config()
+    dry = run_snakemake(workdir, "-n", config={"data_url": shakespeare_url})
+    planned = job_counts(dry.stdout)  # every job the smoke build has, by rule
     runs = sum(1 for path in expected_outputs(config) if path.endswith("/run.json"))
     n_training = runs - len(copied_study_runs(config))  # a repeated study point is copied, not trained
 
@@ -244,8 +248,11 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
         assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], job
     # every other rule of the DAG ran on SLURM too, without a GPU
     ran = sorted(job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in others)
-    expected = list(OTHER_RULES) + [rule for rule in PER_EDIT_SEED_RULES for _ in config["edits"]["seeds"]]
-    expected += ["reuse_study_run" for _ in copied_study_runs(config)]  # copies of a repeated study point
+    expected = [
+        rule for rule, count in planned.items() if rule not in (*TRAINING_RULES, "all") for _ in range(count)
+    ]
+    assert set(expected) <= {*OTHER_RULES, *COUNTED_RULES}, expected  # the rule files declare each
+    assert planned.get("reuse_study_run", 0) == len(copied_study_runs(config))  # copies of a repeated point
     assert ran == sorted(expected), others
     assert all("gres/gpu" not in job["ReqTRES"] for job in others), others
     # the preempted job was requeued by SLURM (not resubmitted by Snakemake) and then completed
