@@ -311,4 +311,5 @@ def job_counts(dry_run_output: str) -> dict[str, int]:
         if len(parts) != 2 or not parts[1].isdigit():
             break
         found[parts[0]] = int(parts[1])
+    found.pop("total", None)  # the table's last row sums the others
     return found
