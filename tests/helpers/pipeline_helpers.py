@@ -273,16 +273,24 @@ def builds_pdf(config: dict) -> bool:
     return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
 
 
+SHARED_SMOKE_BUILD = "ATTNID_SMOKE_BUILD"  # a directory: one smoke build for several pytest sessions
+
+
 def shared_smoke_run(tmp_path_factory, shakespeare_url: str) -> Path:
     """The smoke DAG's work directory, built once per session and shared by xdist workers.
 
     The first caller runs the DAG under an exclusive lock; later callers (in any
     worker) wait for it and reuse the result. A failed build is recorded and
-    re-raised for every caller, with snakemake's output.
+    re-raised for every caller, with snakemake's output. With ``ATTNID_SMOKE_BUILD`` set
+    to a directory, the build there is shared by every session that names it: ``.ci/run``
+    builds the smoke DAG once for its two pytest sessions. Tests read it, and copy it to change it.
     """
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # shared by all workers of this session
+    if os.environ.get(SHARED_SMOKE_BUILD):
+        root = Path(os.environ[SHARED_SMOKE_BUILD])
+        root.mkdir(parents=True, exist_ok=True)
     workdir = root / "smoke_pipeline"
     status_file = root / "smoke_pipeline.status.json"
     with open(root / "smoke_pipeline.lock", "w") as lock:

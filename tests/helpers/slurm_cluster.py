@@ -3,9 +3,10 @@
 Everything (configuration, state, sockets, logs, the MariaDB data directory) lives
 under one directory; every daemon listens on 127.0.0.1 on a free port, runs in the
 foreground as a child of this process, and is stopped by the PID it was started
-with. No systemd, no cgroups (``proctrack/linuxproc``, ``task/none``), and two fake
-GPUs (``Gres=gpu:fake:2`` backed by ``/dev/null`` and ``/dev/zero``: SLURM drops a GPU without ``File=``),
-so two GPU jobs can run at once on the two test cores.
+with. No systemd, no cgroups (``proctrack/linuxproc``, ``task/none``), and four fake
+GPUs (``Gres=gpu:fake:4`` backed by ``/dev/null``, ``/dev/zero``, ``/dev/full`` and ``/dev/random``: SLURM
+drops a GPU without ``File=``), so four GPU jobs can run at once: like the CPUs (``min_cpus``), more than
+the test machine has, because a short job spends most of its life starting up and waiting for polls.
 
 Use it as a context manager::
 
@@ -48,6 +49,7 @@ PROGRAMS = (
     "scontrol",
 )
 PARTITION = "attnid"
+FAKE_GPU_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random")  # character devices: one per GPU
 CLUSTER_NAME = "attnidtest"
 DB_NAME = "slurm_acct_db"
 DB_USER, DB_PASSWORD = "slurm", "attnid-test-only"
@@ -189,7 +191,7 @@ class SlurmCluster:
         etc, log, run = self.root / "etc", self.root / "log", self.root / "run"
         (etc / "plugstack.conf").write_text("")
         (etc / "gres.conf").write_text(
-            f"NodeName={self.hostname} Name=gpu Type=fake File=/dev/null,/dev/zero\n"
+            f"NodeName={self.hostname} Name=gpu Type=fake File={','.join(FAKE_GPU_FILES)}\n"
         )
         munge_auth = f"AuthInfo=socket={self.munge_socket}"
         self.conf.write_text(f"""\
@@ -232,7 +234,7 @@ AccountingStoreFlags=job_comment
 AccountingStoragePass={self.munge_socket}
 MailProg=/bin/true
 JobCompType=jobcomp/none
-NodeName={self.hostname} NodeAddr=127.0.0.1 {hardware} Gres=gpu:fake:2 State=UNKNOWN
+NodeName={self.hostname} NodeAddr=127.0.0.1 {hardware} Gres=gpu:fake:{len(FAKE_GPU_FILES)} State=UNKNOWN
 PartitionName={PARTITION} Nodes={self.hostname} Default=YES MaxTime=INFINITE State=UP
 """)
         dbd_conf = etc / "slurmdbd.conf"

@@ -345,7 +345,7 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "verdict": {"family": ["adamw_projected"]},
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
         },
-        "edits": {"seeds": [0]},
+        "edits": {"seeds": [0], "max_iters": 6},  # the section's own length (the default's 500) wins
         "paper_pdf": False,
     }
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -374,7 +374,7 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "verdict": {**default["interventions"]["verdict"], "family": ["adamw_projected"]},
             "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
         },
-        "edits": {**default["edits"], "seeds": [0]},
+        "edits": {**default["edits"], "seeds": [0], "max_iters": 6},
         "paper_pdf": False,
     }
     missing = [path for path in expected_outputs(merged) if not (workdir / path).is_file()]

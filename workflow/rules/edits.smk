@@ -32,6 +32,7 @@ if EDITS:
         wildcard_constraints:
             case=EDITS["case"],
             seed=r"\d+",
+        priority: 0  # after the case runs (train_case)
 
     rule prune_biases:
         input:

@@ -30,6 +30,7 @@ use rule train_case as train_intervention with:
     wildcard_constraints:
         arm="|".join(map(re.escape, PLAN.arms)) or "none",
         seed=r"\d+",
+    priority: 0  # after the case runs (train_case)
 
 
 use rule train_case as train_intervention_identity with:
@@ -45,6 +46,7 @@ use rule train_case as train_intervention_identity with:
         f"{BENCHMARKS}/interventions/identity/seed{{seed}}.tsv"
     wildcard_constraints:
         seed=r"\d+",
+    priority: 0  # after the case runs (train_case)
 
 
 use rule train_case as train_calibration with:
@@ -62,6 +64,7 @@ use rule train_case as train_calibration with:
         arm="|".join(map(re.escape, PLAN.arms)) or "none",
         lr=r"[0-9.e+-]+",
         seed=r"\d+",
+    priority: 0  # after the case runs (train_case)
 
 
 CALIBRATED_RUN_DIRS = PLAN.calibrated()

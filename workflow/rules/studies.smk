@@ -20,6 +20,7 @@ use rule train_case as train_study with:
         study="|".join(STUDY_RUN_DIRS) or "none",
         point=r"[a-z][a-z0-9_]*",
         seed=r"\d+",
+    priority: 0  # after the case runs (train_case)
 
 
 # A run that trains what an earlier study run trains copies its files:

@@ -33,6 +33,9 @@ rule train_case:
     wildcard_constraints:
         case="|".join(config["cases"]),
         seed=r"\d+",
+    # The case runs are the build's longest jobs: started first, they end before the short ones, which
+    # then fill both cores to the end (docs/experiments.md, "The default run, measured").
+    priority: 1
     conda:
         ENV
     threads: config["threads"]
@@ -62,3 +65,4 @@ use rule train_case as train_sweep with:
         optimizer="|".join(config["sweep"]) or "none",
         lr=r"[0-9.e+-]+",
         seed=r"\d+",
+    priority: 0  # after the case runs (train_case)
