@@ -103,7 +103,8 @@ def test_the_calibrated_spec_is_the_plan_s_run_at_the_best_lr(calibration_runs, 
     planned = plan(copy.deepcopy(config))
     written = write_spec_files(planned)
     calibrated = planned.calibrated()
-    assert len(calibrated) == 2 * 2  # adamw and the gauge arm at their best lr, seeds 0 and 1
+    # adamw and the gauge arm at their best lr, each at the stage's seeds
+    assert len(calibrated) == 2 * len(config["interventions"]["seeds"])
     pending = [planned.pending_spec_file(run_dir) for run_dir in calibrated]
     assert set(pending) <= set(written)
     assert not any((tmp_path / planned.spec_file(run_dir)).exists() for run_dir in calibrated)

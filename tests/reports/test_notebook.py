@@ -72,7 +72,8 @@ def test_explore_notebook_runs_on_the_smoke_outputs(
         if cell.cell_type == "code"
     ]
     drawn = next(text for text in outputs if "cases drawn from" in text)
-    assert drawn.startswith("3 cases drawn from 10 runs"), drawn  # smoke: 5 cases x 2 seeds, 3 chosen
+    smoke_runs = len(smoke_config()["cases"]) * len(smoke_config()["seeds"])
+    assert drawn.startswith(f"3 cases drawn from {smoke_runs} runs"), drawn  # every case run, 3 chosen
     claims_cell = notebook.cells[3]
     assert "E1 sgd rho max" in str(claims_cell.outputs)
 

@@ -246,7 +246,7 @@ def arm_origin(config: dict, arm: Arm) -> str:
 
 def stage_settings(config: dict) -> dict:
     """The run settings the ``interventions`` section gives every run of the stage (its arms, baselines,
-    calibration and identity runs), over the model, training and case sections: e.g. ``max_iters: 600``
+    calibration and identity runs), over the model, training and case sections: e.g. ``max_iters: 300``
     while the cases train 1,500 steps."""
     section = config["interventions"]
     return {key: value for key, value in section.items() if key not in STAGE_GRID_KEYS}
