@@ -18,6 +18,7 @@ from pipeline_helpers import (
     REPO,
     copy_pipeline,
     expected_outputs,
+    job_counts,
     run_smoke_dag,
     run_snakemake,
     shared_smoke_run,
@@ -34,18 +35,6 @@ SMOKE = smoke_config()["results_dir"]
 @pytest.fixture(scope="module")
 def smoke_dir(tmp_path_factory, shakespeare_url):
     return shared_smoke_run(tmp_path_factory, shakespeare_url)
-
-
-def job_counts(dry_run_output: str) -> dict[str, int]:
-    """The 'Job stats' table of a snakemake dry run as {rule: count}."""
-    table = dry_run_output.split("Job stats:", 1)[1]
-    counts = {}
-    for line in table.splitlines()[3:]:
-        parts = line.split()
-        if len(parts) != 2 or not parts[1].isdigit():
-            break
-        counts[parts[0]] = int(parts[1])
-    return counts
 
 
 @pytest.mark.slow
