@@ -8,7 +8,7 @@
 # studies (studies.smk), the edits' runs (edits.smk) and the interventions (interventions.smk)
 # are `use rule train_case as ... with:` their own output paths, wildcards and spec file (the
 # run's settings, written by attnid.plan: common.smk); the data, threads, resources and command
-# are this rule's. A run directory the plan does not list has no spec file, so no job makes it.
+# are this rule's. Its priority is not: each sets 0, because `use rule` would inherit this rule's 1. A run directory the plan does not list has no spec file, so no job makes it.
 
 # The resources of every training job.
 TRAIN_RESOURCES = {

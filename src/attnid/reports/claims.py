@@ -323,10 +323,11 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
     moved_moments = (
         not arms.empty and "rebalance_moments" in arms and (arms["rebalance_moments"] == FIRST_MOMENT).any()
     )
-    return (
-        _projected_claims(_finished_case(identity, PROJECTED_CASE))
-        + _gauge_fixed_claims(_finished_case(arms, GAUGE_FIXED_CASE), _finished_case(arms, CLAIM_ADAMW_CASE))
-        + [
+    claims = _projected_claims(_finished_case(identity, PROJECTED_CASE)) + _gauge_fixed_claims(
+        _finished_case(arms, GAUGE_FIXED_CASE), _finished_case(arms, CLAIM_ADAMW_CASE)
+    )
+    if moved_moments:
+        claims.append(
             _claim(
                 "interventions: first-moment rebalance tau max < 1e-5",
                 "design §15 (ours)",
@@ -337,8 +338,8 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
                 f"with the first moment transported",
                 dtypes_of(transported),
             )
-        ][: int(moved_moments)]
-    )
+        )
+    return claims
 
 
 def _projected_claims(projected: pd.DataFrame) -> list[dict]:
