@@ -28,6 +28,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/studies.smk"
 include: "workflow/rules/edits.smk"
 include: "workflow/rules/interventions.smk"
+include: "workflow/rules/quantization.smk"
 include: "workflow/rules/report.smk"
 
 
@@ -37,5 +38,6 @@ rule all:
         rules.tables.output,
         STUDY_TABLE_FILES,
         INTERVENTION_TABLE_FILES,
+        QUANTIZATION_TABLE_FILES,
         rules.report_pages.output,
         rules.appendix.output,

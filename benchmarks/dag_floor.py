@@ -1,8 +1,8 @@
 """A build's floor: the wall time that its training jobs' forward and backward passes alone need.
 
 Snakemake lists every job of a full build of the config (``snakemake --dry-run --forceall
---printshellcmds``); each ``attnid train`` command (its flags and the spec file its ``--config``
-names, attnid.plan) becomes that run's settings, and the
+--printshellcmds``); each ``attnid train`` command (its flags, and the settings of the spec file its
+``--config`` names, which attnid.plan gives: a dry run writes none) becomes that run's settings, and the
 forward and backward pass of that run's model (its shape, dtype and case) is timed on one thread
 (the fastest of ``--steps`` passes after a warm-up, process CPU time, once per distinct model). A job's
 floor is ``max_iters`` times that: no optimizer step, evaluation, metric, checkpoint or start-up.
@@ -16,8 +16,8 @@ passes are PyTorch's own, as in nanoGPT). With ``--benchmarks DIR`` (a finished 
 
 Run it from the repository root, where Snakemake finds the workflow. A job's stage is the first part
 of its ``--out`` under the results directory (runs, interventions, calibration, studies, ...). A run at an
-arm's best lr, whose spec the calibration writes, is timed from its pending spec (its lr does not change
-what a pass costs).
+arm's best lr, whose spec the calibration writes, is timed at lr 1e-3 (its lr does not change what a pass
+costs).
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
+import yaml
 
 from attnid.cli.train import add_train_arguments, config_from_args
-from attnid.plan.runs import PENDING_SUFFIX, calibrated_spec_text, read_pending_spec
+from attnid.plan import Plan, plan
+from attnid.plan.runs import spec_text
 from attnid.training.train import Run
 
 # what changes the cost of a forward and backward pass; everything else (lr, seed, schedule) does not
@@ -64,24 +67,32 @@ def train_commands(configfile: Path | None) -> list[list[str]]:
         sys.exit(f"dag_floor: {' '.join(command)} failed:\n{listing.stderr.strip()[-2000:]}")
     jobs = []
     for line in listing.stdout.splitlines():
-        if "attnid train " not in line:
+        # a job's command ends in its log's redirection (a spec file's text names the command too)
+        if "attnid train " not in line or not line.endswith("2>&1"):
             continue
         words = shlex.split(line.split("attnid train ", 1)[1])
         jobs.append(words[: words.index(">")] if ">" in words else words)
     return jobs
 
 
-def with_written_specs(words: list[str], tmp: Path) -> list[str]:
-    """``words`` with a ``--config`` spec that the calibration has not written yet replaced by a spec made
-    from its pending spec (at any lr: the pass costs the same)."""
-    spec = Path(words[words.index("--config") + 1])
-    pending = spec.with_name(spec.name.removesuffix(".yaml") + PENDING_SUFFIX)
-    if spec.exists() or not pending.exists():
-        return words
+def planned(configfile: Path | None) -> Plan:
+    """The plan of the config the dry run reads (config/config.yaml without ``--configfile``)."""
+    return plan(yaml.safe_load((configfile or Path("config/config.yaml")).read_text(encoding="utf-8")))
+
+
+def with_written_specs(words: list[str], runs: Plan, tmp: Path) -> list[str]:
+    """``words`` with the ``--config`` spec file replaced by the plan's spec of the run (``--out``), written
+    into ``tmp``: a dry run writes no spec file. A run at an arm's best lr, whose lr the calibration
+    chooses, takes lr 1e-3 (the pass costs the same)."""
+    out = words[words.index("--out") + 1]
+    spec = runs.runs[out]
+    if spec.best_lr_of is not None:
+        spec = replace(spec, settings=spec.settings | {"lr": 1e-3}, best_lr_of=None)
     made = tmp / "specs" / f"{len(list(tmp.glob('specs/*')))}.yaml"
     made.parent.mkdir(parents=True, exist_ok=True)
-    made.write_text(calibrated_spec_text(read_pending_spec(pending), 1e-3))
-    return [str(made) if word == str(spec) else word for word in words]
+    made.write_text(spec_text(spec, str(made), out))
+    config = words.index("--config") + 1
+    return [*words[:config], str(made), *words[config + 1 :]]
 
 
 def stage_of(out: str, results_dir: str) -> str:
@@ -136,7 +147,8 @@ def main() -> None:
         from attnid.training.data import prepare
 
         prepare(Path(__file__).resolve().parents[1] / "assets" / "tinyshakespeare.txt", data_dir)
-        parsed = [train_parser.parse_args(with_written_specs(words, Path(tmp))) for words in jobs]
+        runs = planned(args.configfile)
+        parsed = [train_parser.parse_args(with_written_specs(words, runs, Path(tmp))) for words in jobs]
         results_dir = os.path.commonpath([flags.out for flags in parsed]) if len(parsed) > 1 else "."
         for number, flags in enumerate(parsed):
             stage = stage_of(flags.out, results_dir)

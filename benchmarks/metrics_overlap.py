@@ -19,7 +19,9 @@ Both clocks are printed, ``--clock`` first. The wall clock (the default) is what
 it needs a core for the worker. On a machine shared with other work, the ``train-thread`` clock
 counts the training thread's CPU time plus the time it waited for the metrics
 (``metrics_queue_wait_s`` and ``metrics_drain_s`` of run.json): the cost the metrics put on the
-training thread, whatever else runs.
+training thread, whatever else runs. Those waits are printed on their own too (ms per iteration):
+where the wall-clock ratio is high and they are not, the training thread was slowed, not kept
+waiting. ``benchmarks/train_speed.py`` runs this measurement beside its own (both ratios in one run).
 
     python benchmarks/metrics_overlap.py [--data DIR] [--batch-size 2] [--steps 30] [--short 8] [--rounds 3]
                                          [--tau-every 10] [--clock wall|train-thread]
@@ -76,10 +78,13 @@ def one_run(data: Path, out: Path, steps: int, batch_size: int, tau_every: int, 
     wall, thread = time.perf_counter() - wall, time.thread_time() - thread
     info = json.loads((out / "run.json").read_text())
     waited = (info.get("metrics_queue_wait_s") or 0.0) + (info.get("metrics_drain_s") or 0.0)
-    return {"wall": wall, "train-thread": thread + waited}
+    return {"wall": wall, "train-thread": thread + waited, "waits": waited}
 
 
-def in_subprocess(args, data: Path, steps: int, variant: str) -> dict:
+CLOCKS = ("wall", "train-thread", "waits")
+
+
+def in_subprocess(data: Path, steps: int, variant: str, batch_size: int, tau_every: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         command = [
             sys.executable,
@@ -91,14 +96,47 @@ def in_subprocess(args, data: Path, steps: int, variant: str) -> dict:
             "--steps",
             str(steps),
             "--batch-size",
-            str(args.batch_size),
+            str(batch_size),
             "--tau-every",
-            str(args.tau_every),
+            str(tau_every),
             "--out",
             tmp,
         ]
         result = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def measure_round(data: Path, steps: int, short: int, batch_size: int, tau_every: int) -> dict:
+    """One interleaved round: per variant and clock, ms per iteration (long run minus short run)."""
+    per_iter = {}
+    for name in VARIANTS:
+        first = in_subprocess(data, short, name, batch_size, tau_every)
+        last = in_subprocess(data, short + steps, name, batch_size, tau_every)
+        per_iter[name] = {clock: 1e3 * (last[clock] - first[clock]) / steps for clock in CLOCKS}
+    return per_iter
+
+
+def report(rounds: list[dict], clock: str) -> dict[str, float]:
+    """Print the medians of each variant per clock (``clock`` first) and the ratios; returns the ratios
+    of ``clock``."""
+    ratios = {}
+    for shown in (clock, *(c for c in ("wall", "train-thread") if c != clock)):
+        median = {name: statistics.median(r[name][shown] for r in rounds) for name in VARIANTS}
+        print(f"{shown} clock:")
+        for name in VARIANTS:
+            values = ", ".join(f"{r[name][shown]:.1f}" for r in rounds)
+            waits = statistics.median(r[name]["waits"] for r in rounds)
+            print(
+                f"  {name:>12}: {median[name]:8.1f}   (rounds: {values}; the training thread's waits for "
+                f"the metrics {waits:.1f})"
+            )
+        overlap = median["overlap"] / median["no-metrics"]
+        synchronous = median["synchronous"] / median["no-metrics"]
+        print(f"  overlap: metrics / no-metrics        {overlap:.3f}   (target <= 1.10)")
+        print(f"  synchronous: metrics / no-metrics    {synchronous:.3f}")
+        if shown == clock:
+            ratios = {"overlap": overlap, "synchronous": synchronous}
+    return ratios
 
 
 def main(argv=None) -> int:
@@ -125,29 +163,22 @@ def main(argv=None) -> int:
 
             data = Path(tmp) / "data"
             prepare(Path(__file__).resolve().parents[1] / "assets" / "tinyshakespeare.txt", data)
-        per_iter = {name: {"wall": [], "train-thread": []} for name in VARIANTS}
-        for _ in range(args.rounds):
-            for name in VARIANTS:
-                short = in_subprocess(args, data, args.short, name)
-                long = in_subprocess(args, data, args.short + args.steps, name)
-                for clock in ("wall", "train-thread"):
-                    per_iter[name][clock].append(1e3 * (long[clock] - short[clock]) / args.steps)
+        rounds = [
+            measure_round(data, args.steps, args.short, args.batch_size, args.tau_every)
+            for _ in range(args.rounds)
+        ]
 
-    print(
-        f"paper shape {PAPER_SHAPE}, batch {args.batch_size}, AdamW, 1 training thread, a row with every "
-        f"metric at every step, tau every {args.tau_every} rows; {args.steps} timed steps, {args.rounds} "
+    print(describe(args.batch_size, args.tau_every, args.steps, args.rounds))
+    report(rounds, args.clock)
+    return 0
+
+
+def describe(batch_size: int, tau_every: int, steps: int, rounds: int) -> str:
+    return (
+        f"paper shape {PAPER_SHAPE}, batch {batch_size}, AdamW, 1 training thread, a row with every "
+        f"metric at every step, tau every {tau_every} rows; {steps} timed steps, {rounds} "
         f"interleaved rounds, fresh processes (medians, ms/iter)"
     )
-    for clock in (args.clock, *(c for c in ("wall", "train-thread") if c != args.clock)):
-        median = {name: statistics.median(per_iter[name][clock]) for name in VARIANTS}
-        print(f"{clock} clock:")
-        for name in VARIANTS:
-            values = per_iter[name][clock]
-            print(f"  {name:>12}: {median[name]:8.1f}   (rounds: {', '.join(f'{v:.1f}' for v in values)})")
-        overlap = median["overlap"] / median["no-metrics"]
-        print(f"  overlap: metrics / no-metrics        {overlap:.3f}   (target <= 1.10)")
-        print(f"  synchronous: metrics / no-metrics    {median['synchronous'] / median['no-metrics']:.3f}")
-    return 0
 
 
 if __name__ == "__main__":

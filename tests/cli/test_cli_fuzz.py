@@ -185,12 +185,28 @@ CASES = [
     ("train-data-missing", "train --data {w}/nodata --out {w}/run --max-iters 1", "not found"),
     ("train-data-is-a-file", "train --data {w}/notes.txt --out {w}/run --max-iters 1", "not found"),
     ("train-block-size-exceeds-data", TRAIN + " --block-size 100000", "fewer than --block-size"),
-    ("train-batch-exceeds-memory", TRAIN + " --batch-size 1000000000", "needs about"),
-    ("train-model-exceeds-memory", TRAIN + " --n-embd 1048576 --n-head 1", "needs about"),
+    ("train-batch-exceeds-memory", TRAIN + " --batch-size 1000000", "needs about"),  # below the bound
+    ("train-model-exceeds-memory", TRAIN + " --n-embd 65536 --n-head 1 --n-layer 64", "needs about"),
+    ("train-batch-beyond-bound", TRAIN + " --batch-size 1000000000", "is above its limit of 1048576"),
     ("train-config-is-a-directory", TRAIN + " --config {w}/folder", "is a directory"),
     ("train-config-yaml-syntax", TRAIN + " --config {w}/bad.yaml", "not valid YAML (line 2, column 1)"),
     ("train-config-binary", TRAIN + " --config {w}/noise.bin", "not UTF-8"),
     ("train-config-not-a-mapping", TRAIN + " --config {w}/list.yaml", "mapping"),
+    (
+        "train-runs-counts-differ",
+        "train-runs --data {w}/data --configs {w}/bad.yaml {w}/list.yaml --outs {w}/r",
+        "2 --configs and 1 --outs",
+    ),
+    (
+        "train-runs-one-out-twice",
+        "train-runs --data {w}/data --configs {w}/bad.yaml {w}/list.yaml --outs {w}/r {w}/r",
+        "the same --outs directory",
+    ),
+    (
+        "train-runs-config-yaml-syntax",
+        "train-runs --data {w}/data --configs {w}/bad.yaml --outs {w}/r",
+        "not valid YAML (line 2, column 1)",
+    ),
     ("train-lr-negative", TRAIN + " --lr -1", "positive"),
     ("train-lr-nan", TRAIN + " --lr nan", "positive"),
     ("train-heads-zero", TRAIN + " --n-head 0", "positive"),
@@ -326,9 +342,9 @@ CASES = [
     ("interventions-table-no-runs", "interventions-table --out-dir {w}/i", "say which runs"),
     ("interventions-table-run-missing", "interventions-table --runs {w}/nope --out-dir {w}/i", "no run.json"),
     (
-        "interventions-table-no-baseline",
+        "interventions-table-garbled-run",
         "interventions-table --runs {w}/runs/garbled --out-dir {w}/i",
-        "no adamw runs",
+        "has no seed",
     ),
     ("calibration-table-no-runs", "calibration-table --out-dir {w}/c", "say which runs"),
     (
@@ -354,6 +370,38 @@ CASES = [
     ("appendix-out-is-an-input", APPENDIX + " --out {w}/nullity.csv", INPUT),
     ("appendix-out-is-a-foreign-tex", APPENDIX + " --out {w}/main.tex", "--force"),
     ("appendix-templates-not-a-folder", APPENDIX + " --templates {w}/notes.txt --out {w}/a.tex", "notes.txt"),
+    # the quantization commands
+    ("rotate-out-is-a-directory", "rotate " + EDIT + " --out {w}/folder --moves residual", "directory"),
+    (
+        "rotate-json-is-the-input",
+        "rotate " + EDIT + " --out {w}/o.pt --moves residual --json {w}/ckpt.pt",
+        INPUT,
+    ),
+    (
+        "rotate-truncated-checkpoint",
+        "rotate {w}/truncated.pt --out {w}/o.pt --moves residual",
+        "truncated.pt",
+    ),
+    (
+        "rotate-pick-setting-unknown",
+        "rotate " + EDIT + " --out {w}/o.pt --moves residual --pick-setting Q4",
+        "Q4",
+    ),
+    ("quant-report-checkpoint-is-text", "quant-report {w}/notes.txt", "notes.txt"),
+    ("quant-report-csv-is-the-input", "quant-report " + EDIT + " --csv {w}/ckpt.pt", INPUT),
+    ("quant-report-eval-tokens-zero", "quant-report " + EDIT + " --eval-tokens 0", "--eval-tokens"),
+    ("from-gguf-file-missing", "from-gguf {w}/nope.gguf --out {w}/g", "nope.gguf"),
+    ("from-gguf-file-is-text", "from-gguf {w}/notes.txt --out {w}/g", "notes.txt"),
+    (
+        "quantization-table-report-is-text",
+        "quantization-table --json {w}/notes.txt --out-dir {w}/t",
+        "notes.txt",
+    ),
+    (
+        "quantization-table-report-is-foreign-json",
+        "quantization-table --json {w}/report.json --out-dir {w}/t",
+        "report.json",
+    ),
 ]
 
 

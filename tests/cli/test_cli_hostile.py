@@ -283,7 +283,8 @@ CASES = [
     ("train-eval-iters-huge", TRAIN + " --eval-iters 300000000", "--eval-iters", None),
     ("train-metrics-threads-huge", TRAIN + " --metrics-threads 100000", "--metrics-threads", None),
     ("train-threads-huge", TRAIN + " --threads 100000", "--threads", None),
-    ("train-a-billion-layers", TRAIN + " --n-layer 1000000000", "needs about", None),
+    ("train-a-billion-layers", TRAIN + " --n-layer 1000000000", "above its limit of 1024", None),
+    ("train-a-thousand-wide-layers", TRAIN + " --n-layer 1024 --n-embd 65536", "needs about", None),
     ("census-threads-huge", "census --threads 100000", "threads must be from 1", None),
     # values: weights, model_args, flags, seeds, config and run files
     ("inspect-nan-weights", "inspect {w}/nan.pt", "NaN", None),
@@ -337,6 +338,49 @@ CASES = [
         "lr is 'fast'",
         None,
     ),
+    # the quantization commands: the same containment, special files, values, and what the census refuses
+    (
+        "rotate-hf-index-names-a-parent-file",
+        "rotate {w}/hf_parent --out {w}/o --moves residual",
+        "'../victim.safetensors'",
+        None,
+    ),
+    (
+        "rotate-hf-file-link-out-of-the-folder",
+        "rotate {w}/hf_link_extra --out {w}/o --moves ov",
+        "outside",
+        None,
+    ),
+    (
+        "rotate-out-is-the-input",
+        "rotate " + EDIT + " --out {w}/ckpt.pt --moves residual",
+        "also an input",
+        None,
+    ),
+    (
+        "rotate-inf-weights",
+        "rotate {w}/inf.pt --data {w}/data --out {w}/o.pt --moves residual",
+        "infinite",
+        None,
+    ),
+    ("rotate-text-fifo", "rotate " + EDIT + " --text {w}/fifo --out {w}/o.pt --moves ov", "FIFO", None),
+    ("rotate-move-unknown", "rotate " + EDIT + " --out {w}/o.pt --moves spin", "choose among", None),
+    (
+        "rotate-keep-tied-residual",
+        "rotate " + EDIT + " --out {w}/o.pt --moves residual --keep-tied",
+        "stream_rotation",
+        None,
+    ),
+    (
+        "quant-report-hf-index-names-a-parent-file",
+        "quant-report {w}/hf_parent",
+        "'../victim.safetensors'",
+        None,
+    ),
+    ("quant-report-nan-weights", "quant-report {w}/nan.pt --data {w}/data", "NaN", None),
+    ("quant-report-json-fifo", "quant-report " + EDIT + " --json {w}/fifo", "FIFO", None),
+    ("quant-report-setting-unknown", "quant-report " + EDIT + " --settings W4x", "expected W<bits>", None),
+    ("from-gguf-file-fifo", "from-gguf {w}/fifo --out {w}/o", "FIFO", None),
 ]
 
 

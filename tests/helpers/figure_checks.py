@@ -5,7 +5,8 @@ the figure tests of the studies, the interventions and the smoke build):
   key of line styles, with its line style, marker and width) and a point within the axes' limits; a series
   drawn on its round-off floor counts by its floor line and marker;
 - no label (a text or annotation in the axes) leaves its axes or overlaps the title, a marker or another
-  label, measured on the renderer's boxes.
+  label, measured on the renderer's boxes;
+- a panel's own legend (one placed beside it) overlaps no other panel, nor its ticks' labels or title.
 """
 
 from __future__ import annotations
@@ -57,9 +58,8 @@ def _visible_artists(ax) -> list:
     for patch in ax.patches:
         if _inside(ax, patch, patch.get_path().vertices):
             shown.append(patch)
-    for container in ax.containers:  # errorbar: the container carries the label
-        lines = [child for child in container.get_children() if isinstance(child, Line2D)]
-        if any(line in shown for line in lines):
+    for container in ax.containers:  # errorbar and bar: the container carries the label
+        if any(child in shown for child in container.get_children()):
             shown.append(container)
     return shown
 
@@ -137,4 +137,24 @@ def overlapping_labels(fig) -> list[str]:
                     found.append(f"{text.get_text()!r} overlaps {other.get_text()!r}")
             if any(box.overlaps(marker) for marker in markers):
                 found.append(f"{text.get_text()!r} overlaps a marker in {ax.get_title()!r}")
+    return found
+
+
+def legends_over_other_panels(fig) -> list[str]:
+    """Each legend of a panel whose box overlaps another panel (its axes, tick labels and title), but for a
+    twin of its own panel (the same box)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    found = []
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        own = ax.get_window_extent(renderer)
+        for other in fig.axes:
+            if other is ax or other.get_window_extent(renderer).bounds == own.bounds:
+                continue
+            if box.overlaps(other.get_tightbbox(renderer)):
+                found.append(f"the legend of {ax.get_title()!r} overlaps {other.get_title()!r}")
     return found

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnid.plan import plan
+from attnid.plan import plan, quantization_checkpoints, why_no_pdf
 from attnid.plan.runs import PENDING_SUFFIX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,8 +160,10 @@ def run_smoke_dag(
     config: dict | None = None,
     timeout: float = 1800,
     progress: str | None = None,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
-    """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``.
+    """Run the whole smoke DAG (or ``args`` targets/flags) with the data taken from ``shakespeare_url``
+    (``env`` as for :func:`run_snakemake`).
 
     About 100 s of CPU time on 2 idle cores; the generous timeout is for a machine shared with other jobs.
     """
@@ -171,6 +173,7 @@ def run_smoke_dag(
         config={"data_url": shakespeare_url, **(config or {})},
         timeout=timeout,
         progress=progress,
+        env=env,
     )
 
 
@@ -198,25 +201,54 @@ def copied_study_runs(config: dict) -> list[str]:
     return [run_dir for run_dir in plan(copy.deepcopy(config)).copied() if "/studies/" in run_dir]
 
 
+# A spec job's command as `snakemake -n -p` prints it (rule spec_file, workflow/rules/train.smk): the file's
+# text, one shell word, then the file's temporary name.
+PRINTED_SPEC = re.compile(r"printf '%s' ('[^']*'(?:\"'\"'[^']*')*) > (\S+)\.tmp && mv ")
+
+
+def printed_spec_texts(printed: str) -> dict[str, str]:
+    """{spec file: its text} of every spec job that ``snakemake -n -p`` printed (a dry run writes none)."""
+    return {path: shlex.split(word)[0] for word, path in PRINTED_SPEC.findall(printed)}
+
+
 def train_jobs(workdir: str | os.PathLike, printed: str) -> dict[str, dict]:
-    """{run directory: the options its job trains with} for every ``attnid train`` command that
-    ``snakemake -n -p`` printed: the spec file its ``--config`` names (read in ``workdir``), and the
-    command's own flags on top, as ``attnid train`` reads them. A run at an arm's best lr, whose spec the
-    calibration writes, has its pending spec's options (the lr marked ``{calibrated: ARM}``)."""
+    """{run directory: the options its job trains with} for every ``attnid train`` (or ``train-runs``: each
+    of its runs) command that ``snakemake -n -p`` printed: the spec file its ``--config`` names (its text as
+    its spec job prints it, or the file in ``workdir`` where no job writes it anew), and the command's own
+    flags on top, as ``attnid train`` reads them. A run at an arm's best lr, whose spec the calibration
+    writes, has its pending spec's options (the lr marked ``{calibrated: ARM}``)."""
+    texts = printed_spec_texts(printed)
+
+    def text(path: str) -> str | None:
+        if path in texts:
+            return texts[path]
+        return (Path(workdir) / path).read_text() if (Path(workdir) / path).is_file() else None
+
     jobs = {}
     for line in printed.splitlines():
-        match = re.search(r"attnid train (.*?) > \S+ 2>&1$", line)
+        match = re.search(r"attnid train(-runs)? (.*?) > \S+ 2>&1$", line)
         if not match:
             continue
-        words = shlex.split(match.group(1))
-        flags = {words[i][2:].replace("-", "_"): words[i + 1] for i in range(0, len(words), 2)}
-        spec = Path(workdir) / flags.pop("config")
-        pending = spec.with_name(spec.name.removesuffix(".yaml") + PENDING_SUFFIX)
-        if not spec.exists() and pending.exists():
-            options = yaml.safe_load(pending.read_text())["options"]
-        else:
-            options = yaml.safe_load(spec.read_text())
-        jobs[flags["out"]] = options | flags
+        lists: dict[str, list[str]] = {}
+        for word in shlex.split(match.group(2)):  # --flag value ..., train-runs' --configs/--outs lists
+            if word.startswith("--"):
+                key = word[2:].replace("-", "_")
+                lists[key] = []
+            else:
+                lists[key].append(word)
+        configs, outs = (
+            lists.pop("configs", None) or lists.pop("config"),
+            lists.pop("outs", None) or lists.pop("out"),
+        )
+        # --flag value, or a switch (--restart-if-changed): True
+        flags = {key: values[0] if values else True for key, values in lists.items()}
+        for spec, out in zip(configs, outs, strict=True):
+            pending = spec.removesuffix(".yaml") + PENDING_SUFFIX
+            if text(spec) is None and text(pending) is not None:
+                options = yaml.safe_load(text(pending))["options"]
+            else:
+                options = yaml.safe_load(text(spec))
+            jobs[out] = options | flags | {"out": out}
     return jobs
 
 
@@ -242,17 +274,28 @@ def expected_outputs(config: dict) -> list[str]:
     if studies:
         files += [f"{out}/tables/{study}.{ext}" for study in studies for ext in ("csv", "tex")]
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
+    quantization = config.get("quantization")
     figures = (
-        [f"fig{i}" for i in range(1, 5)] + (["fig5"] if studies else []) + (["fig6"] if interventions else [])
+        [f"fig{i}" for i in range(1, 5)]
+        + (["fig5"] if studies else [])
+        + (["fig6"] if interventions else [])
+        + (["fig7"] if quantization else [])
     )
     files += [f"{out}/figures/{name}.{ext}" for name in figures for ext in ("png", "pdf", "rst")]
     pages = ["cases"] + (["interventions"] if interventions else []) + (["identification"] if studies else [])
     pages += ["prune"] if edits else []
+    pages += ["quantization"] if quantization else []
     files += [f"{out}/report/{page}.html" for page in ["claims", *figures, *pages]] + [
         f"{out}/report/index.rst"
     ]
     if interventions:
         files += [f"{out}/tables/interventions.{ext}" for ext in ("csv", "tex")]
+    if quantization:
+        files += [f"{out}/tables/quantization{tail}" for tail in (".csv", "_seeds.csv", ".tex")]
+        studied = quantization_checkpoints(config, out)  # its seeds that the config trains
+        files += [
+            f"{out}/quantization/{quantization['case']}/{run.rsplit('/', 1)[1]}.json" for run in studied
+        ]
     files += [
         f"{out}/theory/counts.csv",
         f"{out}/theory/single_head.csv",
@@ -268,9 +311,9 @@ def expected_outputs(config: dict) -> list[str]:
 
 
 def builds_pdf(config: dict) -> bool:
-    """Whether a build of ``config`` here makes the appendix PDF (common.smk's want_pdf)."""
+    """Whether a build of ``config`` here makes the appendix PDF (common.smk's WANT_PDF)."""
     setting = config.get("paper_pdf", "auto")
-    return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
+    return why_no_pdf() is None if setting == "auto" else bool(setting)
 
 
 SHARED_SMOKE_BUILD = "ATTNID_SMOKE_BUILD"  # a directory: one smoke build for several pytest sessions

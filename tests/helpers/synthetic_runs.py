@@ -318,3 +318,92 @@ def final_losses(effects: dict[str, tuple[float, float]], n_seeds: int) -> dict[
         pattern = np.roll(spread, i) - np.roll(spread, i).mean()
         losses[arm] = [b + mean + width * p for b, p in zip(base, pattern)]
     return losses
+
+
+# The stage's protocol at each arm's own best lr (docs/design.md §6, §11.3): the calibration's grid, each
+# arm's chosen lr there (adamw_frozen_mlp's at the grid's top edge), and effects at those lrs.
+CALIBRATION_LRS = (0.0025, 0.005, 0.01, 0.02, 0.04)
+BEST_LRS = {
+    "adamw": 0.02,
+    "adamw_gauge_fixed": 0.01,
+    "adamw_gauge_fixed_at_init": 0.02,
+    "adamw_from_gauge_point": 0.01,
+    "adamw_frozen_mlp": 0.04,
+}
+BEST_LR_EFFECTS = {
+    "adamw_gauge_fixed": (0.006, 0.003),
+    "adamw_gauge_fixed_at_init": (0.005, 0.002),
+    "adamw_from_gauge_point": (-0.001, 0.003),
+    "adamw_frozen_mlp": (0.02, 0.004),
+}
+METRIC_COLUMNS = (
+    "rho_",
+    "beta_",
+    "tau",
+    "mu_",
+    "drift",
+    "closure_",
+)  # what a run with metrics off leaves empty
+
+
+def write_best_lr_runs(
+    root: Path, final_losses: dict[str, list[float]], steps: int = 40, full_val_every: int = 10
+) -> list[str]:
+    """The arms at their best lr (``<arm>_best_lr``, named by ``--arm``, at :data:`BEST_LRS`), trained with
+    the metrics off (their ρ, β, drift columns empty, as attnid train leaves them) and evaluated on the whole
+    val split every ``full_val_every`` steps (``val_loss_full``): adamw's loss of that seed plus 0.5 at step
+    0, falling to the run's final loss at the end, the arm's difference from adamw growing linearly with
+    the step from 0. Returns the run directories."""
+    dirs = []
+    base = final_losses["adamw"]
+    for arm, losses in final_losses.items():
+        case, _, config = INTERVENTION_ARMS[arm]
+        for seed, loss in enumerate(losses):
+            run_dir = write_run(
+                root / f"{arm}_best_lr" / f"seed{seed}",
+                case,
+                seed,
+                BEST_LRS[arm],
+                steps=steps,
+                log_every=full_val_every,
+                final_val_loss=loss,
+                dtype="float32",
+            )
+            metrics = pd.read_csv(run_dir / "metrics.csv")
+            for column in metrics.columns:
+                if column.startswith(METRIC_COLUMNS):
+                    metrics[column] = np.nan
+            fraction = metrics["step"] / steps
+            metrics["val_loss_full"] = base[seed] + 0.5 * (1 - fraction) + (loss - base[seed]) * fraction
+            metrics.to_csv(run_dir / "metrics.csv", index=False)
+            info = json.loads((run_dir / "run.json").read_text())
+            info["config"].update(config | {"arm": f"{arm}_best_lr"})
+            (run_dir / "run.json").write_text(json.dumps(info))
+            dirs.append(str(run_dir))
+    return dirs
+
+
+def calibration_infos(
+    seeds: tuple[int, ...] = (100, 101), diverged: tuple[str, float] | None = None
+) -> list[dict]:
+    """run.json of each calibration run of the arms of :data:`BEST_LRS` over :data:`CALIBRATION_LRS`: a
+    final loss 2.4 + 0.1 (log2(lr / best))² + 0.01 seed, lowest at the arm's best lr; ``diverged``: (arm,
+    lr) of a run that diverged (its lr then has no mean)."""
+    infos = []
+    for arm, best in BEST_LRS.items():
+        case, _, config = INTERVENTION_ARMS[arm]
+        for lr in CALIBRATION_LRS:
+            for seed in seeds:
+                failed = diverged == (arm, lr) and seed == seeds[0]
+                loss = 2.4 + 0.1 * np.log2(lr / best) ** 2 + 0.01 * (seed - seeds[0])
+                infos.append(
+                    {
+                        "case": case,
+                        "lr": lr,
+                        "seed": seed,
+                        "status": "diverged" if failed else "completed",
+                        "final_val_loss_full": None if failed else float(loss),
+                        "config": {"case": case, "lr": lr, "seed": seed} | config,
+                    }
+                )
+    return infos

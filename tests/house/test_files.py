@@ -31,6 +31,36 @@ def test_output_mode_follows_umask_not_mkstemp(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644
 
 
+def test_a_killed_writers_temporaries_go_once_the_output_is_locked_and_only_then(tmp_path):
+    """SIGKILL leaves an atomic write's temporary file. The next command that holds the output's lock
+    removes it (its own output's and nothing else: another output's temporary, a file of the user's that
+    looks alike); without a command's lock (a library call) nothing is removed: another writer may own
+    it."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    stale = [folder / ".ckpt.pt.a1B2c3_d.tmp", folder / ".ckpt.pt.zzzzzzzz.tmp"]
+    others = [folder / ".metrics.csv.a1B2c3_d.tmp", folder / ".ckpt.pt.notes.tmp", folder / "ckpt.pt.x.tmp"]
+    for path in stale + others:
+        path.write_bytes(b"half a checkpoint")
+    assert all(outputs.is_temporary_of(path.name, folder / "ckpt.pt") for path in stale)
+    assert not any(outputs.is_temporary_of(path.name, folder / "ckpt.pt") for path in others)
+    write_text_atomic(folder / "ckpt.pt", "written by a library call")
+    assert all(path.exists() for path in stale + others)
+    rule = outputs.OutputRule("train")
+    rule.write_dir(folder, "--out")
+    rule.write(folder / "ckpt.pt", outputs.ANY)  # declared and locked: its stale temporaries go now
+    assert not any(path.exists() for path in stale) and all(path.exists() for path in others)
+    (folder / ".tables.csv.q9q9q9q9.tmp").write_text("half a table")
+    with outputs.active(rule):  # an output written without being declared: removed when it is written
+        assert outputs.locked(folder / "tables.csv") and not outputs.locked(tmp_path / "elsewhere.csv")
+        write_text_atomic(folder / "tables.csv", "a,b\n1,2\n", outputs.CSV)
+    assert not (folder / ".tables.csv.q9q9q9q9.tmp").exists()
+    # the lock went with the command (active() gives it back)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["ckpt.pt", "tables.csv", *(path.name for path in others)]
+    )
+
+
 # --------------------------------------------------------------------------------------
 # the output rule (docs/design.md §6.1) and the shape check
 # --------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@ from variant_models import TINY
 from variant_models import VARIANTS as ALL_VARIANTS
 
 from attnid.model.gpt import GPT, GPTConfig, load_nanogpt_checkpoint
+from attnid.model.layout import attention_tensors, layout_of, pairs_from_tensors, stacked_pairs
 from attnid.theory import counts, nullity
+from attnid.theory.circuits import CIRCUITS
 
 # the variants only: the stock model has tests of its own (test_model.py)
 VARIANTS = {name: fields for name, fields in ALL_VARIANTS.items() if fields}
@@ -164,3 +166,23 @@ def test_stock_config_is_bit_identical_to_before():
     loss_a = plain(idx, idx)[1]
     loss_b = explicit(idx, idx)[1]
     assert loss_a.item() == loss_b.item()
+
+
+@pytest.mark.parametrize("name", list(ALL_VARIANTS))
+@pytest.mark.parametrize("bias", [True, False])
+def test_stacked_pairs_are_each_layers_pairs_one_after_another(name, bias):
+    """stacked_pairs (written into place, the metrics' every-step read) holds exactly pairs_from_tensors'
+    pairs of each layer, concatenated, for every variant, with and without biases, in float64 and float32,
+    from the live tensors and from a float64 copy of them."""
+    model = _model(ALL_VARIANTS[name], bias=bias)
+    layout = layout_of(model)
+    live = attention_tensors(model)
+    copied = [tuple(None if t is None else t.detach().double() for t in layer) for layer in live]
+    for tensors in (live, copied):
+        for circuit in CIRCUITS:
+            for dtype in (torch.float64, torch.float32):
+                per_layer = [pairs_from_tensors(*layer, layout, circuit, dtype) for layer in tensors]
+                pair_a, pair_b = stacked_pairs(tensors, layout, circuit, dtype)
+                assert pair_a.dtype == pair_b.dtype == dtype and pair_a.is_contiguous()
+                assert torch.equal(pair_a, torch.cat([a for a, _ in per_layer]))
+                assert torch.equal(pair_b, torch.cat([b for _, b in per_layer]))

@@ -14,6 +14,7 @@ from synthetic_runs import write_run, write_study
 from system_packages import needs
 
 from attnid.cli import main
+from attnid.common import tex
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic
 from attnid.reports import appendix, figures, latex
@@ -80,20 +81,41 @@ def sample_fig6_numbers() -> dict:
         ],
         ignore_index=True,
     )
-    table = comparisons_table(seeds, 0.05, 0.01)
+    table = comparisons_table(seeds, 0.05, 0.01, primary="adamw_gauge_fixed")
     comparisons = fig6_interventions.comparisons_of(table, seeds, {})
     grid = fig6_interventions.two_by_two(seeds, comparisons)
     numbers = fig6_interventions.caption_numbers(table, comparisons, grid, {}, [])
-    return numbers | {  # the orbit panels' numbers of a build with the projected arm and its identity run
-        "orbit": True,
-        "projected_steps": 5000,
-        "projected_rho_max": 8.1e-11,
-        "projected_dtype": "float32",
-        "identity_steps": 200,
-        "identity_rho_max": 1.6e-28,
-        "identity_drift_ratio_max": 2.9e-14,
-        "adamw_rho_mean": 0.033,
-    }
+    arms = [arm for _, arm, baseline, _, _ in SAMPLE_COMPARISONS if baseline == "adamw"]
+    return (
+        numbers
+        | {  # the other panels' numbers of such a build: along training, its calibration, the orbit
+            "best_lr": True,
+            "along": {
+                "n_steps": 11,
+                "first_step": 0,
+                "last_step": 5000,
+                "n_seeds": 16,
+                "primary": True,
+                "mid_step": 2500,
+                "primary_mid": -0.0101,
+            },
+            "calibration": {
+                "n_seeds": 2,
+                "lr_low": 2.5e-4,
+                "lr_high": 4e-3,
+                "arms": [{"arm": arm, "best_lr": 1e-3 * (1 + i % 3)} for i, arm in enumerate(arms)],
+                "at_edge": "``adamw_lr2x``",
+            },
+            "orbit": True,
+            "projected_steps": 5000,
+            "projected_rho_max": 8.1e-11,
+            "projected_dtype": "float32",
+            "identity_steps": 200,
+            "identity_rho_max": 1.6e-28,
+            "identity_drift_ratio_max": 2.9e-14,
+            "adamw_rho_mean": 0.033,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -276,10 +298,14 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
     paper = tmp_path / "paper"
     paper.mkdir()
     shutil.copy(repo_root / "paper" / "main.tex", paper / "main.tex")
+    # what a killed earlier run left: latexmk's scratch folder and the PDF's temporary file
+    (paper / ".latexmk-k1ll3d00").mkdir()
+    (paper / ".latexmk-k1ll3d00" / "main.aux").write_text("half\n")
+    (paper / ".main.pdf.k1ll3d00.tmp").write_bytes(b"%PDF-1.5 half")
     status = _render(theory_csvs, paper / "appendix.tex", "--pdf")
     if shutil.which("latexmk") is None:
         assert status == 2 and "latexmk not found" in capsys.readouterr().err
-    elif appendix.missing_tex_packages():
+    elif tex.missing_tex_packages():
         err = capsys.readouterr().err
         assert status == 2 and "siunitx.sty not found" in err and "texlive-science" in err
     else:
@@ -287,14 +313,15 @@ def test_pdf_compiles_or_says_latexmk_is_missing(theory_csvs, tmp_path, repo_roo
         pdf = paper / "main.pdf"
         assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 10_000
         assert not list(paper.glob(".latexmk-*")), "scratch build folder left behind"
+        assert sorted(p.name for p in paper.iterdir() if p.name.startswith(".")) == []
 
 
 @needs("latexmk", "kpsewhich")
 def test_a_missing_latex_package_is_one_line_naming_its_debian_package(tmp_path, monkeypatch):
     """Where TeX lacks a package paper/main.tex loads, --pdf says which and what installs it, before latexmk
     runs (instead of latexmk's first error)."""
-    monkeypatch.setattr(appendix, "TEX_PACKAGES", {"no-such-package-attnid.sty": "texlive-nothing"})
-    assert appendix.missing_tex_packages() == ["no-such-package-attnid.sty"]
+    monkeypatch.setattr(tex, "TEX_PACKAGES", {"no-such-package-attnid.sty": "texlive-nothing"})
+    assert tex.missing_tex_packages() == ["no-such-package-attnid.sty"]
     (tmp_path / "main.tex").write_text("\\documentclass{article}\\begin{document}x\\end{document}\n")
     with pytest.raises(
         UserError, match=r"no-such-package-attnid.sty not found .* apt-get install texlive-nothing"
@@ -306,7 +333,11 @@ def test_a_missing_latex_package_is_one_line_naming_its_debian_package(tmp_path,
 def _filled_caption(name: str) -> str:
     """The caption ``attnid figures`` writes next to figure ``name``, with a build's numbers."""
     figure = figures.registry()[name]
-    numbers = {"fig2": {"rho_floors": {"SGD": 2.6e-24}}, "fig6": sample_fig6_numbers()}.get(name, {})
+    numbers = {
+        "fig2": {"rho_floors": {"SGD": 2.6e-24}},
+        "fig6": sample_fig6_numbers(),
+        "fig7": {"models": "nanogpt seed 0, nanogpt seed 1, smollm2", "float_spread": 3.3e-14},
+    }.get(name, {})
     return figures.fill_caption(figure.caption_template, numbers)
 
 
@@ -320,8 +351,9 @@ def _figure_pdfs(folder):
     folder.mkdir()
     with matplotlib.rc_context({"pdf.fonttype": 42}):
         for name in figures.registry():
-            # Figure 6 is three panels and a legend row, as drawn (its filled caption is the longest)
-            fig, ax = plt.subplots(figsize=(10.8, 3.5) if name == "fig6" else (6, 3))
+            # Figure 6 with a family as long as this one is as tall as the appendix draws a figure (its
+            # filled caption is the longest)
+            fig, ax = plt.subplots(figsize=(12.2, 12.2) if name == "fig6" else (6, 3))
             ax.plot([1, 2, 3], [1, 4, 9], label=name)
             ax.legend()
             fig.savefig(folder / f"{name}.pdf")

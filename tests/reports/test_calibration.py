@@ -10,6 +10,7 @@ import copy
 import json
 import math
 from dataclasses import asdict
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,7 +19,7 @@ from synthetic_runs import write_run
 
 from attnid.cli import main
 from attnid.cli.train import add_train_arguments, config_from_args
-from attnid.plan import plan, write_spec_files
+from attnid.plan import plan, spec_texts
 from attnid.plan.runs import read_pending_spec
 from attnid.reports.calibration import best_lrs, calibration_table
 from attnid.training.config import resolve_config
@@ -95,13 +96,21 @@ def calibrated_config(tmp_path) -> dict:
     return config
 
 
+def write_specs(planned) -> list[str]:
+    """What the workflow's spec jobs write: every spec file of the plan, and the pending specs."""
+    for path, text in spec_texts(planned).items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+    return list(spec_texts(planned))
+
+
 def test_the_calibrated_spec_is_the_plan_s_run_at_the_best_lr(calibration_runs, tmp_path, capsys):
-    """The plan writes pending specs (not specs) for the runs at the best lr; `attnid calibration-table`
+    """The plan gives pending specs (not specs) for the runs at the best lr; `attnid calibration-table`
     writes their spec files, which `attnid train --config` resolves to the plan's run with the chosen lr;
     run again, it replaces its own spec files."""
     config = calibrated_config(tmp_path)
     planned = plan(copy.deepcopy(config))
-    written = write_spec_files(planned)
+    written = write_specs(planned)
     calibrated = planned.calibrated()
     # adamw and the gauge arm at their best lr, each at the stage's seeds
     assert len(calibrated) == 2 * len(config["interventions"]["seeds"])
@@ -137,7 +146,7 @@ def test_the_calibrated_spec_is_the_plan_s_run_at_the_best_lr(calibration_runs, 
 def test_calibration_mistakes_are_one_line_each(calibration_runs, tmp_path, capsys):
     config = calibrated_config(tmp_path)
     planned = plan(copy.deepcopy(config))
-    write_spec_files(planned)
+    write_specs(planned)
     pending = [planned.pending_spec_file(run_dir) for run_dir in planned.calibrated()]
     out = str(tmp_path / "tables")
 

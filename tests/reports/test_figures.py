@@ -63,7 +63,7 @@ def test_all_four_figures_are_written_as_png_and_pdf_with_their_captions(tmp_pat
 
 def test_the_registry_finds_one_module_per_figure():
     found = figures.registry()
-    assert list(found) == [f"fig{i}" for i in range(1, 7)]
+    assert list(found) == [f"fig{i}" for i in range(1, 8)]
     for name, figure in found.items():
         assert figure.module.__name__ == f"attnid.reports.figures.{name}_{figure.topic}"
         assert figure.caption_template.startswith(f"**Figure {figure.number} — ")

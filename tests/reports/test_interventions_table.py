@@ -20,7 +20,7 @@ from synthetic_runs import write_run, write_theory_tables
 from system_packages import needs
 
 from attnid.cli import main
-from attnid.reports import appendix, interventions_table, statistics
+from attnid.reports import appendix, arm_costs, interventions_curves, interventions_table, statistics
 
 SEEDS = range(8)
 ALPHA, MARGIN = 0.05, 0.01
@@ -136,8 +136,12 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
     for row in table.itertuples():
         assert row.p_holm == pytest.approx(holm[row.arm])
         assert row.verdict == EXPECTED[row.arm], row.arm
-        power = statistics.t_test_power(row.detectable_effect / row.sd, row.n_seeds, ALPHA / len(FAMILY))
-        assert power == pytest.approx(0.8, abs=1e-6)
+        # the exact sign-flip test's power, Holm's first step over the family of 4 (no primary declared)
+        level = ALPHA / len(FAMILY)
+        assert row.role == interventions_table.SECONDARY
+        power = statistics.sign_flip_power(row.detectable_effect / row.sd, row.n_seeds, level)
+        assert power == pytest.approx(0.8, abs=0.005)
+        assert row.power_at_margin == pytest.approx(statistics.sign_flip_power(MARGIN / row.sd, 8, level))
     # one sign on all eight seeds: the smallest p eight seeds can give, times 4 after Holm
     lower = table.set_index("arm").loc["arm_lower"]
     assert lower.p_value == pytest.approx(2 / 2**8) and lower.p_holm == pytest.approx(4 * 2 / 2**8)
@@ -235,9 +239,145 @@ def test_the_two_by_two_interaction_per_seed(tmp_path):
     )
     assert row.delta_mean == pytest.approx(np.mean([-0.005 - 0.002 * s - 0.001 for s in SEEDS]))
     assert row.p_value == pytest.approx(2 / 2**8)  # negative on every seed
-    assert len(table) == 4  # three arms against adamw, and the interaction
+    # three arms against adamw, then the 2 x 2's contrasts: the main effects of fixing and of the start,
+    # and the interaction, each per seed from the four cells
+    assert table["comparison"].tolist()[3:] == [
+        interventions_table.FIXING_EFFECT,
+        interventions_table.START_EFFECT,
+        interventions_table.INTERACTION,
+    ]
+    by_name = {name: seeds[seeds["comparison"] == name].set_index("seed") for name in table["comparison"]}
+    for seed in SEEDS:
+        cell = {arm: value(seed) for arm, value in loss.items()}
+        fixing = by_name[interventions_table.FIXING_EFFECT].loc[seed]
+        assert fixing.difference == pytest.approx(
+            0.5 * (cell["adamw_gauge_fixed"] - cell["adamw_from_gauge_point"])
+            + 0.5 * (cell["adamw_gauge_fixed_at_init"] - cell["adamw"])
+        )
+        assert fixing.arm_value == pytest.approx(
+            (cell["adamw_gauge_fixed"] + cell["adamw_gauge_fixed_at_init"]) / 2
+        )
+        start = by_name[interventions_table.START_EFFECT].loc[seed]
+        assert start.difference == pytest.approx(
+            0.5 * (cell["adamw_from_gauge_point"] - cell["adamw"])
+            + 0.5 * (cell["adamw_gauge_fixed"] - cell["adamw_gauge_fixed_at_init"])
+        )
+    assert by_name[interventions_table.FIXING_EFFECT]["arm"].iloc[0] == (
+        "(adamw_gauge_fixed+adamw_gauge_fixed_at_init)/2"
+    )
     tex = interventions_table.render_interventions_table(table)
     assert r"interaction: starting point $\times$ frozen" in tex
+    assert "main effect of fixing the unidentified blocks" in tex
+
+
+def test_the_contrasts_at_the_arms_best_lrs_with_a_primary(tmp_path):
+    """Every arm at its own best lr (runs named ARM_best_lr, attnid train --arm) against adamw_best_lr: the
+    2 x 2's contrasts carry the suffix; the primary is tested alone (its p is its Holm p, its minimum n that
+    of a family of one) and Holm runs over the secondary family only; the rest get no verdict."""
+    root = tmp_path / "runs"
+    loss = {
+        "adamw_best_lr": lambda s: 2.0 + 0.01 * s,
+        "adamw_gauge_fixed_best_lr": lambda s: 2.02 + 0.01 * s + 0.001 * (s % 3),
+        "adamw_from_gauge_point_best_lr": lambda s: 2.004 + 0.01 * s - 0.002 * (s % 2),
+        "adamw_gauge_fixed_at_init_best_lr": lambda s: 2.018 + 0.011 * s,
+        "adamw_frozen_mlp_best_lr": lambda s: 2.0 + 0.01 * s + NOISE[s] / 3,
+    }
+    case = {
+        "adamw_gauge_fixed_best_lr": "adamw_gauge_fixed",
+        "adamw_gauge_fixed_at_init_best_lr": "adamw_gauge_fixed",
+    }
+    for seed in SEEDS:
+        for arm, value in loss.items():
+            write_arm_run(root, case.get(arm, "adamw"), seed, value(seed), folder=arm, arm=arm)
+    by_arm = interventions_table.load_runs_by_arm(root)
+    seeds, _ = interventions_table.paired_seed_table(by_arm)
+    primary = interventions_table.FIXING_EFFECT + "_best_lr"
+    family = ["start_main_effect_best_lr", "start_x_frozen_best_lr", "adamw_frozen_mlp_best_lr-adamw_best_lr"]
+    table = interventions_table.comparisons_table(seeds, ALPHA, MARGIN, family, primary=primary).set_index(
+        "comparison"
+    )
+    assert {primary, *family} <= set(table.index)
+    assert table.loc[primary, "role"] == interventions_table.PRIMARY
+    assert table.loc[primary, "p_holm"] == table.loc[primary, "p_value"] == pytest.approx(2 / 2**8)
+    assert table.loc[primary, "min_seeds"] == statistics.minimum_seeds(ALPHA, 1) == 6
+    assert table.loc[primary, "verdict"] == "worse"  # fixing costs on every seed
+    holm = holm_by_hand({name: table.loc[name, "p_value"] for name in family})
+    for name in family:
+        assert table.loc[name, "role"] == interventions_table.SECONDARY
+        assert table.loc[name, "p_holm"] == pytest.approx(holm[name])
+        assert table.loc[name, "min_seeds"] == statistics.minimum_seeds(ALPHA, 3)
+    others = table[~table.index.isin([primary, *family])]
+    assert len(others) and (others["role"] == interventions_table.DESCRIPTIVE).all()
+    assert (others["verdict"] == statistics.NOT_IN_FAMILY).all() and others["p_holm"].isna().all()
+    with pytest.raises(interventions_table.UserError, match="primary comparison and in the family"):
+        interventions_table.comparisons_table(seeds, ALPHA, MARGIN, [primary], primary=primary)
+    with pytest.raises(interventions_table.UserError, match="not among the runs' comparisons"):
+        interventions_table.comparisons_table(seeds, ALPHA, MARGIN, family, primary="fixing_main_effect")
+
+
+def write_curve_run(root, arm: str, case: str, seed: int, curve: dict[int, float], steps: int = 40):
+    """A run named ``arm`` whose whole-split val loss is ``curve`` ({step: loss}) in metrics.csv, the last
+    one also run.json's final_val_loss_full, as attnid train --full-val-every writes them."""
+    run_dir = write_arm_run(root, case, seed, curve[steps], steps=steps, folder=arm, arm=arm)
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    metrics["val_loss_full"] = metrics["step"].map(curve)
+    metrics.to_csv(run_dir / "metrics.csv", index=False)
+    return run_dir
+
+
+def test_the_effect_along_training_and_the_plateau(tmp_path):
+    """interventions_along.csv: each comparison's mean difference and t-interval at every declared step,
+    the last step's equal to the verdict table's; interventions_plateau.csv: each arm's mean loss over the
+    last quarter and whether it improved by less than the threshold."""
+    root = tmp_path / "runs"
+    steps = (0, 10, 20, 30, 40)
+
+    def curve(final: float, shape: float) -> dict[int, float]:
+        return {step: final + shape * (40 - step) / 40 for step in steps}
+
+    for seed in SEEDS:
+        write_curve_run(root, "adamw", "adamw", seed, curve(2.0 + 0.01 * seed, 0.4))
+        write_curve_run(root, "arm_slow", "adamw", seed, curve(2.05 + 0.01 * seed + NOISE[seed], 0.01))
+    by_arm = interventions_table.load_runs_by_arm(root)
+    seeds, _ = interventions_table.paired_seed_table(by_arm)
+    along = interventions_curves.along_table(seeds, by_arm).set_index("step")
+    assert along.index.tolist() == list(steps) and (along["comparison"] == "arm_slow").all()
+    for step in steps:
+        d = np.array(
+            [curve(2.05 + 0.01 * s + NOISE[s], 0.01)[step] - curve(2.0 + 0.01 * s, 0.4)[step] for s in SEEDS]
+        )
+        ci = stats.ttest_1samp(d, 0.0).confidence_interval(1 - ALPHA)
+        assert along.loc[step, "delta_mean"] == pytest.approx(d.mean(), abs=1e-12)
+        assert (along.loc[step, "ci_low"], along.loc[step, "ci_high"]) == pytest.approx((ci.low, ci.high))
+    final = interventions_table.comparisons_table(seeds, ALPHA, MARGIN).iloc[0]
+    assert along.loc[40, "delta_mean"] == pytest.approx(final.delta_mean, abs=1e-15)
+
+    rule = interventions_curves.PlateauRule(last_fraction=0.25, improvement=0.01)
+    plateau = interventions_curves.plateau_table(by_arm, rule).set_index("arm")
+    assert plateau.loc["adamw", "step_from"] == 30 and plateau.loc["adamw", "step_to"] == 40
+    mean_from = np.mean([curve(2.0 + 0.01 * s, 0.4)[30] for s in SEEDS])
+    mean_to = np.mean([2.0 + 0.01 * s for s in SEEDS])
+    assert plateau.loc["adamw", "relative_improvement"] == pytest.approx((mean_from - mean_to) / mean_from)
+    assert not plateau.loc["adamw", "plateau"]  # 0.1 of 2.1: about 5 % in the last quarter
+    assert plateau.loc["arm_slow", "plateau"]  # 0.0025: about 0.1 %
+    with pytest.raises(interventions_table.UserError, match="no whole-split val loss at step 28"):
+        interventions_curves.plateau_table(by_arm, interventions_curves.PlateauRule(0.3, 0.01))
+
+
+def test_the_margin_is_a_fraction_of_the_calibrated_baseline_loss(intervention_runs, tmp_path, capsys):
+    calibration = tmp_path / "calibration.csv"
+    pd.DataFrame(
+        {"arm": ["adamw", "adamw", "other"], "best": [False, True, True], "mean": [2.5, 2.0, 1.0]}
+    ).to_csv(calibration, index=False)
+    assert interventions_table.calibrated_margin(calibration, 0.005) == pytest.approx(0.01)
+    out = tmp_path / "tables"
+    flags = ["--margin-fraction", "0.005", "--calibration", str(calibration), "--family", *FAMILY]
+    assert main(table_command(intervention_runs, out, *flags)) == 0
+    table = pd.read_csv(out / "interventions.csv")
+    assert np.allclose(table["equivalence_margin"], 0.01)
+    assert "equivalence margin 0.01: 0.005 x adamw's calibrated loss" in capsys.readouterr().out
+    assert main(table_command(intervention_runs, out, "--margin-fraction", "0.005")) == 2
+    assert "--margin-fraction needs --calibration" in capsys.readouterr().err
 
 
 def test_an_lr_arm_is_named_apart_or_refused(tmp_path, capsys):
@@ -352,7 +492,7 @@ def test_the_cost_ratio_comes_from_the_kept_benchmark(intervention_runs, tmp_pat
     assert math.isnan(table.loc["arm_same", "cost_ratio"])  # not measured
     assert r"arms\_cost.csv: Some CPU, torch 2.1, 2026-01-02" in (out / "interventions.tex").read_text()
     assert "note: cost ratios from arms_cost.csv: Some CPU" in capsys.readouterr().out
-    kept = interventions_table.ArmCosts({"adamw": 1.0, "a": 1.2, "b": 0.96}, "")
+    kept = arm_costs.ArmCosts({"adamw": 1.0, "a": 1.2, "b": 0.96}, "")
     assert kept.of("a", "b") == pytest.approx(1.25) and math.isnan(kept.of("a", "c"))
 
 
@@ -377,7 +517,7 @@ def test_the_cost_benchmark_writes_what_the_table_reads(tmp_path):
     assert table.set_index("arm").loc["adamw_gauge_fixed", "ratio_to_adamw"] == pytest.approx(1.1)
     assert table.set_index("arm").loc["adamw_gauge_fixed", "ms_per_step"] == pytest.approx(55.0)
     table.to_csv(tmp_path / "arms_cost.csv", index=False)
-    costs = interventions_table.read_arm_costs(tmp_path / "arms_cost.csv")
+    costs = arm_costs.read_arm_costs(tmp_path / "arms_cost.csv")
     assert costs.ratio["adamw"] == 1.0 and costs.ratio["adamw_lr2x"] == pytest.approx(1.05)
     assert costs.source == "arms_cost.csv: Some CPU, torch 2.1, 2026-01-02"
 
@@ -398,7 +538,7 @@ def test_a_seed_without_a_baseline_run_is_a_one_line_error(intervention_runs, tm
     [
         ("twice", "two runs of arm arm_lower with seed 0"),
         ("longer", "arm arm_lower seed 0 trains 60 steps, adamw seed 0 40"),
-        ("no baseline", "no adamw runs among the runs given"),
+        ("no baseline", "is compared with adamw (the baseline of its optimizer), and no adamw runs"),
         ("only baseline", "only adamw runs given: nothing to compare"),
         ("family", "the family names arm_elsewhere, not among the runs' comparisons"),
         ("family twice", "the family names arm_lower twice"),
@@ -472,9 +612,9 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
 @pytest.mark.slow
 @needs("latexmk", "siunitx.sty")
 def test_the_table_fits_the_page(tmp_path, repo_root):
-    """The widest table the builds make: paper.yaml's family of ten comparisons (long arm names, another
-    baseline, the interaction, differences in scientific notation) compiles with no box too wide, its
-    numbers in aligned siunitx columns."""
+    """The widest table the builds make: paper.yaml's arms, twelve comparisons (long arm names, another
+    baseline, the 2 x 2's three contrasts, differences in scientific notation) compiles with no box too
+    wide, its numbers in aligned siunitx columns."""
     root = tmp_path / "runs"
     arms = {
         "adamw_projected": ("adamw_projected", {}),
@@ -507,7 +647,7 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
     assert "Overfull \\hbox" not in log, re.findall(r"Overfull.*", log)
     assert "Float too large" not in log
     tex = (tables / "interventions.tex").read_text()
-    assert tex.count(r"\multicolumn{8}{l}") == 10 and r"interaction: starting point $\times$ frozen" in tex
+    assert tex.count(r"\multicolumn{9}{l}") == 12 and r"interaction: starting point $\times$ frozen" in tex
     assert re.search(r"\{rS\[table-format=-1\.1e-1\]", tex)  # mean differences aligned, true minus signs
     assert "& not in family" in tex and "& n too small" not in tex
     assert re.search(r"\[\\num\{-?\d\.\de-\d\}, \\num\{-?\d\.\de-\d\}\]", tex)  # the interval as the mean

@@ -202,20 +202,57 @@ def test_below_the_minimum_n_there_is_no_label():
 
 
 def test_the_detectable_effect_has_80_percent_power_in_a_simulation():
-    """At the returned effect a two-sided t-test at alpha / m rejects in 80 % of simulated normal samples
-    (20,000 samples: Monte Carlo sd 0.003)."""
+    """At the returned effect the exact sign-flip test at alpha / m rejects in 80 % of fresh simulated normal
+    samples (20,000, drawn apart from the ones the effect was solved on: Monte Carlo sd 0.003, plus the
+    solve's own 0.006)."""
     rule = statistics.VerdictRule(alpha=0.05, family_size=5)
     sd, n = 0.012, 8
     effect = rule.detectable_effect(sd, n)
-    rng = np.random.default_rng(0)
-    samples = rng.normal(effect, sd, size=(20_000, n))
-    p = scipy_stats.ttest_1samp(samples, 0.0, axis=1).pvalue
-    assert np.mean(p < rule.detection_level) == pytest.approx(0.8, abs=0.012)
+    samples = np.random.default_rng(1).normal(effect, sd, size=(20_000, n))
+    p = statistics.exact_sign_flip_p_values(samples)
+    assert np.mean(p < rule.detection_level) == pytest.approx(0.8, abs=0.02)
     assert rule.detection_level == pytest.approx(0.01)
     # scale: twice the sd, twice the effect; more seeds, a smaller one
     assert rule.detectable_effect(2 * sd, n) == pytest.approx(2 * effect)
     assert rule.detectable_effect(sd, 16) < effect
+    assert rule.detectable_effect(0.0, 8) == 0.0
     assert statistics.detectable_effect(0.0, 8, 0.01) == 0.0
+
+
+def test_the_exact_test_is_less_powerful_than_the_t_test_at_eight_seeds():
+    """At 8 seeds and Holm over 5 the exact test rejects only when all 8 signs agree (the next p, 4/256, is
+    above 0.05/5), so an effect the t-test detects with 80 % power (1.60 sd) it detects about 63 % of the
+    time, and 80 % needs about 1.92 sd."""
+    level = 0.05 / 5
+    t_effect = statistics.detectable_effect(1.0, 8, level)
+    assert t_effect == pytest.approx(1.60, abs=0.01)
+    assert statistics.sign_flip_power(t_effect, 8, level) == pytest.approx(0.63, abs=0.03)
+    assert statistics.sign_flip_detectable_ratio(8, level) == pytest.approx(1.92, abs=0.04)
+    # no effect: it rejects about as often as its level allows (all 8 of one sign: 2/256)
+    assert statistics.sign_flip_power(0.0, 8, level) == pytest.approx(2 / 256, abs=0.005)
+    # below the rule's minimum it cannot reject at all
+    assert statistics.sign_flip_power(10.0, 7, level) == 0.0
+    assert math.isinf(statistics.sign_flip_detectable_ratio(7, level))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.floats(-1.0, 1.0, allow_nan=False).map(lambda x: round(x, 3)), min_size=2, max_size=16))
+def test_the_vectorised_exact_p_is_scipy_s(values):
+    """The p-values the power simulation counts are the test's own (scipy's permutation test over all sign
+    vectors), ties of rounded values included."""
+    assert statistics.exact_sign_flip_p_values([values])[0] == pytest.approx(
+        statistics.sign_flip_p_value(values), abs=1e-12
+    )
+
+
+def test_power_at_the_margin_grows_with_the_margin_over_the_sd():
+    rule = statistics.VerdictRule(alpha=0.05, equivalence_margin=0.01, family_size=1)
+    powers = [rule.power_at_margin(sd, 16) for sd in (0.04, 0.02, 0.01, 0.005)]
+    assert powers == sorted(powers) and powers[0] < 0.3 and powers[-1] > 0.99
+    assert rule.power_at_margin(0.01 / statistics.sign_flip_detectable_ratio(16, 0.05), 16) == pytest.approx(
+        0.8, abs=0.01
+    )
+    assert math.isnan(statistics.VerdictRule(family_size=1).power_at_margin(0.01, 16))  # no margin
 
 
 def test_the_power_of_a_paper_sized_family_is_a_number():

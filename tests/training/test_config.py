@@ -80,10 +80,12 @@ def test_every_option_has_a_type_and_help():
         "threads",
         "metrics_threads",
         "fresh",
+        "restart_if_changed",
         "stop_after",
         "progress_every",
         "arm",  # a name for the tables, not a setting of the run
         "full_val_eval",  # an evaluation after the last step, not a setting of the training
+        "full_val_every",  # evaluations along the way: what is logged, not what is trained
     }
 
 

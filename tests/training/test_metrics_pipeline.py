@@ -3,6 +3,7 @@ threads, resumes, the bounded queue and its logged waits, τ's cadence, and fail
 
 from __future__ import annotations
 
+import copy
 import json
 import signal
 import threading
@@ -17,7 +18,9 @@ from tiny_runs import train
 from attnid.measure import rebalancing
 from attnid.measure.drift import DriftTracker
 from attnid.measure.metrics import MetricTracker
+from attnid.model import moves
 from attnid.model.gpt import GPT, GPTConfig
+from attnid.theory.circuits import CIRCUITS
 from attnid.training import precision
 from attnid.training.metrics_pipeline import MetricsPipeline, RowRequest, queue_steps_for
 from attnid.training.rundir import TIMING_COLUMNS
@@ -328,14 +331,29 @@ def test_bad_pipeline_flags_are_one_line(prepared_data_dir, tmp_path, capsys, fl
     assert err.count("\n") == 1 and expected in err, err
 
 
-def test_probes_leave_the_training_thread_only_when_training_has_tf32_off():
-    """TF32 is process-wide: with bf16/fp16 on CUDA the training thread makes tau's probe itself."""
+def test_the_probe_moves_on_a_worker_and_its_forwards_run_where_tf32_allows(monkeypatch):
+    """A worker makes τ's probe whenever there is one; TF32 is process-wide, so with bf16/fp16 on CUDA
+    (tf32_training) the training thread makes the probe's two forward passes, at its next step or drain.
+    Wherever the parts run, the row is the synchronous one, bit for bit."""
     assert precision.trains_with_tf32("bf16", "cuda") and precision.trains_with_tf32("fp16", "cuda")
     assert not precision.trains_with_tf32("float32", "cuda")
     assert not precision.trains_with_tf32("float64", "cpu")
-    model = tiny_model()
-    batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
-    for threads, tf32, on_worker in ((0, False, False), (1, False, True), (1, True, False)):
+    ran: dict[str, list[bool]] = {"move": [], "forwards": []}
+    plan, measure = rebalancing.plan_moves, rebalancing.ProbeCopy.measure
+
+    def on_main(part):
+        ran[part].append(threading.current_thread() is threading.main_thread())
+
+    monkeypatch.setattr(rebalancing, "plan_moves", lambda *args: on_main("move") or plan(*args))
+    monkeypatch.setattr(rebalancing.ProbeCopy, "measure", lambda *args: on_main("forwards") or measure(*args))
+    rows_of = {}
+    for threads, tf32, (move_here, forwards_here) in (
+        (0, False, (True, True)),
+        (1, False, (False, False)),
+        (1, True, (False, True)),
+    ):
+        model = tiny_model()
+        batch = (torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
         pipeline = MetricsPipeline(
             model,
             MetricTracker(model, batch),
@@ -345,9 +363,77 @@ def test_probes_leave_the_training_thread_only_when_training_has_tf32_off():
             tf32_training=tf32,
             probes=True,
         )
-        assert pipeline.probe_on_worker is on_worker
+        assert pipeline.forwards_on_worker is (threads > 0 and not tf32)
         pipeline.restart(model, 0)
-        nudge(model, 1)
-        columns = pipeline.after_step(model, 1, 1e-3, RowRequest(tau=True)).result(timeout=60)
-        assert columns["tau"] < 1e-5  # the probe ran, wherever it ran
+        ran["move"].clear(), ran["forwards"].clear()
+        futures = []
+        for step in (1, 2, 3):
+            nudge(model, step)
+            futures.append(pipeline.after_step(model, step, 1e-3, RowRequest(tau=step != 2)))
+        pipeline.drain()  # the waiting forwards are made here at the latest
+        rows_of[threads, tf32] = [future.result(timeout=60) for future in futures]
+        assert ran == {"move": [move_here] * 2, "forwards": [forwards_here] * 2}
+        assert rows_of[threads, tf32][0]["tau"] < 1e-5  # the probe ran, wherever it ran
         pipeline.close()
+    for columns in (rows_of[1, False], rows_of[1, True]):
+        assert columns == rows_of[0, False]  # every column of every row, bit for bit, in the same order
+
+
+def reference_tau(model: GPT, tracker: MetricTracker) -> dict[str, float]:
+    """τ's columns as the probe measured them before it moved to the metrics thread: a copy of the whole
+    model, rebalanced in place to its nearest balanced point and probed before and after."""
+    probed = copy.deepcopy(model)
+    before = tracker.probe(probed)
+    done = {
+        circuit: moves.rebalance_model(probed, circuit, None, compute_device=tracker.compute_device)
+        for circuit in CIRCUITS
+    }
+    after = tracker.probe(probed)
+    skipped = {"skipped_pairs": sum(move.skipped for move in done.values())}
+    return (
+        tracker.tau(before, after) | skipped | {f"move_{c}": move.relative_move for c, move in done.items()}
+    )
+
+
+@pytest.mark.parametrize("threads, tf32", [(0, False), (1, False), (1, True)])
+def test_tau_columns_are_those_of_the_probe_on_a_copy_of_the_model(
+    prepared_data_dir, tmp_path, monkeypatch, threads, tf32
+):
+    """A small run's τ columns, on the training thread, on a worker, and split between them as under TF32
+    training: on the same rows (every --tau-every-th, row 0 included) the very numbers of
+    :func:`reference_tau` at the weights of each probed row."""
+    monkeypatch.setattr(precision, "trains_with_tf32", lambda *_: tf32)
+    probed: dict[int, tuple[GPT, MetricTracker]] = {}
+    after_step, initial_row = MetricsPipeline.after_step, MetricsPipeline.initial_row
+
+    def keep(pipeline, model, step):
+        probed[step] = (copy.deepcopy(model), pipeline.tracker)
+
+    def after_step_kept(self, model, step, lr, row):
+        if row is not None and row.tau:
+            keep(self, model, step)
+        return after_step(self, model, step, lr, row)
+
+    def initial_row_kept(self, model, tau):
+        if tau:
+            keep(self, model, 0)
+        return initial_row(self, model, tau)
+
+    monkeypatch.setattr(MetricsPipeline, "after_step", after_step_kept)
+    monkeypatch.setattr(MetricsPipeline, "initial_row", initial_row_kept)
+    flags = ["--case", "adamw", "--max-iters", "15", "--log-every", "2", "--eval-every", "100"]
+    assert (
+        train(prepared_data_dir, tmp_path / "run", *flags, "--tau-every", "2", "--metrics-threads", threads)
+        == 0
+    )
+    frame = rows(tmp_path / "run")
+    assert frame.step[frame.tau.notna()].tolist() == [0, 4, 8, 12, 15] == sorted(probed)
+    probe_columns = ["tau", "tau_logits", "skipped_pairs", "move_qk", "move_ov"]
+    logit_changes = []
+    for step, (model, tracker) in probed.items():
+        logged = frame[frame.step == step].iloc[0]
+        expected = reference_tau(model, tracker)
+        assert {column: float(logged[column]) for column in probe_columns} == expected, step
+        assert expected["tau"] < 1e-5 and expected["move_qk"] > 0 and expected["move_ov"] > 0
+        logit_changes.append(expected["tau_logits"])
+    assert 0 < max(logit_changes) < 1e-5  # round-off, not zero: the rows compare real numbers

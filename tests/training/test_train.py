@@ -312,6 +312,78 @@ def test_divergence_is_a_status_not_a_crash(prepared_data_dir, tmp_path):
     assert frame.train_loss.dropna().max() <= 3 * frame.train_loss.iloc[1]
 
 
+@pytest.mark.parametrize(
+    "case, dtype, flags",
+    [
+        ("adamw", "float32", ["--log-every", "1"]),  # the row of step 1 would measure non-finite weights
+        ("sgd", "float64", ["--log-every", "1", "--metrics-threads", "1"]),  # ... on a metrics thread
+        ("adamw_projected", "float64", ["--log-every", "3", "--ckpt-every", "1"]),  # a checkpoint, no row
+        ("adamw_rebalance", "float64", ["--log-every", "1", "--rebalance-every", "1"]),
+    ],
+)
+def test_an_update_that_leaves_non_finite_weights_ends_the_run_as_diverged(
+    case, dtype, flags, prepared_data_dir, tmp_path, capsys
+):
+    """lr 1e308: the first update leaves weights that are not finite (or whose float64 squares are not),
+    while its loss, taken before the update, is finite. The run ends there as diverged, in one line,
+    whatever the metrics (eigendecompositions of those weights' Grams) or the checkpoint were about to do;
+    no checkpoint of such weights is kept."""
+    out = tmp_path / "run"
+    status = train(
+        prepared_data_dir, out, "--case", case, "--lr", "1e308", "--dtype", dtype, "--max-iters", "6",
+        "--warmup-iters", "0", *flags,
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "Traceback" not in err and "LinAlgError" not in err
+    reason = [line for line in err.splitlines() if "diverged" in line and "non-finite weights" in line]
+    assert len(reason) == 1 and "the update of step 1 at lr 1e+308" in reason[0], err
+    info = run_json(out)
+    assert info["status"] == "diverged" and info["diverged_step"] == 1 and info["steps_completed"] == 0
+    assert metrics(out).step.tolist() == [0]  # the initial row only
+    assert not (out / "ckpt.pt").exists()
+
+
+def test_a_checkpoint_of_other_settings_is_refused_or_with_restart_if_changed_replaced(
+    prepared_data_dir, tmp_path, capsys
+):
+    """A finished run trained again with another setting (the workflow's job rerun because the run's
+    settings changed): refused in one line without --restart-if-changed; with it, the run starts over
+    and its checkpoint replaces the old one; rerun once more, it is the finished run and only gives its
+    outputs back. A killed run of the same settings still resumes with the flag."""
+    out = tmp_path / "run"
+    common = [
+        "--case",
+        "sgd",
+        "--max-iters",
+        "6",
+        "--log-every",
+        "2",
+        "--ckpt-every",
+        "2",
+        "--warmup-iters",
+        "0",
+    ]
+    assert train(prepared_data_dir, out, *common, "--weight-decay", "0.1") == 0
+    capsys.readouterr()
+    changed = [*common, "--weight-decay", "0.3"]
+    assert train(prepared_data_dir, out, *changed) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "another configuration (weight_decay: 0.1 in ckpt vs 0.3 now)" in err, err
+    assert train(prepared_data_dir, out, *changed, "--restart-if-changed") == 0
+    err = capsys.readouterr().err
+    assert "written with other settings (weight_decay: 0.1 in ckpt vs 0.3 now): starting over" in err, err
+    info = run_json(out)
+    assert info["status"] == "completed" and info["config"]["weight_decay"] == 0.3 and not info["resumed_at"]
+    assert train(prepared_data_dir, out, *changed, "--restart-if-changed") == 0
+    assert "holds a finished run" in capsys.readouterr().err
+    # a run of the same settings stopped after a checkpoint resumes, flag or not
+    stopped = tmp_path / "stopped"
+    assert train(prepared_data_dir, stopped, *changed, "--stop-after", "2") == 128 + signal.SIGTERM
+    assert train(prepared_data_dir, stopped, *changed, "--restart-if-changed") == 0
+    assert run_json(stopped)["resumed_at"] == [2]
+
+
 def test_no_metrics_logs_losses_only_and_progress_lines(prepared_data_dir, tmp_path, capsys):
     out = tmp_path / "plain"
     assert (
@@ -366,6 +438,64 @@ def test_the_final_model_is_evaluated_on_the_whole_val_split(prepared_data_dir, 
             )
     assert info["final_val_loss_full"] == pytest.approx(total / y.numel(), rel=1e-5)
     assert info["final_val_loss_full"] != info["final_val_loss"]  # 2 sampled batches are not the split
+
+
+def test_the_whole_split_along_training(prepared_data_dir, tmp_path):
+    """--full-val-every N: the whole val split at step 0, every N-th step and the last, in metrics.csv's
+    val_loss_full; the last is run.json's final_val_loss_full, the number a final-only evaluation gives
+    (the same model: --full-val-every changes no step of the training)."""
+    along, final_only = tmp_path / "along", tmp_path / "final"
+    flags = ("--case", "adamw", "--no-metrics", "--max-iters", "14", "--log-every", "7", "--eval-every", "14")
+    assert train(prepared_data_dir, along, *flags, "--full-val-every", "4") == 0
+    assert train(prepared_data_dir, final_only, *flags, "--full-val-eval") == 0
+    rows = metrics(along).dropna(subset=["val_loss_full"])
+    assert rows["step"].tolist() == [0, 4, 8, 12, 14]
+    assert rows["val_loss_full"].iloc[0] > rows["val_loss_full"].iloc[-1]  # the model learns
+    assert run_json(along)["final_val_loss_full"] == rows["val_loss_full"].iloc[-1]
+    assert run_json(along)["final_val_loss_full"] == run_json(final_only)["final_val_loss_full"]
+    # the same training: every other column of the rows both runs log is the same
+    shared = metrics(final_only)["step"]
+    steps = metrics(along).set_index("step").loc[shared, ["train_loss", "grad_norm"]]
+    pd.testing.assert_frame_equal(
+        steps.reset_index(drop=True), metrics(final_only)[["train_loss", "grad_norm"]], check_exact=True
+    )
+
+
+def test_train_runs_trains_each_run_as_train_would(prepared_data_dir, tmp_path, capsys):
+    """attnid train-runs: several spec files, one process, each run bit-identical (but for the clock) to
+    its own attnid train; outputs declared before any run trains (a bad second --outs stops at once); a
+    rerun resumes the finished runs from their checkpoints without training them again."""
+    specs = []
+    for seed in (3, 4):
+        spec = tmp_path / f"seed{seed}.yaml"
+        spec.write_text(
+            f"case: adamw_gauge_fixed\nseed: {seed}\nn_layer: 1\nn_head: 2\nn_embd: 16\nblock_size: 32\n"
+            f"batch_size: 8\neval_iters: 2\nmax_iters: 12\nlog_every: 4\nfull_val_every: 6\n"
+        )
+        specs.append(spec)
+    outs = [tmp_path / "together" / f"seed{seed}" for seed in (3, 4)]
+    command = ["train-runs", "--data", str(prepared_data_dir), "--configs", *map(str, specs)]
+    assert main([*command, "--outs", *map(str, outs)]) == 0
+    assert "run 2/2" in capsys.readouterr().err
+    for spec, out in zip(specs, outs, strict=True):
+        alone = tmp_path / "alone" / out.name
+        assert (
+            main(["train", "--config", str(spec), "--data", str(prepared_data_dir), "--out", str(alone)]) == 0
+        )
+        pd.testing.assert_frame_equal(
+            without_timing(metrics(out)), without_timing(metrics(alone)), check_exact=True
+        )
+        assert run_json(out)["final_val_loss_full"] == run_json(alone)["final_val_loss_full"]
+    before = [(out / "metrics.csv").read_text() for out in outs]
+    assert main([*command, "--outs", *map(str, outs)]) == 0
+    assert "holds a finished run" in capsys.readouterr().err
+    assert [(out / "metrics.csv").read_text() for out in outs] == before
+    assert main([*command, "--outs", str(outs[0])]) == 2
+    assert "2 --configs and 1 --outs" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert main([*command, "--outs", str(tmp_path / "fresh"), str(blocker)]) == 2
+    assert not (tmp_path / "fresh" / "run.json").exists()  # refused before the first run trained
 
 
 def test_config_file_and_flag_precedence(tmp_path):

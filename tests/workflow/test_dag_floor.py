@@ -1,6 +1,7 @@
 """benchmarks/dag_floor.py reads the workflow's own training commands: every `attnid train` job of a dry
-run parses with `attnid train`'s flags (and its spec file) and lands in a stage, and a build's benchmark
-files add up per stage. (The timing itself is a benchmark, never a test.)"""
+run parses with `attnid train`'s flags (and its spec file, from the plan: a dry run writes none) and lands
+in a stage, and a build's benchmark files add up per stage. (The timing itself is a benchmark, never a
+test.)"""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ def test_every_training_job_of_the_smoke_build_is_read(dag_floor, monkeypatch, t
     parser = argparse.ArgumentParser()
     add_train_arguments(parser)
     stages: dict[str, int] = {}
+    runs = dag_floor.planned(tmp_path / "config" / "smoke.yaml")
     for words in jobs:
-        flags = parser.parse_args(words)  # a shell word the parser does not know would exit here
+        # a shell word the parser does not know would exit here
+        flags = parser.parse_args(dag_floor.with_written_specs(words, runs, tmp_path / "written"))
         stage = dag_floor.stage_of(flags.out, "results/smoke")
         stages[stage] = stages.get(stage, 0) + 1
         assert config_from_args(flags).max_iters > 0  # the settings of its spec file (--config)

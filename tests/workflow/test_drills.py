@@ -1,16 +1,21 @@
-"""Failure drills (issue #5): kill a training job under Snakemake, corrupt the data, break the config.
+"""Failure drills: kill a training job under Snakemake, kill the whole build anywhere, start two builds at
+once, corrupt the data, break the config.
 
 Each drill checks two things: the failure is reported in a way a user can act on, and
 nothing half-written is left that Snakemake would trust (a rerun does the right thing).
-The kill drills compare the resumed run's metrics.csv with the same run from the shared
-uninterrupted smoke DAG (tests/helpers/pipeline_helpers.py), timing columns aside.
+The kill drills compare the resumed run's metrics.csv, and the killed build's tables, with the
+shared uninterrupted smoke DAG's (tests/helpers/pipeline_helpers.py), timing columns aside.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import json
 import os
+import random
+import re
 import shutil
 import signal
 import subprocess
@@ -21,9 +26,21 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from pipeline_helpers import copy_pipeline, run_snakemake, shared_smoke_run, smoke_config
+from pipeline_helpers import (
+    builds_pdf,
+    config_text,
+    copy_pipeline,
+    run_snakemake,
+    say,
+    shared_smoke_run,
+    smoke_config,
+    snakemake_env,
+)
 
+from attnid.common import outputs
+from attnid.common.files import load_weights_only
 from attnid.common.locks import FOLDER_LOCK_NAME
+from attnid.plan import plan, spec_texts
 from attnid.training.rundir import TIMING_COLUMNS
 
 SMOKE = smoke_config()["results_dir"]
@@ -252,3 +269,322 @@ def test_diverging_run_ends_as_diverged_and_the_dag_completes(smoke_dir):
     assert (smoke_dir / f"{SMOKE}/paper/appendix.tex").is_file()
     metrics = pd.read_csv(smoke_dir / f"{SMOKE}/sweep/sgd/lr{huge:.10g}/seed0/metrics.csv")
     assert len(metrics) >= 1
+
+
+# --------------------------------------------------------------------------------------
+# the whole smoke build killed anywhere, two builds at once, a dry run beside a build
+# --------------------------------------------------------------------------------------
+
+# Columns of the tables that time the machine, not the runs: a resumed run's wall time and throughput.
+TABLE_TIMING_COLUMNS = ("wall_time_s", "tokens_per_s_mean", "tokens_per_s_sd")
+# The TeX tables with a timing column: a study point's row ends in its tokens/s.
+TEX_TOKENS_PER_S = re.compile(r"& [\d,]+ \\\\$", re.MULTILINE)
+TIMED_TEX_TABLES = ("heads.tex", "variants.tex")
+# The killed build's config over smoke.yaml: a checkpoint every 5 steps, so that kills meet checkpoints.
+KILLED_BUILD = {"training": {"ckpt_every": 5}}
+LOCK_REFUSAL = "Directory cannot be locked"
+INCOMPLETE_REFUSAL = "IncompleteFilesException"
+
+
+def _kill_build_command(shakespeare_url: str, *args: str) -> list[str]:
+    config = {"data_url": shakespeare_url, **KILLED_BUILD}
+    return [
+        sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", "config/smoke.yaml", *args,
+        "--config", *(f"{key}={config_text(value)}" for key, value in config.items()),
+    ]  # fmt: skip
+
+
+class Build:
+    """One snakemake process and every process it starts, in a process group of its own: what a
+    laptop's sleep, a SLURM time limit or `kill -9 -PGID` ends at once."""
+
+    def __init__(self, workdir: Path, command: list[str], log: Path):
+        self.workdir, self.log = workdir, log
+        with open(log, "w") as out:
+            self.process = subprocess.Popen(
+                command, cwd=workdir, env=snakemake_env(), stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group, then reap the snakemake process."""
+        self.signal(signal.SIGKILL)
+        self.process.wait(timeout=60)
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _is_leftover(path: Path) -> bool:
+    """What no finished build keeps: a hidden file or folder (temporaries, locks, latexmk's scratch
+    folder), a `*.tmp`, a checkpoint moved aside."""
+    return path.name.startswith(".") or path.name.endswith(".tmp") or ".corrupt" in path.name
+
+
+def _half_written(workdir: Path) -> list[str]:
+    """Every file of the build that does not read as complete in its format: checkpoints load with
+    weights_only=True, CSV/JSON/YAML parse, PNG and PDF end as their format ends. Temporary files and
+    folders (a killed build's), logs and Snakemake's benchmark records (appended, never trusted) aside."""
+    bad = []
+    for path in sorted([*(workdir / SMOKE).rglob("*"), *(workdir / "data").rglob("*")]):
+        relative = path.relative_to(workdir)
+        if (
+            not path.is_file()
+            or any(_is_leftover(Path(part)) for part in relative.parts)
+            or {"logs", "benchmarks"} & set(relative.parts)
+        ):
+            continue
+        try:
+            data = path.read_bytes()
+            if path.suffix == ".pt":
+                load_weights_only(path)
+            elif path.suffix == ".csv":
+                pd.read_csv(path)
+            elif path.suffix == ".json":
+                json.loads(data)
+            elif path.suffix == ".yaml":
+                assert isinstance(yaml.safe_load(data), dict)
+            elif path.suffix == ".png":
+                assert data.startswith(b"\x89PNG\r\n\x1a\n") and data.endswith(b"IEND\xaeB`\x82")
+            elif path.suffix == ".pdf":
+                assert data.startswith(b"%PDF") and b"%%EOF" in data[-1024:]
+            elif path.suffix in (".tex", ".rst", ".html", ".txt"):
+                assert data.decode("utf-8").strip()
+        except Exception as err:  # noqa: BLE001 - any failure to read is the finding
+            bad.append(f"{relative}: {type(err).__name__} {err}"[:300])
+    return bad
+
+
+def _wait_until(
+    build: Build, condition, what: str, poll: float = 0.05, timeout: float = 1200, check_every: float = 45.0
+) -> None:
+    """Poll ``condition`` every ``poll`` s while ``build`` runs; every ``check_every`` s freeze the build and
+    check that no file of it is half-written (a moment of its own, not one the build chose)."""
+    deadline, last_check = time.monotonic() + timeout, time.monotonic()
+    while not condition():
+        assert build.running(), f"the build ended before {what}:\n{build.output()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        if time.monotonic() - last_check > check_every:
+            build.signal(signal.SIGSTOP)
+            try:
+                assert not _half_written(build.workdir), _half_written(build.workdir)
+            finally:
+                build.signal(signal.SIGCONT)
+            last_check = time.monotonic()
+        time.sleep(poll)
+
+
+def _comparable_tables(tables: Path) -> dict[str, object]:
+    """Every table of a build, its timing columns dropped (TABLE_TIMING_COLUMNS; tokens/s in the TeX)."""
+    found: dict[str, object] = {}
+    for path in sorted(tables.iterdir()):
+        if path.suffix == ".csv":
+            frame = pd.read_csv(path)
+            found[path.name] = frame.drop(columns=[c for c in TABLE_TIMING_COLUMNS if c in frame])
+        elif path.name in TIMED_TEX_TABLES:
+            found[path.name] = TEX_TOKENS_PER_S.sub("& (tokens/s) \\\\\\\\", path.read_text())
+        else:
+            found[path.name] = path.read_text()
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.ci  # a third smoke build, killed four times: .ci/run runs it after the README's command
+def test_a_build_killed_anywhere_resumes_to_the_uninterrupted_result(smoke_dir, shakespeare_url, tmp_path):
+    """The whole smoke build (its process group) started twice at once, then SIGKILLed while a job writes a
+    checkpoint, just after one, at a random moment and while the appendix compiles, restarted each time as
+    docs/cluster.md says (`--unlock`, then `--rerun-incomplete`); a dry run of another config beside it.
+    Checked: one of two builds started at once refuses on the lock; the dry run changes nothing of the
+    running build; no file is ever half-written (at each kill and at moments of the test's own); nothing is
+    left behind; every run killed with a checkpoint resumed from it; at the end nothing is left to do and
+    claims.csv and every table equal the uninterrupted shared smoke build's, timing columns aside."""
+    seed = int(os.environ.get("ATTNID_KILL_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    workdir = copy_pipeline(tmp_path / "wf")
+    config = {**smoke_config(), "data_url": shakespeare_url}
+    config["training"] = {**config["training"], **KILLED_BUILD["training"]}
+    planned = plan(copy.deepcopy(config))
+    texts = spec_texts(planned)
+    run_dirs = [workdir / run_dir for run_dir in planned.trained()]
+    paper = workdir / SMOKE / "paper"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    builds: list[Build] = []
+    resumable: set[Path] = set()  # runs killed with a checkpoint of an unfinished run
+    kills = []
+
+    def start(name: str, *args: str) -> Build:
+        build = Build(workdir, _kill_build_command(shakespeare_url, *args), logs / f"{name}.log")
+        builds.append(build)
+        return build
+
+    def restart(name: str) -> Build:
+        """As docs/cluster.md says after a kill: --unlock, then the build with --rerun-incomplete."""
+        unlock = subprocess.run(
+            _kill_build_command(shakespeare_url, "--unlock"), cwd=workdir, env=snakemake_env(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert unlock.returncode == 0, unlock.stderr[-3000:]
+        return start(name, "--rerun-incomplete")
+
+    def kill(build: Build, moment: str) -> None:
+        build.kill()
+        kills.append(moment)
+        say(f"the killed smoke build: killed {moment} after {time.monotonic() - started:.0f} s")
+        half = _half_written(workdir)
+        assert not half, f"after the kill {moment} (seed {seed}): {half}"
+        for run_dir in run_dirs:
+            if (run_dir / "ckpt.pt").is_file() and not (run_dir / "run.json").exists():
+                # a finished run's checkpoint (its summary in it) gives its outputs back: nothing to resume
+                if load_weights_only(run_dir / "ckpt.pt")["attnid"].get("summary") is None:
+                    resumable.add(run_dir)
+
+    def temporaries_of_checkpoints() -> list[Path]:
+        return [
+            p
+            for d in run_dirs
+            if d.is_dir()
+            for p in d.iterdir()
+            if outputs.is_temporary_of(p.name, d / "ckpt.pt")
+        ]
+
+    started = time.monotonic()
+    try:
+        # two builds at once on one checkout: one refuses before any job of its own, on Snakemake's lock or,
+        # when the other has started jobs by then, on their files being incomplete; a second build with
+        # --rerun-incomplete (the restart of docs/cluster.md, given while the build still runs) on the lock
+        first, second = start("first"), start("second")
+        deadline = time.monotonic() + 600
+        while first.running() and second.running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        refused, build = (first, second) if not first.running() else (second, first)
+        assert not refused.running() and refused.process.returncode != 0, "neither build refused"
+        assert LOCK_REFUSAL in refused.output() or INCOMPLETE_REFUSAL in refused.output(), refused.output()
+        _wait_until(build, lambda: any((workdir / ".snakemake/incomplete").glob("*")), "a job started")
+        restart_beside = subprocess.run(
+            _kill_build_command(shakespeare_url, "--rerun-incomplete"), cwd=workdir, env=snakemake_env(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert restart_beside.returncode != 0, restart_beside.stdout[-3000:]
+        assert LOCK_REFUSAL in restart_beside.stdout + restart_beside.stderr, restart_beside.stderr[-3000:]
+        assert build.running(), build.output()[-3000:]
+
+        # a dry run of another config while the build runs writes nothing: every spec file the build has
+        # written holds the build's text, though the other config changes some of them (adamw's lr). (Their
+        # times say nothing: Snakemake touches a job's outputs once it has finished.)
+        other = {**config, "cases": {**config["cases"], "adamw": {**config["cases"]["adamw"], "lr": 0.002}}}
+        (workdir / "config/other.yaml").write_text(yaml.safe_dump(other))
+        changed = [
+            path for path, text in spec_texts(plan(copy.deepcopy(other))).items() if texts.get(path) != text
+        ]
+        _wait_until(
+            build, lambda: any((workdir / path).exists() for path in changed), "a spec the dry run changes"
+        )
+        dry = run_snakemake(workdir, "-n", configfile="config/other.yaml")
+        assert dry.returncode == 0 and "spec_file" in dry.stdout, dry.stderr[-3000:]
+        for path in texts:
+            if (workdir / path).exists():
+                assert (workdir / path).read_text() == texts[path], f"{path} is not the build's own"
+
+        # killed while a job writes a checkpoint (the build frozen with a checkpoint's temporary in place)
+        while True:
+            # a checkpoint of the smoke model is written in milliseconds: polled every 5 ms
+            _wait_until(
+                build, lambda: bool(temporaries_of_checkpoints()), "checkpoint being written", poll=0.005
+            )
+            build.signal(signal.SIGSTOP)
+            if temporaries_of_checkpoints():
+                break
+            build.signal(signal.SIGCONT)
+        kill(build, "while a checkpoint is written")
+        assert temporaries_of_checkpoints(), "the kill left no checkpoint half-written"
+
+        # restarted without --unlock: refused on the killed build's lock, nothing run
+        before = sorted(p.relative_to(workdir) for p in (workdir / SMOKE).rglob("*"))
+        again = subprocess.run(
+            _kill_build_command(shakespeare_url, "--rerun-incomplete"), cwd=workdir, env=snakemake_env(),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert again.returncode != 0 and LOCK_REFUSAL in again.stdout + again.stderr, again.stderr[-3000:]
+        assert "--unlock" in again.stdout + again.stderr
+        assert sorted(p.relative_to(workdir) for p in (workdir / SMOKE).rglob("*")) == before
+
+        # killed just after a checkpoint: a run with a new ckpt.pt, unfinished
+        build = restart("after-checkpoint")
+        since = time.time()
+
+        def fresh_checkpoint() -> bool:
+            return any(
+                (d / "ckpt.pt").is_file()
+                and (d / "ckpt.pt").stat().st_mtime > since
+                and not (d / "run.json").exists()
+                and not any(outputs.is_temporary_of(p.name, d / "ckpt.pt") for p in d.iterdir())
+                for d in run_dirs
+                if d.is_dir()
+            )
+
+        _wait_until(build, fresh_checkpoint, "a new checkpoint")
+        kill(build, "just after a checkpoint")
+        assert resumable, "no run was killed with a checkpoint"
+
+        # killed at a random moment
+        build = restart("random")
+        wait = rng.uniform(10.0, 40.0)
+        moment = time.monotonic() + wait
+        _wait_until(build, lambda: time.monotonic() > moment, "the random moment")
+        kill(build, f"at a random moment ({wait:.1f} s after its start)")
+
+        # killed while the appendix compiles (latexmk's scratch folder in place), or runs where no PDF is
+        # built here
+        build = restart("appendix")
+        if builds_pdf(config):
+            _wait_until(build, lambda: any(paper.glob(".latexmk-*")), "latexmk compiling")
+            build.signal(signal.SIGSTOP)
+            assert any(paper.glob(".latexmk-*"))
+            kill(build, "while latexmk compiles the appendix")
+            assert any(paper.glob(".latexmk-*")), "the kill left no latexmk scratch folder"
+        else:
+            _wait_until(build, lambda: (workdir / SMOKE / "logs/appendix.log").exists(), "the appendix job")
+            kill(build, "while the appendix job runs")
+
+        # resumed to the end
+        build = restart("final")
+        build.process.wait(timeout=1800)
+        assert build.process.returncode == 0, build.output()[-5000:]
+    finally:
+        for each in builds:
+            if each.running():
+                each.kill()
+    elapsed = time.monotonic() - started
+    say(f"the killed smoke build: {len(kills)} kills, {elapsed:.0f} s in all (seed {seed})")
+
+    assert not _half_written(workdir)
+    leftovers = [
+        str(p.relative_to(workdir))
+        for p in [*(workdir / SMOKE).rglob("*"), *(workdir / "data").rglob("*")]
+        if _is_leftover(p)
+    ]
+    assert not leftovers, f"left behind (seed {seed}): {leftovers}"
+    assert not [p for p in (workdir / ".snakemake/incomplete").rglob("*") if p.is_file()]
+    nothing = run_snakemake(workdir, *_kill_build_command(shakespeare_url, "-n")[5:], configfile=None)
+    assert nothing.returncode == 0 and "Nothing to be done" in nothing.stdout + nothing.stderr, nothing.stdout
+    for run_dir in resumable:
+        run = json.loads((run_dir / "run.json").read_text())
+        assert run["resumed_at"], f"{run_dir} was killed with a checkpoint and not resumed from it"
+    built, reference = (
+        _comparable_tables(workdir / SMOKE / "tables"),
+        _comparable_tables(smoke_dir / SMOKE / "tables"),
+    )
+    assert sorted(built) == sorted(reference)
+    for name, table in reference.items():
+        if isinstance(table, pd.DataFrame):
+            pd.testing.assert_frame_equal(built[name], table, check_exact=True, obj=name)
+        else:
+            assert built[name] == table, name

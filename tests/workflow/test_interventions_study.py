@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from shlex import split as shlex_split
 
 import pandas as pd
 import pytest
@@ -38,6 +39,16 @@ from attnid.training.rundir import load_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 PAPER = yaml.safe_load((REPO / "config/paper.yaml").read_text())
+# The default's arms at the stage's lr with a plain verdict rule and no calibration: the section the
+# config checks below change one key of.
+PLAIN = {
+    **DEFAULT,
+    "interventions": {
+        **{k: v for k, v in DEFAULT["interventions"].items() if k not in ("calibration", "plateau")},
+        "seeds": list(range(8)),
+        "verdict": {"alpha": 0.05, "equivalence_margin": 0.01, "family": ["adamw_gauge_fixed"]},
+    },
+}
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -54,50 +65,71 @@ def _stage(config: dict) -> dict:
     return arms
 
 
-def test_the_default_stage_trains_its_arms_and_adamw_for_its_own_steps_and_eight_seeds():
-    """config.yaml: adamw, the gauge arm and its three controls, 8 seeds each at the section's 300 steps
-    while the cases train 1,500; no arm run is a case run, so the stage trains its own adamw runs. The
-    family is every comparison the arms make, and 8 seeds is the rule's minimum for it."""
-    stage = _stage(DEFAULT)
-    assert list(stage) == [
-        "adamw",
-        "adamw_gauge_fixed",
-        "adamw_gauge_fixed_at_init",
-        "adamw_from_gauge_point",
-        "adamw_lr2x",
-    ]
+DEFAULT_ARMS = (
+    "adamw",
+    "adamw_gauge_fixed",
+    "adamw_gauge_fixed_at_init",
+    "adamw_from_gauge_point",
+    "adamw_frozen_mlp",
+)
+
+
+def test_the_default_stage_compares_every_arm_at_its_best_lr_on_its_own_model():
+    """config.yaml: the 2 x 2 and the frozen-MLP control, each calibrated on seeds of its own over an lr grid
+    around the section's lr and compared on the comparison seeds at its best lr only, adamw at adamw's; the
+    stage trains its own small model for its own steps, the whole val split at declared steps; the primary
+    comparison is the main effect of fixing, the margin a fraction of the calibrated baseline's loss."""
     section = DEFAULT["interventions"]
-    assert section["max_iters"] == 300 and DEFAULT["training"]["max_iters"] == 1500
+    stage = _stage(DEFAULT)
+    assert list(stage) == [arm + "_best_lr" for arm in DEFAULT_ARMS]
+    planned = plan(copy.deepcopy(DEFAULT))
     for arm, runs in stage.items():
-        assert [spec.settings["seed"] for _, spec in runs] == section["seeds"] == list(range(8)), arm
+        assert [spec.settings["seed"] for _, spec in runs] == section["seeds"], arm
         for run_dir, spec in runs:
             assert run_dir == f"results/default/interventions/{arm}/seed{spec.settings['seed']}"
-            assert spec.settings["max_iters"] == 300 and spec.settings["weight_decay"] == 0.1
-            lr = (
-                2 * DEFAULT["cases"]["adamw"]["lr"]
-                if arm == "adamw_lr2x"
-                else DEFAULT["cases"]["adamw"]["lr"]
-            )
-            assert spec.settings["lr"] == lr
-    planned = plan(copy.deepcopy(DEFAULT))
-    assert len(planned.intervention_runs) == 40 and not planned.calibration_runs
-    assert all(planned.runs[d].settings["max_iters"] == 1500 for d in planned.case_runs)
+            assert spec.best_lr_of == arm.removesuffix("_best_lr")
+            for key in (
+                "n_layer",
+                "n_head",
+                "n_embd",
+                "block_size",
+                "batch_size",
+                "max_iters",
+                "full_val_every",
+            ):
+                assert spec.settings[key] == section[key], (arm, key)
+            assert spec.settings["weight_decay"] == DEFAULT["cases"]["adamw"]["weight_decay"]
+    assert all(
+        planned.runs[d].settings["max_iters"] == DEFAULT["training"]["max_iters"] for d in planned.case_runs
+    )
+    # the calibration: every arm at each lr of its grid, on seeds none of which is compared
+    calibration = section["calibration"]
+    assert planned.calibration_arms == list(DEFAULT_ARMS)
+    lrs = {float(f"{section['lr'] * factor:.10g}") for factor in calibration["lr_factors"]}
+    assert len(planned.calibration_runs) == len(DEFAULT_ARMS) * len(lrs) * len(calibration["seeds"])
+    assert {planned.runs[d].settings["lr"] for d in planned.calibration_runs} == lrs
+    assert not set(calibration["seeds"]) & set(section["seeds"])
+    assert planned.one_job_per_arm
     # the float64 identity run stays in the default, with its own length
     (identity,) = planned.identity_runs
     assert planned.runs[identity].case == "adamw_projected"
-    assert (
-        planned.runs[identity].settings.items()
-        >= {"dtype": "float64", "max_iters": 200, "warmup_iters": 20}.items()
-    )
-    family = section["verdict"]["family"]
-    assert family == interventions.planned_comparisons(DEFAULT)
-    assert minimum_seeds(section["verdict"]["alpha"], len(family)) == 8 == len(section["seeds"])
+    assert planned.runs[identity].settings.items() >= {"dtype": "float64", "max_iters": 200}.items()
+    rule = section["verdict"]
+    comparisons = interventions.planned_comparisons(DEFAULT)
+    assert rule["primary"] == "fixing_main_effect_best_lr" and rule["primary"] in comparisons
+    assert set(rule["family"]) <= set(comparisons) and rule["primary"] not in rule["family"]
+    assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
     assert interventions.check_interventions_config(DEFAULT) == []
-    flags = interventions.verdict_options(DEFAULT)
-    assert flags[:4] == ["--alpha", "0.05", "--equivalence-margin", "0.01"] and flags[4:] == [
+    flags = interventions.verdict_options(DEFAULT, "tables/calibration.csv")
+    assert flags[:6] == [
+        "--alpha", "0.05", "--margin-fraction", "0.005", "--calibration", "tables/calibration.csv"
+    ]  # fmt: skip
+    assert flags[6:8] == ["--primary", rule["primary"]] and flags[-len(rule["family"]) - 1 :] == [
         "--family",
-        *family,
+        *rule["family"],
     ]
+    with pytest.raises(ValueError, match="needs its table"):
+        interventions.verdict_options(DEFAULT)
 
 
 def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_calibration():
@@ -122,6 +154,8 @@ def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_ca
     ]
     calibrated = ["adamw", "sgd", *section["calibration"]["arms"]]
     assert list(stage) == plain + [arm + "_best_lr" for arm in calibrated]
+    rule = section["verdict"]
+    assert rule["primary"] == "fixing_main_effect_best_lr" and section["full_val_every"] == 250
     assert all(len(runs) == 16 for runs in stage.values()) and section["seeds"] == list(range(16))
     planned = plan(copy.deepcopy(PAPER))
     reused = [d for d in planned.intervention_runs if "/runs/" in d]
@@ -151,7 +185,8 @@ def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_ca
         assert planned.runs[run_dir].best_lr_of == arm.removesuffix("_best_lr")
         assert planned.runs[run_dir].settings["arm"] == arm
     family = section["verdict"]["family"]
-    assert sorted(family) == sorted(interventions.planned_comparisons(PAPER)) and len(family) == 20
+    planned_comparisons = interventions.planned_comparisons(PAPER)
+    assert sorted([rule["primary"], *family]) == sorted(planned_comparisons) and len(family) == 24
     assert "sgd_gauge_fixed-sgd" in family and "sgd_gauge_fixed_best_lr-sgd_best_lr" in family
     assert minimum_seeds(section["verdict"]["alpha"], len(family)) == 10 < 16
     assert interventions.check_interventions_config(PAPER) == []
@@ -160,12 +195,14 @@ def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_ca
 def test_the_smoke_stage_is_the_default_s_arms_at_toy_size_below_the_rule_s_minimum():
     smoke = smoke_config()
     stage = _stage(smoke)
-    assert list(stage)[:5] == list(_stage(DEFAULT)) and list(stage)[5:] == ["adamw_rebalance_first_moment"]
+    default_arms = [arm.removesuffix("_best_lr") for arm in _stage(DEFAULT)]
+    assert list(stage)[:5] == default_arms and list(stage)[5:] == ["adamw_rebalance_first_moment"]
     section = smoke["interventions"]
     assert section["seeds"] == [0] and all(len(runs) == 1 for runs in stage.values())
     rule = section["verdict"]
-    assert len(section["seeds"]) < minimum_seeds(rule["alpha"], len(rule["family"]))
-    assert rule["family"] == interventions.planned_comparisons(smoke)
+    assert len(section["seeds"]) < minimum_seeds(rule["alpha"], 1)
+    assert rule["primary"] == DEFAULT["interventions"]["verdict"]["primary"].removesuffix("_best_lr")
+    assert {rule["primary"], *rule["family"]} <= set(interventions.planned_comparisons(smoke))
     # at the cases' length: adamw's runs are the case runs
     assert [run_dir for run_dir, _ in stage["adamw"]] == ["results/smoke/runs/adamw/seed0"]
 
@@ -211,7 +248,9 @@ def test_the_stage_s_settings_reach_every_run_of_the_stage_and_the_identity_s_ow
     # the schema: generated from the fields
     section = config_schema()["properties"]["interventions"]["properties"]
     assert section["max_iters"] == option_schema("max_iters") | section["max_iters"]
-    assert {"arm", "lr", "initial_point", "freeze_mlp", "rebalance_moments"}.isdisjoint(section)
+    assert {"arm", "initial_point", "freeze_mlp", "rebalance_moments"}.isdisjoint(section)
+    assert section["lr"] == option_schema("lr") | section["lr"]  # the stage's lr: its AdamW arms' own
+    assert section["n_embd"] == option_schema("n_embd") | section["n_embd"]  # and its own model
     for change, message in (
         ({"max_iters": 0}, "interventions/max_iters: 0 is less than the minimum of 1"),
         ({"max_iters": 7.5}, "interventions/max_iters: 7.5 is not of type 'integer'"),
@@ -244,7 +283,7 @@ BAD_SECTIONS = [
         {
             "arms": [{"case": "adamw_gauge_fixed"}],
             "verdict": {
-                **DEFAULT["interventions"]["verdict"],
+                **PLAIN["interventions"]["verdict"],
                 "family": ["adamw_gauge_fixed", "start_x_frozen"],
             },
         },
@@ -257,40 +296,76 @@ BAD_SECTIONS = [
         "adamw_projected is no arm of the stage (they are: adamw, adamw_gauge_fixed,",
     ),
     (
-        {"calibration": {"arms": ["adamw_lr2x"], "lr_factors": [1, 2], "seeds": [9]}},
+        {
+            "arms": [{"case": "adamw", "lr": 2e-3, "arm": "adamw_lr2x"}],
+            "calibration": {"arms": ["adamw_lr2x"], "lr_factors": [1, 2], "seeds": [9]},
+        },
         "adamw_lr2x sets its own lr: the calibration chooses an arm's lr",
     ),
     (
         {"calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [1, 2], "seeds": [7, 8]}},
         "seed(s) 7 are also comparison seeds",
     ),
+    (
+        {"verdict": {**PLAIN["interventions"]["verdict"], "primary": "fixing_main_effect_best_lr"}},
+        "fixing_main_effect_best_lr is no comparison of the arms",
+    ),
+    (
+        {"verdict": {**PLAIN["interventions"]["verdict"], "primary": "adamw_gauge_fixed"}},
+        "adamw_gauge_fixed is also in the family: the primary comparison is tested alone",
+    ),
+    (
+        {
+            "verdict": {
+                **PLAIN["interventions"]["verdict"],
+                "equivalence_margin": {"fraction_of_baseline_loss": 0.005},
+            }
+        },
+        "fraction_of_baseline_loss needs adamw in the calibration",
+    ),
+    (
+        {"plateau": {"last_fraction": 0.25, "improvement": 0.01}, "full_val_every": 700},
+        "full_val_every (700) must divide that step",
+    ),
 ]
 
 
 @pytest.mark.parametrize("change, message", BAD_SECTIONS)
 def test_a_bad_interventions_section_is_one_problem(change, message):
-    config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], **change}}
+    config = {**PLAIN, "interventions": {**PLAIN["interventions"], **change}}
     problems = interventions.check_interventions_config(config)
     assert len(problems) == 1 and message in problems[0][1], problems
-    no_baseline = {**DEFAULT, "cases": {k: v for k, v in DEFAULT["cases"].items() if k != "adamw"}}
+    no_baseline = {**PLAIN, "cases": {k: v for k, v in PLAIN["cases"].items() if k != "adamw"}}
     key, problem = interventions.check_interventions_config(no_baseline)[0]
     assert key == "interventions" and "no case 'adamw' under cases" in problem
-    sgd_arm = {**DEFAULT["interventions"], "arms": [{"case": "sgd_gauge_fixed"}]}
-    no_sgd = {**DEFAULT, "interventions": sgd_arm, "cases": {"adamw": DEFAULT["cases"]["adamw"]}}
+    sgd_arm = {**PLAIN["interventions"], "arms": [{"case": "sgd_gauge_fixed"}]}
+    no_sgd = {**PLAIN, "interventions": sgd_arm, "cases": {"adamw": PLAIN["cases"]["adamw"]}}
     assert interventions.check_interventions_config(no_sgd)[0][1].startswith("no case 'sgd' under cases")
 
 
 def test_a_calibrated_arm_is_compared_with_its_baseline_at_the_baseline_s_best_lr():
     calibration = {"arms": ["adamw_gauge_fixed"], "lr_factors": [1, 2], "seeds": [9]}
-    config = {**DEFAULT, "interventions": {**DEFAULT["interventions"], "calibration": calibration}}
+    config = {**PLAIN, "interventions": {**PLAIN["interventions"], "calibration": calibration}}
     assert interventions.check_interventions_config(config) == []
     comparisons = interventions.planned_comparisons(config)
-    assert comparisons[-2:] == ["adamw_gauge_fixed_best_lr-adamw_best_lr", "start_x_frozen"]
+    assert comparisons[-4:] == [
+        "adamw_gauge_fixed_best_lr-adamw_best_lr",
+        "fixing_main_effect",
+        "start_main_effect",
+        "start_x_frozen",
+    ]
     arms = interventions.intervention_arms(config)
     assert [arm.name for arm in arms][-2:] == ["adamw_best_lr", "adamw_gauge_fixed_best_lr"]
     assert (
         arms[-1].settings() == {"arm": "adamw_gauge_fixed_best_lr"} and arms[-1].baseline == "adamw_best_lr"
     )
+    # at_stage_lr: false: only the arms at their best lr are compared (and trained on the comparison seeds)
+    config["interventions"]["calibration"] = calibration | {"at_stage_lr": False}
+    assert [arm.name for arm in interventions.intervention_arms(config)] == [
+        "adamw_best_lr",
+        "adamw_gauge_fixed_best_lr",
+    ]
+    assert interventions.planned_comparisons(config) == ["adamw_gauge_fixed_best_lr-adamw_best_lr"]
 
 
 def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
@@ -304,33 +379,40 @@ def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
     assert "(run results/smoke/interventions/identity/seed0)" in str(caught.value)
 
 
-def test_the_default_dag_trains_the_stage_s_own_adamw_runs_at_its_length(tmp_path):
-    """Dry run of the default config: every arm's and adamw's job under interventions/, 300 steps, adamw's
-    lr and weight decay (twice the lr for adamw_lr2x); the gather pairs exactly those runs, no case run;
-    the identity run is float64."""
+def test_the_default_dag_trains_each_arm_s_seeds_in_one_job_after_its_calibration(tmp_path):
+    """Dry run of the default config: one `attnid train-runs` job per arm (its comparison seeds, at its best
+    lr: their specs are the calibration table's outputs) and per arm and lr of the calibration (its seeds);
+    the gather pairs exactly the arms' runs, with the rule's primary and margin rule; the identity run is
+    float64."""
     copy_pipeline(tmp_path)
     proc = run_snakemake(tmp_path, "-n", "-p", configfile=None)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = DEFAULT["results_dir"]
+    out, section = DEFAULT["results_dir"], DEFAULT["interventions"]
     jobs = train_jobs(tmp_path, proc.stdout)
+    expected = {
+        f"{out}/interventions/{arm}_best_lr/seed{seed}" for arm in DEFAULT_ARMS for seed in section["seeds"]
+    }
     planned = {run_dir for run_dir in jobs if run_dir.startswith(f"{out}/interventions/")}
-    arms = ("adamw", "adamw_gauge_fixed", "adamw_gauge_fixed_at_init", "adamw_from_gauge_point", "adamw_lr2x")
-    expected = {f"{out}/interventions/{arm}/seed{seed}" for arm in arms for seed in range(8)}
     assert planned == expected | {f"{out}/interventions/identity/seed0"}
-    adamw = DEFAULT["cases"]["adamw"]
-    for run_dir in planned:
-        job = jobs[run_dir]
-        lr = 2 * adamw["lr"] if "/adamw_lr2x/" in run_dir else adamw["lr"]
-        assert job["lr"] == lr and job["weight_decay"] == adamw["weight_decay"], job
-        if "/identity/" in run_dir:
-            assert job["case"] == "adamw_projected" and job["dtype"] == "float64" and job["max_iters"] == 200
-        else:
-            assert job["max_iters"] == 300 and "dtype" not in job
-    assert {jobs[f"{out}/runs/adamw/seed{seed}"]["max_iters"] for seed in DEFAULT["seeds"]} == {1500}
+    for run_dir in expected:
+        assert jobs[run_dir]["lr"] == {"calibrated": run_dir.split("/")[3].removesuffix("_best_lr")}
+        assert jobs[run_dir]["max_iters"] == section["max_iters"]
+    assert jobs[f"{out}/interventions/identity/seed0"]["dtype"] == "float64"
+    per_arm = re.findall(r"attnid train-runs --configs .*? --outs (.*?) --data", proc.stdout)
+    assert len(per_arm) == len(DEFAULT_ARMS) + len(DEFAULT_ARMS) * len(section["calibration"]["lr_factors"])
+    assert sorted(len(shlex_split(outs)) for outs in per_arm) == sorted(
+        [len(section["seeds"])] * len(DEFAULT_ARMS)
+        + [len(section["calibration"]["seeds"])] * (len(per_arm) - len(DEFAULT_ARMS))
+    )
+    assert {jobs[f"{out}/runs/adamw/seed{seed}"]["max_iters"] for seed in DEFAULT["seeds"]} == {
+        DEFAULT["training"]["max_iters"]
+    }
     gather = re.search(r"attnid interventions-table --runs ([^\n]*) --out-dir", proc.stdout).group(1).split()
     assert sorted(gather) == sorted(expected)
+    command = re.search(r"attnid interventions-table [^\n]*", proc.stdout).group(0)
+    assert "--primary fixing_main_effect_best_lr" in command and "--margin-fraction 0.005" in command
+    assert "--plateau-last 0.25" in command
     assert "--identity-runs" in re.search(r"attnid figures fig6 [^\n]*", proc.stdout).group(0)
-    assert "calibration" not in proc.stdout
 
 
 def test_interventions_null_turns_the_stage_off(tmp_path):
@@ -625,3 +707,28 @@ def test_figure6_and_its_caption_carry_the_tables_numbers(tmp_path):
     assert "With 3 seed pairs no comparison is decided" in caption and "at most 1e-29" in caption
     tex = appendix.figure_caption("fig6", tmp_path)["caption"]
     assert tex.startswith(r"\textbf{does identification change") and "$-$0.05" in tex  # a true minus sign
+
+
+def _figure_inputs(printed: str, figure: str) -> list[str]:
+    """The input files of the ``figure`` job that ``snakemake -n`` printed."""
+    for block in printed.split("rule figure:")[1:]:
+        if re.search(rf"wildcards: figure={figure}\b", block):
+            return re.search(r"input: ([^\n]*)", block).group(1).split(", ")
+    raise AssertionError(f"no figure job for {figure}")
+
+
+def test_figure6_s_rule_reads_the_calibration_and_the_along_table_where_the_build_has_them(tmp_path):
+    """Dry runs: the default config (a calibration, whole-split evaluations along the way) hands Figure 6
+    calibration.csv and interventions_along.csv; the smoke config (no calibration) the along table only."""
+    copy_pipeline(tmp_path)
+    for configfile, config in ((None, DEFAULT), ("config/smoke.yaml", smoke_config())):
+        tables = f"{config['results_dir']}/tables"
+        target = f"{config['results_dir']}/figures/fig6.png"
+        proc = run_snakemake(tmp_path, "-n", target, configfile=configfile)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        inputs = _figure_inputs(proc.stdout, "fig6")
+        assert f"{tables}/interventions_along.csv" in inputs and f"{tables}/interventions.csv" in inputs
+        assert (f"{tables}/calibration.csv" in inputs) == bool(config["interventions"].get("calibration"))
+    assert DEFAULT["interventions"].get("calibration") and not smoke_config()["interventions"].get(
+        "calibration"
+    )

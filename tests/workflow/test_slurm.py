@@ -51,24 +51,39 @@ PER_EDIT_SEED_RULES = ("prune_biases", "balance")
 COUNTED_RULES = ("all", "reuse_study_run", *PER_EDIT_SEED_RULES)
 
 
+def _workflow_text() -> str:
+    text = "\n".join(path.read_text() for path in sorted((REPO / "workflow" / "rules").glob("*.smk")))
+    return text + (REPO / "Snakefile").read_text()
+
+
 def declared_rules() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(training rules, every other rule with one job) as the workflow declares them.
 
     Read from the rule files, so a new stage is covered without editing this test: every
     training rule is ``train_case`` or a ``use rule train_case as ... with:`` of it.
     """
-    text = "\n".join(path.read_text() for path in sorted((REPO / "workflow" / "rules").glob("*.smk")))
-    text += (REPO / "Snakefile").read_text()
+    text = _workflow_text()
     training = ("train_case", *re.findall(r"^\s*use rule train_case as (\w+) with:", text, re.MULTILINE))
     others = tuple(
         rule
         for rule in re.findall(r"^\s*rule (\w+):", text, re.MULTILINE)
-        if rule not in training and rule not in COUNTED_RULES
+        if rule not in training and rule not in COUNTED_RULES and rule not in local_rules()
     )
     return training, others
 
 
+def local_rules() -> tuple[str, ...]:
+    """The rules whose jobs run beside Snakemake, never on SLURM (``localrule: True``): the spec files."""
+    blocks = re.split(r"^(?=\s*(?:use )?rule \w+)", _workflow_text(), flags=re.MULTILINE)
+    return tuple(
+        match.group(1)
+        for block in blocks
+        if (match := re.match(r"\s*rule (\w+):", block)) and re.search(r"^\s*localrule: True", block, re.M)
+    )
+
+
 TRAINING_RULES, OTHER_RULES = declared_rules()
+LOCAL_RULES = local_rules()
 
 
 def test_the_rule_lists_are_read_from_the_workflow():
@@ -77,6 +92,7 @@ def test_the_rule_lists_are_read_from_the_workflow():
     )
     assert {"fetch_data", "census", "intervention_table", "appendix"} <= set(OTHER_RULES)
     assert not set(OTHER_RULES) & set(COUNTED_RULES)
+    assert LOCAL_RULES == ("spec_file",)
 
 
 def profile_settings() -> dict:
@@ -246,11 +262,16 @@ def test_smoke_pipeline_on_a_real_slurm_cluster(tmp_path, shakespeare_url, tmp_p
     for job in training:
         assert job["State"] == "COMPLETED", job
         assert "gres/gpu=1" in job["ReqTRES"] and "gres/gpu=1" in job["AllocTRES"], job
-    # every other rule of the DAG ran on SLURM too, without a GPU
+    # every other rule of the DAG ran on SLURM too, without a GPU; the local ones (the spec files) beside
+    # Snakemake
     ran = sorted(job["Comment"].removeprefix("rule_").split("_wildcards_")[0] for job in others)
     expected = [
-        rule for rule, count in planned.items() if rule not in (*TRAINING_RULES, "all") for _ in range(count)
+        rule
+        for rule, count in planned.items()
+        if rule not in (*TRAINING_RULES, *LOCAL_RULES, "all")
+        for _ in range(count)
     ]
+    assert planned["spec_file"] == n_training and not set(ran) & set(LOCAL_RULES)
     assert set(expected) <= {*OTHER_RULES, *COUNTED_RULES}, expected  # the rule files declare each
     assert planned.get("reuse_study_run", 0) == len(copied_study_runs(config))  # copies of a repeated point
     assert ran == sorted(expected), others

@@ -1,15 +1,15 @@
 """The workflow's contracts with the package and with its users: the pipeline config's schema generated
-from TrainConfig (a new setting is one field), each training job reading its spec file (written only when
-its settings change), the case list taken from the registry (a new case needs no other file), one
-`config error:` line for unwritable folders, a results_dir over the checkout, broken or exploding YAML,
-the workflow importing only attnid.plan, and no .smk file reading a name that another .smk file (other
-than common.smk) defines."""
+from TrainConfig (a new setting is one field), each training job reading its spec file (written by a job
+of its own, again only when its settings change; a parse or a dry run writes nothing), the case list
+taken from the registry (a new case needs no other file), one `config error:` line for unwritable folders,
+a results_dir over the checkout or in a system folder, broken or exploding YAML, the workflow importing
+only attnid.plan, and no .smk file reading a name that another .smk file (other than common.smk)
+defines."""
 
 from __future__ import annotations
 
 import argparse
 import ast
-import json
 import os
 import re
 import shutil
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pipeline_helpers import (
+    PIPELINE_FILES,
     REPO,
     copy_pipeline,
     run_snakemake,
@@ -30,13 +31,15 @@ from pipeline_helpers import (
 
 from attnid.cli import build_parser
 from attnid.cli.train import add_train_arguments, config_from_args
-from attnid.plan import plan, write_spec_files
+from attnid.plan import plan, spec_texts
 from attnid.plan.runs import spec_text
 from attnid.plan.schema import JOB_OPTIONS, config_schema, option_schema, section_settings
 from attnid.training import cases
 from attnid.training.config import option_names, resolve_config
 
 SCHEMA_FILE = REPO / "src/attnid/plan/config.schema.yaml"
+# What copy_pipeline puts in a work directory, by its top-level names.
+PIPELINE_TOP_LEVEL = sorted({name.split("/")[0] for name in PIPELINE_FILES})
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -107,7 +110,7 @@ def test_the_training_rule_passes_only_attnid_train_options():
         r"rule train_case:.*?shell:\n(.*?)\n\n", (REPO / "workflow/rules/train.smk").read_text(), re.DOTALL
     ).group(1)
     flags = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", shell))
-    assert flags == {"--config", "--data", "--threads", "--device", "--out"}, flags
+    assert flags == {"--config", "--data", "--threads", "--device", "--out", "--restart-if-changed"}, flags
     options = {option for action in train_parser()._actions for option in action.option_strings}
     assert flags <= options
 
@@ -163,54 +166,78 @@ def test_a_new_setting_is_one_field_and_the_schema_plan_and_spec_follow(tmp_path
     assert proc.returncode != 0 and "'label_smoothing' was unexpected" in lines[0], proc.stderr
 
 
-def test_spec_files_change_only_with_their_runs_settings(tmp_path):
-    """The plan rewrites a spec file only when its content changes, so Snakemake reruns exactly the jobs
-    whose settings changed (it compares an input's time with its outputs')."""
-    workdir = copy_pipeline(tmp_path)
-    assert run_snakemake(workdir, "-n").returncode == 0
-    specs = sorted((workdir / "results/smoke/specs").rglob("*.yaml"))
-    assert len(specs) == len(plan(smoke_config()).trained())
-    old = time.time() - 3600
-    for path in specs:
-        os.utime(path, (old, old))
-    assert run_snakemake(workdir, "-n").returncode == 0
-    assert all(abs(path.stat().st_mtime - old) < 1 for path in specs)  # nothing changed, nothing written
-    # one case's setting changes: its runs' spec files, and no other
-    proc = run_snakemake(workdir, "-n", config={"cases": {"sgd_wd": {"weight_decay": 0.2}}})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    changed = {
-        path.relative_to(workdir / "results/smoke/specs").as_posix()
-        for path in specs
-        if path.stat().st_mtime > old + 1
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """{path: (size, mtime_ns)} of every file under ``root`` but Snakemake's own records (.snakemake/)."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file() and ".snakemake" not in p.relative_to(root).parts
     }
-    assert changed == {f"runs/sgd_wd/seed{seed}.yaml" for seed in smoke_config()["seeds"]}, changed
+
+
+def test_spec_files_are_written_by_their_jobs_again_only_when_their_settings_change(tmp_path):
+    """Each spec file is a job's output, its text the job's parameter: built once, an unchanged config has
+    nothing to do; a changed setting reruns exactly the spec jobs of the runs it changes (Snakemake's params
+    trigger), which rewrite exactly those files; a dry run of the change writes nothing."""
+    workdir = copy_pipeline(tmp_path)
+    texts = spec_texts(plan(smoke_config()))
+    assert len(texts) == len(plan(smoke_config()).trained())
+    targets = [*texts, "--configfile", "config/smoke.yaml"]  # targets before --configfile's list
+    proc = run_snakemake(workdir, *targets, configfile=None)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {path: (workdir / path).read_text() for path in texts} == texts
+    old = time.time() - 3600
+    for path in texts:
+        os.utime(workdir / path, (old, old))
+    proc = run_snakemake(workdir, "-n", *targets, configfile=None)
+    assert proc.returncode == 0 and "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    # one case's setting changes: its runs' spec jobs rerun, and no other; the dry run writes nothing
+    change = {"cases": {"sgd_wd": {"weight_decay": 0.2}}}
+    before = _files(workdir)
+    proc = run_snakemake(workdir, "-n", *targets, configfile=None, config=change)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rerun = re.findall(
+        r"rule spec_file:\n    output: (\S+)\n(?:    (?!reason).*\n)*    reason: (.*)", proc.stdout
+    )
+    expected = {f"results/smoke/specs/runs/sgd_wd/seed{seed}.yaml" for seed in smoke_config()["seeds"]}
+    assert {path for path, _ in rerun} == expected, proc.stdout[-3000:]
+    assert all(reason.startswith("Params have changed since last execution") for _, reason in rerun), rerun
+    assert _files(workdir) == before, "the dry run wrote"
+    proc = run_snakemake(workdir, *targets, configfile=None, config=change)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    changed = {path for path in texts if (workdir / path).stat().st_mtime > old + 1}
+    assert changed == expected, changed
     assert "weight_decay: 0.2" in (workdir / "results/smoke/specs/runs/sgd_wd/seed0.yaml").read_text()
-    assert not list((workdir / "results/smoke/specs").rglob(".*.tmp"))
+    assert not [p for p in (workdir / "results/smoke/specs").rglob("*") if p.name.endswith(".tmp")]
 
 
-def test_a_spec_rewritten_for_a_run_trained_with_it_is_dated_before_the_run(tmp_path, monkeypatch):
-    """A spec file written anew for a finished run whose run.json records exactly its settings is dated
-    before the run's outputs (Snakemake then has nothing to rerun); for any other run it is new."""
-    monkeypatch.chdir(tmp_path)
-    planned = plan(smoke_config())
-    run_dir = planned.case_runs[0]
-    spec = planned.runs[run_dir]
-    Path(run_dir).mkdir(parents=True)
-    recorded = asdict(resolve_config({**spec.options(), "data": "elsewhere", "out": run_dir, "threads": 3}))
-    Path(run_dir, "run.json").write_text(json.dumps({"status": "done", "config": recorded}))
-    Path(run_dir, "metrics.csv").write_text("step\n0\n")
-    assert len(write_spec_files(planned)) == len(planned.trained())
-    outputs = Path(run_dir, "run.json").stat().st_mtime
-    assert Path(planned.spec_file(run_dir)).stat().st_mtime < outputs
-    other = planned.case_runs[1]
-    assert not Path(other).exists() and Path(planned.spec_file(other)).stat().st_mtime >= outputs - 1
-    assert write_spec_files(planned) == []  # unchanged: nothing written
-    # a run trained with other settings: its rewritten spec is newer than its outputs
-    changed = smoke_config()
-    changed["cases"][spec.case]["lr"] *= 2
-    replanned = plan(changed)
-    assert planned.spec_file(run_dir) in write_spec_files(replanned)
-    assert Path(planned.spec_file(run_dir)).stat().st_mtime >= outputs - 1e-3
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        {"cases": {"adamw": {"lr": 0.002}}, "seeds": [0, 1]},  # another build's settings
+        {"results_dir": "{scratch}/results"},  # outside the checkout (a cluster's scratch space)
+        {"interventions": "null", "heads": "null", "variants": "null", "edits": "null", "paper_pdf": False},
+    ],
+    ids=["smoke", "other-settings", "scratch-results-dir", "no-stages"],
+)
+def test_parsing_the_workflow_and_a_dry_run_write_nothing(tmp_path, config):
+    """A dry run (which parses the workflow as every snakemake does) writes nothing but Snakemake's own
+    records: no spec file, no folder (not even to see whether one can be made), wherever results_dir is;
+    so a second snakemake, whatever its config, never changes a running build's inputs."""
+    workdir = copy_pipeline(tmp_path / "checkout")
+    scratch = tmp_path / "scratch"
+    config = {
+        key: value.format(scratch=scratch) if isinstance(value, str) else value
+        for key, value in config.items()
+    }
+    before = _files(workdir)
+    proc = run_snakemake(workdir, "-n", "-p", config=config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "attnid train --config" in proc.stdout and "spec_file" in proc.stdout
+    assert _files(workdir) == before
+    assert sorted(p.name for p in workdir.iterdir()) == sorted([*PIPELINE_TOP_LEVEL, ".snakemake"])
+    assert not scratch.exists() and not list(tmp_path.glob(".attnid-*"))
 
 
 @pytest.mark.parametrize(
@@ -388,8 +415,12 @@ def test_a_new_case_needs_only_the_registry(tmp_path):
         (
             "/proc",
             {"results_dir": "/proc/attnid/results"},
-            "config error: results_dir: /proc/attnid/results is not writable: "
-            "cannot create a directory in /proc",
+            "config error: results_dir: /proc/attnid/results is inside the system folder /proc",
+        ),
+        (
+            "/etc",
+            {"results_dir": "/etc"},
+            "config error: results_dir: /etc is inside the system folder /etc",
         ),
         (
             "file",
@@ -408,12 +439,13 @@ def test_an_unwritable_output_folder_is_one_config_error(tmp_path, where, config
     (tmp_path / "README.md").write_text("a file, not a folder\n")
     if where == "data":
         (tmp_path / "data").write_text("a file where the data folder goes\n")
+    before = _files(tmp_path)
     proc = run_snakemake(tmp_path, "-n", config=config)
     assert proc.returncode != 0
     lines = stderr_lines(proc)
     assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
-    assert not list(tmp_path.glob(".attnid-write-check-*"))
+    assert _files(tmp_path) == before and not list(tmp_path.glob(".attnid-*"))
 
 
 def test_a_yaml_error_in_the_default_config_names_the_file_and_line(tmp_path):

@@ -9,13 +9,14 @@
 # checksum) is shared.
 #
 # Each training job reads its settings from its spec file, <results_dir>/specs/<run directory>.yaml,
-# an input of the job (docs/design.md §6). The plan writes the spec files when the workflow is parsed
-# (a dry run too), atomically and only those whose content changed: Snakemake reruns a job whose input
-# is newer than its outputs, so a job reruns when its own settings change, and no other.
+# an input of the job (docs/design.md §6), which a job of its own writes (spec_file in train.smk): the
+# file's text is that job's parameter, so Snakemake reruns it when the run's settings change (its params
+# rerun trigger), and then the jobs that read the file; a job reruns when its own settings change, and no
+# other. Parsing this workflow, and a dry run, write nothing: a second snakemake, whatever its config,
+# never changes a running build's inputs.
 
 import os
 import re
-import shutil
 import sys
 
 from attnid.plan import (
@@ -23,7 +24,11 @@ from attnid.plan import (
     check_config_file,
     check_writable,
     plan,
-    write_spec_files,
+    quantization_checkpoints,
+    quantization_settings,
+    smollm2_gguf,
+    spec_texts,
+    why_no_pdf,
 )
 
 DEFAULT_CONFIG = "config/config.yaml"
@@ -61,9 +66,27 @@ try:
     check_writable(
         {"results_dir": [PLAN.results_dir], "data directory": [DATA_DIR, DATA_LOGS]}
     )
-    write_spec_files(PLAN)
 except ConfigError as err:
     config_error(err)
+
+# {path: text} of every spec file (and calibrated run's pending spec) that a spec_file job writes.
+SPEC_TEXTS = spec_texts(PLAN)
+
+# paper_pdf: true builds the appendix PDF and needs latexmk and the LaTeX packages the appendix loads
+# (attnid.common.tex); auto builds it only where they are found, and says why not once; false never. A
+# job's own parse (a cluster's node) decides for itself, as the build's does.
+NO_PDF = why_no_pdf() if config["paper_pdf"] is not False else None
+if NO_PDF and workflow.is_main_process:
+    if config["paper_pdf"] is True:
+        config_error(
+            ConfigError("paper_pdf", f"true, but {NO_PDF} (or set paper_pdf: auto)")
+        )
+    print(
+        f"paper_pdf: auto: this build makes no appendix PDF: {NO_PDF}", file=sys.stderr
+    )
+WANT_PDF = config["paper_pdf"] is True or (
+    config["paper_pdf"] == "auto" and NO_PDF is None
+)
 
 # ------------------------------------------------------------------ the output layout
 
@@ -78,15 +101,23 @@ PAPER_DIR = f"{RESULTS}/paper"
 EDITS_DIR = f"{RESULTS}/edits"
 
 
+def train_resources(runs=1):
+    """The resources of a training job that trains ``runs`` runs one after another (attnid train-runs)."""
+    resources = {
+        "mem_mb": config["resources"]["mem_mb"],
+        "runtime": config["resources"]["runtime"] * runs,
+    }
+    if config["device"] == "cuda":
+        resources["gpu"] = config["resources"]["gpu"]
+    return resources
+
+
+TRAIN_RESOURCES = train_resources()
+
+
 def run_files(run_dirs):
     """What a training job declares: each run's metrics.csv and run.json."""
     return [f"{d}/{name}" for d in run_dirs for name in ("metrics.csv", "run.json")]
-
-
-def want_pdf():
-    """paper_pdf: auto builds the appendix PDF only where latexmk is installed."""
-    setting = config.get("paper_pdf", "auto")
-    return shutil.which("latexmk") is not None if setting == "auto" else bool(setting)
 
 
 # ------------------------------------------------------------------ the runs, by stage (attnid.plan)
@@ -132,14 +163,49 @@ INTERVENTIONS = config.get("interventions") or {}
 INTERVENTION_RUN_DIRS = PLAN.intervention_runs
 INTERVENTION_OUTPUTS = run_files(INTERVENTION_RUN_DIRS + PLAN.identity_runs)
 INTERVENTION_TABLE_FILES = (
-    [f"{TABLES_DIR}/interventions{tail}" for tail in (".csv", "_seeds.csv", ".tex")]
+    [
+        f"{TABLES_DIR}/interventions{tail}"
+        for tail in (".csv", "_seeds.csv", "_along.csv", ".tex")
+        + (("_plateau.csv",) if INTERVENTIONS.get("plateau") else ())
+    ]
     if INTERVENTIONS
     else []
 )
+# The tables of the stage's protocol that claims.csv checks (`attnid tables --plateau/--calibration`).
+PROTOCOL_TABLES = {
+    flag: f"{TABLES_DIR}/{name}"
+    for flag, name, wanted in (
+        ("plateau", "interventions_plateau.csv", INTERVENTIONS.get("plateau")),
+        ("calibration", "calibration.csv", INTERVENTIONS.get("calibration")),
+    )
+    if wanted
+}
 # What `attnid tables` and `attnid figures` read of the stage (claims.csv's identities, Figure 6).
 INTERVENTION_SELECTION = (
     f"--intervention-runs {' '.join(INTERVENTION_RUN_DIRS)}"
     f" --identity-runs {' '.join(PLAN.identity_runs)}"
     if INTERVENTIONS
     else ""
+)
+
+# The quantization stage (quantization.smk); without a `quantization` section, none. Its reports: one per
+# studied checkpoint of the build's case runs, and SmolLM2's where the section asks for it.
+QUANTIZATION = quantization_settings(config)
+QUANTIZATION_DIR = f"{RESULTS}/quantization"
+QUANTIZATION_REPORTS = (
+    [
+        f"{QUANTIZATION_DIR}/{os.path.relpath(d, f'{RESULTS}/runs')}.json"
+        for d in quantization_checkpoints(config, RESULTS)
+    ]
+    + ([f"{QUANTIZATION_DIR}/smollm2.json"] if QUANTIZATION["smollm2"] else [])
+    if QUANTIZATION
+    else []
+)
+QUANTIZATION_TABLE_FILES = (
+    [
+        f"{TABLES_DIR}/{name}"
+        for name in ("quantization.csv", "quantization_seeds.csv", "quantization.tex")
+    ]
+    if QUANTIZATION
+    else []
 )

@@ -13,24 +13,7 @@
 
 import shlex
 
-from attnid.plan import verdict_options
-
-
-use rule train_case as train_intervention with:
-    input:
-        data=rules.prepare_data.output,
-        spec=f"{SPECS}/interventions/{{arm}}/seed{{seed}}.yaml",
-    output:
-        metrics=f"{RESULTS}/interventions/{{arm}}/seed{{seed}}/metrics.csv",
-        run=f"{RESULTS}/interventions/{{arm}}/seed{{seed}}/run.json",
-    log:
-        f"{LOGS}/interventions/{{arm}}/seed{{seed}}.log",
-    benchmark:
-        f"{BENCHMARKS}/interventions/{{arm}}/seed{{seed}}.tsv"
-    wildcard_constraints:
-        arm="|".join(map(re.escape, PLAN.arms)) or "none",
-        seed=r"\d+",
-    priority: 0  # after the case runs (train_case)
+from attnid.plan import margin_fraction, verdict_options
 
 
 use rule train_case as train_intervention_identity with:
@@ -49,22 +32,116 @@ use rule train_case as train_intervention_identity with:
     priority: 0  # after the case runs (train_case)
 
 
-use rule train_case as train_calibration with:
-    input:
-        data=rules.prepare_data.output,
-        spec=f"{SPECS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.yaml",
-    output:
-        metrics=f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}/metrics.csv",
-        run=f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}/run.json",
-    log:
-        f"{LOGS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.log",
-    benchmark:
-        f"{BENCHMARKS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.tsv"
-    wildcard_constraints:
-        arm="|".join(map(re.escape, PLAN.arms)) or "none",
-        lr=r"[0-9.e+-]+",
-        seed=r"\d+",
-    priority: 0  # after the case runs (train_case)
+ARM_PATTERN = "|".join(map(re.escape, PLAN.arms)) or "none"
+CALIBRATION_ARM_PATTERN = "|".join(map(re.escape, PLAN.calibration_arms)) or "none"
+
+
+if not PLAN.one_job_per_arm:
+
+    use rule train_case as train_intervention with:
+        input:
+            data=rules.prepare_data.output,
+            spec=f"{SPECS}/interventions/{{arm}}/seed{{seed}}.yaml",
+        output:
+            metrics=f"{RESULTS}/interventions/{{arm}}/seed{{seed}}/metrics.csv",
+            run=f"{RESULTS}/interventions/{{arm}}/seed{{seed}}/run.json",
+        log:
+            f"{LOGS}/interventions/{{arm}}/seed{{seed}}.log",
+        benchmark:
+            f"{BENCHMARKS}/interventions/{{arm}}/seed{{seed}}.tsv"
+        wildcard_constraints:
+            arm=ARM_PATTERN,
+            seed=r"\d+",
+        priority: 0  # after the case runs (train_case)
+
+    use rule train_case as train_calibration with:
+        input:
+            data=rules.prepare_data.output,
+            spec=f"{SPECS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.yaml",
+        output:
+            metrics=f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}/metrics.csv",
+            run=f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}/run.json",
+        log:
+            f"{LOGS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.log",
+        benchmark:
+            f"{BENCHMARKS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.tsv"
+        wildcard_constraints:
+            arm=CALIBRATION_ARM_PATTERN,
+            lr=r"[0-9.e+-]+",
+            seed=r"\d+",
+        priority: 0  # after the case runs (train_case)
+
+else:
+
+    # interventions: one_job_per_arm: every seed of an arm (and lr) in one job, `attnid train-runs`, which pays
+    # the start-up once (docs/experiments.md, "Sizing the interventions").
+    rule train_intervention_seeds:
+        input:
+            data=rules.prepare_data.output,
+            specs=[
+                f"{SPECS}/interventions/{{arm}}/seed{seed}.yaml"
+                for seed in PLAN.intervention_seeds
+            ],
+        output:
+            run_files(
+                [
+                    f"{RESULTS}/interventions/{{arm}}/seed{seed}"
+                    for seed in PLAN.intervention_seeds
+                ]
+            ),
+        log:
+            f"{LOGS}/interventions/{{arm}}.log",
+        benchmark:
+            f"{BENCHMARKS}/interventions/{{arm}}.tsv"
+        wildcard_constraints:
+            arm=ARM_PATTERN,
+        priority: 0  # after the case runs (train_case)
+        conda:
+            ENV
+        threads: config["threads"]
+        resources:
+            **train_resources(len(PLAN.intervention_seeds)),
+        params:
+            data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+            device=config["device"],
+            outs=lambda wildcards: [
+                f"{RESULTS}/interventions/{wildcards.arm}/seed{seed}"
+                for seed in PLAN.intervention_seeds
+            ],
+        shell:
+            "attnid train-runs --configs {input.specs:q} --outs {params.outs:q} --data {params.data_dir:q}"
+            " --threads {threads} --device {params.device} --restart-if-changed > {log:q} 2>&1"
+
+    use rule train_intervention_seeds as train_calibration_seeds with:
+        input:
+            data=rules.prepare_data.output,
+            specs=[
+                f"{SPECS}/calibration/{{arm}}/lr{{lr}}/seed{seed}.yaml"
+                for seed in PLAN.calibration_seeds
+            ],
+        output:
+            run_files(
+                [
+                    f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{seed}"
+                    for seed in PLAN.calibration_seeds
+                ]
+            ),
+        log:
+            f"{LOGS}/calibration/{{arm}}/lr{{lr}}.log",
+        benchmark:
+            f"{BENCHMARKS}/calibration/{{arm}}/lr{{lr}}.tsv"
+        wildcard_constraints:
+            arm=CALIBRATION_ARM_PATTERN,
+            lr=r"[0-9.e+-]+",
+        resources:
+            **train_resources(len(PLAN.calibration_seeds)),
+        params:
+            data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+            device=config["device"],
+            outs=lambda wildcards: [
+                f"{RESULTS}/calibration/{wildcards.arm}/lr{wildcards.lr}/seed{seed}"
+                for seed in PLAN.calibration_seeds
+            ],
 
 
 CALIBRATED_RUN_DIRS = PLAN.calibrated()
@@ -97,6 +174,9 @@ ARM_COST_FILES = [ARM_COSTS] if os.path.exists(ARM_COSTS) else []
 
 
 if INTERVENTIONS:
+    # a margin that is a fraction of the calibrated baseline's loss reads it from the calibration table
+    CALIBRATION_TABLE = f"{TABLES_DIR}/calibration.csv"
+    MARGIN_INPUTS = [CALIBRATION_TABLE] if margin_fraction(config) is not None else []
 
     rule intervention_table:
         input:
@@ -106,6 +186,7 @@ if INTERVENTIONS:
                 for name in ("metrics.csv", "run.json")
             ],
             costs=ARM_COST_FILES,
+            calibration=MARGIN_INPUTS,
         output:
             INTERVENTION_TABLE_FILES,
         log:
@@ -116,7 +197,7 @@ if INTERVENTIONS:
             runs=" ".join(INTERVENTION_RUN_DIRS),
             out_dir=lambda wildcards, output: os.path.dirname(output[0]),
             # the verdict rule of the config (docs/design.md §11.3)
-            rule=" ".join(map(shlex.quote, verdict_options(config))),
+            rule=" ".join(map(shlex.quote, verdict_options(config, CALIBRATION_TABLE))),
             costs=lambda wildcards, input: (
                 f"--arm-costs {input.costs[0]}" if input.costs else ""
             ),

@@ -13,6 +13,7 @@ STAGES = {
     "studies": bool(STUDY_RUN_DIRS),
     "edits": bool(EDITS),
     "interventions": bool(INTERVENTIONS),
+    "quantization": bool(QUANTIZATION),
 }
 FIGURES = {
     name: figure
@@ -23,14 +24,21 @@ FIGURE_FILES = [
     f"{FIGURES_DIR}/{name}.{ext}" for name in FIGURES for ext in ("png", "pdf", "rst")
 ]
 # What a figure's sources (attnid.reports.figures.inputs) are in this build: a folder and the files this
-# build makes there, or the run directories of a group.
+# build makes there (a figure reads those of its INPUTS that are among them: the calibration's table only
+# where the config has a calibration), or the run directories of a group.
 SOURCE_FOLDERS = {"theory": THEORY_DIR, "tables": TABLES_DIR}
 SOURCE_FILES = {
     "theory": [*rules.counts.output, *rules.verify.output],
-    "tables": TABLE_FILES
-    + STUDY_TABLE_FILES
-    + EDITS_TABLE_FILES
-    + INTERVENTION_TABLE_FILES,
+    "tables": list(
+        dict.fromkeys(
+            TABLE_FILES
+            + STUDY_TABLE_FILES
+            + EDITS_TABLE_FILES
+            + INTERVENTION_TABLE_FILES
+            + list(PROTOCOL_TABLES.values())
+            + QUANTIZATION_TABLE_FILES
+        )
+    ),
 }
 SOURCE_RUNS = {
     "runs": RUN_DIRS,
@@ -55,6 +63,8 @@ rule tables:
         runs=RUN_OUTPUTS,
         census=rules.census.output[0],
         interventions=INTERVENTION_OUTPUTS,
+        protocol=list(PROTOCOL_TABLES.values()),
+        quantization=QUANTIZATION_TABLE_FILES[:1],
     output:
         TABLE_FILES,
     log:
@@ -64,10 +74,14 @@ rule tables:
     params:
         **RUN_SELECTION,
         interventions=INTERVENTION_SELECTION,
+        protocol=" ".join(f"--{flag} {path}" for flag, path in PROTOCOL_TABLES.items()),
+        quantization=lambda wildcards, input: (
+            f"--quantization {input.quantization[0]}" if input.quantization else ""
+        ),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q} {params.interventions}"
-        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.protocol} {params.quantization} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule figure:
@@ -179,10 +193,11 @@ rule appendix:
         studies=STUDY_TABLE_FILES,
         edits=EDITS_TABLE_FILES,
         interventions=INTERVENTION_TABLE_FILES,
+        quantization=QUANTIZATION_TABLE_FILES,
         figures=[path for path in FIGURE_FILES if not path.endswith(".png")],
         main=rules.paper_main.output,
     output:
-        **({"pdf": f"{PAPER_DIR}/main.pdf"} if want_pdf() else {}),
+        **({"pdf": f"{PAPER_DIR}/main.pdf"} if WANT_PDF else {}),
         appendix=f"{PAPER_DIR}/appendix.tex",
     log:
         f"{LOGS}/appendix.log",
@@ -191,7 +206,7 @@ rule appendix:
     params:
         tables=lambda wildcards, input: os.path.dirname(input.tables[0]),
         figures=lambda wildcards, input: os.path.dirname(input.figures[0]),
-        pdf="--pdf" if want_pdf() else "",
+        pdf="--pdf" if WANT_PDF else "",
         omit=f"--omit {' '.join(OMITTED_PARTS)}" if OMITTED_PARTS else "",
     shell:
         "attnid appendix --counts {input.counts:q} --nullity {input.nullity:q} --single-head {input.single_head:q}"

@@ -7,16 +7,33 @@
 # train_case is the template of every training job: the sweeps here, the identification
 # studies (studies.smk), the edits' runs (edits.smk) and the interventions (interventions.smk)
 # are `use rule train_case as ... with:` their own output paths, wildcards and spec file (the
-# run's settings, written by attnid.plan: common.smk); the data, threads, resources and command
+# run's settings, written by rule spec_file below); the data, threads, resources and command
 # are this rule's. Its priority is not: each sets 0, because `use rule` would inherit this rule's 1. A run directory the plan does not list has no spec file, so no job makes it.
 
-# The resources of every training job.
-TRAIN_RESOURCES = {
-    "mem_mb": config["resources"]["mem_mb"],
-    "runtime": config["resources"]["runtime"],
-}
-if config["device"] == "cuda":
-    TRAIN_RESOURCES["gpu"] = config["resources"]["gpu"]
+
+# Every run's spec file, <results_dir>/specs/<run directory>.yaml (a calibrated run's pending spec,
+# <run directory>.pending.yaml), one job per file, any rule's input. Its text is the job's parameter
+# (attnid.plan.spec_texts), so Snakemake reruns the job when the run's settings change, and with it every
+# job that reads the file; nothing is written while the workflow is parsed (common.smk). A fixed
+# temporary name: a rerun of a killed job replaces it.
+rule spec_file:
+    output:
+        f"{SPECS}/{{spec}}.yaml",
+    log:
+        f"{LOGS}/specs/{{spec}}.log",
+    wildcard_constraints:
+        spec="|".join(
+            re.escape(os.path.relpath(path, SPECS).removesuffix(".yaml"))
+            for path in SPEC_TEXTS
+        ),
+    localrule: True
+    conda:
+        ENV
+    params:
+        # of the wildcards alone: Snakemake records (and compares) no parameter derived from the output
+        text=lambda wildcards: SPEC_TEXTS[f"{SPECS}/{wildcards.spec}.yaml"],
+    shell:
+        "(printf '%s' {params.text:q} > {output:q}.tmp && mv {output:q}.tmp {output:q}) > {log:q} 2>&1"
 
 
 rule train_case:
@@ -47,7 +64,7 @@ rule train_case:
         out_dir=lambda wildcards, output: os.path.dirname(output.run),
     shell:
         "attnid train --config {input.spec:q} --data {params.data_dir:q} --threads {threads}"
-        " --device {params.device} --out {params.out_dir:q} > {log:q} 2>&1"
+        " --device {params.device} --out {params.out_dir:q} --restart-if-changed > {log:q} 2>&1"
 
 
 use rule train_case as train_sweep with:

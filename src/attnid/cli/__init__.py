@@ -40,6 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "encode tiny shakespeare at character level into train.bin / val.bin / meta.json",
     ),
     "train": ("attnid.cli.train", "train one run (one optimizer case, lr, seed) and log rho, beta, tau, mu"),
+    "train-runs": (
+        "attnid.cli.train",
+        "train several runs, each from its attnid train --config file, one after another in one process",
+    ),
     "inspect": (
         "attnid.cli.checkpoints",
         "mu, imbalance, orbit dimension and identification counts per layer of a nanoGPT "
@@ -54,6 +58,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "balance": (
         "attnid.cli.checkpoints",
         "move every attention factor pair to balance (mu = 0) without changing the function",
+    ),
+    "rotate": (
+        "attnid.cli.quantization",
+        "move a checkpoint along its symmetry orbit to quantize better (fuse-norms, residual, qk, ov, "
+        "smooth) without changing its function",
+    ),
+    "quant-report": (
+        "attnid.cli.quantization",
+        "simulated round-to-nearest quantization of weights, activations and the KV cache: KL per token, "
+        "perplexity, activation kurtosis; at the orbit points with --orbit-points",
+    ),
+    "from-gguf": (
+        "attnid.cli.quantization",
+        "dequantize a Llama-family GGUF file into a Hugging Face folder (float32) that the edits read",
+    ),
+    "quantization-table": (
+        "attnid.cli.reports",
+        "gather attnid quant-report --orbit-points reports into quantization.csv, its seed study and .tex",
     ),
     "edits-table": (
         "attnid.cli.reports",
@@ -71,19 +93,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnid.cli.reports",
         "the Snakemake report's pages: the claims first, each figure with its caption, each table",
     ),
-    "figures": ("attnid.cli.reports", "draw figures 1-6 from the tables and logs"),
+    "figures": ("attnid.cli.reports", "draw figures 1-7 from the tables and logs"),
     "studies": (
         "attnid.cli.reports",
         "gather the heads and variants studies (does identification buy anything?) "
         "into tables with rank correlations",
     ),
     "interventions-table": (
-        "attnid.cli.reports",
+        "attnid.cli.interventions",
         "compare every arm with its baseline (adamw), seed by seed: mean difference, t-CI, exact p, Holm, "
         "verdict",
     ),
     "calibration-table": (
-        "attnid.cli.reports",
+        "attnid.cli.interventions",
         "each calibrated arm's best lr from its calibration runs; the spec files of its runs at that lr",
     ),
 }

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +111,25 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CSV",
         help="census.csv of attnid census --grid: adds its claim row to claims.csv",
     )
+    parser.add_argument(
+        "--plateau",
+        default=None,
+        metavar="CSV",
+        help="interventions_plateau.csv of attnid interventions-table: adds the plateau claim",
+    )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="CSV",
+        help="calibration.csv of attnid calibration-table: adds the claim that no best lr is at a grid edge",
+    )
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        metavar="CSV",
+        help="quantization.csv of attnid quantization-table (quantization_seeds.csv beside it): adds the "
+        "quantization stage's claims to claims.csv",
+    )
 
 
 def run_tables(args: argparse.Namespace) -> int:
@@ -119,7 +137,12 @@ def run_tables(args: argparse.Namespace) -> int:
     from attnid.reports.tables import write_tables
 
     check_run_selection(args)
-    declare_report_files(args, args.census)
+    quantization_seeds = (
+        None if args.quantization is None else Path(args.quantization).with_name("quantization_seeds.csv")
+    )
+    declare_report_files(
+        args, args.census, args.plateau, args.calibration, args.quantization, quantization_seeds
+    )
     with written_by("attnid train"):
         tables = write_tables(
             args.runs_dir,
@@ -130,6 +153,9 @@ def run_tables(args: argparse.Namespace) -> int:
             args.census,
             args.intervention_runs,
             args.identity_runs,
+            args.plateau,
+            args.calibration,
+            args.quantization,
         )
     for row in tables["claims"].itertuples():
         print(
@@ -146,8 +172,8 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="FIGURE",
         help="draw only these (fig1, fig2, ...; each needs the sources its module's INPUTS name); by default "
-        "every figure without an optional stage, and fig5 / fig6 where the studies' / the interventions' "
-        "tables are given",
+        "every figure without an optional stage, and fig5 / fig6 / fig7 where the studies' / the "
+        "interventions' / the quantization stage's tables are given",
     )
     parser.add_argument("--tables", default=None, help="results/tables (sweep.csv, sweep_slopes.csv, ...)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables
@@ -404,109 +430,24 @@ def run_edits_table(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
-    # lazy: pandas and scipy, which only this command's --help loads (for the defaults), not the others'
-    from attnid.reports.interventions_table import BASELINE_CASE, INTERACTION
-    from attnid.reports.statistics import ALPHA
-
-    add_run_selection_arguments(parser, sweep=False)
+def add_quantization_table_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--baseline",
-        default=BASELINE_CASE,
-        help="the case every other case (an arm) is compared with, seed by seed (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--out-dir",
+        "--json",
+        nargs="+",
         required=True,
-        help="where interventions_seeds.csv, interventions.csv and interventions.tex go",
+        type=Path,
+        help="attnid quant-report --orbit-points --json reports",
     )
-    # the verdict rule (docs/design.md §11.3): a pipeline config fixes these before any run
-    parser.add_argument(
-        "--alpha", type=float, default=ALPHA, help="family-wise level of the verdicts (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--equivalence-margin",
-        type=float,
-        default=None,
-        metavar="DELTA",
-        help="a comparison is 'equivalent' when its 1 - 2 alpha t-interval lies inside +-DELTA, in the "
-        "loss's units (default: none, so nothing is called equivalent)",
-    )
-    parser.add_argument(
-        "--family",
-        nargs="+",
-        default=None,
-        metavar="COMPARISON",
-        help="the comparisons Holm's correction runs over: an arm (against the baseline), ARM-BASELINE, or "
-        f"{INTERACTION} (default: every comparison the runs make)",
-    )
-    parser.add_argument(
-        "--arm-costs",
-        default=None,
-        metavar="CSV",
-        help="each arm's cost per step as written by benchmarks/arms_cost.py, shown beside the verdicts",
-    )
+    parser.add_argument("--out-dir", required=True, help="where quantization.csv, _seeds.csv and .tex go")
 
 
-def run_interventions_table(args: argparse.Namespace) -> int:
-    # lazy: pandas and scipy, which --help does not wait for
-    from attnid.reports.interventions_table import write_interventions_table
+def run_quantization_table(args: argparse.Namespace) -> int:
+    # lazy: pandas, which --help does not wait for
+    from attnid.reports.quantization_table import write_quantization_tables
 
-    check_run_selection(args)
-    declare_report_files(args, args.arm_costs)
-    with written_by("attnid train"):
-        table, notes = write_interventions_table(
-            args.runs_dir,
-            args.out_dir,
-            args.runs,
-            args.baseline,
-            alpha=args.alpha,
-            equivalence_margin=args.equivalence_margin,
-            family=args.family,
-            costs_path=args.arm_costs,
-        )
-    for note in notes:
-        print(f"note: {note}")
-    for row in table.to_dict("records"):
-        cost = "" if math.isnan(row["cost_ratio"]) else f", cost per step x{row['cost_ratio']:.3g}"
-        print(
-            f"{row['comparison']}: mean {row['delta_mean']:+.4g}, {100 * (1 - args.alpha):g}% t-CI "
-            f"[{row['ci_low']:+.4g}, {row['ci_high']:+.4g}] over {row['n_seeds']} seeds, sign-flip "
-            f"p = {row['p_value']:.3g}, Holm p = {row['p_holm']:.3g}, detectable "
-            f"{row['detectable_effect']:.3g}{cost}: {row['verdict']}"
-        )
-    print(f"wrote interventions_seeds.csv, interventions.csv and interventions.tex to {args.out_dir}")
-    return 0
-
-
-def add_calibration_table_arguments(parser: argparse.ArgumentParser) -> None:
-    add_run_selection_arguments(parser, sweep=False)
-    parser.add_argument("--out-dir", required=True, help="where calibration.csv goes")
-    parser.add_argument(
-        "--pending-specs",
-        nargs="+",
-        default=[],
-        metavar="PENDING",
-        help="pending specs of runs at an arm's best lr (written by the workflow's plan): each one's spec "
-        "file is written with the lr of the lowest mean final full-split val loss",
-    )
-
-
-def run_calibration_table(args: argparse.Namespace) -> int:
-    # lazy: pandas and scipy, which --help does not wait for
-    from attnid.plan.runs import SPEC_FILE, read_pending_spec
-    from attnid.reports.calibration import write_calibration
-
-    check_run_selection(args)
-    declare_report_files(args, *args.pending_specs)
-    pending = [read_pending_spec(path) for path in args.pending_specs]
-    rule = outputs.current()
-    for spec in pending:
-        rule.write(spec.spec_file, SPEC_FILE, "a pending spec's spec_file")
-    with written_by("attnid train"):
-        table, written = write_calibration(args.runs_dir, args.out_dir, args.runs, pending)
-    for row in table.to_dict("records"):
-        mean = "diverged" if row["n_diverged"] else f"mean {row['mean']:.4f} over {row['n_seeds']} seeds"
-        print(f"{row['arm']} lr {row['lr']:.4g}: {mean}{' (best)' if row['best'] else ''}")
-    print(f"wrote calibration.csv to {args.out_dir} and {len(written)} calibrated spec file(s)")
+    declare_report_files(args, *args.json)
+    with written_by("attnid quant-report --orbit-points"):
+        tables = write_quantization_tables(args.json, Path(args.out_dir))
+    rows = tables["quantization"]
+    print(f"wrote quantization.csv ({len(rows)} rows, {rows['model'].nunique()} models) to {args.out_dir}")
     return 0

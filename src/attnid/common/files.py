@@ -46,7 +46,9 @@ def atomic_path(path: str | os.PathLike, fmt: outputs.Format | None = None) -> I
     target = Path(path)
     outputs.guard(target, fmt)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=outputs.temporary_prefix(target), suffix=outputs.TEMPORARY_SUFFIX, dir=target.parent
+    )
     os.close(fd)
     tmp = Path(tmp_name)
     try:

@@ -22,6 +22,9 @@ An output of a command
 9. is removed again when the command fails, unless the command keeps it on purpose
    (``attnid train``'s checkpoint, which a rerun resumes from): a failed command leaves
    no partial output.
+10. leaves no temporary file behind for good: a command killed while it writes leaves the
+    output's temporary file (SIGKILL leaves no chance to clean up), and the next command
+    that holds the output's lock removes it, so a rerun leaves nothing behind.
 
 Recognising "what this command would write" by format, not by a record of what was
 written, is what lets Snakemake's reruns, ``attnid train``'s resume and the tests'
@@ -57,6 +60,38 @@ from attnid.common.paths import special_kind
 HEAD_BYTES = 4096  # formats are recognised from a file's first bytes
 TEX_MARKER_LINES = 5  # a TeX file of ours names attnid in a comment among its first lines
 CSV_COLUMN = re.compile(r'^"?[A-Za-z_]\w*"?$')  # the column names attnid writes are identifiers
+
+
+# An atomic write's temporary file (attnid.common.files.atomic_path): .<name>.<8 characters>.tmp beside
+# its target, the characters mkstemp's.
+TEMPORARY_SUFFIX = ".tmp"
+_MKSTEMP_PART = re.compile(r"[A-Za-z0-9_]{8}")
+
+
+def temporary_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def is_temporary_of(candidate: str, target: Path) -> bool:
+    """Whether the file name ``candidate`` is a temporary file of an atomic write of ``target``."""
+    prefix = temporary_prefix(target)
+    if not (candidate.startswith(prefix) and candidate.endswith(TEMPORARY_SUFFIX)):
+        return False
+    return bool(_MKSTEMP_PART.fullmatch(candidate[len(prefix) : -len(TEMPORARY_SUFFIX)]))
+
+
+def remove_stale_temporaries(target: Path) -> list[Path]:
+    """Remove the temporary files of ``target`` that a killed writer left (SIGKILL leaves no chance to
+    clean up); the list. Called only by the command that holds ``target``'s lock: each output has one
+    writer (rule 8), so no temporary of it belongs to a command still running."""
+    removed = []
+    with contextlib.suppress(OSError):  # a folder that is not there or cannot be listed holds none
+        for entry in os.scandir(target.parent):
+            if is_temporary_of(entry.name, target) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    removed.append(Path(entry.path))
+    return removed
 
 
 @dataclass(frozen=True)
@@ -239,6 +274,7 @@ class OutputRule:
         self._check_writable(path.parent, name)
         self._checked.add(_resolved(path))
         self._lock_file(path, name)
+        remove_stale_temporaries(path)
         return path
 
     def write_dir(
@@ -279,6 +315,12 @@ class OutputRule:
         self._refuse_outside(path)
         self._checked.add(_resolved(path))
         self._lock_file(path, str(path))
+        remove_stale_temporaries(path)
+
+    def holds_lock(self, path: str | os.PathLike) -> bool:
+        """Whether this command holds the lock of output ``path``: its own, or its output folder's."""
+        path = Path(path)
+        return _resolved(path) in self._locks or self._folder_of(path) in self._locks
 
     def wrote(self, path: str | os.PathLike) -> None:
         """Record a file this command has written (:func:`attnid.common.files.atomic_path`)."""
@@ -411,6 +453,13 @@ def guard(path: str | os.PathLike, fmt: Format | None = None) -> None:
     rule = _ACTIVE.get()
     if rule is not None:
         rule.check_write(path, fmt)
+
+
+def locked(path: str | os.PathLike) -> bool:
+    """Whether the active rule (if any) holds the lock of output ``path``: then no other attnid command
+    writes it, and what a killed writer of it left behind may be removed."""
+    rule = _ACTIVE.get()
+    return rule is not None and rule.holds_lock(path)
 
 
 def written(path: str | os.PathLike) -> None:

@@ -60,6 +60,7 @@ class Checkpoint:
     payload: dict = field(default_factory=dict)  # nanoGPT: the whole checkpoint dict; HF: config.json
     weight_files: dict[str, list[str]] = field(default_factory=dict)  # HF: file name -> its keys
     file_metadata: dict[str, dict | None] = field(default_factory=dict)  # HF safetensors header metadata
+    config_changed: bool = False  # HF: config.json (payload) and the shard index are written anew
 
     @property
     def transposed(self) -> bool:

@@ -248,3 +248,56 @@ def compare(
         "loss_change": loss_after - loss_before,
         "max_rel_logit_change": change / scale if scale > 0 else change,
     }
+
+
+def _evenly_spaced(tokens: np.ndarray, count: int, length: int, what: str) -> torch.Tensor:
+    if len(tokens) < length + 1:
+        raise UserError(f"the {what} text has {len(tokens)} tokens, fewer than one window of {length + 1}")
+    starts = np.linspace(0, len(tokens) - (length + 1), count).astype(np.int64)
+    return torch.from_numpy(np.ascontiguousarray(tokens[starts[:, None] + np.arange(length + 1)]))
+
+
+def calibration_and_evaluation(
+    checkpoint: Checkpoint,
+    text: Path | None,
+    data: Path | None,
+    length: int,
+    evaluation_tokens: int,
+    calibration_tokens: int,
+    random_fallback: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor, str]:
+    """Disjoint calibration and evaluation windows ``(S, length + 1)`` and their source (docs/design.md
+    §16): from ``text``, its first half and its second half; without it, tiny shakespeare's training part
+    (the first 90 %) and its validation part. ``S`` windows cover ``*_tokens`` tokens (at least one).
+    Where there is no text and ``random_fallback``: no calibration, and seeded random token ids to
+    evaluate on (a probe of the function needs no text)."""
+    if text is not None:
+        require_regular_file(text, "--text")
+        if not text.is_file():
+            raise UserError(f"--text {text} {'is a directory' if text.is_dir() else 'not found'}")
+    path = text if text is not None else next((p for p in DEFAULT_TEXTS if p.is_file()), None)
+    length = min(length, checkpoint.block_size)
+    if path is None and random_fallback:
+        generator = torch.Generator().manual_seed(RANDOM_TOKENS_SEED)
+        count = max(1, -(-evaluation_tokens // length))
+        ids = torch.randint(0, checkpoint.vocab_size, (count, length + 1), generator=generator)
+        return None, ids, f"random token ids (seed {RANDOM_TOKENS_SEED}): no text found"
+    if path is None:
+        raise UserError("no text to calibrate and evaluate on: pass --text FILE")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    cut = len(content) // 2 if text is not None else int(len(content) * (1 - VAL_FRACTION))
+    dirs = _data_dirs(checkpoint, data)
+    calibration, how = _encode_text(content[:cut], checkpoint, dirs)
+    evaluation, _ = _encode_text(content[cut:], checkpoint, dirs)
+    windows = [
+        _evenly_spaced(part, max(1, -(-tokens // length)), length, what)
+        for part, tokens, what in (
+            (calibration, calibration_tokens, "calibration"),
+            (evaluation, evaluation_tokens, "evaluation"),
+        )
+    ]
+    halves = "first and second half" if text is not None else "training and validation parts"
+    return windows[0], windows[1], f"{path} ({halves}), {how}"

@@ -22,6 +22,7 @@ loader (:func:`attnid.common.files.load_weights_only`): no code from a folder ev
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -207,6 +208,32 @@ def save_hf_folder(
         with contextlib.suppress(OSError):
             shutil.rmtree(staging)
     return out
+
+
+def rewritten_folder_files(
+    source: Path, config: dict, tensors: dict[str, torch.Tensor], weight_files: dict[str, list[str]]
+) -> dict[str, bytes]:
+    """``config.json`` from ``config`` and, where the folder has one, its shard index with the weight map of
+    ``weight_files`` and the byte count of ``tensors``: what an edit that changes the config (a dtype, an
+    untied ``lm_head``) writes instead of copying them."""
+    replaced = {CONFIG_NAME: json_bytes(config)}
+    for index_name in INDEX_NAMES:
+        if not (source / index_name).is_file():
+            continue
+        index = read_json(inside(source, index_name, str(source)), "weight index")
+        weight_map = {key: name for name, keys in weight_files.items() for key in keys}
+        updated = {**index, "weight_map": weight_map}
+        if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
+            total = sum(t.numel() * t.element_size() for t in tensors.values())
+            updated["metadata"] = {**index["metadata"], "total_size": total}
+        if updated != index:
+            replaced[index_name] = json_bytes(updated)
+    return replaced
+
+
+def json_bytes(value: dict) -> bytes:
+    """A JSON file's bytes as Hugging Face writes them (indented, a final newline)."""
+    return (json.dumps(value, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8")
 
 
 def _write_weights(target: Path, name: str, state: dict[str, torch.Tensor], metadata: dict | None) -> None:

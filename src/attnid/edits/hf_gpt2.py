@@ -14,7 +14,7 @@ from pathlib import Path
 from attnid.common.errors import UserError
 from attnid.common.shapes import check_tensor_shapes
 from attnid.edits.checkpoint_types import HF_GPT2, Checkpoint, CheckpointFormat
-from attnid.edits.hf_files import read_folder_config, read_weights, save_hf_folder
+from attnid.edits.hf_files import read_folder_config, read_weights, rewritten_folder_files, save_hf_folder
 from attnid.edits.nanogpt_checkpoint import count_layers, layer_prefix
 from attnid.theory.shape import LayerShape, layer_shape
 
@@ -106,8 +106,15 @@ def load_hf_gpt2(folder: Path) -> Checkpoint:
 def save_hf_gpt2(checkpoint: Checkpoint, out: Path, record: dict | None = None) -> Path:
     """The folder with the edited weights in the input's files; ``record`` is not stored (HF folders get
     no file of ours)."""
+    replaced = (
+        rewritten_folder_files(
+            checkpoint.path, checkpoint.payload, checkpoint.tensors, checkpoint.weight_files
+        )
+        if checkpoint.config_changed
+        else None
+    )
     return save_hf_folder(
-        checkpoint.path, out, checkpoint.tensors, checkpoint.weight_files, checkpoint.file_metadata
+        checkpoint.path, out, checkpoint.tensors, checkpoint.weight_files, checkpoint.file_metadata, replaced
     )
 
 

@@ -26,17 +26,14 @@ names and keys. The format's loader and writer are registered in :mod:`attnid.ed
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from attnid.common.errors import UserError
-from attnid.common.files import read_json
-from attnid.common.paths import inside
 from attnid.edits.checkpoint_types import HF_LLAMA, AttentionLayer, Checkpoint, CheckpointFormat
-from attnid.edits.hf_files import INDEX_NAMES, read_folder_config, read_weights, save_hf_folder
+from attnid.edits.hf_files import read_folder_config, read_weights, rewritten_folder_files, save_hf_folder
 from attnid.edits.options import STORED_DTYPE_NAMES
 from attnid.model.layout import row_blocks
 from attnid.theory import counts
@@ -259,16 +256,10 @@ def save_hf_llama(checkpoint: Checkpoint, out: Path, record: dict | None = None)
     ``record`` is not stored (HF folders get no file of ours)."""
     assert isinstance(checkpoint, LlamaCheckpoint)  # the one class load_hf_llama makes of this kind
     replaced: dict[str, bytes] = {}
-    if checkpoint.rewritten_dtype is not None:
-        replaced["config.json"] = _json_bytes(checkpoint.payload)
-        for index_name in INDEX_NAMES:  # the weight map is unchanged; the byte count is not
-            if not (checkpoint.path / index_name).is_file():
-                continue
-            index = read_json(inside(checkpoint.path, index_name, str(checkpoint.path)), "weight index")
-            if isinstance(index.get("metadata"), dict) and "total_size" in index["metadata"]:
-                total = sum(t.numel() * t.element_size() for t in checkpoint.tensors.values())
-                metadata = {**index["metadata"], "total_size": total}
-                replaced[index_name] = _json_bytes({**index, "metadata": metadata})
+    if checkpoint.rewritten_dtype is not None or checkpoint.config_changed:
+        replaced = rewritten_folder_files(
+            checkpoint.path, checkpoint.payload, checkpoint.tensors, checkpoint.weight_files
+        )
     return save_hf_folder(
         checkpoint.path,
         Path(out),
@@ -277,10 +268,6 @@ def save_hf_llama(checkpoint: Checkpoint, out: Path, record: dict | None = None)
         checkpoint.file_metadata,
         replaced,
     )
-
-
-def _json_bytes(value: dict) -> bytes:
-    return (json.dumps(value, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8")
 
 
 HF_LLAMA_FORMAT = CheckpointFormat(

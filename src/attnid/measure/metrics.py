@@ -299,11 +299,13 @@ class MetricTracker:
         x_probe, y_probe = self.probe_batch
         device = _device(model)
         was_training = model.training
-        model.eval()
+        if was_training:  # a probe copy stays in eval mode: no walk over its modules
+            model.eval()
         try:
             logits, loss = model(x_probe.to(device), y_probe.to(device))
         finally:
-            model.train(was_training)
+            if was_training:
+                model.train()
         return float(loss), logits.detach()
 
     @staticmethod

@@ -24,6 +24,8 @@ bit for bit (same modules, init order, state-dict keys and ``model_args``):
 - ``rope``: rotary position embedding on queries and keys (Su et al. 2021), base
   10000, half-split pairing (GPT-NeoX/Llama ``rotate_half``: coordinate ``m`` is
   paired with ``m + D/2``), and no learned position embedding ``wpe``.
+- ``tied = False``: ``lm_head`` is its own matrix, not ``wte`` (what ``attnid rotate``
+  writes when a residual-stream rotation unties them, docs/design.md §16).
 
 Checkpoint layout of a variant: the same two tensors per layer, resized.
 ``c_attn.weight`` is ``(H*D + 2*G*D, E)`` with rows ``[W_Q (H*D); W_K (G*D);
@@ -67,6 +69,7 @@ class GPTConfig:
     n_kv_head: int | None = None  # G key/value heads (grouped-query attention); None means n_head
     rope: bool = False  # rotary embeddings on queries and keys instead of the learned wpe
     head_dim: int | None = None  # D per head; None means n_embd // n_head
+    tied: bool = True  # lm_head is wte (nanoGPT's weight tying)
 
     @property
     def kv_heads(self) -> int:
@@ -108,7 +111,7 @@ class GPTConfig:
         return args
 
 
-VARIANT_DEFAULTS = {"n_kv_head": None, "rope": False, "head_dim": None}
+VARIANT_DEFAULTS = {"n_kv_head": None, "rope": False, "head_dim": None, "tied": True}
 
 
 def check_config(config: GPTConfig) -> None:
@@ -231,8 +234,8 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # weight tying: one (V, E) matrix embeds tokens and reads out logits
-        self.transformer.wte.weight = self.lm_head.weight
+        if config.tied:  # weight tying: one (V, E) matrix embeds tokens and reads out logits
+            self.transformer.wte.weight = self.lm_head.weight
 
         # GPT-2 init, in nanoGPT's module order so the same seed gives the same weights
         self.apply(self._init_weights)
@@ -330,7 +333,7 @@ def config_from_model_args(model_args: dict, where: str = "checkpoint") -> GPTCo
     dropout = model_args.get("dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise UserError(f"{where}: 'model_args' has dropout={dropout!r}; expected a number in [0, 1)")
-    for name in ("bias", "rope"):
+    for name in ("bias", "rope", "tied"):
         if name in model_args and not isinstance(model_args[name], bool):
             raise UserError(f"{where}: 'model_args' has {name}={model_args[name]!r}; expected true or false")
     return GPTConfig(**{k: v for k, v in model_args.items() if k in known})
@@ -370,13 +373,15 @@ def expected_state_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
 
 
 def parameter_count(config: GPTConfig) -> int:
-    """Parameters of a GPT with ``config``, counted from :func:`expected_state_shapes` (``lm_head`` is
-    ``wte``: counted once): the shapes of a model with no block and with one, so that the count takes
+    """Parameters of a GPT with ``config``, counted from :func:`expected_state_shapes` (a tied ``lm_head``
+    is ``wte``: counted once): the shapes of a model with no block and with one, so that the count takes
     the same time for any ``n_layer`` (a memory check of a declared 10^9 layers must not list them)."""
 
     def count(n_layer: int) -> int:
         shapes = expected_state_shapes(replace(config, n_layer=n_layer))
-        return sum(math.prod(shape) for name, shape in shapes.items() if name != "lm_head.weight")
+        return sum(
+            math.prod(shape) for name, shape in shapes.items() if name != "lm_head.weight" or not config.tied
+        )
 
     without_blocks = count(0)
     return without_blocks + config.n_layer * (count(1) - without_blocks)

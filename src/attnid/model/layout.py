@@ -166,9 +166,42 @@ def stacked_pairs(
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One circuit's pairs of every layer, ``(L*G, D, n)`` in ``dtype``, layer-major, from per-layer
-    ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot)."""
-    per_layer = [pairs_from_tensors(w, b, p, layout, circuit, dtype) for w, b, p in tensors_per_layer]
-    return torch.cat([a for a, _ in per_layer]), torch.cat([b for _, b in per_layer])
+    ``(c_attn.weight, c_attn.bias, c_proj.weight)`` (the live tensors or a float64 snapshot).
+
+    The same numbers as :func:`pairs_from_tensors` layer by layer, concatenated; each tensor is copied once,
+    cast on the way, into its place in the result (the metrics read every step's pairs: docs/design.md §7)."""
+    check_circuit(circuit)
+    g, d, e = layout.n_kv_head, layout.head_dim, layout.n_embd
+    per_group, columns = layout.n_head // g, e + (1 if layout.bias else 0)
+    expected = (layout.n_head * d + 2 * g * d, e)
+    first = tensors_per_layer[0][0]
+    n_a, n_b = (per_group * columns, columns) if circuit == "qk" else (columns, per_group * e)
+    pair_a = torch.empty(len(tensors_per_layer) * g, d, n_a, dtype=dtype, device=first.device)
+    pair_b = torch.empty(len(tensors_per_layer) * g, d, n_b, dtype=dtype, device=first.device)
+    query, key, value = row_blocks(layout)
+    for layer, (weight, bias, proj) in enumerate(tensors_per_layer):
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"c_attn.weight is {tuple(weight.shape)}, the layout needs {expected}")
+        groups = slice(layer * g, (layer + 1) * g)
+        if circuit == "qk":
+            _fill_heads(pair_a[groups], per_group, weight[query], None if bias is None else bias[query])
+            _fill_heads(pair_b[groups], 1, weight[key], None if bias is None else bias[key])
+        else:
+            _fill_heads(pair_a[groups], 1, weight[value], None if bias is None else bias[value])
+            _fill_heads(pair_b[groups], per_group, proj.t(), None)
+    return pair_a, pair_b
+
+
+def _fill_heads(out: torch.Tensor, per_group: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Copy rows ``(G*(H/G)*D, E)`` [+ bias ``(G*(H/G)*D,)``] into ``out`` ``(G, D, (H/G)(E[+1]))``: each
+    group's heads side by side, each head's bias after its columns (:func:`_rows`, :func:`_side_by_side`)."""
+    n_groups, head_dim, width = out.shape
+    heads = out.view(n_groups, head_dim, per_group, width // per_group).transpose(1, 2)  # (G, H/G, D, n)
+    n_embd = weight.shape[-1]
+    with torch.no_grad():
+        heads[..., :n_embd].copy_(weight.detach().reshape(n_groups, per_group, head_dim, n_embd))
+        if bias is not None:
+            heads[..., n_embd].copy_(bias.detach().reshape(n_groups, per_group, head_dim))
 
 
 def layer_pairs(model: torch.nn.Module, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,9 @@ by its architecture's own symmetry group (:func:`attnid.model.layout.orbit_of`;
 docs/design.md §4, §8):
 
 - :func:`rebalance_model`: every pair of one circuit moved to a target conserved imbalance
-  (the rebalancing cases' periodic step, the τ probe's move, ``attnid balance``);
+  (the rebalancing cases' periodic step, ``attnid balance``): the maths, :func:`move_pairs`, then
+  :func:`write_move`; the τ probe makes the two apart (the maths on the metrics thread, the move
+  written into a copy of the model);
 - :func:`kept_attention_weights`: a context that restores the attention tensors bit for bit,
   so that a move inside it is a probe only.
 
@@ -106,15 +108,41 @@ def prepared_target(orbit: Orbit, initial: torch.Tensor, target: str) -> Rebalan
 
 @dataclass
 class Move:
-    """What :func:`rebalance_model` did to one circuit: pairs left alone, how far the factors moved, and the
-    stacked pairs ``(L*G, D, n)`` *before* the move with mu's per-pair orbit minimum there, so a caller that
-    measures mu at those weights again (the tau probe restores them) can skip the SVD."""
+    """What :func:`move_pairs` computes for one circuit: pairs left alone, how far the factors moved, the
+    stacked pairs ``(L*G, D, n)`` *before* the move with mu's per-pair orbit minimum there (so a caller that
+    measures mu at those weights again, as the tau probe does, can skip the SVD) and the moved pairs, which
+    :func:`write_move` puts into a model."""
 
     skipped: int
     pair_a: torch.Tensor
     pair_b: torch.Tensor
     minimum: torch.Tensor
     relative_move: float  # sqrt(sum ||A' - A||^2 + ||B' - B||^2) / sqrt(sum ||A||^2 + ||B||^2) over the pairs
+    moved_a: torch.Tensor
+    moved_b: torch.Tensor
+
+
+@torch.no_grad()
+def move_pairs(
+    orbit: Orbit, pair_a: torch.Tensor, pair_b: torch.Tensor, target: RebalanceTarget = None
+) -> Move:
+    """Every stacked pair ``(L*G, D, n)`` of one circuit moved along ``orbit`` to the prepared ``target``
+    (None: balanced; docs/design.md §4, §8): the maths of :func:`rebalance_model`, no model written, so it can
+    run on any thread while a copy of the model waits for the moved pairs (the tau probe)."""
+    moved = orbit.rebalance(pair_a, pair_b, target)
+    distance_sq = (moved.pair_a - pair_a).square().sum() + (moved.pair_b - pair_b).square().sum()
+    norm_sq = pair_a.square().sum() + pair_b.square().sum()
+    relative = float((distance_sq / norm_sq).sqrt()) if float(norm_sq) > 0 else 0.0
+    return Move(int((~moved.done).sum()), pair_a, pair_b, moved.minimum, relative, moved.pair_a, moved.pair_b)
+
+
+@torch.no_grad()
+def write_move(model: torch.nn.Module, circuit: str, move: Move) -> None:
+    """Write a :class:`Move`'s moved pairs of ``circuit`` into the model's attention tensors, in place."""
+    n_layer = len(attention_blocks(model))
+    write_pairs_back(
+        model, circuit, list(zip(move.moved_a.chunk(n_layer), move.moved_b.chunk(n_layer), strict=True))
+    )
 
 
 @torch.no_grad()
@@ -140,15 +168,9 @@ def rebalance_model(
         pair_a, pair_b = stacked_pairs(attention_tensors(model), layout_of(model), circuit)
         if compute_device is not None:
             pair_a, pair_b = pair_a.to(compute_device, copy=True), pair_b.to(compute_device, copy=True)
-    moved = orbit_of(model, circuit).rebalance(pair_a, pair_b, target)
-    n_layer = len(attention_blocks(model))
-    write_pairs_back(
-        model, circuit, list(zip(moved.pair_a.chunk(n_layer), moved.pair_b.chunk(n_layer), strict=True))
-    )
-    distance_sq = (moved.pair_a - pair_a).square().sum() + (moved.pair_b - pair_b).square().sum()
-    norm_sq = pair_a.square().sum() + pair_b.square().sum()
-    relative = float((distance_sq / norm_sq).sqrt()) if float(norm_sq) > 0 else 0.0
-    return Move(int((~moved.done).sum()), pair_a, pair_b, moved.minimum, relative)
+    move = move_pairs(orbit_of(model, circuit), pair_a, pair_b, target)
+    write_move(model, circuit, move)
+    return move
 
 
 @contextlib.contextmanager

@@ -3,16 +3,20 @@
 :func:`plan` reads a pipeline config (:mod:`.config`, against the schema of :mod:`.schema`, whose run
 settings come from ``attnid.training.config.TrainConfig``), lays out every training run of every stage
 (:mod:`.runs`: the cases, the sweeps, the studies of :mod:`.studies`, the edits, the interventions of
-:mod:`.interventions`) as a :class:`RunSpec` per run directory, and writes each run's spec file for
-``attnid train --config``. Every problem of a config is one :class:`ConfigError`. The workflow
+:mod:`.interventions`; the quantization stage's checkpoints, :mod:`.quantization`) as a :class:`RunSpec`
+per run directory, and gives each run's spec file for ``attnid train --config`` (:func:`spec_texts`: the
+text a job of the workflow writes; nothing here writes a file). Every problem of a config is one
+:class:`ConfigError`. The workflow
 (``workflow/rules/common.smk``) imports only this package's names below. May import: ``training``,
 ``measure``, ``model``, ``theory``, ``common``.
 """
 
+from attnid.common.tex import why_no_pdf
 from attnid.plan.config import check_config_file, check_writable
 from attnid.plan.errors import ConfigError
-from attnid.plan.interventions import verdict_options
-from attnid.plan.runs import Plan, RunSpec, plan, write_spec_files
+from attnid.plan.interventions import margin_fraction, verdict_options
+from attnid.plan.quantization import quantization_checkpoints, quantization_settings, smollm2_gguf
+from attnid.plan.runs import Plan, RunSpec, plan, spec_texts
 
 __all__ = [
     "ConfigError",
@@ -21,6 +25,11 @@ __all__ = [
     "check_config_file",
     "check_writable",
     "plan",
+    "margin_fraction",
+    "quantization_checkpoints",
+    "quantization_settings",
+    "smollm2_gguf",
+    "spec_texts",
     "verdict_options",
-    "write_spec_files",
+    "why_no_pdf",
 ]

@@ -3,8 +3,9 @@
 :func:`read_config` merges the command line's overrides into the config, refuses what would flood or hang
 (a YAML alias bomb: :data:`MAX_CONFIG_VALUES`), non-finite numbers, anything the schema
 (:mod:`attnid.plan.schema`) rejects, the cross-key rules the schema cannot say, and a ``results_dir``
-that would hold the checkout. Every problem is one :class:`~attnid.plan.errors.ConfigError`:
-``<key>: <problem>``.
+that would hold the checkout or lies in a system folder. Every problem is one
+:class:`~attnid.plan.errors.ConfigError`: ``<key>: <problem>``. Nothing here writes a file or a folder:
+the workflow is parsed by every snakemake, a dry run included (docs/design.md §6).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import check_interventions_config
+from attnid.plan.quantization import check_quantization_config
 from attnid.plan.schema import validate_config
 from attnid.plan.studies import check_study_config
 
@@ -31,7 +33,7 @@ NULLS = ("null", "~")
 # YAML's spellings of the non-finite floats (read so that they are refused by name, not by type).
 NON_FINITE = {".nan": math.nan, ".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf}
 # The optional stages: a section set to null (--config edits=null) is off.
-OPTIONAL_SECTIONS = ("heads", "variants", "edits", "interventions")
+OPTIONAL_SECTIONS = ("heads", "variants", "edits", "interventions", "quantization")
 # The most values (mapping entries and list items, each alias counted as often as it is used) a config
 # may hold. The paper's config holds about 200; a YAML "billion laughs" holds 9^9 through a few aliases,
 # which would take minutes to check and floods the terminal once any message quotes it.
@@ -123,23 +125,72 @@ def check_cross_keys(config: dict) -> None:
     edits = config.get("edits")
     if edits is not None and edits["case"] not in config["cases"]:
         raise ConfigError("edits/case", f"no case '{edits['case']}' under cases to take its settings from")
-    for key, problem in check_study_config(config) + check_interventions_config(config):
+    found = (
+        check_study_config(config) + check_interventions_config(config) + check_quantization_config(config)
+    )
+    for key, problem in found:
         raise ConfigError(key, problem)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
 
 
 def check_results_dir(results_dir: str, checkout: str | os.PathLike | None) -> None:
     """``results_dir`` is neither ``/``, nor the checkout (``checkout``, and the working directory), nor a
-    folder that holds it: each config writes only below its own results folder."""
+    folder that holds it, nor inside a system folder (:data:`SYSTEM_FOLDERS`): each config writes only
+    below its own results folder. Outside the checkout is fine (a cluster's scratch space)."""
     where = Path(os.path.realpath(results_dir))  # symlinks resolved: a link to .. is ..
     if where == Path(where.anchor):
         raise ConfigError("results_dir", f"{results_dir} is the root folder; give each config its own folder")
-    for folder in {Path(os.path.realpath(p)) for p in (os.getcwd(), checkout) if p is not None}:
-        if where == folder or where in folder.parents:
+    too_long = next((part for part in where.parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if too_long is not None:
+        raise ConfigError("results_dir", f"a folder name in it is over {NAME_MAX} bytes: {too_long[:40]}...")
+    checkouts = {Path(os.path.realpath(p)) for p in (os.getcwd(), checkout) if p is not None}
+    for folder in checkouts:
+        if _inside(folder, where):
             raise ConfigError(
                 "results_dir",
                 f"{results_dir} is the checkout {folder} or a folder that holds it; "
                 f"give each config its own folder inside, e.g. results/<name>",
             )
+    if any(_inside(where, folder) for folder in checkouts | user_folders()):
+        return
+    system = next((folder for folder in system_folders() if _inside(where, folder)), None)
+    if system is not None:
+        raise ConfigError(
+            "results_dir",
+            f"{results_dir} is inside the system folder {system}; give each config its own folder in the "
+            f"checkout (results/<name>) or in your own space (a cluster's scratch)",
+        )
+
+
+# Folders that hold the operating system, never a build's outputs (the Filesystem Hierarchy Standard's, and
+# macOS's), resolved where they are links (/lib -> usr/lib). A results_dir inside the checkout, the home
+# folder or the temporary folder is never refused, wherever those lie (user_folders).
+SYSTEM_FOLDERS = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+    "/sys", "/usr", "/var", "/System", "/Library", "/private/etc", "/private/var",
+)  # fmt: skip
+# Scratch space inside them: machine-wide temporary folders (/var/tmp) and macOS's per-user ones.
+SCRATCH_FOLDERS = ("/var/tmp", "/var/folders", "/private/var/tmp", "/private/var/folders")
+# The longest name of one folder on the file systems Linux and macOS use.
+NAME_MAX = 255
+
+
+def system_folders() -> list[Path]:
+    return [Path(os.path.realpath(folder)) for folder in SYSTEM_FOLDERS if os.path.isdir(folder)]
+
+
+def user_folders() -> set[Path]:
+    """Where a user's own files lie, which no system folder check refuses: the home and temporary folders,
+    and the system's scratch folders."""
+    folders = {Path(os.path.realpath(tempfile.gettempdir()))}
+    home = os.path.expanduser("~")
+    if home not in ("~", "/"):
+        folders.add(Path(os.path.realpath(home)))
+    folders |= {Path(os.path.realpath(folder)) for folder in SCRATCH_FOLDERS if os.path.isdir(folder)}
+    return folders
 
 
 def read_config(
@@ -176,30 +227,42 @@ def yaml_error(path: str | os.PathLike) -> str | None:
 
 
 def check_config_file(path: str | os.PathLike) -> None:
-    """A config file that does not parse is a :class:`ConfigError` naming the file, line and column."""
+    """A config file that does not parse is a :class:`ConfigError` naming the file, line and column; one
+    that is empty, or holds no mapping of keys, is one too."""
     problem = yaml_error(path)
     if problem:
         where, _, what = problem.partition(": ")
         raise ConfigError(where, what)
+    document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(document, dict):
+        what = "is empty" if document is None else f"holds a {type(document).__name__}"
+        raise ConfigError(str(path), f"{what}; a pipeline config is a mapping of keys, as config/smoke.yaml")
 
 
 def unwritable(path: str | os.PathLike) -> str | None:
-    """Why no directory can be made and written at ``path``, or None when one can.
+    """Why no directory can be made and written at ``path``, or None when one can (as far as permissions
+    and a read-only mount say: a full disk or a quota is the job's one line later).
 
-    Found by making and removing a directory in ``path`` or in its nearest existing parent:
-    ``os.access`` cannot tell (root passes it under /proc; it ignores quotas and most mounts)."""
+    Found without writing anything: the nearest existing parent of ``path`` must be a directory that this
+    user may write into and that is not on a read-only file system. Parsing the workflow, and a dry run,
+    write nothing (docs/design.md §6); root passes the permission check almost anywhere, which is why
+    :func:`check_results_dir` refuses the system folders by name."""
     parent = Path(path)
     try:
-        while not parent.exists():
+        while not os.path.lexists(parent):
             parent = parent.parent
     except OSError as err:
         return f"{parent}: {err.strerror}"
     if not parent.is_dir():
         return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create a directory in {parent} (permission denied)"
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".attnid-write-check-", dir=parent))
+        read_only = bool(os.statvfs(parent).f_flag & os.ST_RDONLY)
     except OSError as err:
-        return f"cannot create a directory in {parent} ({err.strerror})"
+        return f"{parent}: {err.strerror}"
+    if read_only:
+        return f"cannot create a directory in {parent} (read-only file system)"
     return None
 
 

@@ -27,7 +27,7 @@ of arm option is one :class:`ArmOption` in :data:`ARM_OPTIONS`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields, replace
 
 from attnid.model.options import GAUGE_POINT, INITIAL_VALUES
@@ -57,6 +57,56 @@ GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM = (
 )
 INTERACTION = "start_x_frozen"
 INTERACTION_TERMS = ((GAUGE_ARM, FROM_GAUGE_ARM), (AT_INIT_ARM, BASELINE_CASE))
+# The 2 x 2's main effects (docs/design.md §11.3): fixing the unidentified blocks, averaged over the two
+# starting points (the question the stage asks), and starting at the gauge point, averaged over fixed and
+# free.
+FIXING_EFFECT, START_EFFECT = "fixing_main_effect", "start_main_effect"
+TWO_BY_TWO_CELLS = (GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM, BASELINE_CASE)
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """A comparison of the 2 x 2's four cells per seed (docs/design.md §11.3): the ``arm`` side's value
+    minus the ``baseline`` side's, each a weighted sum of cells' losses, ``((weight, arm name), ...)``."""
+
+    name: str
+    arm_terms: tuple[tuple[float, str], ...]
+    baseline_terms: tuple[tuple[float, str], ...]
+
+    def with_suffix(self, suffix: str) -> Contrast:
+        """The same contrast of the cells named with ``suffix`` (the arms at their best lr)."""
+
+        def named(terms: tuple[tuple[float, str], ...]) -> tuple[tuple[float, str], ...]:
+            return tuple((weight, arm + suffix) for weight, arm in terms)
+
+        return Contrast(self.name + suffix, named(self.arm_terms), named(self.baseline_terms))
+
+    @staticmethod
+    def side_label(terms: tuple[tuple[float, str], ...]) -> str:
+        """A side as the seeds table names it: ``a-b`` (a difference) or ``(a+b)/2`` (a mean)."""
+        weights = {abs(weight) for weight, _ in terms}
+        if weights == {1.0}:
+            return "".join(
+                ("-" if weight < 0 else "+" if i else "") + arm for i, (weight, arm) in enumerate(terms)
+            )
+        return "(" + "+".join(arm for _, arm in terms) + f")/{round(1 / weights.pop())}"
+
+    @property
+    def cells(self) -> tuple[str, ...]:
+        return tuple(arm for _, arm in (*self.arm_terms, *self.baseline_terms))
+
+
+CONTRASTS = (
+    Contrast(
+        FIXING_EFFECT, ((0.5, GAUGE_ARM), (0.5, AT_INIT_ARM)), ((0.5, FROM_GAUGE_ARM), (0.5, BASELINE_CASE))
+    ),
+    Contrast(
+        START_EFFECT, ((0.5, GAUGE_ARM), (0.5, FROM_GAUGE_ARM)), ((0.5, AT_INIT_ARM), (0.5, BASELINE_CASE))
+    ),
+    Contrast(
+        INTERACTION, ((1.0, GAUGE_ARM), (-1.0, FROM_GAUGE_ARM)), ((1.0, AT_INIT_ARM), (-1.0, BASELINE_CASE))
+    ),
+)
 # The settings a rebalancing arm takes from its case's section of the config (the rest are adamw's).
 REBALANCE_SETTINGS = ("rebalance_every", "rebalance_target")
 # The identity run (docs/design.md §13): the projected arm trained in float64.
@@ -64,7 +114,10 @@ IDENTITY_CASE, IDENTITY_DTYPE = "adamw_projected", "float64"
 # Keys of the identity section that are not settings of its run.
 IDENTITY_GRID_KEYS = ("seeds",)
 # Keys of the interventions section that are not settings of its runs (the rest are: stage_settings).
-STAGE_GRID_KEYS = ("arms", "seeds", "verdict", "identity", "calibration")
+STAGE_GRID_KEYS = ("arms", "seeds", "verdict", "identity", "calibration", "plateau", "one_job_per_arm")
+# The verdict rule's margin may be a rule instead of a number (docs/design.md §11.3): this fraction of the
+# baseline's mean final loss at its best lr on the calibration seeds, known before any comparison run ends.
+MARGIN_FRACTION = "fraction_of_baseline_loss"
 # The setting that names an arm itself (attnid train --arm): needed by an arm that sets what its name
 # cannot say (NAMED_ARM_SETTINGS), such as adamw at another learning rate.
 ARM_NAME_SETTING = "arm"
@@ -221,9 +274,9 @@ def calibrated_arms(config: dict, arms: list[Arm]) -> list[Arm]:
     return [replace(by_name[name], calibrated=True) for name in order]
 
 
-def intervention_arms(config: dict) -> list[Arm]:
+def stage_arms(config: dict) -> list[Arm]:
     """The baselines first (``adamw``, and ``sgd`` when an arm trains SGD), then the config's arms in its
-    order, then the calibrated arms (:func:`calibrated_arms`); none without the section."""
+    order, each at the stage's lr; none without the section."""
     section = config.get("interventions")
     if not section:
         return []
@@ -233,7 +286,20 @@ def intervention_arms(config: dict) -> list[Arm]:
         for base in BASELINE_CASES
         if base == BASELINE_CASE or any(arm.baseline == base for arm in listed)
     ]
-    return baselines + listed + calibrated_arms(config, baselines + listed)
+    return baselines + listed
+
+
+def intervention_arms(config: dict) -> list[Arm]:
+    """The arms whose comparison runs the stage trains: :func:`stage_arms`, then the calibrated arms
+    (:func:`calibrated_arms`); only the calibrated ones where the calibration says ``at_stage_lr: false``
+    (every arm compared at its own best lr alone; the stage's lr is then only the calibration grid's
+    centre)."""
+    arms = stage_arms(config)
+    calibrated = calibrated_arms(config, arms)
+    calibration = (config.get("interventions") or {}).get("calibration") or {}
+    if calibrated and not calibration.get("at_stage_lr", True):
+        return calibrated
+    return arms + calibrated
 
 
 def arm_origin(config: dict, arm: Arm) -> str:
@@ -287,10 +353,30 @@ def identity_overrides(config: dict) -> dict:
     return stage_settings(config) | own | fixed
 
 
+def two_by_two_contrasts(arm_names: Collection[str]) -> list[Contrast]:
+    """The 2 x 2's contrasts (:data:`CONTRASTS`) of every set of its four cells among ``arm_names``: at the
+    stage's lr, and at each arm's own best lr (the cells named with :data:`CALIBRATED_SUFFIX`)."""
+    return [
+        contrast.with_suffix(suffix)
+        for suffix in ("", CALIBRATED_SUFFIX)
+        if all(cell + suffix in arm_names for cell in TWO_BY_TWO_CELLS)
+        for contrast in CONTRASTS
+    ]
+
+
+def contrast_named(name: str) -> Contrast | None:
+    """The 2 x 2 contrast a comparison's name stands for (at the stage's lr or at the arms' best), or None."""
+    for contrast in CONTRASTS:
+        for suffix in ("", CALIBRATED_SUFFIX):
+            if name == contrast.name + suffix:
+                return contrast.with_suffix(suffix)
+    return None
+
+
 def planned_comparisons(config: dict) -> list[str]:
     """The comparisons the table will make of the section's arms (attnid.reports.interventions_table): each
     arm against its baseline (:func:`arm_baseline`), an arm with moved moments also against its case's
-    kept-moments arm when that is listed, and the 2 x 2's interaction when its three arms are."""
+    kept-moments arm when that is listed, and the 2 x 2's contrasts where its four cells are."""
     arms = intervention_arms(config)
     names = [arm.name for arm in arms]
     comparisons = []
@@ -301,22 +387,43 @@ def planned_comparisons(config: dict) -> list[str]:
         kept = kept_moments_arm(arm.name, arm.case, dict(arm.options))
         if kept in names:
             comparisons.append(comparison_name(arm.name, kept))
-    if {GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM} <= set(names):
-        comparisons.append(INTERACTION)
-    return comparisons
+    return comparisons + [contrast.name for contrast in two_by_two_contrasts(names)]
 
 
-def verdict_options(config: dict) -> list[str]:
-    """`attnid interventions-table`'s flags for the section's verdict rule (docs/design.md §11.3)."""
-    rule = config["interventions"]["verdict"]
-    return [
-        "--alpha",
-        str(rule["alpha"]),
-        "--equivalence-margin",
-        str(rule["equivalence_margin"]),
-        "--family",
-        *rule["family"],
-    ]
+def margin_fraction(config: dict) -> float | None:
+    """The verdict rule's margin as a fraction of the calibrated baseline's loss, or None for a number."""
+    margin = config["interventions"]["verdict"]["equivalence_margin"]
+    return float(margin[MARGIN_FRACTION]) if isinstance(margin, dict) else None
+
+
+def verdict_options(config: dict, calibration_table: str | None = None) -> list[str]:
+    """`attnid interventions-table`'s flags for the section's verdict rule (docs/design.md §11.3) and its
+    plateau check: the level, the margin (a number, or a fraction of the calibrated baseline's loss, read
+    from the calibration table the workflow passes with ``--calibration``), the primary comparison, the
+    secondary family; ``calibration_table``: where the calibration writes calibration.csv."""
+    section = config["interventions"]
+    rule = section["verdict"]
+    fraction = margin_fraction(config)
+    if fraction is not None and calibration_table is None:
+        raise ValueError("a margin that is a fraction of the calibrated baseline's loss needs its table")
+    margin = (
+        ["--margin-fraction", str(fraction), "--calibration", str(calibration_table)]
+        if fraction is not None
+        else ["--equivalence-margin", str(rule["equivalence_margin"])]
+    )
+    primary = ["--primary", rule["primary"]] if rule.get("primary") else []
+    plateau = section.get("plateau")
+    plateau_options = (
+        [
+            "--plateau-last",
+            str(plateau["last_fraction"]),
+            "--plateau-improvement",
+            str(plateau["improvement"]),
+        ]
+        if plateau
+        else []
+    )
+    return ["--alpha", str(rule["alpha"]), *margin, *primary, *plateau_options, "--family", *rule["family"]]
 
 
 def _arm_problems(config: dict) -> list[tuple[str, str]]:
@@ -364,7 +471,7 @@ def _calibration_problems(config: dict) -> list[tuple[str, str]]:
     calibration = section.get("calibration")
     if not calibration:
         return []
-    arms = {arm.name: arm for arm in intervention_arms(config) if not arm.calibrated}
+    arms = {arm.name: arm for arm in stage_arms(config)}
     problems = []
     unknown = [name for name in calibration["arms"] if name not in arms]
     if unknown:
@@ -402,7 +509,7 @@ def check_interventions_config(config: dict) -> list[tuple[str, str]]:
     problems = _arm_problems(config)
     if problems:  # the baselines, the calibration and the family are judged against arms that are right
         return problems
-    for base in dict.fromkeys(arm.baseline for arm in intervention_arms(config) if not arm.calibrated):
+    for base in dict.fromkeys(arm.baseline for arm in stage_arms(config)):
         if base not in config.get("cases", {}):
             problems.append(
                 (
@@ -415,7 +522,8 @@ def check_interventions_config(config: dict) -> list[tuple[str, str]]:
     if problems:
         return problems
     planned = planned_comparisons(config)
-    unplanned = [name for name in section["verdict"]["family"] if name not in planned]
+    verdict = section["verdict"]
+    unplanned = [name for name in verdict["family"] if name not in planned]
     if unplanned:
         problems.append(
             (
@@ -423,4 +531,47 @@ def check_interventions_config(config: dict) -> list[tuple[str, str]]:
                 f"{', '.join(unplanned)} is no comparison of the arms (they make: {', '.join(planned)})",
             )
         )
+    primary = verdict.get("primary")
+    if primary is not None and primary not in planned:
+        problems.append(
+            (
+                "interventions/verdict/primary",
+                f"{primary} is no comparison of the arms (they make: {', '.join(planned)})",
+            )
+        )
+    elif primary is not None and primary in verdict["family"]:
+        problems.append(
+            (
+                "interventions/verdict/primary",
+                f"{primary} is also in the family: the primary comparison is tested alone, the family "
+                f"after it",
+            )
+        )
+    calibrated = [arm.name for arm in intervention_arms(config) if arm.calibrated]
+    if margin_fraction(config) is not None and BASELINE_CASE + CALIBRATED_SUFFIX not in calibrated:
+        problems.append(
+            (
+                "interventions/verdict/equivalence_margin",
+                f"{MARGIN_FRACTION} needs {BASELINE_CASE} in the calibration: the margin is a fraction of "
+                f"its loss on the calibration seeds, measured before the comparison",
+            )
+        )
+    plateau = section.get("plateau")
+    every = section.get("full_val_every")
+    steps = section.get("max_iters", config["training"]["max_iters"])
+    if plateau and (every is None or not _plateau_step_declared(steps, every, plateau["last_fraction"])):
+        problems.append(
+            (
+                "interventions/plateau",
+                f"the plateau check compares the whole-split val loss {plateau['last_fraction']:g} of the "
+                f"run before its end ({steps} steps) with the end's: full_val_every ({every}) must divide "
+                f"that step",
+            )
+        )
     return problems
+
+
+def _plateau_step_declared(steps: int, every: int, last_fraction: float) -> bool:
+    """Whether the step ``last_fraction`` of ``steps`` before the end is one of ``full_val_every``'s."""
+    span = last_fraction * steps
+    return float(span).is_integer() and (steps - int(span)) % int(every) == 0

@@ -20,26 +20,25 @@ Each run is a :class:`RunSpec`: its case and its settings, each a field of
 :class:`attnid.training.config.TrainConfig`. Every run is checked as ``attnid train`` would check it
 (:func:`attnid.training.config.resolve_config`), so a setting the command refuses is a config error
 before any job starts. The workflow writes each trained run's spec to
-``<results_dir>/specs/<run directory>.yaml`` (:func:`write_spec_files`), the file its job's
-``attnid train --config`` reads. A calibrated run's spec is not written here: the plan writes its
-*pending spec* (``<run directory>.pending.yaml``: the settings with the lr marked ``{calibrated: ARM}``),
-and ``attnid calibration-table``, a job after the calibration runs, writes the spec from it with the
-arm's best lr (:func:`read_pending_spec`, :func:`calibrated_spec_text`; docs/design.md §6).
+``<results_dir>/specs/<run directory>.yaml``, the file its job's ``attnid train --config`` reads: a job of
+its own writes it, its text (:func:`spec_texts`) that job's parameter, so that nothing is written when the
+workflow is parsed. A calibrated run's spec is not known then: its job writes the run's *pending spec*
+(``<run directory>.pending.yaml``: the settings with the lr marked ``{calibrated: ARM}``) instead, and
+``attnid calibration-table``, a job after the calibration runs, writes the spec from it with the arm's
+best lr (:func:`read_pending_spec`, :func:`calibrated_spec_text`; docs/design.md §6).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import yaml
 
 from attnid.common import outputs
 from attnid.common.errors import UserError
-from attnid.common.files import read_yaml, write_text_atomic
+from attnid.common.files import read_yaml
 from attnid.plan.config import read_config
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import (
@@ -56,7 +55,6 @@ from attnid.plan.interventions import (
 )
 from attnid.plan.studies import STUDY_CASE, study_points, study_run_settings
 from attnid.training.config import option_type, resolve_config, resume_free_keys
-from attnid.training.rundir import METRICS_FILE, RUN_FILE
 
 # Where a run's spec file lies, under the results folder: specs/<run directory>.yaml.
 SPECS_DIR = "specs"
@@ -150,6 +148,11 @@ class Plan:
     intervention_runs: list[str] = field(default_factory=list)  # every run the interventions' gather pairs
     identity_runs: list[str] = field(default_factory=list)
     calibration_runs: list[str] = field(default_factory=list)  # the calibrated arms at each lr of the grid
+    # the stage's comparison and calibration seeds, and whether one job trains every seed of an arm (and lr)
+    intervention_seeds: list[int] = field(default_factory=list)
+    calibration_seeds: list[int] = field(default_factory=list)
+    calibration_arms: list[str] = field(default_factory=list)  # the arms the calibration trains on its grid
+    one_job_per_arm: bool = False
 
     def trained(self) -> dict[str, RunSpec]:
         """The runs a training job makes (not the copies)."""
@@ -232,9 +235,10 @@ def _plan_edits(config: dict, result: Plan) -> None:
 
 
 def _arm_run(config: dict, arm: Arm, origin: str, **overrides: Any) -> RunSpec:
-    """A run of ``arm``: the ``adamw`` case's settings, the arm's baseline's optimizer settings, the stage's,
-    the arm's own, then ``overrides`` (its seed, a calibration lr)."""
-    stage = [optimizer_overrides(config, arm), stage_settings(config), arm_overrides(config, arm)]
+    """A run of ``arm``: the ``adamw`` case's settings, the stage's, the arm's baseline's optimizer settings
+    (an SGD arm keeps SGD's lr whatever the stage sets for its AdamW arms), the arm's own, then
+    ``overrides`` (its seed, a calibration lr)."""
+    stage = [stage_settings(config), optimizer_overrides(config, arm), arm_overrides(config, arm)]
     spec = _run(config, BASELINE_CASE, origin, *stage, **overrides)
     return RunSpec(arm.case, spec.settings, origin)
 
@@ -248,19 +252,24 @@ def _plan_interventions(config: dict, result: Plan) -> None:
     if not section:
         return
     arms = intervention_arms(config)
+    result.one_job_per_arm = bool(section.get("one_job_per_arm"))
+    result.intervention_seeds = list(section["seeds"])
+    result.calibration_seeds = list((section.get("calibration") or {}).get("seeds", []))
     for arm in arms:
         result.arms.append(arm.name)
         origin = arm_origin(config, arm)
         for seed in section["seeds"]:
             spec = _arm_run(config, arm, origin, seed=seed)
             run_dir = f"{result.results_dir}/interventions/{arm.name}/seed{seed}"
-            if arm.calibrated:  # the lr checked is the arm's own; its best replaces it (write_spec_files)
+            if arm.calibrated:  # the lr checked is the arm's own; its best replaces it (the calibration)
                 uncalibrated = arm.name.removesuffix(CALIBRATED_SUFFIX)
                 result.runs[run_dir] = RunSpec(arm.case, spec.settings, origin, best_lr_of=uncalibrated)
                 result.intervention_runs.append(run_dir)
                 continue
             case_run = f"{result.results_dir}/runs/{arm.case}/seed{seed}"
-            if case_run in result.runs and result.runs[case_run].same_training(spec):
+            # one job trains every seed of an arm: a seed that is a case run is trained in it all the same
+            reusable = case_run in result.runs and not result.one_job_per_arm
+            if reusable and result.runs[case_run].same_training(spec):
                 # that case run trains exactly this run: it is evaluated as the table needs (and named)
                 result.runs[case_run] = result.runs[case_run].with_evaluation_of(spec)
                 result.intervention_runs.append(case_run)
@@ -274,6 +283,7 @@ def _plan_interventions(config: dict, result: Plan) -> None:
         result.identity_runs.append(run_dir)
     calibration = section.get("calibration")
     for arm in (replace(arm, calibrated=False) for arm in arms if arm.calibrated):
+        result.calibration_arms.append(arm.name)
         own_lr = _arm_run(config, arm, "interventions/calibration").settings["lr"]
         for factor in calibration["lr_factors"]:
             lr = float(lr_label(own_lr * factor))
@@ -311,21 +321,6 @@ def spec_text(spec: RunSpec, spec_file: str, run_dir: str) -> str:
     """The YAML file of one run: what ``attnid train --config`` reads (keys as its flags, underscored)."""
     header = SPEC_HEADER.format(spec=spec_file, run_dir=run_dir)
     return header + yaml.safe_dump(spec.options(), sort_keys=False, default_flow_style=False)
-
-
-def trained_with(run_dir: str, spec: RunSpec) -> bool:
-    """Whether the finished run in ``run_dir`` was trained with exactly ``spec``'s settings: its run.json
-    records the same resolved options (the job's own, such as threads and device, aside)."""
-    try:
-        recorded = json.loads(Path(run_dir, RUN_FILE).read_text(encoding="utf-8")).get("config")
-        (Path(run_dir) / METRICS_FILE).stat()
-    except (OSError, ValueError, AttributeError):
-        return False
-    if not isinstance(recorded, dict):
-        return False
-    expected = asdict(resolve_config({**spec.options(), "data": "data", "out": run_dir}))
-    ignored = {*resume_free_keys(), "device"}
-    return all(recorded.get(key) == value for key, value in expected.items() if key not in ignored)
 
 
 def pending_spec_text(spec: RunSpec, pending_file: str, spec_file: str, run_dir: str) -> str:
@@ -367,43 +362,17 @@ def calibrated_spec_text(pending: PendingSpec, lr: float) -> str:
     return spec_text(spec, pending.spec_file, pending.run_dir)
 
 
-def _write_if_changed(path: str, text: str) -> bool:
-    """Write ``text`` to ``path`` atomically unless it holds exactly that; whether it was written."""
-    try:
-        if Path(path).read_text(encoding="utf-8") == text:
-            return False
-    except (OSError, UnicodeDecodeError):
-        pass  # none yet, or not ours: written anew
-    try:
-        write_text_atomic(path, text)
-    except OSError as err:
-        raise ConfigError("results_dir", f"cannot write {path}: {err.strerror or err}") from None
-    return True
-
-
-def write_spec_files(result: Plan) -> list[str]:
-    """Write each trained run's spec file (:meth:`Plan.spec_file`), or a calibrated run's pending spec
-    (:meth:`Plan.pending_spec_file`), whose content changed, atomically; returns those written. An
-    unchanged file keeps its modification time, so a job reruns only when its own settings change
-    (Snakemake reruns a job whose input is newer than its outputs). A spec written anew for a run already
-    trained with exactly its settings (a setting changed and changed back, a deleted ``specs/``) is dated
-    just before that run's outputs, so that run is not trained again. A calibrated run's spec file is the
-    calibration job's output (attnid calibration-table), never written here."""
-    written = []
+def spec_texts(result: Plan) -> dict[str, str]:
+    """{path: text} of every file a spec job of the workflow writes: each trained run's spec file
+    (:meth:`Plan.spec_file`), or for a calibrated run its pending spec (:meth:`Plan.pending_spec_file`).
+    A calibrated run's spec file is the calibration job's output (attnid calibration-table), never one of
+    these. Nothing is written here: parsing the workflow, and a dry run, write nothing (docs/design.md §6)."""
+    texts = {}
     for run_dir, spec in result.trained().items():
         if spec.best_lr_of is not None:
             path = result.pending_spec_file(run_dir)
-            if _write_if_changed(path, pending_spec_text(spec, path, result.spec_file(run_dir), run_dir)):
-                written.append(path)
-            continue
-        path = result.spec_file(run_dir)
-        if not _write_if_changed(path, spec_text(spec, path, run_dir)):
-            continue
-        if trained_with(run_dir, spec):
-            outputs = min(Path(run_dir, name).stat().st_mtime for name in (METRICS_FILE, RUN_FILE))
-            try:
-                os.utime(path, (outputs - 1, outputs - 1))
-            except OSError as err:
-                raise ConfigError("results_dir", f"cannot write {path}: {err.strerror or err}") from None
-        written.append(path)
-    return written
+            texts[path] = pending_spec_text(spec, path, result.spec_file(run_dir), run_dir)
+        else:
+            path = result.spec_file(run_dir)
+            texts[path] = spec_text(spec, path, run_dir)
+    return texts

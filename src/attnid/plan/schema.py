@@ -30,15 +30,18 @@ JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string"}
 # TrainConfig options that no section of a config sets: the workflow gives them per job (the data, the run
 # directory, the case and seed from the config's structure, threads and device from its top-level keys),
 # or they steer the process, not the run.
-JOB_OPTIONS = ("data", "out", "case", "seed", "threads", "device", "fresh", "stop_after", "progress_every")
+JOB_OPTIONS = (
+    "data", "out", "case", "seed", "threads", "device", "fresh", "restart_if_changed", "stop_after",
+    "progress_every",
+)  # fmt: skip
 # The model section: the shape every run of the config shares.
 MODEL_SETTINGS = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "dropout", "bias")
 # The attention shape a study point sets for its runs (attnid.plan.studies.StudyPoint.architecture).
 ARCHITECTURE_SETTINGS = ("n_embd", "n_head", "n_kv_head", "head_dim", "rope")
 # Set by each case itself (cases/<case>/lr is required) or by a sweep's grid.
 CASE_LR = "lr"
-# The interventions section's own settings apply to every run of the stage: not those that make an arm
-# what it is (ARM_SETTINGS: its moments, starting point, frozen entries, lr and name).
+# The interventions section's own settings apply to every run of the stage: its lr, and not those that make
+# an arm what it is (ARM_SETTINGS: its moments, starting point, frozen entries, own lr and name).
 # The identity run trains in float64 (attnid.plan.interventions.IDENTITY_DTYPE) and measures, whatever else
 # it or the stage sets.
 IDENTITY_FIXED = ("dtype", "metrics")
@@ -61,7 +64,9 @@ def section_settings() -> dict[str, tuple[str, ...]]:
         "sweep": training,
         "study": training,
         "edits": ("bias", *training),
-        "interventions": tuple(name for name in training if name not in ARM_SETTINGS),
+        # the stage's own model and lr (its AdamW arms' and baselines', the calibration grid's centre), and
+        # every training setting but what makes an arm what it is
+        "interventions": (*MODEL_SETTINGS, CASE_LR, *(name for name in training if name not in ARM_SETTINGS)),
         "identity": tuple(name for name in training if name not in IDENTITY_FIXED),
         "arm": ARM_SETTINGS,
         "variant": ("n_kv_head", "rope"),

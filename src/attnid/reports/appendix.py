@@ -23,6 +23,7 @@ import pandas as pd
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import atomic_path
+from attnid.common.tex import why_no_pdf
 from attnid.plan.studies import STUDIES
 from attnid.reports.figures import caption_parts, registry
 from attnid.reports.latex import find_template_dir, gap_note, latex_environment, records, tex_escape
@@ -40,6 +41,7 @@ STAGE_TABLES = {
     "studies": set(STUDY_TABLES),
     "edits": {"prune.tex"},
     "interventions": set(INTERVENTION_TABLES),
+    "quantization": {"quantization.tex"},
 }
 
 
@@ -283,42 +285,26 @@ def _table_blocks(experiment_tables: str | os.PathLike | None, omitted: frozense
     }
 
 
-# The LaTeX packages paper/main.tex loads beyond those of latexmk's TeX, and the Debian package of each.
-TEX_PACKAGES = {"siunitx.sty": "texlive-science"}
-
-
-def missing_tex_packages() -> list[str]:
-    """The files of :data:`TEX_PACKAGES` that ``kpsewhich`` does not find (none where there is no kpsewhich:
-    then there is no TeX, and latexmk's absence says so)."""
-    kpsewhich = shutil.which("kpsewhich")
-    if kpsewhich is None:
-        return []
-    return [
-        name
-        for name in TEX_PACKAGES
-        if not subprocess.run([kpsewhich, name], capture_output=True, text=True).stdout.strip()
-    ]
+# The scratch folder latexmk builds in, beside main.tex (its name's start).
+LATEXMK_SCRATCH = ".latexmk-"
 
 
 def compile_pdf(main_tex: Path) -> Path:
     """Run ``latexmk -pdf`` on ``main_tex`` in its own folder; returns the PDF path. The LaTeX
     log is kept next to it (``main.log``)."""
-    if shutil.which("latexmk") is None:
-        raise UserError(
-            "latexmk not found: install TeX (e.g. apt-get install latexmk texlive-latex-recommended "
-            "texlive-science) or drop --pdf"
-        )
-    missing = missing_tex_packages()
-    if missing:
-        packages = " ".join(sorted({TEX_PACKAGES[name] for name in missing}))
-        raise UserError(
-            f"{', '.join(missing)} not found (the appendix sets its numbers with siunitx): "
-            f"apt-get install {packages}, or drop --pdf (paper_pdf: false)"
-        )
+    missing = why_no_pdf()
+    if missing is not None:
+        raise UserError(f"{missing}, or drop --pdf (paper_pdf: false)")
     if not main_tex.is_file():
         raise UserError(f"{main_tex} not found: --pdf compiles the main.tex that sits next to --out")
-    # Build in a scratch folder and move the PDF into place, so a killed run leaves no half PDF.
-    build = Path(tempfile.mkdtemp(prefix=".latexmk-", dir=main_tex.parent))
+    # Build in a scratch folder and move the PDF into place, so a killed run leaves no half PDF. The
+    # scratch folders of a killed run are removed here, by the command that holds the PDF's lock (§6.1).
+    pdf = main_tex.with_suffix(".pdf")
+    if outputs.locked(pdf):
+        for stale in main_tex.parent.glob(f"{LATEXMK_SCRATCH}*"):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+    build = Path(tempfile.mkdtemp(prefix=LATEXMK_SCRATCH, dir=main_tex.parent))
     try:
         result = subprocess.run(
             [
@@ -340,7 +326,6 @@ def compile_pdf(main_tex: Path) -> Path:
         if result.returncode != 0:
             errors = [line for line in result.stdout.splitlines() if line.startswith("!")]
             raise UserError(f"latexmk failed on {main_tex}: {errors[0] if errors else 'see ' + str(log)}")
-        pdf = main_tex.with_suffix(".pdf")
         with atomic_path(pdf, outputs.PDF) as tmp:
             os.replace(build / pdf.name, tmp)
         return pdf

@@ -31,14 +31,16 @@ from attnid.plan.runs import PendingSpec, calibrated_spec_text
 from attnid.reports.interventions_table import run_arm_name, run_value
 from attnid.training.rundir import find_run_dirs, load_run
 
-CALIBRATION_COLUMNS = ("arm", "case", "lr", "n_seeds", "n_diverged", "mean", "sd", "best")
+CALIBRATION_COLUMNS = ("arm", "case", "lr", "n_seeds", "n_diverged", "mean", "sd", "best", "at_edge")
 
 
 def calibration_table(runs: Sequence[dict]) -> pd.DataFrame:
     """calibration.csv from the calibration runs' run.json: per arm (in the order the runs come) and lr
     (ascending), the seeds, the diverged ones, the mean and sample sd of the primary metric
     (:data:`attnid.reports.interventions_table.PRIMARY_METRIC`) over the
-    seeds (none where a run diverged), and ``best``: the lr of the lowest mean, the smaller lr on a tie."""
+    seeds (none where a run diverged), ``best``: the lr of the lowest mean, the smaller lr on a tie, and
+    ``at_edge``: on the best row, whether that lr is the smallest or largest of the arm's grid, where the
+    best may lie beyond it (the grid is then too narrow: docs/experiments.md)."""
     groups: dict[tuple[str, float], list[dict]] = {}
     for info in runs:
         if info.get("lr") is None:
@@ -62,11 +64,14 @@ def calibration_table(runs: Sequence[dict]) -> pd.DataFrame:
                     "mean": float(values.mean()) if not diverged else math.nan,
                     "sd": float(values.std(ddof=1)) if not diverged and len(values) > 1 else math.nan,
                     "best": False,
+                    "at_edge": False,
                 }
             )
         finished = [row for row in arm_rows if math.isfinite(row["mean"])]
         if finished:
-            min(finished, key=lambda row: (row["mean"], row["lr"]))["best"] = True
+            best = min(finished, key=lambda row: (row["mean"], row["lr"]))
+            best["best"] = True
+            best["at_edge"] = len(arm_rows) > 1 and best in (arm_rows[0], arm_rows[-1])
         rows += arm_rows
     return pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
 

@@ -1,5 +1,6 @@
 """claims.csv: each experimental claim of the paper (E1-E3, docs/design.md §1) and of this project's own
-identities (the drift split, the census, the interventions, §7, §12-§15) with the number measured in the
+identities (the drift split, the census, the interventions, the quantization stage,
+§7, §12-§16) with the number measured in the
 pipeline's own runs, the threshold, the training precision of the runs it reads, and pass, fail, missing or
 ``not applicable (dtype)`` (the runs' precision cannot resolve the threshold)."""
 
@@ -9,6 +10,16 @@ import math
 
 import pandas as pd
 
+from attnid.plan.interventions import AT_INIT_ARM, CALIBRATED_SUFFIX, GAUGE_ARM, arm_baseline
+from attnid.reports.quantization_table import (
+    ACTIVATION_RATIO_MIN,
+    EXACT_DLOGP_MAX,
+    FLOAT_LOSS_CHANGE_MAX,
+    OV_OVER_R2_RATIO_MIN,
+    SEED_PICK_RATIO_MIN,
+    V_CACHE_RATIO_MIN,
+    claim_values,
+)
 from attnid.reports.round_off import UNIT_ROUND_OFF, dtypes_of
 from attnid.theory.circuits import CIRCUITS
 from attnid.training.cases import CASES, rebalancing_cases
@@ -133,6 +144,9 @@ def claims_table(
     census: pd.DataFrame | None = None,
     intervention_runs: pd.DataFrame | None = None,
     identity_runs: pd.DataFrame | None = None,
+    plateau: pd.DataFrame | None = None,
+    calibration: pd.DataFrame | None = None,
+    quantization: tuple[pd.DataFrame, pd.DataFrame] | None = None,
 ) -> pd.DataFrame:
     """Each experimental claim with the number measured in this pipeline's own runs (and, given
     ``census.csv``, the whole-model census's row).
@@ -156,7 +170,82 @@ def claims_table(
             pd.DataFrame() if intervention_runs is None else intervention_runs,
             pd.DataFrame() if identity_runs is None else identity_runs,
         )
+    claims += protocol_claims(plateau, calibration)
+    if quantization is not None:
+        claims += quantization_claims(*quantization)
     return pd.DataFrame(claims)
+
+
+# the quantization stage's claims: (key of claim_values, claim, relation, threshold, precision)
+QUANTIZATION_CLAIMS = (
+    (
+        "float",
+        f"quantization: every orbit point keeps the loss (< {FLOAT_LOSS_CHANGE_MAX:g})",
+        "<",
+        FLOAT_LOSS_CHANGE_MAX,
+        "float32",
+    ),
+    (
+        "exact",
+        f"quantization: moves exact in float64 (|dlogp| < {EXACT_DLOGP_MAX:g})",
+        "<",
+        EXACT_DLOGP_MAX,
+        "float64",
+    ),
+    (
+        "seeds",
+        f"quantization: R1 picked on calibration >= {SEED_PICK_RATIO_MIN:g}x better than the median seed",
+        ">",
+        SEED_PICK_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "ov",
+        "quantization: optimized OV move V4 KL >= 20 % below random R2",
+        ">",
+        OV_OVER_R2_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_activations",
+        f"quantization: SmolLM2 A4 q/k/v/gate/up KL >= {ACTIVATION_RATIO_MIN:g}x below shipped",
+        ">",
+        ACTIVATION_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_v_cache",
+        f"quantization: SmolLM2 V4 KL >= {V_CACHE_RATIO_MIN:g}x below shipped",
+        ">",
+        V_CACHE_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_ov",
+        "quantization: SmolLM2 optimized OV move V4 KL >= 20 % below random R2",
+        ">",
+        OV_OVER_R2_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_seeds",
+        f"quantization: SmolLM2 R1 picked >= {SEED_PICK_RATIO_MIN:g}x better than the median seed",
+        ">",
+        SEED_PICK_RATIO_MIN,
+        "float32",
+    ),
+)
+
+
+def quantization_claims(rows: pd.DataFrame, seeds: pd.DataFrame) -> list[dict]:
+    """The quantization stage's claims (:mod:`attnid.reports.quantization_table`): those whose models the
+    stage studied."""
+    values = claim_values(rows, seeds)
+    return [
+        _claim(claim, "quantization (ours)", values[key][0], relation, threshold, values[key][1], precision)
+        for key, claim, relation, threshold, precision in QUANTIZATION_CLAIMS
+        if key in values
+    ]
 
 
 def _slope_claim(slopes: pd.DataFrame, circuit: str) -> dict:
@@ -299,6 +388,43 @@ def _finished_case(frame: pd.DataFrame, case: str) -> pd.DataFrame:
     return done[done["rebalance_moments"].fillna("keep") == "keep"] if case == CLAIM_ADAMW_CASE else done
 
 
+def protocol_claims(plateau: pd.DataFrame | None, calibration: pd.DataFrame | None) -> list[dict]:
+    """The interventions' protocol, checked on its own runs (docs/design.md §11.3): every compared arm at
+    its plateau (interventions_plateau.csv), every calibrated arm's best lr inside its grid
+    (calibration.csv); each only where the build has the table."""
+    claims = []
+    if plateau is not None and len(plateau):
+        threshold = float(plateau["threshold"].iloc[0])
+        fraction = 1 - float(plateau["step_from"].iloc[0]) / float(plateau["step_to"].iloc[0])
+        claims.append(
+            _claim(
+                f"interventions: every arm at its plateau (last {fraction:.0%} improves < {threshold:.0%})",
+                "protocol (ours)",
+                float(plateau["relative_improvement"].max()),
+                "<",
+                threshold,
+                f"largest relative improvement of the seeds' mean whole-split val loss over the last "
+                f"{fraction:.0%} of training, over {len(plateau)} arms (interventions_plateau.csv)",
+                "",
+            )
+        )
+    if calibration is not None and len(calibration):
+        best = calibration[calibration["best"].astype(bool)]
+        claims.append(
+            _claim(
+                "interventions: every best lr inside its calibration grid",
+                "protocol (ours)",
+                int(best["at_edge"].astype(bool).sum()),
+                "in",
+                (0, 0),
+                f"calibrated arms whose best lr is the smallest or largest of their grid, of {len(best)} "
+                f"(calibration.csv)",
+                "",
+            )
+        )
+    return claims
+
+
 def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict]:
     """The identities of the interventions on the orbit (docs/design.md §13-§15), measured in their runs:
 
@@ -323,9 +449,7 @@ def intervention_claims(arms: pd.DataFrame, identity: pd.DataFrame) -> list[dict
     moved_moments = (
         not arms.empty and "rebalance_moments" in arms and (arms["rebalance_moments"] == FIRST_MOMENT).any()
     )
-    claims = _projected_claims(_finished_case(identity, PROJECTED_CASE)) + _gauge_fixed_claims(
-        _finished_case(arms, GAUGE_FIXED_CASE), _finished_case(arms, CLAIM_ADAMW_CASE)
-    )
+    claims = _projected_claims(_finished_case(identity, PROJECTED_CASE)) + _gauge_fixed_claims(arms)
     if moved_moments:
         claims.append(
             _claim(
@@ -370,22 +494,49 @@ def _projected_claims(projected: pd.DataFrame) -> list[dict]:
     ]
 
 
-def _gauge_fixed_claims(gauge: pd.DataFrame, adamw: pd.DataFrame) -> list[dict]:
-    """§14: the gauge-fixed arm trains ``2 L G D^2`` fewer entries and starts from adamw's function."""
-    pairs = _paired(gauge, adamw) if not gauge.empty and not adamw.empty else []
+def _with_baseline(arms: pd.DataFrame, names: set[str]) -> list[tuple[pd.Series, pd.Series]]:
+    """Each finished run of the arms ``names`` with the run of its baseline (``adamw``, or ``adamw_best_lr``
+    for an arm at its best lr: :func:`attnid.plan.interventions.arm_baseline`) that has its seed."""
+    if arms.empty or "arm" not in arms:
+        return []
+    done = arms[arms["status"] != "diverged"]
+    baselines = {(row["arm"], row["seed"]): row for _, row in done.iterrows()}
+    pairs = []
+    for _, row in done[done["arm"].isin(names)].iterrows():
+        base = baselines.get((arm_baseline(str(row["arm"]), str(row["case"])), row["seed"]))
+        if base is not None:
+            pairs.append((row, base))
+    return pairs
+
+
+def _arms_named(runs: pd.DataFrame) -> str:
+    return ", ".join(sorted(set(runs["arm"]))) if "arm" in runs else "none"
+
+
+def _gauge_fixed_claims(arms: pd.DataFrame) -> list[dict]:
+    """§14: each arm that fixes the blocks (the gauge arm and its at-init control, at the stage's lr or
+    its best) trains ``2 L G D^2`` fewer attention entries than its baseline of the same seed; the gauge
+    arm, which moves the initial weights into the gauge, starts from its baseline's function."""
+    gauge_arms = {GAUGE_ARM + suffix for suffix in ("", CALIBRATED_SUFFIX)}
+    at_init_arms = {AT_INIT_ARM + suffix for suffix in ("", CALIBRATED_SUFFIX)}
+    fixed = _with_baseline(arms, gauge_arms | at_init_arms)
+    moved = _with_baseline(arms, gauge_arms)
     count_errors = [
         abs(
             float(base["trained_attention_params"])
             - float(run["trained_attention_params"])
             - float(run["unidentified_qk_ov_params"])
         )
-        for run, base in pairs
+        for run, base in fixed
     ]
     start_changes = [
         abs(run["initial_val_loss"] - base["initial_val_loss"]) / abs(base["initial_val_loss"])
-        for run, base in pairs
+        for run, base in moved
     ]
-    paired = pd.DataFrame([run for run, _ in pairs] + [base for _, base in pairs])
+    gauge = pd.DataFrame([run for run, _ in moved])
+    fixed_runs = pd.DataFrame([run for run, _ in fixed])
+    both_fixed = pd.DataFrame([run for run, _ in fixed] + [base for _, base in fixed])
+    both_moved = pd.DataFrame([run for run, _ in moved] + [base for _, base in moved])
     return [
         _claim(
             "interventions: gauge-fixed trains 2 L G D^2 fewer attention entries",
@@ -393,18 +544,18 @@ def _gauge_fixed_claims(gauge: pd.DataFrame, adamw: pd.DataFrame) -> list[dict]:
             max(count_errors) if count_errors else math.nan,
             "in",
             (0, 0),
-            f"largest |(adamw - {GAUGE_FIXED_CASE}) trained attention entries - L (unidentified_qk + "
-            f"unidentified_ov)| over {len(pairs)} seed pairs",
-            dtypes_of(paired),
+            f"largest |(baseline - arm) trained attention entries - L (unidentified_qk + unidentified_ov)| "
+            f"over {len(fixed)} seed pairs of the arms that fix the blocks ({_arms_named(fixed_runs)})",
+            dtypes_of(both_fixed),
         ),
         _claim(
             "interventions: gauge-fixed initial logits = adamw's (< 1e-5)",
             "design §14 (ours)",
-            _extreme(gauge, ["gauge_logit_change"]),
+            _extreme(gauge, ["gauge_logit_change"]) if len(gauge) else math.nan,
             "<",
             GAUGE_INITIAL_CHANGE_MAX,
-            f"largest max-abs change of the probe logits over max-abs logit, moving adamw's initial "
-            f"weights into the gauge, over {len(gauge)} {GAUGE_FIXED_CASE} runs",
+            f"largest max-abs change of the probe logits over max-abs logit, moving the baseline's initial "
+            f"weights into the gauge, over the {len(gauge)} runs that move there ({_arms_named(gauge)})",
             dtypes_of(gauge),
         ),
         _claim(
@@ -413,8 +564,8 @@ def _gauge_fixed_claims(gauge: pd.DataFrame, adamw: pd.DataFrame) -> list[dict]:
             max(start_changes) if start_changes else math.nan,
             "<",
             GAUGE_INITIAL_CHANGE_MAX,
-            f"largest relative difference of the step-0 val loss from adamw's of the same seed, over "
-            f"{len(pairs)} seed pairs",
-            dtypes_of(paired),
+            f"largest relative difference of the step-0 val loss from the baseline's of the same seed, "
+            f"over {len(moved)} seed pairs ({_arms_named(gauge)})",
+            dtypes_of(both_moved),
         ),
     ]

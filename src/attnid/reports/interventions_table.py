@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -53,16 +53,27 @@ import pandas as pd
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
 from attnid.plan.interventions import (
-    AT_INIT_ARM,
     BASELINE_CASE,
-    FROM_GAUGE_ARM,
-    GAUGE_ARM,
+    CALIBRATED_SUFFIX,
+    CONTRASTS,
+    FIXING_EFFECT,
     INTERACTION,
-    INTERACTION_TERMS,
+    START_EFFECT,
+    Contrast,
     arm_baseline,
     arm_name,
     comparison_name,
+    contrast_named,
     kept_moments_arm,
+    two_by_two_contrasts,
+)
+from attnid.reports.arm_costs import ArmCosts, read_arm_costs
+from attnid.reports.interventions_curves import (
+    PlateauRule,
+    along_table,
+    contrast_value,
+    plateau_table,
+    run_steps,
 )
 from attnid.reports.latex import records, render_table, siunitx_number, table_number, tex_escape
 from attnid.reports.statistics import (
@@ -99,15 +110,20 @@ INTERVENTION_COLUMNS = (
     "boot_ci_low",
     "boot_ci_high",
     "p_value",
+    "role",
     "in_family",
     "p_holm",
     "alpha",
     "equivalence_margin",
     "min_seeds",
     "detectable_effect",
+    "power_at_margin",
     "cost_ratio",
     "verdict",
 )
+# A comparison's role in the verdict rule (docs/design.md §11.3): the primary comparison is tested alone at
+# alpha, the secondary family with Holm over it; the others are shown without a verdict.
+PRIMARY, SECONDARY, DESCRIPTIVE = "primary", "secondary", "descriptive"
 
 
 # ---------------------------------------------------------------------------- one run
@@ -163,19 +179,6 @@ def run_value(info: dict) -> float:
     return float(value)
 
 
-def eval_rows(metrics: pd.DataFrame) -> pd.DataFrame:
-    """The logged evaluations of a run: ``step``, ``wall_s`` and ``val_loss`` of the rows with a finite val
-    loss and wall clock, in step order (the rows between evaluations log no val loss)."""
-    frame = pd.DataFrame(
-        {
-            name: pd.to_numeric(metrics[name], errors="coerce") if name in metrics else np.nan
-            for name in ("step", "wall_s", "val_loss")
-        }
-    )
-    finite = frame.replace([np.inf, -np.inf], np.nan).dropna()
-    return finite.sort_values("step", kind="stable").reset_index(drop=True)
-
-
 # ---------------------------------------------------------------------------- the seeds table
 
 
@@ -195,10 +198,6 @@ def runs_by_seed(runs: list[tuple[dict, pd.DataFrame]], arm: str) -> dict[int, d
     return by_seed
 
 
-def _steps(info: dict):
-    return info.get("max_iters", (info.get("config") or {}).get("max_iters"))
-
-
 def _paired_rows(
     arm: str, arm_runs: dict[int, dict], baseline: str, baseline_runs: dict[int, dict], table_baseline: str
 ) -> list[dict]:
@@ -213,10 +212,10 @@ def _paired_rows(
     rows = []
     for seed, run in sorted(arm_runs.items()):
         base = baseline_runs[seed]
-        if _steps(run) != _steps(base):
+        if run_steps(run) != run_steps(base):
             raise UserError(
-                f"arm {arm} seed {seed} trains {_steps(run)} steps, {baseline} seed {seed} "
-                f"{_steps(base)}: an arm is compared with a baseline trained for as long"
+                f"arm {arm} seed {seed} trains {run_steps(run)} steps, {baseline} seed {seed} "
+                f"{run_steps(base)}: an arm is compared with a baseline trained for as long"
             )
         arm_value, baseline_value = run_value(run), run_value(base)
         rows.append(
@@ -233,30 +232,35 @@ def _paired_rows(
     return rows
 
 
-def _interaction_rows(seeds: pd.DataFrame) -> list[dict]:
-    """The 2 x 2's interaction per seed (:data:`INTERACTION_TERMS`), from the seeds-table rows of its three
-    arms against the baseline: ``arm_value`` is the effect of freezing at the gauge point, ``baseline_value``
-    at the initialisation, over the seeds all four runs share."""
-    (frozen, moved), (frozen_at_init, baseline) = INTERACTION_TERMS
-    value: dict[tuple[str, int], tuple[float, float]] = {
-        (str(row["arm"]), int(row["seed"])): (float(row["arm_value"]), float(row["baseline_value"]))
-        for row in seeds.to_dict("records")
-        if row["baseline"] == baseline
-    }
-    arms_seeds = [{seed for arm, seed in value if arm == name} for name in (frozen, moved, frozen_at_init)]
+def _cell_values(seeds: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """{(arm, seed): its loss} of every run the seeds table pairs (either side of a comparison)."""
+    values: dict[tuple[str, int], float] = {}
+    for row in seeds.to_dict("records"):
+        values[(str(row["arm"]), int(row["seed"]))] = float(row["arm_value"])
+        values[(str(row["baseline"]), int(row["seed"]))] = float(row["baseline_value"])
+    return values
+
+
+def _contrast_rows(seeds: pd.DataFrame, contrast: Contrast) -> list[dict]:
+    """A 2 x 2 contrast per seed (:data:`attnid.plan.interventions.CONTRASTS`), from the seeds-table rows of
+    its cells, over the seeds all four share: ``arm_value`` and ``baseline_value`` are its two sides (for
+    the interaction, the effect of freezing at the gauge point and at the initialisation; for a main
+    effect, the mean of the two cells with and without it), ``difference`` their difference."""
+    values = _cell_values(seeds)
+    shared = set.intersection(*({seed for arm, seed in values if arm == cell} for cell in contrast.cells))
     rows = []
-    for seed in sorted(set.intersection(*arms_seeds)):
-        at_gauge = value[(frozen, seed)][0] - value[(moved, seed)][0]
-        at_init = value[(frozen_at_init, seed)][0] - value[(frozen_at_init, seed)][1]
+    for seed in sorted(shared):
+        arm_value = contrast_value(contrast.arm_terms, values, seed)
+        baseline_value = contrast_value(contrast.baseline_terms, values, seed)
         rows.append(
             {
-                "comparison": INTERACTION,
-                "arm": f"{frozen}-{moved}",
-                "baseline": f"{frozen_at_init}-{baseline}",
+                "comparison": contrast.name,
+                "arm": Contrast.side_label(contrast.arm_terms),
+                "baseline": Contrast.side_label(contrast.baseline_terms),
                 "seed": seed,
-                "arm_value": at_gauge,
-                "baseline_value": at_init,
-                "difference": at_gauge - at_init,
+                "arm_value": arm_value,
+                "baseline_value": baseline_value,
+                "difference": arm_value - baseline_value,
             }
         )
     return rows
@@ -270,11 +274,6 @@ def paired_seed_table(
     (:func:`compared_with`: ``baseline`` for the arms of adamw's optimizer), an arm with transported or
     reset moments also against its case with them kept when those runs are there, and the 2 x 2
     interaction when its arms are all there; and one note per pair without a value (a diverged run)."""
-    if baseline not in by_arm:
-        raise UserError(
-            f"no {baseline} runs among the runs given (arms: {', '.join(by_arm) or 'none'}): "
-            f"every arm is compared with the {baseline} runs of the same seeds"
-        )
     by_seed = {arm: runs_by_seed(runs, arm) for arm, runs in by_arm.items()}  # one run per arm and seed
     pairs = []
     for arm, runs in by_arm.items():
@@ -293,11 +292,12 @@ def paired_seed_table(
         for row in _paired_rows(arm, by_seed[arm], against, by_seed[against], baseline)
     ]
     seeds = pd.DataFrame(rows, columns=list(SEED_COLUMNS))
-    if baseline == BASELINE_CASE and {GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM} <= set(by_arm):
-        seeds = pd.concat([seeds, pd.DataFrame(_interaction_rows(seeds), columns=list(SEED_COLUMNS))])
+    contrasts = two_by_two_contrasts(set(by_arm)) if baseline == BASELINE_CASE else []
+    for contrast in contrasts:
+        seeds = pd.concat([seeds, pd.DataFrame(_contrast_rows(seeds, contrast), columns=list(SEED_COLUMNS))])
     notes = []
     for row in seeds[~np.isfinite(seeds["difference"].astype(float))].to_dict("records"):
-        if row["comparison"] == INTERACTION:
+        if row["comparison"] in {contrast.name for contrast in contrasts}:
             continue  # its seeds' pairs are noted as its arms'
         seed = int(row["seed"])
         pair = (str(row["arm"]), str(row["baseline"]))
@@ -308,36 +308,6 @@ def paired_seed_table(
 
 
 # ---------------------------------------------------------------------------- the comparisons
-
-
-@dataclass(frozen=True)
-class ArmCosts:
-    """Each arm's per-step cost as a ratio to ``adamw``'s (benchmarks/arms_cost.py), and where it was
-    measured (the kept file's machine and date)."""
-
-    ratio: dict[str, float]
-    source: str
-
-    def of(self, arm: str, baseline: str) -> float:
-        """The arm's cost per step over the baseline's; NaN where either was not measured."""
-        if arm not in self.ratio or baseline not in self.ratio:
-            return math.nan
-        return self.ratio[arm] / self.ratio[baseline]
-
-
-def read_arm_costs(path: str | Path) -> ArmCosts:
-    """The kept output of benchmarks/arms_cost.py: columns ``arm`` and ``ratio_to_adamw``, and the machine
-    (``platform``, ``cpu``, ``torch``) and ``date`` it was measured on."""
-    try:
-        table = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        raise UserError(f"cannot read the arm costs {path} ({type(err).__name__}: {err})") from None
-    missing = [c for c in ("arm", "ratio_to_adamw", "cpu", "torch", "date") if c not in table]
-    if missing:
-        raise UserError(f"{path}: no column(s) {', '.join(missing)}; write it with benchmarks/arms_cost.py")
-    first = table.iloc[0]
-    source = f"{Path(path).name}: {first['cpu']}, torch {first['torch']}, {first['date']}"
-    return ArmCosts(dict(zip(table["arm"], table["ratio_to_adamw"].astype(float), strict=True)), source)
 
 
 def _family_members(names: list[str], family: Sequence[str] | None) -> list[str]:
@@ -371,53 +341,78 @@ def _paired_estimates(
     return estimates
 
 
+# The numbers of a comparison's paired estimate (statistics.PairedEstimate) that interventions.csv shows.
+ESTIMATE_COLUMNS = (
+    "delta_mean", "sd", "ci_low", "ci_high", "tost_low", "tost_high", "boot_ci_low", "boot_ci_high", "p_value"
+)  # fmt: skip
+
+
+def _verdict_roles(
+    names: list[str],
+    estimates: dict[str, PairedEstimate | None],
+    rule: VerdictRule,
+    family: Sequence[str] | None,
+    primary: str | None,
+) -> tuple[dict[str, str], dict[str, float], dict[str, VerdictRule]]:
+    """Each comparison's role (the ``primary``, alone at alpha; the secondary ``family``, Holm over it, None:
+    every comparison but the primary; the rest descriptive), the p its verdict compares with alpha, and the
+    rule of its family's size."""
+    if primary is not None and primary not in names:
+        raise UserError(
+            f"the primary comparison {primary} is not among the runs' comparisons ({', '.join(names)}): pass "
+            f"the runs of its arms"
+        )
+    if primary is not None and family is not None and primary in family:
+        raise UserError(f"{primary} is the primary comparison and in the family: it is tested alone")
+    members = _family_members([name for name in names if name != primary], family)
+    adjusted: dict[str, float] = {}
+    if primary is not None:
+        adjusted[primary] = getattr(estimates[primary], "p_value", math.nan)
+    adjusted.update(
+        zip(
+            members, holm_adjusted([getattr(estimates[n], "p_value", math.nan) for n in members]), strict=True
+        )
+    )
+    rules = {
+        PRIMARY: replace(rule, family_size=1),
+        SECONDARY: replace(rule, family_size=max(len(members), 1)),
+    }
+    # a comparison outside both families is shown with the secondary family's numbers (or, with no family,
+    # the primary's), without a verdict
+    rules[DESCRIPTIVE] = rules[SECONDARY] if members else rules[PRIMARY]
+    roles = {
+        name: PRIMARY if name == primary else SECONDARY if name in adjusted else DESCRIPTIVE for name in names
+    }
+    return roles, adjusted, rules
+
+
 def comparisons_table(
     seeds: pd.DataFrame,
     alpha: float = ALPHA,
     equivalence_margin: float | None = None,
     family: Sequence[str] | None = None,
     costs: ArmCosts | None = None,
+    primary: str | None = None,
 ) -> pd.DataFrame:
     """interventions.csv (:data:`INTERVENTION_COLUMNS`) from interventions_seeds.csv alone (docs/design.md
     §11): per comparison, in the seeds table's order, the estimate of its finite differences
-    (:func:`attnid.reports.statistics.estimate_paired`), Holm's adjustment over ``family`` (the declared
-    comparisons; None: all of them), the rule's verdict (:class:`attnid.reports.statistics.VerdictRule`) and
-    the smallest effect it could detect, and the arm's cost per step over the baseline's from ``costs``."""
+    (:func:`attnid.reports.statistics.estimate_paired`); its ``role``: the ``primary`` comparison, tested
+    alone at ``alpha``, a member of the secondary ``family`` (None: every comparison but the primary), whose
+    p-values Holm adjusts, or neither; the rule's verdict (:class:`attnid.reports.statistics.VerdictRule`,
+    with the role's family size), the smallest effect the exact test detects with 80 % power and its power
+    against an effect of the margin's size, and the arm's cost per step over the baseline's from ``costs``."""
     names = list(dict.fromkeys(seeds["comparison"]))
-    members = _family_members(names, family)
-    rule = VerdictRule(alpha, equivalence_margin, family_size=len(members))
     estimates = _paired_estimates(seeds, names, alpha)
-    holm = dict(
-        zip(
-            members,
-            holm_adjusted([getattr(estimates[name], "p_value", math.nan) for name in members]),
-            strict=True,
-        )
+    roles, adjusted, rules = _verdict_roles(
+        names, estimates, VerdictRule(alpha, equivalence_margin), family, primary
     )
     rows = []
     for name in names:
         first = seeds[seeds["comparison"] == name].iloc[0]
-        estimate = estimates[name]
-        n_seeds = (
-            estimate.n_seeds
-            if estimate is not None
-            else int(np.isfinite(seeds.loc[seeds["comparison"] == name, "difference"].astype(float)).sum())
-        )
-        numbers = {
-            key: getattr(estimate, key) if estimate is not None else math.nan
-            for key in (
-                "delta_mean",
-                "sd",
-                "ci_low",
-                "ci_high",
-                "tost_low",
-                "tost_high",
-                "boot_ci_low",
-                "boot_ci_high",
-                "p_value",
-            )
-        }
-        in_family = name in holm
+        estimate, rule, in_family = estimates[name], rules[roles[name]], roles[name] != DESCRIPTIVE
+        differences = seeds.loc[seeds["comparison"] == name, "difference"].astype(float)
+        n_seeds = estimate.n_seeds if estimate is not None else int(np.isfinite(differences).sum())
+        numbers = {key: getattr(estimate, key, math.nan) for key in ESTIMATE_COLUMNS}
         rows.append(
             {
                 "comparison": name,
@@ -426,20 +421,37 @@ def comparisons_table(
                 "metric": PRIMARY_METRIC,
                 "n_seeds": n_seeds,
                 **numbers,
+                "role": roles[name],
                 "in_family": in_family,
                 # a member without a p enters Holm as 1 (the others are adjusted for it) but has none itself
-                "p_holm": holm[name] if in_family and estimate is not None else math.nan,
+                "p_holm": adjusted[name] if in_family and estimate is not None else math.nan,
                 "alpha": alpha,
                 "equivalence_margin": math.nan if equivalence_margin is None else equivalence_margin,
                 "min_seeds": rule.minimum_seeds,
-                "detectable_effect": rule.detectable_effect(numbers["sd"], n_seeds)
-                if estimate is not None
-                else math.nan,
+                "detectable_effect": rule.detectable_effect(numbers["sd"], n_seeds) if estimate else math.nan,
+                "power_at_margin": rule.power_at_margin(numbers["sd"], n_seeds) if estimate else math.nan,
                 "cost_ratio": costs.of(first["arm"], first["baseline"]) if costs is not None else math.nan,
-                "verdict": rule.label(estimate, holm[name]) if in_family else NOT_IN_FAMILY,
+                "verdict": rule.label(estimate, adjusted[name]) if in_family else NOT_IN_FAMILY,
             }
         )
     return pd.DataFrame(rows, columns=list(INTERVENTION_COLUMNS))
+
+
+def calibrated_margin(calibration: str | Path, fraction: float, baseline: str = BASELINE_CASE) -> float:
+    """The equivalence margin as a fraction of the baseline's mean final loss at its best lr on the
+    calibration seeds (calibration.csv's ``best`` row of ``baseline``; docs/design.md §11.3)."""
+    try:
+        table = pd.read_csv(calibration)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise UserError(
+            f"cannot read the calibration table {calibration} ({type(err).__name__}: {err})"
+        ) from None
+    if not {"arm", "best", "mean"} <= set(table.columns):
+        raise UserError(f"{calibration}: no columns arm, best, mean; write it with attnid calibration-table")
+    best = table[(table["arm"] == baseline) & table["best"].astype(bool)]
+    if best.empty or not np.isfinite(float(best["mean"].iloc[0])):
+        raise UserError(f"{calibration} has no best lr of {baseline}: its margin is a fraction of that loss")
+    return fraction * float(best["mean"].iloc[0])
 
 
 def interventions_table(
@@ -449,25 +461,37 @@ def interventions_table(
     equivalence_margin: float | None = None,
     family: Sequence[str] | None = None,
     costs: ArmCosts | None = None,
+    primary: str | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """interventions.csv's rows for the runs ``by_arm`` (:func:`paired_seed_table`, then
     :func:`comparisons_table`) and the notes on the pairs left out."""
     seeds, notes = paired_seed_table(by_arm, baseline)
-    return comparisons_table(seeds, alpha, equivalence_margin, family, costs), notes
+    return comparisons_table(seeds, alpha, equivalence_margin, family, costs, primary), notes
 
 
 # ---------------------------------------------------------------------------- writing
 
 
+# The 2 x 2 contrasts' names in the LaTeX table (docs/design.md §11.3).
+CONTRAST_TEX = {
+    FIXING_EFFECT: "main effect of fixing the unidentified blocks",
+    START_EFFECT: "main effect of starting at the gauge point",
+    INTERACTION: r"interaction: starting point $\times$ frozen",
+}
+
+
 def comparison_tex(row: dict) -> str:
     """A comparison's name in the LaTeX table: the arm (against the table's baseline), the arm minus another
-    baseline, or the interaction."""
-    if row["comparison"] == INTERACTION:
-        return r"interaction: starting point $\times$ frozen"
+    baseline, or a 2 x 2 contrast (at the arms' best lrs where they are); the primary one marked."""
+    mark = r" \textbf{(primary)}" if row.get("role") == PRIMARY else ""
+    name = str(row["comparison"])
+    if contrast_named(name) is not None:
+        base = name.removesuffix(CALIBRATED_SUFFIX)
+        return CONTRAST_TEX[base] + (", each arm at its best lr" if base != name else "") + mark
     text = rf"\texttt{{{tex_escape(row['arm'])}}}"
     if row["comparison"] != row["arm"]:
         text += rf" $-$ \texttt{{{tex_escape(row['baseline'])}}}"
-    return text
+    return text + mark
 
 
 def _detectable_tex(row: dict) -> str:
@@ -492,10 +516,14 @@ def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = Non
             "comparison_tex": comparison_tex(row),
             "detectable_tex": _detectable_tex(row),
             "interval_tex": _interval_tex(row),
+            "power_tex": table_number(row["power_at_margin"], 2),
         }
         for row in records(table)
     ]
-    family = table[table["in_family"].astype(bool)] if len(table) else table
+    family = table[table["role"] == SECONDARY] if len(table) else table
+    primaries = (
+        [str(name) for name in table.loc[table["role"] == PRIMARY, "comparison"]] if len(table) else []
+    )
     n_seeds = int(table["n_seeds"].max()) if len(table) else 0
     first = table.iloc[0] if len(table) else None
     margin = float(first["equivalence_margin"]) if first is not None else math.nan
@@ -511,7 +539,12 @@ def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = Non
         exact_seeds=EXACT_SIGN_FLIP_SEEDS,
         bootstrap_seeds=BOOTSTRAP_MIN_SEEDS,
         cost_source=costs.source if costs is not None else None,
-        interaction=INTERACTION in set(table["comparison"]) if len(table) else False,
+        interaction=bool(
+            set(table["comparison"]) & {c.name + x for c in CONTRASTS for x in ("", CALIBRATED_SUFFIX)}
+        )
+        if len(table)
+        else False,
+        primary=primaries[0] if primaries else None,
     )
 
 
@@ -524,18 +557,26 @@ def write_interventions_table(
     equivalence_margin: float | None = None,
     family: Sequence[str] | None = None,
     costs_path: str | Path | None = None,
+    primary: str | None = None,
+    plateau: PlateauRule | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """Gather the listed runs (or every run under ``runs_dir``) and write interventions_seeds.csv,
-    interventions.csv and interventions.tex."""
+    interventions.csv, interventions.tex, interventions_along.csv and, with a ``plateau`` rule,
+    interventions_plateau.csv."""
     by_arm = load_runs_by_arm(runs_dir, runs)
     if not by_arm:
         raise UserError(f"no runs (run.json) under {runs_dir}; run the training jobs first")
     seeds, notes = paired_seed_table(by_arm, baseline)
     costs = read_arm_costs(costs_path) if costs_path is not None else None
-    table = comparisons_table(seeds, alpha, equivalence_margin, family, costs)
+    table = comparisons_table(seeds, alpha, equivalence_margin, family, costs, primary)
+    along = along_table(seeds, by_arm, alpha)
+    plateaus = plateau_table(by_arm, plateau) if plateau is not None else None
     out = Path(out_dir)
     write_csv_atomic(out / "interventions_seeds.csv", seeds)
     write_csv_atomic(out / "interventions.csv", table)
+    write_csv_atomic(out / "interventions_along.csv", along)
+    if plateaus is not None:
+        write_csv_atomic(out / "interventions_plateau.csv", plateaus)
     write_text_atomic(out / "interventions.tex", render_interventions_table(table, costs))
     if costs is not None:
         notes.append(f"cost ratios from {costs.source}")

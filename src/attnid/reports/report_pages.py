@@ -42,6 +42,10 @@ TABLE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
         ("heads.csv", "variants.csv", "identification_correlation.csv"),
     ),
     "prune": ("Prune and balance: the function-preserving checkpoint edits", ("prune_summary.csv",)),
+    "quantization": (
+        "Quantization: KL per orbit point and setting, and the R1 seed study",
+        ("quantization.csv", "quantization_seeds.csv"),
+    ),
 }
 CLAIMS_CSV = "claims.csv"
 # The landing's claims table: claims.csv's columns as shown there (detail is on the claims page).

@@ -26,6 +26,7 @@ from it and from the family's size, never from a hand-written constant.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -215,6 +216,77 @@ def detectable_effect(sd: float, n_seeds: int, level: float, power: float = POWE
     return float(ratio * sd)
 
 
+# The power of the exact sign-flip test (§11.3) is estimated over this many normal samples, the same ones
+# (seed RESAMPLING_SEED) at every effect size: its Monte Carlo standard error at a power of 0.8 is 0.006.
+POWER_DRAWS = 4_000
+# The detectable effect is found by bisection on effect / sd to this precision.
+POWER_TOLERANCE = 1e-4
+# A sign vector's |sum| counts as reaching the observed one within this relative round-off: the identity
+# vector (every sign kept) must count, whatever order its sum was added in.
+SIGN_FLIP_TIE_TOLERANCE = 1e-12
+
+
+def _sign_vectors(n: int) -> np.ndarray:
+    """Every vector of ``n`` signs, as rows of a ``(2**n, n)`` array of +-1."""
+    codes = np.arange(2**n)[:, None] >> np.arange(n)[None, :]
+    return 1.0 - 2.0 * (codes & 1)
+
+
+def exact_sign_flip_p_values(samples: ArrayLike) -> np.ndarray:
+    """The exact two-sided sign-flip p-value (:func:`sign_flip_p_value`, §11.2) of each row of ``samples``
+    (``(k, n)``), at once: the share of the ``2**n`` sign vectors whose ``|sum|`` reaches the observed one.
+    The sums are split in two halves of the seeds (``2**(n/2)`` partial sums each), so that counting the
+    pairs of halves whose total reaches the observed sum is a sort and a search instead of ``2**n`` sums:
+    the null distribution is symmetric, so the two-sided count is twice the count of totals ``>= |sum|``."""
+    rows = np.atleast_2d(np.asarray(samples, dtype=float))
+    n = rows.shape[1]
+    first = n // 2
+    left = rows[:, :first] @ _sign_vectors(first).T  # (k, 2**first)
+    right = np.sort(rows[:, first:] @ _sign_vectors(n - first).T, axis=1)  # (k, 2**(n - first))
+    observed = np.abs(rows.sum(axis=1)) * (1 - SIGN_FLIP_TIE_TOLERANCE)
+    counts = np.empty(len(rows))
+    for i in range(len(rows)):
+        below = np.searchsorted(right[i], observed[i] - left[i], side="left")
+        counts[i] = right.shape[1] * left.shape[1] - below.sum()
+    return np.minimum(1.0, 2.0 * counts / 2.0**n)
+
+
+@functools.cache
+def _standard_normal_draws(n_seeds: int) -> np.ndarray:
+    return np.random.default_rng(RESAMPLING_SEED).standard_normal((POWER_DRAWS, n_seeds))
+
+
+def sign_flip_power(effect_over_sd: float, n_seeds: int, level: float) -> float:
+    """Power of the exact two-sided sign-flip test (§11.2) rejecting at ``p < level`` when the ``n_seeds``
+    differences are normal with mean ``effect_over_sd`` standard deviations: the share of
+    :data:`POWER_DRAWS` simulated samples (fixed, seed :data:`RESAMPLING_SEED`) whose exact p is below
+    ``level``. The test is scale-free, so the power depends on the effect in sd units alone. Above
+    :data:`EXACT_SIGN_FLIP_SEEDS` seeds, where the test itself samples sign vectors, the t-test's power
+    (:func:`t_test_power`), which it approaches. Below :func:`minimum_seeds` for ``level`` it is 0."""
+    if 2.0 / 2.0**n_seeds >= level:
+        return 0.0
+    if n_seeds > EXACT_SIGN_FLIP_SEEDS:
+        return t_test_power(effect_over_sd, n_seeds, level)
+    p_values = exact_sign_flip_p_values(effect_over_sd + _standard_normal_draws(n_seeds))
+    return float(np.mean(p_values < level))
+
+
+@functools.cache
+def sign_flip_detectable_ratio(n_seeds: int, level: float, power: float = POWER) -> float:
+    """The smallest effect, in sd units, that the exact sign-flip test at ``level`` detects with
+    probability ``power`` (:func:`sign_flip_power`, bisection to :data:`POWER_TOLERANCE` over the same
+    simulated samples); infinite where it cannot reject at all."""
+    if sign_flip_power(1e6, n_seeds, level) < power:
+        return math.inf
+    low, high = 0.0, 1.0
+    while sign_flip_power(high, n_seeds, level) < power:
+        low, high = high, 2 * high
+    while high - low > POWER_TOLERANCE:
+        middle = (low + high) / 2
+        low, high = (low, middle) if sign_flip_power(middle, n_seeds, level) >= power else (middle, high)
+    return high
+
+
 @dataclass(frozen=True)
 class PairedEstimate:
     """An arm against its baseline over ``n_seeds`` seed pairs (docs/design.md §11.1, §11.2): the mean of the
@@ -287,12 +359,25 @@ class VerdictRule:
         return self.alpha / self.family_size
 
     def detectable_effect(self, sd: float, n_seeds: int) -> float:
-        """The smallest effect detectable with :attr:`power` at ``n_seeds`` (:func:`detectable_effect` at
-        :attr:`detection_level`); infinite below :attr:`minimum_seeds`, where the exact test cannot reject
-        at all."""
+        """The smallest effect the exact sign-flip test detects with :attr:`power` at ``n_seeds`` pairs of
+        paired sd ``sd`` (:func:`sign_flip_detectable_ratio` at :attr:`detection_level`, for normal
+        differences); infinite below :attr:`minimum_seeds`, where the test cannot reject at all."""
         if n_seeds < self.minimum_seeds:
             return math.inf
-        return detectable_effect(sd, n_seeds, self.detection_level, self.power)
+        if not math.isfinite(sd):
+            return math.nan
+        return sign_flip_detectable_ratio(n_seeds, self.detection_level, self.power) * sd
+
+    def power_at_margin(self, sd: float, n_seeds: int) -> float:
+        """The exact test's power (:func:`sign_flip_power` at :attr:`detection_level`) against an effect the
+        size of the equivalence margin, at ``n_seeds`` pairs of paired sd ``sd``: how likely a real effect
+        of that size is to be called ``better`` or ``worse``. NaN without a margin."""
+        margin = self.equivalence_margin
+        if margin is None or not math.isfinite(sd) or n_seeds < MIN_PAIRED_SEEDS:
+            return math.nan
+        if sd == 0:
+            return 1.0 if n_seeds >= self.minimum_seeds else 0.0
+        return sign_flip_power(margin / sd, n_seeds, self.detection_level)
 
     def label(self, estimate: PairedEstimate | None, p_holm: float) -> str:
         """``better``/``worse`` when the Holm-adjusted ``p_holm`` is below ``alpha`` (by the mean's sign),

@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike
 
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
+from attnid.plan.interventions import arm_name
 from attnid.reports.claims import claims_table
 from attnid.reports.latex import render_table
 from attnid.reports.round_off import at_round_off, coarsest_dtype, dtypes_of, round_off_ceiling, run_dtype
@@ -89,6 +90,7 @@ def summarize_run(info: dict, metrics: pd.DataFrame) -> dict:
     status = str(info.get("status", "unknown"))
     row = {
         "case": info.get("case"),
+        "arm": arm_name(str(info.get("case")), info.get("config") or {}),
         "seed": info.get("seed"),
         "lr": info.get("lr"),
         "status": status,
@@ -304,6 +306,27 @@ def sweep_slopes_table(sweep: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------- command line
 
 
+def _read_table(path: str | Path, columns: Iterable[str]) -> pd.DataFrame:
+    """A table another attnid command wrote, with the columns a claim reads; one line otherwise."""
+    try:
+        table = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise UserError(f"cannot read {path} ({type(err).__name__}: {err})") from None
+    missing = [column for column in columns if column not in table]
+    if missing:
+        raise UserError(f"{path} has no column(s) {', '.join(missing)}: write it with this attnid")
+    return table
+
+
+def _quantization_tables(quantization_csv: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``attnid quantization-table``'s quantization.csv and the quantization_seeds.csv beside it."""
+    seeds_csv = Path(quantization_csv).with_name("quantization_seeds.csv")
+    for path in (Path(quantization_csv), seeds_csv):
+        if not path.is_file():
+            raise UserError(f"{path} not found: run 'attnid quantization-table' first")
+    return pd.read_csv(quantization_csv), pd.read_csv(seeds_csv)
+
+
 def write_tables(
     runs_dir: str | Path | None,
     sweep_dir: str | Path | None,
@@ -313,13 +336,18 @@ def write_tables(
     census_csv: str | Path | None = None,
     intervention_runs: list[str] | None = None,
     identity_runs: list[str] | None = None,
+    plateau_csv: str | Path | None = None,
+    calibration_csv: str | Path | None = None,
+    quantization_csv: str | Path | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
     ``runs`` / ``sweep_runs`` list the run directories explicitly (what the pipeline does);
     otherwise every run under ``runs_dir`` / ``sweep_dir`` is gathered. ``intervention_runs`` (the
     interventions' arms and baselines) and ``identity_runs`` (its float64 projected run) add the
-    interventions' identities to claims.csv.
+    interventions' identities to claims.csv; ``plateau_csv`` (interventions_plateau.csv) and
+    ``calibration_csv`` (calibration.csv) the checks of its protocol; ``quantization_csv`` (``attnid
+    quantization-table``'s, with ``quantization_seeds.csv`` beside it) the quantization stage's claims.
     """
     run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
@@ -351,7 +379,24 @@ def write_tables(
             runs_table(find_run_dirs(None, intervention_runs)) if intervention_runs else None,
             runs_table(find_run_dirs(None, identity_runs)) if identity_runs else None,
         )
-    claims = claims_table(run_rows, slopes, sweep_run_rows, census, *(interventions or (None, None)))
+    protocol = [
+        _read_table(path, columns) if path is not None else None
+        for path, columns in (
+            (plateau_csv, ("relative_improvement", "threshold", "step_from", "step_to")),
+            (calibration_csv, ("best", "at_edge")),
+        )
+    ]
+    quantization = _quantization_tables(quantization_csv) if quantization_csv is not None else None
+    claims = claims_table(
+        run_rows,
+        slopes,
+        sweep_run_rows,
+        census,
+        *(interventions or (None, None)),
+        plateau=protocol[0],
+        calibration=protocol[1],
+        quantization=quantization,
+    )
 
     out = Path(out_dir)
     write_csv_atomic(out / "runs.csv", run_rows)

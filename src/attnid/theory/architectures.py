@@ -193,8 +193,9 @@ def _check_whole_model_fields(name: str, spec: dict) -> None:
             )
 
 
-def shape_from_architecture(name: str, spec: dict) -> whole_model.WholeModelShape:
-    """The whole-model shape of one entry; a UserError names a missing or mistyped field."""
+def shape_from_architecture(name: str, spec: dict, in_domain: bool = True) -> whole_model.WholeModelShape:
+    """The whole-model shape of one entry; a UserError names a missing or mistyped field (``in_domain``: as
+    :func:`attnid.theory.whole_model.whole_model_shape`)."""
     _check_whole_model_fields(name, spec)
     try:
         return whole_model.whole_model_shape(
@@ -216,6 +217,7 @@ def shape_from_architecture(name: str, spec: dict) -> whole_model.WholeModelShap
             positions="rope" if spec.get("rope", False) else "learned",
             block=spec.get("block", "sequential"),
             norm_eps=spec.get("norm_eps", whole_model.DEFAULT_NORM_EPS),
+            in_domain=in_domain,
         )
     except (TypeError, ValueError) as err:
         raise UserError(f"architecture {name!r}: {err}") from None

@@ -202,6 +202,8 @@ def params_from_gpt(model: Any) -> dict[str, torch.Tensor]:  # a GPT: attnid.mod
     p["ln_f.weight"] = state["transformer.ln_f.weight"]
     if config.bias:
         p["ln_f.bias"] = state["transformer.ln_f.bias"]
+    if not config.tied:
+        p["lm_head"] = state["lm_head.weight"]
     assert e == p["wte"].shape[1]
     return p
 
@@ -209,8 +211,10 @@ def params_from_gpt(model: Any) -> dict[str, torch.Tensor]:  # a GPT: attnid.mod
 def shape_of_gpt_config(
     config: Any,  # a GPTConfig: attnid.model is a layer above
     norm_eps: float = theory.DEFAULT_NORM_EPS,
+    in_domain: bool = True,
 ) -> theory.WholeModelShape:
-    """The census shape of ``attnid train``'s model (``attnid.model.gpt.GPTConfig``)."""
+    """The census shape of ``attnid train``'s model (``attnid.model.gpt.GPTConfig``); ``in_domain``: as
+    :func:`attnid.theory.whole_model.whole_model_shape`."""
     return theory.whole_model_shape(
         n_layer=config.n_layer,
         n_embd=config.n_embd,
@@ -226,9 +230,10 @@ def shape_of_gpt_config(
         mlp="gelu",
         mlp_hidden=4 * config.n_embd,
         mlp_bias=config.bias,
-        tied=True,
+        tied=config.tied,
         positions="rope" if config.rope else "learned",
         norm_eps=norm_eps,
+        in_domain=in_domain,
     )
 
 

@@ -479,6 +479,8 @@ def rebalance_pairs(
         done = done & reached
         new_a = element @ pair_a
         new_b = torch.linalg.solve(element.transpose(-1, -2), pair_b)
+    if bool(done.all()):  # the usual case: no pair to put back (a full-size select per factor saved)
+        return new_a, new_b, done
     keep = done.unsqueeze(-1).unsqueeze(-1)
     return torch.where(keep, new_a, pair_a), torch.where(keep, new_b, pair_b), done
 

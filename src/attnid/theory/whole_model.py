@@ -95,10 +95,13 @@ def whole_model_shape(
     positions: str = "learned",
     block: str = "sequential",
     norm_eps: float = DEFAULT_NORM_EPS,
+    in_domain: bool = True,
 ) -> WholeModelShape:
     """Validate and fill defaults (``G = H``, ``D = E/H``, ``F = 4E``, output bias = ``qkv_bias``).
 
-    Raises ValueError for a shape outside the closed forms' domain (see :func:`check_domain`).
+    Raises ValueError for a shape outside the closed forms' domain (see :func:`check_domain`) unless
+    ``in_domain`` is False: a checkpoint's shape, whose moves (docs/design.md §16) need its classes' names,
+    not the measurement's domain.
     """
     attention = layer_shape(
         n_embd, n_head, n_kv_head, head_dim, None, positions == "rope", qkv_bias, out_bias
@@ -139,7 +142,8 @@ def whole_model_shape(
         block,
         float(norm_eps),
     )
-    check_domain(shape)
+    if in_domain:
+        check_domain(shape)
     return shape
 
 

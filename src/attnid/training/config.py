@@ -70,6 +70,22 @@ def option(
 EVAL_ITERS_MAXIMUM = 100_000
 # Each metrics thread holds its own copies of the attention weights
 METRICS_THREADS_MAXIMUM = 256
+# A run's length and every interval counted in its steps: 2,000 times the paper's 5,000 steps and 16 times
+# GPT-2's 600,000 in nanoGPT. A run of 10^12 steps would never end, and every row of metrics.csv is kept in
+# memory and in each checkpoint (ROWS_MAXIMUM).
+STEPS_MAXIMUM = 10_000_000
+# metrics.csv's rows (max_iters / log_every): a million rows of ~40 numbers is about a GB in memory, saved
+# again at every checkpoint.
+ROWS_MAXIMUM = 1_000_000
+# The model's shape, far beyond what the pipeline trains (the paper's E = 384, 6 layers, 6 heads, block
+# 256) and beyond the largest published transformers (E = 16,384, 126 layers, 128 heads): a config that
+# asks for more is a typo, refused before any job instead of by a job's memory check
+# (attnid.model.footprint) after others have run.
+LAYERS_MAXIMUM = 1_024
+HEADS_MAXIMUM = 4_096
+WIDTH_MAXIMUM = 65_536
+BLOCK_SIZE_MAXIMUM = 1_048_576
+BATCH_SIZE_MAXIMUM = 1_048_576
 
 
 @dataclass
@@ -91,14 +107,18 @@ class TrainConfig:
         bound="non_negative",
         maximum=SEED_MAXIMUM,
     )
-    max_iters: int = option(5000, "optimizer steps (default 5000)", bound="positive")
+    max_iters: int = option(5000, "optimizer steps (default 5000)", bound="positive", maximum=STEPS_MAXIMUM)
     log_every: int = option(
         10,
         "a metrics.csv row every K steps, plus the last step and every rebalance (default 10)",
         bound="positive",
+        maximum=STEPS_MAXIMUM,
     )
     eval_every: int = option(
-        250, "eval train/val loss every N steps, at step 0 and at the end (default 250)", bound="positive"
+        250,
+        "eval train/val loss every N steps, at step 0 and at the end (default 250)",
+        bound="positive",
+        maximum=STEPS_MAXIMUM,
     )
     eval_iters: int = option(
         20, "batches per eval split (default 20)", bound="positive", maximum=EVAL_ITERS_MAXIMUM
@@ -107,16 +127,18 @@ class TrainConfig:
         250,
         "save ckpt.pt every N steps (default 250); also on SIGTERM/SIGINT and at the end",
         bound="positive",
+        maximum=STEPS_MAXIMUM,
     )
-    n_layer: int = option(4, "transformer blocks (default 4)", bound="positive")
-    n_head: int = option(4, "heads per block (default 4)", bound="positive")
-    n_embd: int = option(128, "embedding width E (default 128)", bound="positive")
+    n_layer: int = option(4, "transformer blocks (default 4)", bound="positive", maximum=LAYERS_MAXIMUM)
+    n_head: int = option(4, "heads per block (default 4)", bound="positive", maximum=HEADS_MAXIMUM)
+    n_embd: int = option(128, "embedding width E (default 128)", bound="positive", maximum=WIDTH_MAXIMUM)
     n_kv_head: int | None = option(
         None,
         "key/value heads G (grouped-query attention, G divides --n-head; 1 = "
         "multi-query) (default: --n-head, multi-head)",
         metavar="G",
         bound="positive",
+        maximum=HEADS_MAXIMUM,
     )
     rope: bool = option(
         False,
@@ -124,10 +146,16 @@ class TrainConfig:
         "instead of the learned position embedding",
     )
     head_dim: int | None = option(
-        None, "width D of each head (default E / H; even under --rope)", metavar="D", bound="positive"
+        None,
+        "width D of each head (default E / H; even under --rope)",
+        metavar="D",
+        bound="positive",
+        maximum=WIDTH_MAXIMUM,
     )
-    block_size: int = option(64, "context length (default 64)", bound="positive")
-    batch_size: int = option(12, "sequences per step (default 12)", bound="positive")
+    block_size: int = option(64, "context length (default 64)", bound="positive", maximum=BLOCK_SIZE_MAXIMUM)
+    batch_size: int = option(
+        12, "sequences per step (default 12)", bound="positive", maximum=BATCH_SIZE_MAXIMUM
+    )
     dropout: float = option(0.0, "dropout probability (default 0.0)", bound="non_negative", below=1)
     bias: bool = option(False, "biases in Linears and LayerNorms (default off, as nanoGPT's CPU config)")
     weight_decay: float = option(
@@ -142,14 +170,20 @@ class TrainConfig:
         1.0, "clip the gradient norm at this value, 0 = off (default 1.0)", bound="non_negative"
     )
     warmup_iters: int | None = option(
-        None, "linear warmup steps (default min(100, max_iters // 10))", bound="non_negative"
+        None,
+        "linear warmup steps (default min(100, max_iters // 10))",
+        bound="non_negative",
+        maximum=STEPS_MAXIMUM,
     )
     lr_decay_iters: int | None = option(None, "cosine decay length (default max_iters)")
     min_lr: float | None = option(
         None, "learning rate at the end of the decay (default lr / 10)", bound="non_negative"
     )
     rebalance_every: int = option(
-        200, "rebalancing cases: rebalance every N steps (default 200)", bound="positive"
+        200,
+        "rebalancing cases: rebalance every N steps (default 200)",
+        bound="positive",
+        maximum=STEPS_MAXIMUM,
     )
     rebalance_target: str = option(
         "initial",
@@ -194,6 +228,14 @@ class TrainConfig:
         "seconds on a CPU)",
         resume=False,
     )
+    full_val_every: int | None = option(
+        None,
+        "also evaluate on the whole val split at step 0 and every N steps (metrics.csv's val_loss_full: the "
+        "interventions' effect along training, docs/design.md §11.5); implies --full-val-eval (default off)",
+        metavar="N",
+        bound="positive",
+        resume=False,
+    )
     diverge_threshold: float | None = option(
         None,
         "stop as 'diverged' when the loss is NaN/inf or above this (default 3 x first loss)",
@@ -206,6 +248,7 @@ class TrainConfig:
         "with metrics, row 0 included (default 1: every row)",
         metavar="N",
         bound="positive",
+        maximum=STEPS_MAXIMUM,
     )
     metrics_threads: int = option(
         0,
@@ -244,6 +287,13 @@ class TrainConfig:
         choices=("auto", *DTYPES),
     )
     fresh: bool = option(False, "ignore an existing ckpt.pt in --out and start over", resume=False)
+    restart_if_changed: bool = option(
+        False,
+        "start over where --out's ckpt.pt was written with other settings (the run's settings changed "
+        "since), replacing it; without this such a checkpoint is refused (the workflow's jobs pass it: they "
+        "rerun when their run's settings change)",
+        resume=False,
+    )
     # test hook: behave as if SIGTERM arrived after this step
     stop_after: int | None = option(None, None, resume=False)
     progress_every: float = option(
@@ -389,6 +439,12 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.lr is None:
         cfg.lr = case.default_lr
     _check_bounds(cfg)
+    rows = cfg.max_iters // cfg.log_every
+    if rows > ROWS_MAXIMUM:
+        raise UserError(
+            f"--max-iters {cfg.max_iters} at --log-every {cfg.log_every} is {rows:,} rows of metrics.csv, "
+            f"more than {ROWS_MAXIMUM:,} (each row is kept in memory and in every checkpoint): log less often"
+        )
     if not (0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1):
         raise UserError("--beta1 and --beta2 must be in [0, 1)")
     _check_attention_shape(cfg)

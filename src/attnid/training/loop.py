@@ -168,6 +168,15 @@ class TrainingLoop(ABC):
     def save_checkpoint(self, summary: dict | None = None) -> None:
         """``ckpt.pt``: the run as it is after this step."""
 
+    @abstractmethod
+    def full_split_loss(self) -> float:
+        """The model's loss on the whole val split (docs/design.md §11.5)."""
+
+    def is_full_eval(self, step: int) -> bool:
+        """Whether ``step`` is one of ``--full-val-every``'s: step 0, every N-th and the last."""
+        every = self.cfg.full_val_every
+        return every is not None and (step % every == 0 or step == self.cfg.max_iters)
+
     def steps(self, stop: StopSignals) -> int | None:
         """Train until ``max_iters`` or a divergence (None), or until ``stop`` asks (the exit status)."""
         # a divergence found at a checkpoint's sync (stop_if_requested) ends the loop too
@@ -217,6 +226,8 @@ class TrainingLoop(ABC):
         if self.metrics is not None:
             row.update(self.metrics.initial_row(self.model, tau=not self.case.rebalances))
         self.evaluate(row)
+        if self.is_full_eval(0):
+            row["val_loss_full"] = self.full_split_loss()
         self.finish_row(row)
 
     def report_progress(self, loss_value: float, lr: float) -> None:
@@ -267,6 +278,22 @@ class TrainingLoop(ABC):
             )
         return bad is None
 
+    def check_weights(self, step: int, lr: float) -> bool:
+        """Whether the weights after the update of ``step`` are finite, and so are their squares in float64
+        (every Gram and product the metrics take is a sum of such products, docs/design.md §3): one host
+        sync. If not, that update is where the run diverged (status, ``diverged_step``, ``step`` set as for
+        a bad loss), whatever the metrics were about to compute; False."""
+        norms = torch.stack(
+            [torch.linalg.vector_norm(p.detach(), dtype=torch.float64) for p in self.model.parameters()]
+        )
+        if bool(torch.isfinite(norms.square().sum())):
+            return True
+        if self.check_losses():  # no earlier loss was bad: this update is where the run diverged
+            self.status, self.diverged_step, self.diverged_loss = "diverged", step, math.inf
+            self.step = step - 1
+            say(f"the update of step {step} at lr {lr:.4g} leaves non-finite weights: run diverged")
+        return False
+
     def train_step(self) -> bool:
         """One optimizer step, with its measurements and row on log steps; False when the run diverged.
 
@@ -276,7 +303,8 @@ class TrainingLoop(ABC):
         step = self.step + 1  # the update being made: theta_{step-1} -> theta_step
         is_rebalance = self.case.rebalances and step % cfg.rebalance_every == 0
         is_eval = step % cfg.eval_every == 0 or step == cfg.max_iters
-        is_row = step % cfg.log_every == 0 or is_eval or is_rebalance or step == cfg.max_iters
+        is_full_eval = self.is_full_eval(step)
+        is_row = step % cfg.log_every == 0 or is_eval or is_full_eval or is_rebalance
         result = self.forward_backward(lr, sync=is_row)
         if result is None:
             return False
@@ -299,6 +327,8 @@ class TrainingLoop(ABC):
         if pre is not None:  # before the drift split and rho see the step (docs/design.md §13)
             with precision.no_tf32():
                 self.removed = remove_orbit_component(self.model, pre)
+        if is_row and not self.check_weights(step, lr):  # before the row's metrics see them
+            return False
         metrics = None  # the optimizer's step only, before any rebalance: every step for the drift split
         if self.metrics is not None:
             metrics = self.metrics.after_step(self.model, step, lr, self.row_request(is_row, is_rebalance))
@@ -323,6 +353,8 @@ class TrainingLoop(ABC):
         tail: dict[str, float] = {}
         if is_eval:
             self.evaluate(tail)
+        if is_full_eval:
+            tail["val_loss_full"] = self.full_split_loss()
         self.finish_row(row, metrics, tail)
         self.report_progress(loss_value, lr)
         return True
@@ -364,7 +396,8 @@ class TrainingLoop(ABC):
         cfg, step = self.cfg, self.step
         stop_requested = stop.signum is not None or (cfg.stop_after is not None and step == cfg.stop_after)
         saving = step < cfg.max_iters and (stop_requested or step % cfg.ckpt_every == 0)
-        if saving and not self.check_losses():  # never checkpoint a run that has diverged since the last row
+        # never checkpoint a run that has diverged since the last row, nor weights that are not finite
+        if saving and not (self.check_losses() and self.check_weights(step, get_lr(step - 1, cfg))):
             return None
         if stop_requested and step < cfg.max_iters:
             self.save_checkpoint()

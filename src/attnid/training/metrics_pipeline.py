@@ -24,9 +24,14 @@ run the same code on the same numbers (the copies are exact), so their rows are 
 - **Drained** (:meth:`drain`, time in :attr:`drain_s`) before anything reads the trackers'
   state: a checkpoint, a rebalance (which needs the step's ρ before it moves the weights and
   restarts the drift split), the end of the run.
-- **τ's forward passes** run on a worker only when training has TF32 off (CPU, float32 and
-  float64 on CUDA): TF32 is a process-wide switch that the probe needs off (``no_tf32``), so with
-  bf16/fp16 training the training thread makes the probe itself, on the copy of the model.
+- **τ's probe** runs on a worker, from the copies the step's job holds: the attention tensors (copied at
+  every step for the drift split) and, on a probed row only, the rest of the model's weights
+  (:class:`attnid.measure.rebalancing.ProbeCopy`). Its two forward passes need TF32 off, and TF32 is a
+  process-wide switch (``no_tf32``) that only the training thread may turn (a worker turning it would
+  change what the training thread's kernels and ``torch.compile``'s guards see). So with bf16/fp16
+  training on CUDA the worker makes the move (the probe's linear algebra) and the training thread, at
+  its next step, the two small forward passes on the copy; elsewhere (CPU; float32, float64) the worker
+  makes both. The numbers are the same wherever each part runs.
 
 Rebalancing runs rebalance on the training thread (:class:`attnid.training.loop.TrainingLoop`); their
 other log rows go through the pipeline like any other.
@@ -34,8 +39,8 @@ other log rows go through the pipeline like any other.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import copy
 import os
 import queue
 import sys
@@ -48,13 +53,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnid.measure import rebalancing
-from attnid.measure.products import Point, steps_between
+from attnid.measure.products import CircuitPairs, Point, steps_between
 from attnid.model.layout import attention_tensors, layout_of
+from attnid.theory.circuits import CIRCUITS
 from attnid.training import precision
 
 if TYPE_CHECKING:
     from attnid.measure.drift import DriftTracker
     from attnid.measure.metrics import MetricTracker
+    from attnid.model.moves import Move
 
 
 @dataclass(frozen=True)
@@ -73,9 +80,18 @@ class _Job:
     pre: Point
     post: Point
     row: RowRequest | None
-    weights: list[torch.Tensor] | None  # the whole model's, for a τ probe on a worker
-    tau: tuple[dict, dict] | None  # τ's columns and μ's minima when the training thread probed
+    others: list[torch.Tensor] | None  # a probed row: the weights outside attention (ProbeCopy.others)
     future: Future | None
+
+
+@dataclass
+class _WaitingProbe:
+    """A probed row whose move a worker has made and whose forward passes wait for the training thread."""
+
+    job: _Job
+    columns: dict[str, float]  # the row's columns before τ's
+    moves: dict[str, Move]
+    state: dict[str, float]  # β and μ, after τ's columns
 
 
 def queue_steps_for(log_every: int) -> int:
@@ -89,7 +105,8 @@ class MetricsPipeline:
     ``tracker`` and ``drift`` are the run's :class:`attnid.measure.metrics.MetricTracker` and
     :class:`attnid.measure.drift.DriftTracker`; the pipeline reads them when a job runs, so a resumed
     tracker state is what it continues from. ``tf32_training``: whether training runs with TF32 on
-    (then τ's forward passes stay on the training thread). Call :meth:`restart` before the first step.
+    (then τ's forward passes are the training thread's, its move a worker's). Call :meth:`restart` before
+    the first step.
     """
 
     def __init__(
@@ -106,12 +123,13 @@ class MetricsPipeline:
     ) -> None:
         self.tracker, self.drift, self.threads, self.tau_target = tracker, drift, threads, tau_target
         self.layout = layout_of(model)
-        self.probe_on_worker = threads > 0 and not tf32_training
+        self.forwards_on_worker = threads > 0 and not tf32_training
         self.queue_wait_s = self.drain_s = 0.0
         self.queue_waits = 0
         # τ's probe moves this copy, never the model: the probe may run while the model trains on
-        self._probe_model = copy.deepcopy(model).requires_grad_(False) if probes else None
+        self._probe = rebalancing.ProbeCopy(model) if probes else None
         self._probe_lock = threading.Lock()  # one probe at a time on that copy
+        self._waiting: collections.deque[_WaitingProbe] = collections.deque()  # for the training thread
         self._last: Point | None = None
         self._next_step = 1
         self._error: BaseException | None = None
@@ -127,7 +145,7 @@ class MetricsPipeline:
         self.drain()
         self._last = Point(_copy_tensors(attention_tensors(model)), self.layout)
         self._next_step = step + 1
-        if self._probe_model is not None:
+        if self._probe is not None:
             self.tracker.rebalance_targets(self.tau_target)  # prepared here (after a resume), not by a worker
 
     def after_step(
@@ -138,16 +156,14 @@ class MetricsPipeline:
         self._raise_if_failed()
         if self._last is None:
             raise RuntimeError("MetricsPipeline.restart was not called before the first step")
+        self._measure_waiting_probes()
         tensors = attention_tensors(model)
         post = Point(_copy_tensors(tensors) if self.threads else tensors, self.layout)
-        weights = tau = None
+        others = None
         if row is not None and row.tau:
-            if self.threads == 0 or self.probe_on_worker:
-                weights = rebalancing.model_weights(model, copy=self.threads > 0)
-            else:
-                with precision.no_tf32():
-                    tau = self._probe(rebalancing.model_weights(model, copy=False), post)
-        job = _Job(step, lr, self._last, post, row, weights, tau, Future() if row is not None else None)
+            # the attention tensors are in `post`; a worker needs the rest as they are now
+            others = self._probe_copy().others(model, copy=self.threads > 0)
+        job = _Job(step, lr, self._last, post, row, others, Future() if row is not None else None)
         self._last = post
         if self.threads == 0:
             with torch.no_grad(), precision.no_tf32():
@@ -165,10 +181,14 @@ class MetricsPipeline:
             raise RuntimeError("MetricsPipeline.restart was not called before initial_row")
         columns: dict[str, float] = {}
         minima: dict | None = None
+        device = self.tracker.compute_device
         with torch.no_grad(), precision.no_tf32():
             if tau:
-                columns, minima = self._probe(rebalancing.model_weights(model, copy=False), point)
-            columns |= self.tracker.state_row(point.pairs(self.tracker.compute_device), minima)
+                moves = self._plan_probe(point.pairs(device))
+                minima = {circuit: move.minimum for circuit, move in moves.items()}
+                job = _Job(0, 0.0, point, point, None, self._probe_copy().others(model, copy=False), None)
+                columns = self._measure_probe(job, moves)
+            columns |= self.tracker.state_row(point.pairs(device), minima)
             columns |= self.drift.row_at(point.pairs())
         return columns
 
@@ -177,6 +197,7 @@ class MetricsPipeline:
         if self._workers:
             start = time.perf_counter()
             self._queue.join()
+            self._measure_waiting_probes()
             self.drain_s += time.perf_counter() - start
         self._raise_if_failed()
 
@@ -200,7 +221,7 @@ class MetricsPipeline:
             if self.threads == 0:
                 raise
         else:
-            if job.future is not None:
+            if job.future is not None and result is not None:  # None: a probe waits for its forwards
                 job.future.set_result(result)
 
     def _run(self, job: _Job) -> dict[str, float] | None:
@@ -217,27 +238,52 @@ class MetricsPipeline:
         if job.post.pairs(device) is not job.post.pairs():
             steps = steps_between(job.pre.pairs(device), job.post.pairs(device))
         columns = self.tracker.step_row(steps) | drift_row
-        minima = None
-        if job.row.tau:
-            if job.tau is not None:
-                tau_columns, minima = job.tau
-            else:
-                assert job.weights is not None  # after_step takes the weights whenever it does not probe
-                tau_columns, minima = self._probe(job.weights, job.post)
-            columns |= tau_columns
-        if job.row.state:
-            columns |= self.tracker.state_row(job.post.pairs(device), minima)
-        return columns
+        if not job.row.tau:
+            return columns | (self.tracker.state_row(job.post.pairs(device)) if job.row.state else {})
+        moves = self._plan_probe(job.post.pairs(device))  # μ reuses the move's orbit minimum
+        minima = {circuit: move.minimum for circuit, move in moves.items()}
+        state = self.tracker.state_row(job.post.pairs(device), minima) if job.row.state else {}
+        if self.threads and not self.forwards_on_worker:  # TF32 training: the training thread's forwards
+            with self._order:
+                self._waiting.append(_WaitingProbe(job, columns, moves, state))
+            return None
+        return columns | self._measure_probe(job, moves) | state
 
-    def _probe(self, weights: list[torch.Tensor], point: Point) -> tuple[dict, dict]:
-        """τ of a probe rebalance at ``weights`` (the whole model's), on the pipeline's copy of the model."""
-        if self._probe_model is None:
+    def _probe_copy(self) -> rebalancing.ProbeCopy:
+        if self._probe is None:
             raise RuntimeError("MetricsPipeline made without probes was asked for tau")
-        pairs = point.pairs(self.tracker.compute_device)
+        return self._probe
+
+    def _plan_probe(self, pairs: dict[str, CircuitPairs]) -> dict[str, Move]:
+        """The probe rebalance's moves at these pairs: the maths, nothing written (any thread)."""
+        self._probe_copy()
+        stacked = {circuit: (pairs[circuit].pair_a, pairs[circuit].pair_b) for circuit in CIRCUITS}
+        return rebalancing.plan_moves(self.tracker, stacked, self.tau_target)
+
+    def _measure_probe(self, job: _Job, moves: dict[str, Move]) -> dict[str, float]:
+        """τ across ``moves`` at the job's weights, on the pipeline's copy of the model."""
+        assert job.others is not None  # after_step takes them for every probed row
         with self._probe_lock:
-            return rebalancing.tau_probe_on_copy(
-                self._probe_model, weights, self.tracker, self.tau_target, pairs=pairs
-            )
+            return self._probe_copy().measure(job.others, job.post.tensors, self.tracker, moves)
+
+    def _measure_waiting_probes(self) -> None:
+        """On the training thread: the forward passes of the probes whose moves the workers have made
+        (TF32 training), which completes their rows."""
+        while True:
+            with self._order:
+                if not self._waiting:
+                    return
+                waiting = self._waiting.popleft()
+            future = waiting.job.future
+            assert future is not None  # a probed row's job has one
+            try:
+                with torch.no_grad(), precision.no_tf32():
+                    tau = self._measure_probe(waiting.job, waiting.moves)
+            except BaseException as err:
+                self._fail(err)
+                future.set_exception(err)
+                raise
+            future.set_result(waiting.columns | tau | waiting.state)
 
     @contextlib.contextmanager
     def _turn(self, step: int):

@@ -212,11 +212,20 @@ def load_run_checkpoint(path: Path, key: dict) -> dict:
     if stored_key != key:
         differing = sorted(k for k in set(key) | set(stored_key) if key.get(k) != stored_key.get(k))
         shown = ", ".join(f"{k}: {stored_key.get(k)!r} in ckpt vs {key.get(k)!r} now" for k in differing[:3])
-        raise UserError(
+        raise CheckpointOfAnotherRun(
             f"{path} belongs to a run with another configuration ({shown}); "
-            f"delete it or pass --fresh to start over"
+            f"delete it or pass --fresh to start over",
+            shown,
         )
     return checkpoint
+
+
+class CheckpointOfAnotherRun(UserError):
+    """A readable checkpoint at the run's path, written with other settings (``differences`` says which)."""
+
+    def __init__(self, message: str, differences: str) -> None:
+        super().__init__(message)
+        self.differences = differences
 
 
 # What resuming reads from a checkpoint besides model_args: nanoGPT's keys, and ours under 'attnid'

@@ -131,7 +131,15 @@ class Run(TrainingLoop):
     def load_checkpoint(self) -> dict | None:
         if self.cfg.fresh or not self.ckpt_path.exists():
             return None
-        return rundir.load_run_checkpoint(self.ckpt_path, self.key)
+        try:
+            return rundir.load_run_checkpoint(self.ckpt_path, self.key)
+        except rundir.CheckpointOfAnotherRun as err:
+            if not self.cfg.restart_if_changed:
+                raise
+            # the workflow's job reruns because the run's settings changed: its old checkpoint is not this
+            # run's, and the first checkpoint of this one replaces it (docs/design.md §6)
+            say(f"{self.ckpt_path} was written with other settings ({err.differences}): starting over")
+            return None
 
     def build(self) -> None:
         """Model, optimizer and every source of randomness, seeded from --seed."""
@@ -325,20 +333,28 @@ class Run(TrainingLoop):
             "config": asdict(cfg),
         }
 
+    def full_split_loss(self) -> float:
+        # the plain module: a compiled one would compile again for the last, shorter batch
+        return split_loss(
+            self.model,
+            self.splits["val"],
+            self.cfg.block_size,
+            self.cfg.batch_size,
+            self.device,
+            self.autocast,
+        )
+
     def finish(self) -> int:
         self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
         self.collect_rows()
-        if self.status == "completed" and self.cfg.full_val_eval:  # the interventions' metric (§11.5)
-            progress.stage("evaluating the final model on the whole val split")
-            # the plain module: a compiled one would compile again for the last, shorter batch
-            self.final_val_loss_full = split_loss(
-                self.model,
-                self.splits["val"],
-                self.cfg.block_size,
-                self.cfg.batch_size,
-                self.device,
-                self.autocast,
-            )
+        wanted = self.cfg.full_val_eval or self.cfg.full_val_every is not None
+        if self.status == "completed" and wanted:  # the interventions' metric (§11.5)
+            last = self.rows[-1] if self.rows else {}
+            if last.get("step") == self.step and not _isnan(last.get("val_loss_full")):
+                self.final_val_loss_full = float(last["val_loss_full"])  # --full-val-every's last row
+            else:
+                progress.stage("evaluating the final model on the whole val split")
+                self.final_val_loss_full = self.full_split_loss()
         summary = self.summary()
         if self.status != "diverged":
             self.save_checkpoint(summary)

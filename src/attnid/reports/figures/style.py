@@ -4,7 +4,7 @@ below the panels, and writing a figure as PNG and PDF. Only the Agg backend is u
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -97,12 +97,13 @@ def save_figure(fig: Figure, out_dir: str | Path, name: str) -> list[Path]:
     return paths
 
 
-def figure_legend(fig: Figure, ax: Axes, ncol: int = 6) -> None:
+def figure_legend(fig: Figure, ax: Axes, ncol: int = 6, own_legend: Sequence[Axes] = ()) -> None:
     """One legend for the whole figure, below the panels, without repeated labels (``ax``'s first,
-    then any other panel's: a series drawn as a round-off band is absent from its panel). A figure laid out
-    by a layout engine of its own (constrained, for panels of different widths) keeps it."""
+    then any other panel's: a series drawn as a round-off band is absent from its panel), but for the panels
+    of ``own_legend``, which have a legend of their own. A figure laid out by a layout engine of its own
+    (constrained, for panels of different widths) keeps it."""
     unique: dict[str, Any] = {}  # label -> handle
-    for axis in [ax] + [other for other in fig.axes if other is not ax]:
+    for axis in [ax] + [other for other in fig.axes if other is not ax and other not in own_legend]:
         handles, labels = axis.get_legend_handles_labels()
         for handle, label in zip(handles, labels):
             unique.setdefault(label, handle)
@@ -201,12 +202,15 @@ def line_points(ax: Axes, step: float = 2.0) -> np.ndarray:
 
 def place_labels(ax: Axes, labels: list[PointLabel], around: tuple = AROUND) -> None:
     """Annotate each point with its label at the first place of ``around`` where the label stays inside the
-    axes and overlaps no marker, no other label and not the title, preferring a place that crosses no line
-    either (the first place when none is free). Call it once the axes' limits and the figure's layout are
-    final."""
+    axes and overlaps no marker, no other label, not the panel's legend and not the title, preferring a
+    place that crosses no line either (the first place when none is free). Call it once the axes' limits and
+    the figure's layout are final."""
     renderer = cast(Any, ax.figure).canvas.get_renderer()  # Agg, the only backend used
     inside = ax.get_window_extent(renderer)
     taken = marker_boxes(ax, renderer) + [text.get_window_extent(renderer) for text in ax.texts]
+    legend = ax.get_legend()
+    if legend is not None:  # a panel's own legend, inside it
+        taken.append(legend.get_window_extent(renderer))
     if ax.get_title():
         taken.append(ax.title.get_window_extent(renderer))
     lines = line_points(ax)

@@ -1,0 +1,188 @@
+"""The interventions' gathering commands (docs/experiments.md, "Does identification change training?"):
+``attnid interventions-table``, every arm against its baseline seed by seed, with the verdicts, the effect
+along training and the plateau check; ``attnid calibration-table``, each calibrated arm's best lr and the spec
+files of its runs at that lr. They share the report commands' run selection and output rule
+(:mod:`attnid.cli.reports`)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from attnid.cli.reports import (
+    add_run_selection_arguments,
+    check_run_selection,
+    declare_report_files,
+    written_by,
+)
+from attnid.common import outputs
+from attnid.common.errors import UserError
+from attnid.plan.runs import SPEC_FILE, read_pending_spec
+
+
+def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
+    # lazy: pandas and scipy, which only this command's --help loads (for the defaults), not the others'
+    from attnid.plan.interventions import CALIBRATED_SUFFIX, FIXING_EFFECT
+    from attnid.reports.interventions_table import BASELINE_CASE, INTERACTION
+    from attnid.reports.statistics import ALPHA
+
+    add_run_selection_arguments(parser, sweep=False)
+    parser.add_argument(
+        "--baseline",
+        default=BASELINE_CASE,
+        help="the case every other case (an arm) is compared with, seed by seed (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out-dir",
+        required=True,
+        help="where interventions_seeds.csv, interventions.csv and interventions.tex go",
+    )
+    # the verdict rule (docs/design.md §11.3): a pipeline config fixes these before any run
+    parser.add_argument(
+        "--alpha", type=float, default=ALPHA, help="family-wise level of the verdicts (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=None,
+        metavar="DELTA",
+        help="a comparison is 'equivalent' when its 1 - 2 alpha t-interval lies inside +-DELTA, in the "
+        "loss's units (default: none, so nothing is called equivalent)",
+    )
+    parser.add_argument(
+        "--margin-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="instead of --equivalence-margin: DELTA = F times the baseline's mean final loss at its best lr "
+        "in --calibration's table (a rule fixed before any run; docs/design.md §11.3)",
+    )
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        metavar="CSV",
+        help="calibration.csv of 'attnid calibration-table', for --margin-fraction",
+    )
+    parser.add_argument(
+        "--primary",
+        default=None,
+        metavar="COMPARISON",
+        help="the comparison the study asks about, tested alone at --alpha, e.g. "
+        f"{FIXING_EFFECT}{CALIBRATED_SUFFIX} (default: none; every verdict comes from the family)",
+    )
+    parser.add_argument(
+        "--family",
+        nargs="+",
+        default=None,
+        metavar="COMPARISON",
+        help="the comparisons Holm's correction runs over: an arm (against the baseline), ARM-BASELINE, or a "
+        f"2 x 2 contrast such as {INTERACTION} (default: every comparison the runs make but the primary)",
+    )
+    parser.add_argument(
+        "--plateau-last",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="write interventions_plateau.csv: each arm's whole-split val loss over this last fraction of "
+        "training (needs --plateau-improvement and runs trained with --full-val-every)",
+    )
+    parser.add_argument(
+        "--plateau-improvement",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="the plateau check's threshold: a relative improvement below it is a plateau",
+    )
+    parser.add_argument(
+        "--arm-costs",
+        default=None,
+        metavar="CSV",
+        help="each arm's cost per step as written by benchmarks/arms_cost.py, shown beside the verdicts",
+    )
+
+
+def run_interventions_table(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
+    from attnid.reports.interventions_curves import PlateauRule
+    from attnid.reports.interventions_table import calibrated_margin, write_interventions_table
+
+    check_run_selection(args)
+    if args.margin_fraction is not None and (args.calibration is None or args.equivalence_margin is not None):
+        raise UserError("--margin-fraction needs --calibration CSV, and replaces --equivalence-margin")
+    if (args.plateau_last is None) != (args.plateau_improvement is None):
+        raise UserError("--plateau-last and --plateau-improvement go together")
+    for name in ("margin_fraction", "plateau_last", "plateau_improvement"):
+        value = getattr(args, name)
+        if value is not None and not 0 < value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be in (0, 1), not {value}")
+    declare_report_files(args, args.arm_costs, args.calibration)
+    margin = args.equivalence_margin
+    if args.margin_fraction is not None:
+        margin = calibrated_margin(args.calibration, args.margin_fraction, args.baseline)
+        print(
+            f"equivalence margin {margin:.4g}: {args.margin_fraction:g} x {args.baseline}'s calibrated loss"
+        )
+    plateau = (
+        PlateauRule(args.plateau_last, args.plateau_improvement) if args.plateau_last is not None else None
+    )
+    with written_by("attnid train"):
+        table, notes = write_interventions_table(
+            args.runs_dir,
+            args.out_dir,
+            args.runs,
+            args.baseline,
+            alpha=args.alpha,
+            equivalence_margin=margin,
+            family=args.family,
+            costs_path=args.arm_costs,
+            primary=args.primary,
+            plateau=plateau,
+        )
+    for note in notes:
+        print(f"note: {note}")
+    for row in table.to_dict("records"):
+        cost = "" if math.isnan(row["cost_ratio"]) else f", cost per step x{row['cost_ratio']:.3g}"
+        print(
+            f"{row['comparison']}: mean {row['delta_mean']:+.4g}, {100 * (1 - args.alpha):g}% t-CI "
+            f"[{row['ci_low']:+.4g}, {row['ci_high']:+.4g}] over {row['n_seeds']} seeds, sign-flip "
+            f"p = {row['p_value']:.3g}, Holm p = {row['p_holm']:.3g}, detectable "
+            f"{row['detectable_effect']:.3g}{cost}: {row['verdict']}"
+            + (" (primary)" if row["role"] == "primary" else "")
+        )
+    print(
+        f"wrote interventions_seeds.csv, interventions.csv, interventions_along.csv"
+        f"{', interventions_plateau.csv' if plateau else ''} and interventions.tex to {args.out_dir}"
+    )
+    return 0
+
+
+def add_calibration_table_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_selection_arguments(parser, sweep=False)
+    parser.add_argument("--out-dir", required=True, help="where calibration.csv goes")
+    parser.add_argument(
+        "--pending-specs",
+        nargs="+",
+        default=[],
+        metavar="PENDING",
+        help="pending specs of runs at an arm's best lr (written by the workflow's spec jobs): each one's "
+        "spec file is written with the lr of the lowest mean final full-split val loss",
+    )
+
+
+def run_calibration_table(args: argparse.Namespace) -> int:
+    # lazy: pandas and scipy, which --help does not wait for
+    from attnid.reports.calibration import write_calibration
+
+    check_run_selection(args)
+    declare_report_files(args, *args.pending_specs)
+    pending = [read_pending_spec(path) for path in args.pending_specs]
+    rule = outputs.current()
+    for spec in pending:
+        rule.write(spec.spec_file, SPEC_FILE, "a pending spec's spec_file")
+    with written_by("attnid train"):
+        table, written = write_calibration(args.runs_dir, args.out_dir, args.runs, pending)
+    for row in table.to_dict("records"):
+        mean = "diverged" if row["n_diverged"] else f"mean {row['mean']:.4f} over {row['n_seeds']} seeds"
+        print(f"{row['arm']} lr {row['lr']:.4g}: {mean}{' (best)' if row['best'] else ''}")
+    print(f"wrote calibration.csv to {args.out_dir} and {len(written)} calibrated spec file(s)")
+    return 0
