@@ -68,7 +68,7 @@ def test_the_registry_finds_one_module_per_figure():
         assert figure.module.__name__ == f"attnid.reports.figures.{name}_{figure.topic}"
         assert figure.caption_template.startswith(f"**Figure {figure.number} — ")
         assert set(figure.inputs) <= set(SOURCE_FLAGS) and all(figure.inputs.values())
-    assert [name for name, figure in found.items() if figure.stage] == ["fig5", "fig6"]
+    assert [name for name, figure in found.items() if figure.stage] == ["fig5", "fig6", "fig7"]
 
 
 def test_sgd_wd_factor_with_constant_lr_is_a_power():

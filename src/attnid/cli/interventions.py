@@ -17,12 +17,12 @@ from attnid.cli.reports import (
 )
 from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.plan.interventions import CALIBRATED_SUFFIX, FIXING_EFFECT
 from attnid.plan.runs import SPEC_FILE, read_pending_spec
 
 
 def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
     # lazy: pandas and scipy, which only this command's --help loads (for the defaults), not the others'
-    from attnid.plan.interventions import CALIBRATED_SUFFIX, FIXING_EFFECT
     from attnid.reports.interventions_table import BASELINE_CASE, INTERACTION
     from attnid.reports.statistics import ALPHA
 

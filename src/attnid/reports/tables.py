@@ -327,6 +327,17 @@ def _quantization_tables(quantization_csv: str | Path) -> tuple[pd.DataFrame, pd
     return pd.read_csv(quantization_csv), pd.read_csv(seeds_csv)
 
 
+def _read_census(census_csv: str | Path) -> pd.DataFrame:
+    if not Path(census_csv).is_file():
+        raise UserError(
+            f"census CSV {census_csv} not found: run 'attnid census --grid --out {census_csv}' first"
+        )
+    census = pd.read_csv(census_csv)
+    if not {"closes", "gap"} <= set(census.columns):
+        raise UserError(f"census CSV {census_csv} lacks the columns closes and gap: regenerate it")
+    return census
+
+
 def write_tables(
     runs_dir: str | Path | None,
     sweep_dir: str | Path | None,
@@ -364,15 +375,7 @@ def write_tables(
         if not sweep.empty
         else sweep_slopes_table(pd.DataFrame(columns=["optimizer", "lr", "status"]))
     )
-    census = None
-    if census_csv is not None:
-        if not Path(census_csv).is_file():
-            raise UserError(
-                f"census CSV {census_csv} not found: run 'attnid census --grid --out {census_csv}' first"
-            )
-        census = pd.read_csv(census_csv)
-        if not {"closes", "gap"} <= set(census.columns):
-            raise UserError(f"census CSV {census_csv} lacks the columns closes and gap: regenerate it")
+    census = _read_census(census_csv) if census_csv is not None else None
     interventions = None
     if intervention_runs or identity_runs:
         interventions = (

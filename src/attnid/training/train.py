@@ -335,14 +335,8 @@ class Run(TrainingLoop):
 
     def full_split_loss(self) -> float:
         # the plain module: a compiled one would compile again for the last, shorter batch
-        return split_loss(
-            self.model,
-            self.splits["val"],
-            self.cfg.block_size,
-            self.cfg.batch_size,
-            self.device,
-            self.autocast,
-        )
+        cfg, val = self.cfg, self.splits["val"]
+        return split_loss(self.model, val, cfg.block_size, cfg.batch_size, self.device, self.autocast)
 
     def finish(self) -> int:
         self.check_losses()  # nothing is pending after the last step (it has a row) or a divergence
@@ -396,8 +390,7 @@ def train(cfg: TrainConfig) -> int:
         if run.step == 0:
             progress.stage("evaluating the initial model")
             run.log_initial_state()
-        # a line when steps are slow (a large model): progress.Heartbeat reads this between the loop's
-        # own lines
+        # a line when steps are slow (a large model): progress.Heartbeat reads it between the loop's lines
         progress.stage(lambda: f"step {run.step}/{cfg.max_iters}")
         with StopSignals() as stop:
             exit_status = run.steps(stop)
