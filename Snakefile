@@ -32,6 +32,17 @@ include: "workflow/rules/quantization.smk"
 include: "workflow/rules/report.smk"
 
 
+# Snakemake's rate limiter (max-jobs-per-timespan, profiles/default/config.yaml) leaves a timer behind each
+# scheduling round, and Python waits for every such timer before it exits: once the build is over, none may
+# delay the exit (docs/cluster.md, "Snakemake's own CPU").
+onsuccess:
+    cancel_scheduling_timers()
+
+
+onerror:
+    cancel_scheduling_timers()
+
+
 rule all:
     default_target: True
     input:

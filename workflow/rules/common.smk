@@ -18,6 +18,7 @@
 import os
 import re
 import sys
+import threading
 
 from attnid.plan import (
     ConfigError,
@@ -35,6 +36,13 @@ DEFAULT_CONFIG = "config/config.yaml"
 DATA_DIR = "data/tinyshakespeare"
 DATA_LOGS = "data/logs"
 ENV = "../envs/attnid.yaml"
+
+
+def cancel_scheduling_timers():
+    """End the scheduler's pending re-evaluation timers (threading.Timer): the build is over."""
+    for thread in threading.enumerate():
+        if isinstance(thread, threading.Timer):
+            thread.cancel()
 
 
 def config_error(err):
