@@ -490,6 +490,11 @@ def test_train_runs_trains_each_run_as_train_would(prepared_data_dir, tmp_path, 
     assert main([*command, "--outs", *map(str, outs)]) == 0
     assert "holds a finished run" in capsys.readouterr().err
     assert [(out / "metrics.csv").read_text() for out in outs] == before
+    # the workflow's per-arm jobs pass --restart-if-changed: a run whose settings changed starts over
+    specs[0].write_text(specs[0].read_text() + "lr: 0.002\n")
+    assert main([*command, "--outs", *map(str, outs)]) == 2  # without it, the changed run is refused
+    assert main([*command, "--outs", *map(str, outs), "--restart-if-changed"]) == 0
+    assert run_json(outs[0])["lr"] == 0.002 and (outs[1] / "metrics.csv").read_text() == before[1]
     assert main([*command, "--outs", str(outs[0])]) == 2
     assert "2 --configs and 1 --outs" in capsys.readouterr().err
     blocker = tmp_path / "file"

@@ -104,6 +104,10 @@ def add_train_runs_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=f.metadata["metavar"],
             help=help_text(name),
         )
+    # the workflow's per-arm jobs pass it, as each `attnid train` job does (workflow/rules/interventions.smk)
+    parser.add_argument(
+        "--restart-if-changed", action="store_true", default=None, help=help_text("restart_if_changed")
+    )
 
 
 def run_train_runs(args: argparse.Namespace) -> int:
@@ -120,7 +124,11 @@ def run_train_runs(args: argparse.Namespace) -> int:
         )
     if len(set(args.outs)) != len(args.outs):
         raise UserError("two runs with the same --outs directory: each run needs its own")
-    flags = {name: getattr(args, name) for name in JOB_FLAGS if getattr(args, name) is not None}
+    flags = {
+        name: getattr(args, name)
+        for name in (*JOB_FLAGS, "restart_if_changed")
+        if getattr(args, name) is not None
+    }
     runs = []
     for config_file, out in zip(args.configs, args.outs, strict=True):
         cfg = resolve_config(read_config_file(config_file) | flags | {"out": out})
