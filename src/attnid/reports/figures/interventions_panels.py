@@ -52,13 +52,12 @@ CALIBRATION_KEYS = (CHOSEN_LR, CHOSEN_AT_EDGE, DIVERGED)
 MARGIN_LABEL = "equivalence margin ±{margin:.2g}"
 
 
-def draw_differences(ax: Axes, comparisons: list[Comparison], margin: float | None) -> None:
-    """One row per comparison: its seeds' differences as dots, the mean with its t-interval (grey where the
-    rule gives no verdict), the zero line and the equivalence margin; the verdicts on the right, the
-    primary's row in bold, a rule between the primary, the secondary family and the rest."""
-    ax.axvline(0.0, color=PREDICTION_COLOR, linewidth=0.8, zorder=1)
+def draw_zero_and_margin(ax: Axes, margin: float | None, across: str) -> None:
+    """The zero line and the equivalence margin's band, on the ``across`` axis ("x" or "y")."""
+    line, band = (ax.axvline, ax.axvspan) if across == "x" else (ax.axhline, ax.axhspan)
+    line(0.0, color=PREDICTION_COLOR, linewidth=0.8, zorder=1)
     if margin is not None:
-        ax.axvspan(
+        band(
             -margin,
             margin,
             color=PREDICTION_COLOR,
@@ -67,6 +66,13 @@ def draw_differences(ax: Axes, comparisons: list[Comparison], margin: float | No
             zorder=0,
             label=MARGIN_LABEL.format(margin=margin),
         )
+
+
+def draw_differences(ax: Axes, comparisons: list[Comparison], margin: float | None) -> None:
+    """One row per comparison: its seeds' differences as dots, the mean with its t-interval (grey where the
+    rule gives no verdict), the zero line and the equivalence margin; the verdicts on the right, the
+    primary's row in bold, a rule between the primary, the secondary family and the rest."""
+    draw_zero_and_margin(ax, margin, across="x")
     xs, ys = [], []
     for position, row in enumerate(comparisons):
         spread = (
@@ -208,17 +214,7 @@ def seeds(count: int) -> str:
 def draw_along(ax: Axes, series: list[AlongSeries], margin: float | None) -> None:
     """Each comparison's mean difference at each declared step with its t-interval as a band, the zero line
     and the equivalence margin; the primary's line the thickest. The verdict is the last step's."""
-    ax.axhline(0.0, color=PREDICTION_COLOR, linewidth=0.8, zorder=1)
-    if margin is not None:
-        ax.axhspan(
-            -margin,
-            margin,
-            color=PREDICTION_COLOR,
-            alpha=MARGIN_ALPHA,
-            linewidth=0,
-            zorder=0,
-            label=MARGIN_LABEL.format(margin=margin),
-        )
+    draw_zero_and_margin(ax, margin, across="y")
     all_at_best_lr = all(item.row.at_best_lr for item in series)
     for index, item in enumerate(series):
         color = SERIES_COLORS[index % len(SERIES_COLORS)]
