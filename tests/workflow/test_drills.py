@@ -488,7 +488,7 @@ def test_a_build_killed_anywhere_resumes_to_the_uninterrupted_result(smoke_dir, 
             build, lambda: any((workdir / path).exists() for path in changed), "a spec the dry run changes"
         )
         dry = run_snakemake(workdir, "-n", configfile="config/other.yaml")
-        assert dry.returncode == 0 and "spec_file" in dry.stdout, dry.stderr[-3000:]
+        assert dry.returncode == 0 and "spec_file" in dry.stdout, dry.stdout[-2000:]
         for path in texts:
             if (workdir / path).exists():
                 assert (workdir / path).read_text() == texts[path], f"{path} is not the build's own"
