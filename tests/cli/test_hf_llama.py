@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 import torch
 import transformers
+from variant_models import TINY_HF as TINY
 
 from attnid.cli import main
 from attnid.common.errors import UserError
@@ -34,16 +35,6 @@ transformers.logging.disable_progress_bar()
 
 TOLERANCE = 1e-5  # max |logit change| / max |logit| of a float32 folder (docs/design.md §9)
 BALANCED = 1e-6  # mu on the own orbit after balance
-TINY = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-)
 FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),

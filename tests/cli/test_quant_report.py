@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from variant_models import TINY_HF as TINY
 
 from attnid.cli import main
 from attnid.edits.checkpoints import load_checkpoint
@@ -22,16 +23,6 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
-TINY = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LENGTH, EVAL_TOKENS = 32, 128
 

@@ -15,6 +15,7 @@ import os
 import pytest
 import torch
 import transformers
+from variant_models import TINY_HF
 
 from attnid.cli import main
 from attnid.edits.orthogonal import hadamard, stream_rotation
@@ -26,16 +27,6 @@ transformers.logging.disable_progress_bar()
 
 EXACT = 1e-10  # max |delta log p| of the moves in float64 (the census's forward)
 AS_WRITTEN = 1e-4  # the family's own forward in float32, the written copy against the input
-TINY_HF = dict(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    initializer_range=0.2,
-)
 HF_FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),

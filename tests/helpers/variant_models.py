@@ -12,3 +12,15 @@ VARIANTS = {
     "gqa D=12": dict(n_kv_head=2, head_dim=12),
     "one head D=32": dict(n_head=1, head_dim=32),
 }
+
+# the tiny random Hugging Face folders of the checkpoint-edit and quantization tests
+TINY_HF = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    initializer_range=0.2,
+)
