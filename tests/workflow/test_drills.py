@@ -487,7 +487,11 @@ def test_a_build_killed_anywhere_resumes_to_the_uninterrupted_result(smoke_dir, 
         _wait_until(
             build, lambda: any((workdir / path).exists() for path in changed), "a spec the dry run changes"
         )
+        # plain -n lists the jobs, or, once the build has started jobs, stops at their files being incomplete;
+        # -n --rerun-incomplete (no lock is taken by a dry run) lists them either way (docs/cluster.md)
         dry = run_snakemake(workdir, "-n", configfile="config/other.yaml")
+        assert dry.returncode == 0 or INCOMPLETE_REFUSAL in dry.stdout + dry.stderr, dry.stdout[-2000:]
+        dry = run_snakemake(workdir, "-n", "--rerun-incomplete", configfile="config/other.yaml")
         assert dry.returncode == 0 and "spec_file" in dry.stdout, dry.stdout[-2000:]
         for path in texts:
             if (workdir / path).exists():
