@@ -398,12 +398,16 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "eval_every": 2,
             "warmup_iters": 1,
         },  # the default's points
-        # one arm (a list replaces the default's four) and the family it makes, at the stage's own length
+        # the default's arms, protocol and per-arm jobs, at toy length: the calibration on one seed over three
+        # lrs, the whole val split every 2 steps (the plateau check's last quarter is steps 6 to 8)
         "interventions": {
-            "arms": [{"case": "adamw_projected"}],
             "seeds": [0],
-            "max_iters": 6,
-            "verdict": {"family": ["adamw_projected"]},
+            "max_iters": 8,
+            "warmup_iters": 1,
+            "log_every": 2,
+            "eval_every": 8,
+            "full_val_every": 2,
+            "calibration": {"lr_factors": [0.5, 1, 2], "seeds": [100]},
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
         },
         "edits": {"seeds": [0], "max_iters": 6},  # the section's own length (the default's 500) wins
@@ -415,6 +419,7 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         workdir, configfile=None, config=shortened, timeout=1800, progress="a shortened default build"
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    stage = shortened["interventions"]
     merged = {
         **default,
         "training": {**default["training"], **shortened["training"]},
@@ -429,11 +434,9 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
         "variants": {**default["variants"], **shortened["variants"]},
         "interventions": {
             **default["interventions"],
-            "arms": shortened["interventions"]["arms"],
-            "seeds": [0],
-            "max_iters": 6,
-            "verdict": {**default["interventions"]["verdict"], "family": ["adamw_projected"]},
-            "identity": {**default["interventions"]["identity"], **shortened["interventions"]["identity"]},
+            **{key: value for key, value in stage.items() if not isinstance(value, dict)},
+            "calibration": {**default["interventions"]["calibration"], **stage["calibration"]},
+            "identity": {**default["interventions"]["identity"], **stage["identity"]},
         },
         "edits": {**default["edits"], "seeds": [0], "max_iters": 6},
         "paper_pdf": False,
