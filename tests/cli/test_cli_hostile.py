@@ -554,10 +554,28 @@ def test_a_closed_pipe_ends_inspect_quietly(hostile):
     assert process.returncode == 128 + signal.SIGPIPE and err == "", err
 
 
+def _wait_until_importing_torch(process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Return once the process has mapped libtorch (it is importing torch, before any command code runs). A
+    fixed sleep is not that: on a fast machine with a warm cache 0.3 s was already past the run's first line.
+    Without /proc (not Linux) it falls back to such a sleep."""
+    maps = Path(f"/proc/{process.pid}/maps")
+    if not maps.exists():
+        time.sleep(0.3)
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if "libtorch" in maps.read_text():
+                return
+        except OSError:
+            return
+        time.sleep(0.002)
+
+
 def test_ctrl_c_while_starting_is_one_line(hostile, tmp_path):
     w = hostile[0]
     process = _attnid("train", "--data", w / "data", "--out", tmp_path / "run", *TINY_TRAIN)
-    time.sleep(0.3)  # importing torch: before any command code runs
+    _wait_until_importing_torch(process)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err.strip() == "attnid train: interrupted", err
