@@ -9,7 +9,8 @@ case (AdamW), same training threads, interleaved over ``--rounds`` rounds:
    reference for "no slower than nanoGPT's own train.py";
 2. ``train --no-metrics``: our full loop without ρ β τ μ;
 3. ``train`` at the default ``--log-every 10`` with every metric (the drift split at every
-   step included), on the training thread (``--metrics-threads 0``, the default);
+   step included), τ on every ``--tau-every``-th row (default: the default config's), on the training
+   thread (``--metrics-threads 0``, the default);
 4. the same with ``--metrics-threads 1``: the metrics on a worker thread.
 
 It prints the median ms/iter of each and the ratios the project targets: ``train/bare``
@@ -31,7 +32,8 @@ training thread's CPU time plus the time it waited for the metrics (run.json's
 ``metrics_queue_wait_s`` + ``metrics_drain_s``): the cost on the training thread whatever else runs.
 
     python benchmarks/train_speed.py [--data DIR] [--steps 300] [--threads 1] [--rounds 3]
-                                     [--clock wall|cpu|thread] [--paper-steps 30] [--paper-short 8]
+                                     [--clock wall|cpu|thread] [--tau-every N]
+                                     [--paper-steps 30] [--paper-short 8]
                                      [--paper-batch-size 2] [--paper-tau-every 10]
 
 ``--paper-steps 0`` leaves the paper-shape measurement out.
@@ -57,6 +59,7 @@ import metrics_overlap  # benchmarks/metrics_overlap.py, next to this file
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 
 from attnid.model.gpt import GPT, GPTConfig
 from attnid.training.config import resolve_config
@@ -102,8 +105,20 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> None:
             loss.item()
 
 
+def default_tau_every() -> int:
+    """The default config's ``training.tau_every`` (what the default DAG's runs probe τ with)."""
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
+    return int(config["training"].get("tau_every", 1))
+
+
 def attnid_loop(
-    data_dir: Path, out: Path, steps: int, threads: int, metrics: bool, metrics_threads: int = 0
+    data_dir: Path,
+    out: Path,
+    steps: int,
+    threads: int,
+    metrics: bool,
+    metrics_threads: int = 0,
+    tau_every: int = 1,
 ) -> float:
     """``attnid train`` for ``steps`` steps (eval only at step 0 and the end, no checkpoint before the end);
     returns the seconds the training thread waited for the metrics."""
@@ -120,6 +135,7 @@ def attnid_loop(
             threads=threads,
             metrics=metrics,
             metrics_threads=metrics_threads,
+            tau_every=tau_every,
             device="cpu",
             fresh=True,
             progress_every=1e9,
@@ -145,16 +161,24 @@ def ms_per_iter(run, steps: int, clock_name: str) -> float:
 MEASUREMENTS = ("bare", "plain", "metrics", "overlap")
 
 
-def measure(name: str, data_dir: Path, steps: int, threads: int, clock_name: str) -> float:
+def measure(name: str, data_dir: Path, steps: int, threads: int, clock_name: str, tau_every: int) -> float:
     """ms/iter of one loop, in this process."""
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
             "bare": lambda n: bare_nanogpt_loop(data_dir, n),
             "plain": lambda n: attnid_loop(data_dir, Path(tmp) / "plain", n, threads, metrics=False),
-            "metrics": lambda n: attnid_loop(data_dir, Path(tmp) / "metrics", n, threads, metrics=True),
+            "metrics": lambda n: attnid_loop(
+                data_dir, Path(tmp) / "metrics", n, threads, metrics=True, tau_every=tau_every
+            ),
             "overlap": lambda n: attnid_loop(
-                data_dir, Path(tmp) / "overlap", n, threads, metrics=True, metrics_threads=1
+                data_dir,
+                Path(tmp) / "overlap",
+                n,
+                threads,
+                metrics=True,
+                metrics_threads=1,
+                tau_every=tau_every,
             ),
         }
         return ms_per_iter(runs[name], steps, clock_name)
@@ -174,6 +198,8 @@ def measure_in_subprocess(name: str, data_dir: Path, args) -> float:
         str(args.threads),
         "--clock",
         args.clock,
+        "--tau-every",
+        str(args.tau_every),
     ]
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     return float(result.stdout.strip().splitlines()[-1])
@@ -198,6 +224,12 @@ def main(argv=None) -> int:
         help="wall clock, process CPU time, or the training thread's CPU time plus its waits",
     )
     parser.add_argument(
+        "--tau-every",
+        type=int,
+        default=default_tau_every(),
+        help="default shape: tau on every N-th row (default: the default config's, %(default)s)",
+    )
+    parser.add_argument(
         "--paper-steps",
         type=int,
         default=30,
@@ -213,7 +245,7 @@ def main(argv=None) -> int:
     if args.steps % 10:
         parser.error("--steps must be a multiple of 10")
     if args.measure:
-        print(measure(args.measure, args.data, args.steps, args.threads, args.clock))
+        print(measure(args.measure, args.data, args.steps, args.threads, args.clock, args.tau_every))
         return 0
 
     load_before = os.getloadavg()

@@ -76,9 +76,11 @@ def imbalance_step_terms(
     ``L = dA Aᵀ + A dAᵀ - dB Bᵀ - B dBᵀ`` (zero for a gradient step, Lemma 5.1) and the
     second-order part ``Q = dA dAᵀ - dB dBᵀ`` (docs/design.md §7).
     """
-    cross_a, cross_b = step_a @ pair_a.transpose(-1, -2), step_b @ pair_b.transpose(-1, -2)
-    step_grams = factor_pairs.gram(step_a), factor_pairs.gram(step_b)
-    return imbalance_step_terms_from_products(cross_a, cross_b, *step_grams)
+    (cross_a, step_gram_a), (cross_b, step_gram_b) = (
+        factor_pairs.step_products(step_a, pair_a),
+        factor_pairs.step_products(step_b, pair_b),
+    )
+    return imbalance_step_terms_from_products(cross_a, cross_b, step_gram_a, step_gram_b)
 
 
 def imbalance_step_terms_from_products(

@@ -68,23 +68,31 @@ class CircuitStep:
         return self.post.pair_b - self.pre.pair_b
 
     @cached_property
+    def _side_a(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return factor_pairs.step_products(self.step_a, self.pre.pair_a)
+
+    @cached_property
+    def _side_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return factor_pairs.step_products(self.step_b, self.pre.pair_b)
+
+    @property
     def cross_a(self) -> torch.Tensor:
         """``dA A0ᵀ`` ``(L*G, D, D)``."""
-        return self.step_a @ self.pre.pair_a.transpose(-1, -2)
+        return self._side_a[0]
 
-    @cached_property
+    @property
     def cross_b(self) -> torch.Tensor:
         """``dB B0ᵀ`` ``(L*G, D, D)``."""
-        return self.step_b @ self.pre.pair_b.transpose(-1, -2)
+        return self._side_b[0]
 
-    @cached_property
+    @property
     def step_gram_a(self) -> torch.Tensor:
         """``dA dAᵀ`` ``(L*G, D, D)``."""
-        return factor_pairs.gram(self.step_a)
+        return self._side_a[1]
 
-    @cached_property
+    @property
     def step_gram_b(self) -> torch.Tensor:
-        return factor_pairs.gram(self.step_b)
+        return self._side_b[1]
 
     @cached_property
     def pre_grams(self) -> tuple[torch.Tensor, torch.Tensor]:
