@@ -214,6 +214,23 @@ def test_rebalancing_keeps_the_product_and_hits_the_target(batch, target_kind, l
 
 
 @PROPERTY
+@given(pair_batches(), st.floats(-8, 0))
+def test_step_products_are_the_two_products_of_a_step(batch, log_step_scale):
+    """The drift split's products (docs/design.md §7), one call of twice the width: ``dA A^T`` and
+    ``dA dA^T``, each against the product computed on its own (to float64 round-off of the sums)."""
+    pair_a, _, gen = batch
+    step_a = 10.0**log_step_scale * torch.randn(pair_a.shape, generator=gen, dtype=F64)
+    cross, step_gram = factor_pairs.step_products(step_a, pair_a)
+    assert cross.shape == step_gram.shape == (*pair_a.shape[:-1], pair_a.shape[-2])
+    # each entry is a sum of n products: its round-off is a few eps times the sum of their sizes
+    tolerance = 8 * pair_a.shape[-1] * torch.finfo(F64).eps
+    cross_scale = step_a.abs() @ pair_a.abs().transpose(-1, -2)
+    gram_scale = step_a.abs() @ step_a.abs().transpose(-1, -2)
+    assert ((cross - step_a @ pair_a.transpose(-1, -2)).abs() <= tolerance * cross_scale).all()
+    assert ((step_gram - factor_pairs.gram(step_a)).abs() <= tolerance * gram_scale).all()
+
+
+@PROPERTY
 @given(pair_batches())
 def test_excess_norm_is_nonnegative_and_zero_after_balancing(batch):
     pair_a, pair_b, _ = batch
