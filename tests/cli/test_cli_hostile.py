@@ -574,7 +574,17 @@ def _wait_until_importing_torch(process: subprocess.Popen, timeout: float = 60.0
 
 def test_ctrl_c_while_starting_is_one_line(hostile, tmp_path):
     w = hostile[0]
-    process = _attnid("train", "--data", w / "data", "--out", tmp_path / "run", *TINY_TRAIN)
+    # SIGINT at its default, as under a terminal: a suite started in the background (a CI job without job
+    # control) hands its children SIGINT ignored, and a command that inherits it so rightly keeps ignoring it
+    process = _attnid(
+        "train",
+        "--data",
+        w / "data",
+        "--out",
+        tmp_path / "run",
+        *TINY_TRAIN,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     _wait_until_importing_torch(process)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
