@@ -62,7 +62,7 @@ import torch
 import yaml
 
 from attnid.model.gpt import GPT, GPTConfig
-from attnid.training.config import resolve_config
+from attnid.training.config import TrainConfig, resolve_config
 from attnid.training.train import train
 
 NANOGPT_CPU = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12)
@@ -108,7 +108,7 @@ def bare_nanogpt_loop(data_dir: Path, steps: int) -> None:
 def default_tau_every() -> int:
     """The default config's ``training.tau_every`` (what the default DAG's runs probe τ with)."""
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "config.yaml").read_text())
-    return int(config["training"].get("tau_every", 1))
+    return int(config["training"].get("tau_every", TrainConfig.tau_every))
 
 
 def attnid_loop(
@@ -118,7 +118,7 @@ def attnid_loop(
     threads: int,
     metrics: bool,
     metrics_threads: int = 0,
-    tau_every: int = 1,
+    tau_every: int = TrainConfig.tau_every,
 ) -> float:
     """``attnid train`` for ``steps`` steps (eval only at step 0 and the end, no checkpoint before the end);
     returns the seconds the training thread waited for the metrics."""
