@@ -239,3 +239,31 @@ def test_the_kept_interventions_protocol_is_complete():
         assert last["step"] == config["max_iters"]
         assert last["delta_mean"] == pytest.approx(verdict_row["delta_mean"], abs=1e-12), comparison
     assert set(along["comparison"]) == set(table["comparison"])
+
+
+def test_the_like_for_like_frozen_mlp_numbers_are_the_kept_seeds():
+    """The frozen-MLP arm against fixing from the same start (as many entries frozen): the README's and
+    experiments.md's numbers are computed here from interventions_seeds.csv, not copied."""
+    seeds = pd.read_csv(FIGURES / "interventions_seeds.csv")
+    arm_values = pd.concat(
+        [
+            seeds[["arm", "seed", "arm_value"]].set_axis(["arm", "seed", "value"], axis=1),
+            seeds[["baseline", "seed", "baseline_value"]].set_axis(["arm", "seed", "value"], axis=1),
+        ]
+    ).drop_duplicates(["arm", "seed"])
+    by_arm = arm_values.pivot(index="seed", columns="arm", values="value")
+    difference = (by_arm["adamw_frozen_mlp_best_lr"] - by_arm["adamw_gauge_fixed_at_init_best_lr"]).dropna()
+    low, high = statistics.t_interval(difference)
+    numbers = [difference.mean(), low, high]
+    p_value = statistics.sign_flip_p_value(difference)
+    experiments = (REPO / "docs" / "experiments.md").read_text().replace("\n", " ")
+    interval = r"([+−-][\d.]+) \[([+−-][\d.]+), ([+−-][\d.]+)\]"
+    in_experiments = re.search(rf"init` is {interval}, exact p (\d+\.\d+), (\d+) of 10", experiments)
+    in_readme = re.search(rf"same start: {interval}, p (\d+\.\d+)", README.replace("\n", " "))
+    for found in (in_experiments, in_readme):
+        assert found, "the like-for-like frozen-MLP sentence is gone"
+        shown = [group.replace("−", "-") for group in found.groups()]
+        for value, number in zip(shown[:3], numbers, strict=True):
+            assert agrees_to_shown_digits(value, number), (value, number)
+        assert agrees_to_shown_digits(shown[3], p_value), (shown[3], p_value)
+    assert in_experiments and int(in_experiments.group(5)) == int((difference > 0).sum())
