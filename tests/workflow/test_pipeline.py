@@ -76,6 +76,18 @@ def test_smoke_build_makes_the_appendix_pdf_where_latexmk_is_installed(smoke_dir
         assert not list(pdf.parent.glob(".latexmk-*")), "scratch build folder left behind"
 
 
+def _with_tex(tmp_path) -> dict:
+    """An environment with a TeX for a dry run (which runs no latexmk): a latexmk and a kpsewhich that finds
+    every package first on PATH, so that paper_pdf: true validates where TeX is not installed."""
+    fake = tmp_path / "tex-for-a-dry-run"
+    fake.mkdir()
+    (fake / "latexmk").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "kpsewhich").write_text('#!/bin/sh\necho "/usr/share/texmf/$1"\n')
+    for program in ("latexmk", "kpsewhich"):
+        (fake / program).chmod(0o755)
+    return {"PATH": os.pathsep.join([str(Path(sys.executable).parent), str(fake), os.environ["PATH"]])}
+
+
 def _without_siunitx(tmp_path) -> dict:
     """An environment whose TeX lacks siunitx: a kpsewhich first on PATH that finds nothing."""
     fake = tmp_path / "tex-without-siunitx"
@@ -320,6 +332,7 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
             "seeds": "[0]",
             "training": "{max_iters: 7, warmup_iters: 1}",  # a run attnid train accepts
         },
+        env=_with_tex(tmp_path),  # paper_pdf: true needs a TeX; the README's set-up has none
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
