@@ -33,6 +33,7 @@ from system_packages import needs
 from attnid.plan import why_no_pdf
 from attnid.plan.quantization import SMOLLM2_INSTALL, smollm2_gguf
 from attnid.plan.runs import lr_label
+from attnid.reports.claims import claim_kind
 
 SMOKE = smoke_config()["results_dir"]
 
@@ -155,7 +156,10 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     assert claims["claim"].iloc[-10:-4].str.startswith("interventions: ").all()
     assert claims["claim"].iloc[-4:].str.startswith("quantization: ").all()
     assert len(claims) == 10 + claims["claim"].str.startswith("whole-model census").sum() + 6 + 4
-    assert set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
+    assert set(claims["result"]) <= {"pass", "fail", "holds", "rejected", "missing", "not applicable (dtype)"}
+    # each row's kind: the paper's E1-E3, our findings (the census, the quantization targets), the checks
+    assert claims["kind"].tolist() == [claim_kind(c, p) for c, p in zip(claims["claim"], claims["paper"])]
+    assert (claims.loc[claims["claim"].str.startswith("E"), "kind"] == "paper").all()
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]
     assert (adamw["rho_qk_mean"] > 1e-3).all()
@@ -172,9 +176,10 @@ def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
     # the quantization stage's targets (a picked seed, the optimized move) are measurements, which a 40-step
     # toy model need not meet; its identities (the same function at every point) must hold
     targets = claims.index.str.startswith("quantization: ") & ~claims.index.str.contains("keeps|exact")
-    assert claims.index[targets].size == 2
+    assert claims.index[targets].size == 2 and (claims.loc[targets, "kind"] == "finding").all()
     claims = claims[~targets]
-    assert (claims["result"] == "pass").all(), claims[["measured", "dtype", "result"]]
+    held = claims["kind"].map({"paper": "pass", "check": "pass", "finding": "holds"})  # the census holds
+    assert (claims["result"] == held).all(), claims[["measured", "dtype", "result"]]
     assert (claims.loc[claims.index.str.startswith("E1"), "dtype"] == "float64").all()
     runs = pd.read_csv(smoke_dir / f"{SMOKE}/tables/runs.csv")
     assert set(runs.loc[runs["case"].isin(["sgd", "sgd_wd"]), "dtype"]) == {"float64"}
