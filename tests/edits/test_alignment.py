@@ -143,3 +143,12 @@ def test_mismatched_shapes_are_one_line(models, capsys) -> None:
 def test_unknown_class_is_refused(models, capsys) -> None:
     assert main(["compare", str(models["a"]), str(models["other"]), "--classes", "heads,nope"]) == 2
     assert "--classes" in capsys.readouterr().err
+
+
+def test_gl_refinement_keeps_the_function_and_removes_more(models) -> None:
+    a, b = _whole(models["a"]), _whole(models["other"])
+    _, orthogonal = align_whole(a, b)
+    refined, report = align_whole(a, b, ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl"))
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    assert report["distance_after"]["total"] <= orthogonal["distance_after"]["total"] + 1e-12
+    assert report["gl_tolerance"] is not None and report["steps"][-1]["lbfgs_max_iterations"] >= 1

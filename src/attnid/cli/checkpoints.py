@@ -383,7 +383,8 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--classes",
         default=None,
-        help="comma-separated among heads, mlp, ov, qk (made in that order; default: all)",
+        help="comma-separated among heads, mlp, ov, qk, ov_gl, qk_gl (made in that order; default: "
+        "heads, mlp, ov, qk)",
     )
     parser.add_argument(
         "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"

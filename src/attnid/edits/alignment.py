@@ -12,15 +12,17 @@ The classes, in their declared order (:data:`ALIGN_CLASSES`), each a move of
   (:func:`~attnid.edits.orbit_moves.move_value_output` with ``M^-1 = M^T``).
 - ``qk``: per head an orthogonal ``M`` on the query-key pair, ``[W_Q | b_Q | W_K | b_K] -> M [...]``
   (:func:`~attnid.edits.orbit_moves.move_query_key`, ``M^-T = M``; no RoPE).
+- ``ov_gl``, ``qk_gl`` (only when named): the same pairs under GL(D), from the current point.
 
 The permutations are solved by weight matching as Git Re-Basin does (Hungarian per layer,
 ``scipy.optimize.linear_sum_assignment``; coordinate descent over the layers in a seeded order until no
 permutation changes). When ``ov`` or ``qk`` is also asked for, a head pair's matching cost is its
 Procrustes residual (the nuclear norm of the cross matrix), so the permutation and the per-head rotations
-are the joint optimum. The orthogonal parts are Procrustes, closed form; the GL(D) refinement of the
-issue is not built (orthogonal only). Every class's move is checked in float64 by the census's own
-forward before the next one (:func:`attnid.edits.quant_moves.exact_log_probs`); a class that changes the
-log-probabilities by more than :data:`EXACT_DLOGP` is refused by name.
+are the joint optimum for the orthogonal classes. The orthogonal parts are Procrustes, closed form; the
+``ov_gl`` and ``qk_gl`` classes take the pairs on from there in GL(D) (``W_O -> W_O M^-1``,
+``W_K -> M^-T W_K``), by L-BFGS with a declared tolerance. Every class's move is checked in float64 by
+the census's own forward before the next one (:func:`attnid.edits.quant_moves.exact_log_probs`); a class
+that changes the log-probabilities by more than :data:`EXACT_DLOGP` is refused by name.
 """
 
 from __future__ import annotations
@@ -37,17 +39,20 @@ from attnid.edits.orbit_moves import move_query_key, move_value_output
 from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
 
-ALIGN_CLASSES = ("heads", "mlp", "ov", "qk")  # the declared order of the moves and of the report
+ALIGN_CLASSES = ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl")  # the declared order (moves, report)
+DEFAULT_CLASSES = ("heads", "mlp", "ov", "qk")  # the GL(D) refinement is asked for by name
 GROUPS = ("embedding", "attention_qk", "attention_ov", "mlp", "norms")
 EXACT_DLOGP = 1e-10  # max |delta log p| of the moves in float64 (the census's forward)
 PROBE_TOKENS = 32  # the float64 check's window
 MAX_SWEEPS = 100
+GL_TOLERANCE = 1e-12  # L-BFGS: stop when the relative gradient (or the relative decrease) falls below it
+GL_MAX_ITERATIONS = 500
 
 
 def parse_classes(text: str | None) -> tuple[str, ...]:
-    """``--classes`` (comma-separated, any order) in the declared order; None: all of them."""
+    """``--classes`` (comma-separated, any order) in the declared order; None: :data:`DEFAULT_CLASSES`."""
     if text is None:
-        return ALIGN_CLASSES
+        return DEFAULT_CLASSES
     asked = {c.strip() for c in text.split(",") if c.strip()}
     unknown = sorted(asked - set(ALIGN_CLASSES))
     if unknown or not asked:
@@ -185,6 +190,64 @@ def match_permutations(
     return {"sweeps": sweeps, "units_moved": moved}
 
 
+def _gl_parts(whole: WholeCheckpoint, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(H, D, n1)``, ``(H, D, n2)``: what ``M`` multiplies (``W_V | b_V``; ``W_Q | b_Q``) and what
+    ``M^-T`` does (``W_O^T``; ``W_K | b_K``)."""
+    p, shape = whole.params, whole.shape.attention
+    h, d = shape.n_head, shape.head_dim
+    prefix = f"h{layer}.attn."
+    first, second = (("w_q", "b_q"), ("w_k", "b_k")) if circuit == "qk" else (("w_v", "b_v"), ())
+    sides = []
+    for names in (first, second):
+        parts = [p[prefix + n].reshape(h, d, -1) for n in names if prefix + n in p]
+        if circuit == "ov" and not names:
+            parts = [p[prefix + "w_o"].T.reshape(h, d, -1)]
+        sides.append(torch.cat(parts, dim=-1))
+    return sides[0], sides[1]
+
+
+def _gl_objective(x, pair: tuple, scale: float):
+    """``(||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2) / scale`` and its gradient in ``M`` (flattened)."""
+    a1, b1, a2, b2 = pair
+    d = a1.shape[0]
+    m = torch.tensor(x, dtype=torch.float64).reshape(d, d).requires_grad_()
+    value = ((a1 - m @ b1).square().sum() + (a2 - torch.linalg.inv(m).T @ b2).square().sum()) / scale
+    value.backward()
+    assert m.grad is not None
+    return float(value.detach()), m.grad.flatten().numpy()
+
+
+def gl_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> tuple[list[torch.Tensor], int]:
+    """Per layer ``(H, D, D)``: ``M`` in GL(D) minimising ``||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2`` per
+    head, by L-BFGS (scipy) from the identity (the current point: the Procrustes one after ``ov``/``qk``),
+    tolerance :data:`GL_TOLERANCE` on the objective relative to ``||A||^2``. Returns the moves and the
+    largest number of iterations a head took."""
+    # lazy: scipy.optimize's minimize is only needed here
+    from scipy.optimize import minimize
+
+    moves, worst = [], 0
+    d = a.shape.attention.head_dim
+    for layer in range(a.shape.n_layer):
+        (a1, a2), (b1, b2) = _gl_parts(a, layer, circuit), _gl_parts(b, layer, circuit)
+        layer_moves = []
+        for head in range(a.shape.attention.n_head):
+            pair = (a1[head], b1[head], a2[head], b2[head])
+            scale = float(a1[head].square().sum() + a2[head].square().sum()) or 1.0
+            start = torch.eye(d, dtype=torch.float64).flatten().numpy()
+            result = minimize(
+                _gl_objective,
+                start,
+                args=(pair, scale),
+                jac=True,
+                method="L-BFGS-B",
+                options={"gtol": GL_TOLERANCE, "ftol": GL_TOLERANCE, "maxiter": GL_MAX_ITERATIONS},
+            )
+            worst = max(worst, int(result.nit))
+            layer_moves.append(torch.tensor(result.x, dtype=torch.float64).reshape(d, d))
+        moves.append(torch.stack(layer_moves))
+    return moves, worst
+
+
 def procrustes_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> list[torch.Tensor]:
     """Per layer ``(H, D, D)``: the orthogonal ``M`` nearest ``M B_h`` to ``A_h`` (``U V^T`` of ``A_h
     B_h^T = U S V^T``)."""
@@ -200,11 +263,17 @@ def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple
     """One class's move of ``b`` towards ``a`` (``b`` changed in place, or replaced: use the return)."""
     if name in ("heads", "mlp"):
         return match_permutations(a, b, name, classes, seed)
-    moves = procrustes_moves(a, b, name)
-    moved = (move_value_output if name == "ov" else move_query_key)(b, moves)
+    circuit = name.removesuffix("_gl")
+    detail: dict = {}
+    if name.endswith("_gl"):
+        moves, iterations = gl_moves(a, b, circuit)
+        detail["lbfgs_max_iterations"] = iterations
+    else:
+        moves = procrustes_moves(a, b, circuit)
+    moved = (move_value_output if circuit == "ov" else move_query_key)(b, moves)
     b.params = moved.params
     eye = torch.eye(moves[0].shape[-1], dtype=torch.float64)
-    return {"max_move_from_identity": max(float((m - eye).abs().max()) for m in moves)}
+    return {**detail, "max_move_from_identity": max(float((m - eye).abs().max()) for m in moves)}
 
 
 # --------------------------------------------------------------------------------------
@@ -229,7 +298,7 @@ def align_refusal(whole: WholeCheckpoint, classes: tuple) -> str | None:
     attention = whole.shape.attention
     if "heads" in classes and attention.n_kv_head != attention.n_head:
         return "class heads: grouped key/value heads (G < H) are not permuted here yet"
-    if "qk" in classes and attention.rope:
+    if ("qk" in classes or "qk_gl" in classes) and attention.rope:
         return "class qk: under RoPE the query-key orbit is the RoPE commutant, not aligned here yet"
     if "mlp" in classes and "h0.mlp.w_fc" not in whole.params:
         return "class mlp: only the GELU MLP (c_fc, c_proj) is permuted here yet"
@@ -271,7 +340,7 @@ def product_distances(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
 
 
 def align_whole(
-    a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple = ALIGN_CLASSES, seed: int = 0
+    a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple = DEFAULT_CLASSES, seed: int = 0
 ) -> tuple[WholeCheckpoint, dict]:
     """``b`` moved class by class (declared order) to the point of its orbit nearest ``a``, and the report.
     Raises UserError naming the first class whose move changes ``b``'s float64 log-probabilities by more
@@ -303,7 +372,7 @@ def align_whole(
     report = {
         "classes": list(classes),
         "seed": seed,
-        "orthogonal_only": True,
+        "gl_tolerance": GL_TOLERANCE if any(c.endswith("_gl") for c in classes) else None,
         "norm_a": norm_of(a),
         "norm_b": norm_of(b),
         "distance_before": before,
