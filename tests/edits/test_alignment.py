@@ -30,12 +30,14 @@ from attnid.model.gpt import GPT, GPTConfig
 N_LAYER, N_HEAD, N_EMBD = 2, 4, 32
 
 
-def _save(path, seed: int, n_head: int = N_HEAD, bias: bool = True):
+def _save(path, seed: int, n_head: int = N_HEAD, bias: bool = True, **variant):
     torch.manual_seed(seed)
     config = GPTConfig(
         block_size=32, vocab_size=65, n_layer=N_LAYER, n_head=n_head, n_embd=N_EMBD, dropout=0.0
     )
     config.bias = bias
+    for key, value in variant.items():
+        setattr(config, key, value)
     model = GPT(config)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -152,3 +154,17 @@ def test_gl_refinement_keeps_the_function_and_removes_more(models) -> None:
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
     assert report["distance_after"]["total"] <= orthogonal["distance_after"]["total"] + 1e-12
     assert report["gl_tolerance"] is not None and report["steps"][-1]["lbfgs_max_iterations"] >= 1
+
+
+@pytest.mark.parametrize(
+    "variant, classes, named",
+    [({"rope": True}, "qk", "class qk"), ({"n_kv_head": 2}, "heads", "class heads")],
+    ids=["rope-qk", "grouped-heads"],
+)
+def test_a_class_the_architecture_lacks_is_refused_by_name(tmp_path, capsys, variant, classes, named) -> None:
+    a, b = _save(tmp_path / "a.pt", 0, **variant), _save(tmp_path / "b.pt", 1, **variant)
+    assert main(["compare", str(a), str(b), "--classes", classes]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err
+    has = "mlp" if "n_kv_head" in variant else "mlp,ov"
+    assert main(["compare", str(a), str(b), "--classes", has]) == 0  # the classes it has

@@ -428,10 +428,9 @@ def _alignment_lines(report: dict) -> list[str]:
             f"(share removed {100 * step['share_removed']:.2f} %)"
         )
     products = report["identified_products"]
-    lines.append(
-        f"identified products: W_Q^T W_K {products['qk']:.6g}, W_O W_V {products['ov']:.6g}; "
-        f"float64 max |delta log p| {report['exact_max_abs_dlogp']:.3g}"
-    )
+    if products is not None:
+        lines.append(f"identified products: W_Q^T W_K {products['qk']:.6g}, W_O W_V {products['ov']:.6g}")
+    lines.append(f"float64 max |delta log p| {report['exact_max_abs_dlogp']:.3g}")
     return lines
 
 

@@ -294,10 +294,15 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint, wa: WholeCheckpoint, w
             raise UserError(f"{a.path} and {b.path} differ in shape: {name} {tuple(tensor.shape)} vs {got}")
 
 
+def _per_head(whole: WholeCheckpoint) -> bool:
+    return whole.shape.attention.n_kv_head == whole.shape.attention.n_head
+
+
 def align_refusal(whole: WholeCheckpoint, classes: tuple) -> str | None:
     attention = whole.shape.attention
-    if "heads" in classes and attention.n_kv_head != attention.n_head:
-        return "class heads: grouped key/value heads (G < H) are not permuted here yet"
+    grouped = [c for c in classes if c != "mlp"] if attention.n_kv_head != attention.n_head else []
+    if grouped:
+        return f"class {grouped[0]}: grouped key/value heads (G < H) are not aligned here yet"
     if ("qk" in classes or "qk_gl" in classes) and attention.rope:
         return "class qk: under RoPE the query-key orbit is the RoPE commutant, not aligned here yet"
     if "mlp" in classes and "h0.mlp.w_fc" not in whole.params:
@@ -380,7 +385,7 @@ def align_whole(
         "distance_after": previous,
         "relative_distance_after": previous["total"] / norm_of(a) if norm_of(a) else 0.0,
         "share_removed": 1 - previous["total"] ** 2 / total_before**2 if total_before else 0.0,
-        "identified_products": product_distances(a, moved),
+        "identified_products": product_distances(a, moved) if _per_head(a) else None,
         "exact_max_abs_dlogp": worst,
         "probe_tokens": int(tokens.shape[1]) - 1,
     }
