@@ -168,3 +168,16 @@ def test_a_class_the_architecture_lacks_is_refused_by_name(tmp_path, capsys, var
     assert len(err.splitlines()) == 1 and named in err
     has = "mlp" if "n_kv_head" in variant else "mlp,ov"
     assert main(["compare", str(a), str(b), "--classes", has]) == 0  # the classes it has
+
+
+def test_a_move_that_changes_the_function_is_refused_naming_its_class(models, monkeypatch, capsys) -> None:
+    def broken(whole, moves):  # W_V moved, W_O not: the function changes
+        whole.params = {k: (v * 1.5 if k.endswith("attn.w_v") else v) for k, v in whole.params.items()}
+        return whole
+
+    monkeypatch.setattr("attnid.edits.alignment.move_value_output", broken)
+    out = models["root"] / "refused.pt"
+    assert main(["align", str(models["a"]), str(models["other"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "class ov" in err
+    assert not out.exists()
