@@ -370,6 +370,11 @@ CASES = [
     ("appendix-out-is-an-input", APPENDIX + " --out {w}/nullity.csv", INPUT),
     ("appendix-out-is-a-foreign-tex", APPENDIX + " --out {w}/main.tex", "--force"),
     ("appendix-templates-not-a-folder", APPENDIX + " --templates {w}/notes.txt --out {w}/a.tex", "notes.txt"),
+    # align and compare
+    ("align-out-is-an-input", "align {w}/ckpt.pt {w}/ckpt.pt --out {w}/ckpt.pt", INPUT),
+    ("align-code-carrying", "align {w}/ckpt.pt {w}/evil.pt --out {w}/o.pt", "can run code"),
+    ("compare-wrong-shape", "compare {w}/ckpt.pt {w}/wrong_shape.pt", "c_attn.weight has shape (20, 8)"),
+    ("compare-classes-unknown", "compare {w}/ckpt.pt {w}/ckpt.pt --classes sideways", "--classes"),
     # the quantization commands
     ("rotate-out-is-a-directory", "rotate " + EDIT + " --out {w}/folder --moves residual", "directory"),
     (

@@ -422,7 +422,7 @@ def test_modules_are_named_for_what_they_hold():
 
 # The folders of tests/: one per layer of the package (and the workflow), the house's own rules, and the
 # helpers that every folder imports (pyproject.toml's pytest `pythonpath`)
-TEST_FOLDERS = {"theory", "model", "training", "reports", "workflow", "cli", "house"}
+TEST_FOLDERS = {"theory", "model", "training", "edits", "reports", "workflow", "cli", "house"}
 HELPERS_FOLDER = "helpers"
 
 

@@ -59,6 +59,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnid.cli.checkpoints",
         "move every attention factor pair to balance (mu = 0) without changing the function",
     ),
+    "align": (
+        "attnid.cli.checkpoints",
+        "move B along its symmetry orbit (head and MLP permutations, per-head rotations) to the point "
+        "nearest A, exactly; the distance left, class by class",
+    ),
+    "compare": (
+        "attnid.cli.checkpoints",
+        "the distance between two checkpoints before and after each symmetry class of attnid align "
+        "(nothing written)",
+    ),
     "rotate": (
         "attnid.cli.quantization",
         "move a checkpoint along its symmetry orbit to quantize better (fuse-norms, residual, qk, ov, "
@@ -112,7 +122,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 # Commands that write nothing (no --force).
-READ_ONLY_COMMANDS = ("inspect",)
+READ_ONLY_COMMANDS = ("inspect", "compare")
 
 
 class OneLineParser(argparse.ArgumentParser):

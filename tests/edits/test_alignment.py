@@ -1,0 +1,183 @@
+"""``attnid align`` and ``attnid compare`` (docs/design.md §17) on tiny nanoGPT checkpoints: a planted
+orbit element of every class is recovered; the moves keep the function in float64; aligning twice moves
+nothing; the continuous classes remove at least what the permutations leave; mismatched shapes are one line.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnid.cli import main
+from attnid.edits.alignment import (
+    EXACT_DLOGP,
+    align_whole,
+    distances,
+    norm_of,
+    permute_heads,
+    permute_mlp,
+    probe_tokens,
+)
+from attnid.edits.checkpoints import load_checkpoint
+from attnid.edits.orbit_moves import move_query_key, move_value_output
+from attnid.edits.orthogonal import haar_orthogonal
+from attnid.edits.quant_moves import exact_log_probs
+from attnid.edits.whole_checkpoint import checkpoint_copy, read_whole_checkpoint, write_whole_checkpoint
+from attnid.model.gpt import GPT, GPTConfig
+
+N_LAYER, N_HEAD, N_EMBD = 2, 4, 32
+
+
+def _save(path, seed: int, n_head: int = N_HEAD, bias: bool = True, **variant):
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        block_size=32, vocab_size=65, n_layer=N_LAYER, n_head=n_head, n_embd=N_EMBD, dropout=0.0
+    )
+    config.bias = bias
+    for key, value in variant.items():
+        setattr(config, key, value)
+    model = GPT(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0, 0.3)
+    state = {k: v.to(torch.float64) for k, v in model.state_dict().items()}
+    torch.save({"model_args": config.model_args(), "model": state}, path)
+    return path
+
+
+def _plant(source, target, seed: int) -> None:
+    """``target``: ``g`` times the model at ``source``, ``g`` a random element of every class."""
+    generator = torch.Generator().manual_seed(seed)
+    checkpoint = load_checkpoint(source)
+    whole = read_whole_checkpoint(checkpoint)
+    d = N_EMBD // N_HEAD
+    for layer in range(N_LAYER):
+        permute_heads(whole, layer, torch.randperm(N_HEAD, generator=generator).tolist())
+        hidden = whole.params[f"h{layer}.mlp.w_fc"].shape[0]
+        permute_mlp(whole, layer, torch.randperm(hidden, generator=generator).tolist())
+    for move in (move_value_output, move_query_key):
+        moves = [torch.stack([haar_orthogonal(d, generator) for _ in range(N_HEAD)]) for _ in range(N_LAYER)]
+        whole = move(whole, moves)
+    copy = checkpoint_copy(checkpoint)
+    write_whole_checkpoint(copy, whole)
+    torch.save(dict(copy.payload, model=copy.tensors), target)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("align")
+    a = _save(root / "a.pt", 0)
+    _plant(a, root / "planted.pt", 7)
+    return {
+        "root": root,
+        "a": a,
+        "planted": root / "planted.pt",
+        "other": _save(root / "other.pt", 1),
+        "narrow": _save(root / "narrow.pt", 2, n_head=2, bias=False),
+    }
+
+
+def _whole(path):
+    return read_whole_checkpoint(load_checkpoint(path))
+
+
+def test_planted_orbit_element_is_recovered(models, capsys) -> None:
+    out, report_path = models["root"] / "aligned.pt", models["root"] / "report.json"
+    assert (
+        main(
+            ["align", str(models["a"]), str(models["planted"]), "--out", str(out), "--json", str(report_path)]
+        )
+        == 0
+    )
+    a, planted, aligned = _whole(models["a"]), _whole(models["planted"]), _whole(out)
+    assert distances(a, planted)["total"] / norm_of(a) > 0.1  # the plant moved it
+    assert distances(a, aligned)["total"] / norm_of(a) <= 1e-6
+    report = json.loads(report_path.read_text())
+    assert report["command"] == "align"
+    assert [s["class"] for s in report["steps"]] == ["heads", "mlp", "ov", "qk"]
+    assert report["relative_distance_after"] <= 1e-6
+    assert report["share_removed"] == pytest.approx(1.0, abs=1e-9)
+    assert report["identified_products"]["qk"] <= 1e-6 and report["identified_products"]["ov"] <= 1e-6
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    assert report["realign_relative_move"] <= 1e-6
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_alignment_is_exact_and_idempotent(models) -> None:
+    a, b = _whole(models["a"]), _whole(models["other"])
+    aligned, report = align_whole(a, b)
+    tokens = probe_tokens(b, 3)
+    change = float((exact_log_probs(aligned, tokens) - exact_log_probs(b, tokens)).abs().max())
+    assert change <= EXACT_DLOGP
+    assert report["steps"][-1]["distance"]["total"] < report["distance_before"]["total"]
+    again, _ = align_whole(a, aligned)
+    assert distances(aligned, again)["total"] / norm_of(aligned) <= 1e-6
+
+
+def test_every_class_removes_at_least_what_permutations_leave(models) -> None:
+    a, b = _whole(models["a"]), _whole(models["other"])
+    _, permutations = align_whole(a, b, ("heads", "mlp"))
+    _, every = align_whole(a, b)
+    assert every["distance_after"]["total"] <= permutations["distance_after"]["total"] + 1e-12
+    totals = [every["distance_before"]["total"]] + [s["distance"]["total"] for s in every["steps"]]
+    assert all(later <= earlier + 1e-12 for earlier, later in zip(totals, totals[1:]))
+
+
+def test_compare_writes_nothing(models, capsys) -> None:
+    before = sorted(p.name for p in models["root"].iterdir())
+    assert main(["compare", str(models["a"]), str(models["other"]), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["command"] == "compare" and set(report["distance_before"]) >= {"embedding", "mlp", "total"}
+    assert sorted(p.name for p in models["root"].iterdir()) == before
+
+
+def test_mismatched_shapes_are_one_line(models, capsys) -> None:
+    out = models["root"] / "never.pt"
+    assert main(["align", str(models["a"]), str(models["narrow"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "differ" in err
+    assert not out.exists()
+
+
+def test_unknown_class_is_refused(models, capsys) -> None:
+    assert main(["compare", str(models["a"]), str(models["other"]), "--classes", "heads,nope"]) == 2
+    assert "--classes" in capsys.readouterr().err
+
+
+def test_gl_refinement_keeps_the_function_and_removes_more(models) -> None:
+    a, b = _whole(models["a"]), _whole(models["other"])
+    _, orthogonal = align_whole(a, b)
+    refined, report = align_whole(a, b, ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl"))
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    assert report["distance_after"]["total"] <= orthogonal["distance_after"]["total"] + 1e-12
+    assert report["gl_tolerance"] is not None and report["steps"][-1]["lbfgs_max_iterations"] >= 1
+
+
+@pytest.mark.parametrize(
+    "variant, classes, named",
+    [({"rope": True}, "qk", "class qk"), ({"n_kv_head": 2}, "heads", "class heads")],
+    ids=["rope-qk", "grouped-heads"],
+)
+def test_a_class_the_architecture_lacks_is_refused_by_name(tmp_path, capsys, variant, classes, named) -> None:
+    a, b = _save(tmp_path / "a.pt", 0, **variant), _save(tmp_path / "b.pt", 1, **variant)
+    assert main(["compare", str(a), str(b), "--classes", classes]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err
+    has = "mlp" if "n_kv_head" in variant else "mlp,ov"
+    assert main(["compare", str(a), str(b), "--classes", has]) == 0  # the classes it has
+
+
+def test_a_move_that_changes_the_function_is_refused_naming_its_class(models, monkeypatch, capsys) -> None:
+    def broken(whole, moves):  # W_V moved, W_O not: the function changes
+        whole.params = {k: (v * 1.5 if k.endswith("attn.w_v") else v) for k, v in whole.params.items()}
+        return whole
+
+    monkeypatch.setattr("attnid.edits.alignment.move_value_output", broken)
+    out = models["root"] / "refused.pt"
+    assert main(["align", str(models["a"]), str(models["other"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "class ov" in err
+    assert not out.exists()
