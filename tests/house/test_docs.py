@@ -12,26 +12,18 @@ import pandas as pd
 import pytest
 from pipeline_helpers import REPO
 
-from attnid.reports import claims as claims_module
-from attnid.reports import report_pages, statistics, studies
+from attnid.reports import statistics, studies
 from attnid.reports.interventions_table import comparisons_table
 
 README = (REPO / "README.md").read_text()
 FIGURES = REPO / "docs" / "figures"
 
 
-# the README's line that opens each group's table, by claims.csv's kind: its count line in bold
-README_GROUPS = {"paper": "**The paper's ", "finding": "**Our findings: ", "check": "**Checks: "}
-
-
 def readme_claim_rows() -> dict[str, list[str]]:
-    """{claim: [paper, measured, threshold, precision, result, kind]} from the README's experiment claims
-    tables; ``kind``: the group whose table the row is in."""
-    rows, kind = {}, ""
+    """{claim: [paper, measured, threshold, precision, result]} from the README's experiment claims table."""
+    rows = {}
     for line in README.splitlines():
-        kind = next((k for k, opening in README_GROUPS.items() if line.startswith(opening)), kind)
-        # a claim's own "|" is written "\|"; a claim without a precision shows "—"; a failed one in bold,
-        # a rejected finding in italics
+        # a claim's own "|" is written "\|"; a claim without a precision shows "—"; a failed one in bold
         cells = [
             cell.strip().replace("\\|", "|").strip("*")
             for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))
@@ -39,7 +31,7 @@ def readme_claim_rows() -> dict[str, list[str]]:
         if len(cells) == 6 and re.match(
             r"(E[123] |drift split|whole-model census|interventions: |quantization: )", cells[0]
         ):
-            rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:]] + [kind]
+            rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:]]
     return rows
 
 
@@ -57,16 +49,10 @@ def test_readme_claims_table_is_the_kept_default_build():
     rows = readme_claim_rows()
     assert set(rows) == set(claims["claim"]), set(rows) ^ set(claims["claim"])
     for claim in claims.itertuples():
-        paper, measured, _threshold, precision, result, kind = rows[claim.claim]
+        paper, measured, _threshold, precision, result = rows[claim.claim]
         dtype = "" if pd.isna(claim.dtype) else claim.dtype
         assert paper == claim.paper and precision == dtype and result == claim.result, claim.claim
-        assert kind == claim.kind, claim.claim  # in its group's table
         assert agrees_to_shown_digits(measured, claim.measured), (claim.claim, measured, claim.measured)
-    # each group opens on its count, as the report's landing page says it
-    assert claims["kind"].isin(claims_module.KINDS).all() and claims.equals(claims_module.with_kinds(claims))
-    for kind in README_GROUPS:
-        told = report_pages.group_summary(kind, claims.loc[claims["kind"] == kind, "result"])
-        assert f"**{told[0].upper() + told[1:]}**" in README, told
 
 
 def kept_points() -> tuple[pd.DataFrame, pd.DataFrame]:

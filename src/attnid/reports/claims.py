@@ -2,16 +2,11 @@
 identities (the drift split, the census, the interventions, the quantization stage,
 §7, §12-§16) with the number measured in the
 pipeline's own runs, the threshold, the training precision of the runs it reads, and pass, fail, missing or
-``not applicable (dtype)`` (the runs' precision cannot resolve the threshold).
-
-Each row has a ``kind`` (:func:`claim_kind`): ``paper`` (the paper's claims, T1-T6 and E1-E3), ``finding``
-(a hypothesis of ours, its outcome ``holds`` or ``rejected``: a measured answer, not a failure of the build)
-or ``check`` (round-off floors, exactness, the protocol's conditions: what makes a build trustworthy)."""
+``not applicable (dtype)`` (the runs' precision cannot resolve the threshold)."""
 
 from __future__ import annotations
 
 import math
-import re
 
 import pandas as pd
 
@@ -57,17 +52,6 @@ PROJECTED_CASE, GAUGE_FIXED_CASE, FIRST_MOMENT = "adamw_projected", "adamw_gauge
 # (float32 puts SGD's drift1 / drift2 near 1e-5, its ρ near 1e-9 and β_QK of the sweep at its floor).
 FLOAT64_ONLY = 1e-12
 NOT_APPLICABLE = "not applicable (dtype)"
-
-# claims.csv's kinds, in the order the README and the report show them, and a finding's two outcomes
-PAPER_KIND, FINDING_KIND, CHECK_KIND = "paper", "finding", "check"
-KINDS = (PAPER_KIND, FINDING_KIND, CHECK_KIND)
-HOLDS, REJECTED = "holds", "rejected"
-OUTCOME_OF = {"pass": HOLDS, "fail": REJECTED}  # a finding's result
-# the quantization stage's hypotheses (keys of QUANTIZATION_CLAIMS); its other rows are checks (exactness)
-QUANTIZATION_FINDINGS = frozenset(
-    {"seeds", "ov", "smollm2_activations", "smollm2_v_cache", "smollm2_ov", "smollm2_seeds"}
-)
-FINDING_SOURCES = ("census (ours)", "alignment (ours)")  # the paper column of rows that are all findings
 
 
 def resolves(dtypes: str, max_round_off: float | None) -> bool:
@@ -189,7 +173,7 @@ def claims_table(
     claims += protocol_claims(plateau, calibration)
     if quantization is not None:
         claims += quantization_claims(*quantization)
-    return with_kinds(pd.DataFrame(claims))
+    return pd.DataFrame(claims)
 
 
 # the quantization stage's claims: (key of claim_values, claim, relation, threshold, precision)
@@ -251,30 +235,6 @@ QUANTIZATION_CLAIMS = (
         "float32",
     ),
 )
-
-
-def claim_kind(claim: str, paper: str = "") -> str:
-    """``paper``, ``finding`` or ``check`` for a row of claims.csv, from its claim and paper columns."""
-    if re.match(r"[TE]\d", str(paper)) or (not paper and re.match(r"[TE]\d", str(claim))):
-        return PAPER_KIND
-    findings = {text for key, text, *_ in QUANTIZATION_CLAIMS if key in QUANTIZATION_FINDINGS}
-    return FINDING_KIND if paper in FINDING_SOURCES or claim in findings else CHECK_KIND
-
-
-def with_kinds(claims: pd.DataFrame) -> pd.DataFrame:
-    """``claims`` with its ``kind`` column (second, after ``claim``), each finding's pass or fail written
-    as its outcome (holds, rejected); recomputes both from the claim and paper columns, so a claims.csv of
-    any version can be brought up to date."""
-    claims = claims.drop(columns=["kind"], errors="ignore")
-    if claims.empty:
-        return claims.assign(kind=pd.Series(dtype=str))
-    papers = claims["paper"] if "paper" in claims else pd.Series("", index=claims.index)
-    kinds = [claim_kind(claim, paper) for claim, paper in zip(claims["claim"], papers.fillna(""))]
-    claims.insert(1, "kind", kinds)
-    if "result" in claims:
-        finding = claims["kind"] == FINDING_KIND
-        claims.loc[finding, "result"] = claims.loc[finding, "result"].replace(OUTCOME_OF)
-    return claims
 
 
 def quantization_claims(rows: pd.DataFrame, seeds: pd.DataFrame) -> list[dict]:

@@ -262,45 +262,17 @@ def _rst_text(value: Any) -> str:
     return text
 
 
-# The landing's three groups, claims.csv's kinds, each under its count as its heading
-LANDING_KINDS = ("paper", "finding", "check")
-
-
-def group_summary(kind: str, results: pd.Series) -> str:
-    """One group's count line: "the paper's 9 claims: 9 replicate"; "our findings: 3 tested, 1 holds,
-    2 rejected"; "checks: 12 of 12 hold"; with what else came out (fail, missing, ...) in brackets."""
-    results = results.astype(str)
-    counts = results.value_counts()
-    if kind == "finding":  # holds, then rejected, then what did not come out
-        order = ["holds", "rejected"] + [
-            result for result in counts.index if result not in ("holds", "rejected")
-        ]
-        told = ", ".join(f"{counts[result]} {result}" for result in order if result in counts)
-        return f"our findings: {len(results)} tested" + (f", {told}" if told else "")
-    passed = int((results == "pass").sum())
-    others = ", ".join(f"{count} {result}" for result, count in counts.items() if result != "pass")
-    text = (
-        f"the paper's {len(results)} claim{'s' if len(results) != 1 else ''}: {passed} replicate"
-        if kind == "paper"
-        else f"checks: {passed} of {len(results)} hold"
-    )
-    return text + (f" ({others})" if others else "")
-
-
 def landing_rst(claims: pd.DataFrame, title: str, figures: Mapping[str, str], pages: Iterable[str]) -> str:
-    """The report's landing text: the claims in three groups under their own headings (the paper's claims,
-    our findings, the checks; claims.csv's ``kind``), each with its count and its table (each result a
-    ``:pass:``, ``:fail:`` or ``:other:`` role, coloured by workflow/report/style.css: a rejected finding is
-    an outcome, not a failure), and what else the report holds (``figures``: {name: title}; ``pages``: the
-    table pages). ``Figures``, ``Tables`` and ``Claims`` are links to the report's categories of those
-    names (Snakemake adds their targets)."""
-    from attnid.reports.claims import with_kinds  # lazy: pandas
-
-    claims = with_kinds(claims) if "kind" not in claims else claims
+    """The report's landing text: how many claims pass, the claims table (each result a ``:pass:``,
+    ``:fail:`` or ``:other:`` role, coloured by workflow/report/style.css), and what else the report holds
+    (``figures``: {name: title}; ``pages``: the table pages). ``Figures``, ``Tables`` and ``Claims`` are
+    links to the report's categories of those names (Snakemake adds their targets)."""
+    results = claims["result"].astype(str)
     heading = f"attnid: the claims of {title}"
-    groups = [(kind, claims[claims["kind"] == kind]) for kind in LANDING_KINDS]
-    groups = [(kind, rows) for kind, rows in groups if len(rows)]
-    summary = "; ".join(group_summary(kind, rows["result"]) for kind, rows in groups) or "no claims"
+    others = {result: count for result, count in results.value_counts().items() if result != "pass"}
+    summary = f"**{int((results == 'pass').sum())} of {len(claims)} claims pass**"
+    if others:
+        summary += " (" + ", ".join(f"{count} {result}" for result, count in others.items()) + ")"
     lines = [
         ".. role:: pass",
         ".. role:: fail",
@@ -309,35 +281,21 @@ def landing_rst(claims: pd.DataFrame, title: str, figures: Mapping[str, str], pa
         heading,
         "=" * len(heading),
         "",
-        f"**{summary[0].upper() + summary[1:]}**. Each is checked against a number measured in this build's "
-        "own runs; every column, with how each number is computed, is under Claims_.",
+        f"{summary}. Each is checked against a number measured in this build's own runs; every column, with "
+        "how each number is computed, is under Claims_.",
+        "",
+        ".. list-table::",
+        "   :header-rows: 1",
+        f"   :widths: {' '.join(str(width) for width in LANDING_WIDTHS)}",
+        "",
+        "   * - " + "\n     - ".join(LANDING_COLUMNS.values()),
     ]
-    for kind, rows in groups:
-        told = group_summary(kind, rows["result"])
-        title_line = told[0].upper() + told[1:]
-        lines += [
-            "",
-            title_line,
-            "-" * len(title_line),
-            "",
-            ".. list-table::",
-            "   :header-rows: 1",
-            f"   :widths: {' '.join(str(width) for width in LANDING_WIDTHS)}",
-            "",
-            "   * - " + "\n     - ".join(LANDING_COLUMNS.values()),
-        ]
-        for row in rows.to_dict("records"):
-            result = str(row["result"])
-            role = result if result in ("pass", "fail") else "other"
-            shown = row | {
-                "threshold": f"{row['relation']} {row['threshold']}",
-                "result": f":{role}:`{result}`",
-            }
-            cells = [shown["result"]] + [
-                _rst_text(shown[column]) or "--" for column in list(LANDING_COLUMNS)[1:]
-            ]
-            lines.append("   * - " + "\n     - ".join(cells))
-    lines.append("")
+    for row in claims.to_dict("records"):
+        result = str(row["result"])
+        role = result if result in ("pass", "fail") else "other"
+        shown = row | {"threshold": f"{row['relation']} {row['threshold']}", "result": f":{role}:`{result}`"}
+        cells = [shown["result"]] + [_rst_text(shown[column]) or "--" for column in list(LANDING_COLUMNS)[1:]]
+        lines.append("   * - " + "\n     - ".join(cells))
     named = "; ".join(f"{name[3:]}, {_rst_text(shows)}" for name, shows in figures.items())
     lines += [
         "",
