@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pandas as pd
 import pytest
 from pipeline_helpers import REPO
 
 from attnid.reports import statistics, studies
-from attnid.reports.interventions_table import comparisons_table
+from attnid.reports.interventions_table import cell_values, comparisons_table
 
 README = (REPO / "README.md").read_text()
 FIGURES = REPO / "docs" / "figures"
@@ -244,18 +245,17 @@ def test_the_kept_interventions_protocol_is_complete():
 def test_the_like_for_like_frozen_mlp_numbers_are_the_kept_seeds():
     """The frozen-MLP arm against fixing from the same start (as many entries frozen): the README's and
     experiments.md's numbers are computed here from interventions_seeds.csv, not copied."""
-    seeds = pd.read_csv(FIGURES / "interventions_seeds.csv")
-    arm_values = pd.concat(
+    values = cell_values(pd.read_csv(FIGURES / "interventions_seeds.csv"))
+    seeds = sorted({seed for _, seed in values})
+    difference = np.array(
         [
-            seeds[["arm", "seed", "arm_value"]].set_axis(["arm", "seed", "value"], axis=1),
-            seeds[["baseline", "seed", "baseline_value"]].set_axis(["arm", "seed", "value"], axis=1),
+            values[("adamw_frozen_mlp_best_lr", s)] - values[("adamw_gauge_fixed_at_init_best_lr", s)]
+            for s in seeds
         ]
-    ).drop_duplicates(["arm", "seed"])
-    by_arm = arm_values.pivot(index="seed", columns="arm", values="value")
-    difference = (by_arm["adamw_frozen_mlp_best_lr"] - by_arm["adamw_gauge_fixed_at_init_best_lr"]).dropna()
-    low, high = statistics.t_interval(difference)
-    numbers = [difference.mean(), low, high]
-    p_value = statistics.sign_flip_p_value(difference)
+    )
+    estimate = statistics.estimate_paired(difference)
+    numbers = [estimate.delta_mean, estimate.ci_low, estimate.ci_high]
+    p_value = estimate.p_value
     experiments = (REPO / "docs" / "experiments.md").read_text().replace("\n", " ")
     interval = r"([+−-][\d.]+) \[([+−-][\d.]+), ([+−-][\d.]+)\]"
     in_experiments = re.search(rf"init` is {interval}, exact p (\d+\.\d+), (\d+) of 10", experiments)

@@ -232,7 +232,7 @@ def _paired_rows(
     return rows
 
 
-def _cell_values(seeds: pd.DataFrame) -> dict[tuple[str, int], float]:
+def cell_values(seeds: pd.DataFrame) -> dict[tuple[str, int], float]:
     """{(arm, seed): its loss} of every run the seeds table pairs (either side of a comparison)."""
     values: dict[tuple[str, int], float] = {}
     for row in seeds.to_dict("records"):
@@ -246,7 +246,7 @@ def _contrast_rows(seeds: pd.DataFrame, contrast: Contrast) -> list[dict]:
     its cells, over the seeds all four share: ``arm_value`` and ``baseline_value`` are its two sides (for
     the interaction, the effect of freezing at the gauge point and at the initialisation; for a main
     effect, the mean of the two cells with and without it), ``difference`` their difference."""
-    values = _cell_values(seeds)
+    values = cell_values(seeds)
     shared = set.intersection(*({seed for arm, seed in values if arm == cell} for cell in contrast.cells))
     rows = []
     for seed in sorted(shared):
