@@ -373,17 +373,17 @@ def align_whole(
         )
         steps.append({"class": name, "distance": after, "share_removed": removed, **detail})
         previous = after
-    total_before = before["total"]
+    total_before, norm_a = before["total"], norm_of(a)
     report = {
         "classes": list(classes),
         "seed": seed,
         "gl_tolerance": GL_TOLERANCE if any(c.endswith("_gl") for c in classes) else None,
-        "norm_a": norm_of(a),
+        "norm_a": norm_a,
         "norm_b": norm_of(b),
         "distance_before": before,
         "steps": steps,
         "distance_after": previous,
-        "relative_distance_after": previous["total"] / norm_of(a) if norm_of(a) else 0.0,
+        "relative_distance_after": previous["total"] / norm_a if norm_a else 0.0,
         "share_removed": 1 - previous["total"] ** 2 / total_before**2 if total_before else 0.0,
         "identified_products": product_distances(a, moved) if _per_head(a) else None,
         "exact_max_abs_dlogp": worst,
