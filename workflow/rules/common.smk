@@ -3,10 +3,8 @@
 # files hold rules (and names only they use). The workflow imports only attnid.plan's public names, the
 # figures' registry and the report's table pages (tests/workflow/test_workflow.py checks it).
 #
-# Every output of a config goes under its `results_dir` (results/default, results/smoke,
-# results/paper), so builds of different configs in one checkout never share a run directory,
-# table, figure, log or appendix. Only the data under data/ (a pure function of its URL and
-# checksum) is shared.
+# Every output of a config goes under its `results_dir` (attnid.plan.layout); only data/ (a pure function
+# of its URL and checksum) is shared between configs. One build of a results_dir runs at a time (below).
 #
 # Each training job reads its settings from its spec file, <results_dir>/specs/<run directory>.yaml,
 # an input of the job (docs/design.md §6), which a job of its own writes (spec_file in train.smk): the
