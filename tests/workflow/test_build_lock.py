@@ -263,17 +263,19 @@ def test_a_pid_given_to_another_process_is_not_a_holder(tmp_path):
 
 def test_a_record_naming_a_live_process_is_honoured_without_flock(tmp_path):
     """Where flock lets everyone through (a filesystem without it), the record of a live holder still
-    refuses: here the holder is a live child process whose lock file nobody flocks."""
+    refuses: here the holder is a live child process whose lock file nobody flocks. Killed, and before
+    its parent reaps it (a zombie), it is gone: its lock is taken over."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
-        ticks = start_ticks(child.pid)
         lock = BuildLock(tmp_path / "results")
-        _record(lock.path, Holder(child.pid, ticks, Holder.me().host, "now"))
+        _record(lock.path, Holder(child.pid, start_ticks(child.pid), Holder.me().host, "now"))
         with pytest.raises(UserError, match=f"pid {child.pid}, started now"):
             lock.acquire()
         assert lock.fd is None
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+        with lock:
+            assert lock.taken_over is not None and f"pid {child.pid}," in lock.taken_over
     finally:
         child.kill()
         child.wait()
-    with lock:
-        assert lock.taken_over is not None

@@ -134,12 +134,21 @@ class OutputLock:
         self._remove_folders()
 
 
-def start_ticks(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (Linux's /proc); None where unknown."""
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat from the third (the state) on; None where there is none."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-        return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command's name
-    except (OSError, IndexError, ValueError):
+        return stat.rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux's /proc); None where unknown."""
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[19]) if fields else None  # field 22
+    except (IndexError, ValueError):
         return None
 
 
@@ -177,6 +186,9 @@ class Holder:
             return False
         except PermissionError:
             pass  # another user's process: it runs
+        fields = _proc_stat(self.pid)
+        if fields and fields[0] == "Z":
+            return False  # killed, not yet reaped by its parent
         ticks = start_ticks(self.pid)
         return self.ticks is None or ticks is None or ticks == self.ticks
 
