@@ -20,9 +20,9 @@ import threading
 
 from attnid.plan import (
     ConfigError,
+    as_one_build,
     check_config_file,
     check_writable,
-    one_build,
     output_layout,
     plan,
     quantization_settings,
@@ -132,13 +132,9 @@ QUANTIZATION_TABLE_FILES = LAYOUT.quantization_table_files
 # results_dir (attnid.plan.builds) from before Snakemake builds its DAG, where it would find a running
 # build's jobs incomplete, to its end: a second build is one line naming the first (docs/cluster.md).
 if workflow.is_main_process:
-    execute = workflow.execute
-
-    def execute_as_one_build(*args, **kwargs):
-        plugin = kwargs["executor_plugin"] if "executor_plugin" in kwargs else args[0]
-        if plugin.common_settings.dryrun_exec:
-            return execute(*args, **kwargs)
-        with one_build(RESULTS, say=lambda line: print(line, file=sys.stderr)):
-            return execute(*args, **kwargs)
-
-    workflow.execute = execute_as_one_build
+    workflow.execute = as_one_build(
+        workflow.execute,
+        RESULTS,
+        dry=lambda executor_plugin, **_: executor_plugin.common_settings.dryrun_exec,
+        say=lambda line: print(line, file=sys.stderr),
+    )

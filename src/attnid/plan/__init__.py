@@ -6,7 +6,7 @@ settings come from ``attnid.training.config.TrainConfig``), lays out every train
 :mod:`.interventions`; the quantization stage's checkpoints, :mod:`.quantization`) as a :class:`RunSpec`
 per run directory, and gives each run's spec file for ``attnid train --config`` (:func:`spec_texts`: the
 text a job of the workflow writes; nothing here writes a file). :func:`output_layout` names the build's
-folders and the files its rules declare (:mod:`.layout`); :func:`one_build` holds the lock that keeps a
+folders and the files its rules declare (:mod:`.layout`); :func:`as_one_build` holds the lock that keeps a
 second build of the same ``results_dir`` out (:mod:`.builds`). Every problem of a config is one
 :class:`ConfigError`. The workflow
 (``workflow/rules/common.smk``) imports only this package's names below. May import: ``training``,
@@ -14,7 +14,7 @@ second build of the same ``results_dir`` out (:mod:`.builds`). Every problem of 
 """
 
 from attnid.common.tex import why_no_pdf
-from attnid.plan.builds import one_build
+from attnid.plan.builds import as_one_build
 from attnid.plan.config import check_config_file, check_writable
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import margin_fraction, verdict_options
@@ -27,11 +27,11 @@ __all__ = [
     "Layout",
     "Plan",
     "RunSpec",
+    "as_one_build",
     "check_config_file",
     "check_writable",
     "plan",
     "margin_fraction",
-    "one_build",
     "output_layout",
     "quantization_checkpoints",
     "quantization_settings",

@@ -10,8 +10,10 @@ build's jobs). The lock is :class:`attnid.common.locks.BuildLock`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from attnid.common.errors import UserError
 from attnid.common.locks import BuildLock
@@ -33,3 +35,23 @@ def one_build(results_dir: str | os.PathLike, say: Callable[[str], None]) -> Ite
         yield
     finally:
         lock.release()
+
+
+def as_one_build(
+    execute: Callable[..., Any],
+    results_dir: str | os.PathLike,
+    dry: Callable[..., bool],
+    say: Callable[[str], None],
+) -> Callable[..., Any]:
+    """``execute`` (Snakemake's ``Workflow.execute``, called with its arguments) run in :func:`one_build`
+    unless ``dry(its arguments)``. Defined here, not in the Snakefile, so that Snakemake does not name the
+    Snakefile's line as the place of a failed build's error."""
+
+    @functools.wraps(execute)
+    def execute_as_one_build(*args: Any, **kwargs: Any) -> Any:
+        if dry(*args, **kwargs):
+            return execute(*args, **kwargs)
+        with one_build(results_dir, say):
+            return execute(*args, **kwargs)
+
+    return execute_as_one_build
