@@ -284,6 +284,7 @@ TIMED_TEX_TABLES = ("heads.tex", "variants.tex")
 KILLED_BUILD = {"training": {"ckpt_every": 5}}
 LOCK_REFUSAL = "Directory cannot be locked"
 INCOMPLETE_REFUSAL = "IncompleteFilesException"
+BUILD_REFUSAL = f"another build of {SMOKE} is running"  # attnid's build lock (attnid.plan.builds)
 
 
 def _kill_build_command(shakespeare_url: str, *args: str) -> list[str]:
@@ -457,23 +458,24 @@ def test_a_build_killed_anywhere_resumes_to_the_uninterrupted_result(smoke_dir, 
 
     started = time.monotonic()
     try:
-        # two builds at once on one checkout: one refuses before any job of its own, on Snakemake's lock or,
-        # when the other has started jobs by then, on their files being incomplete; a second build with
-        # --rerun-incomplete (the restart of docs/cluster.md, given while the build still runs) on the lock
+        # two builds at once on one checkout: one refuses before any job of its own, on attnid's build lock,
+        # never on the other's files being incomplete; so does a second build with --rerun-incomplete (the
+        # restart of docs/cluster.md, given while the build still runs)
         first, second = start("first"), start("second")
         deadline = time.monotonic() + 600
         while first.running() and second.running() and time.monotonic() < deadline:
             time.sleep(0.1)
         refused, build = (first, second) if not first.running() else (second, first)
         assert not refused.running() and refused.process.returncode != 0, "neither build refused"
-        assert LOCK_REFUSAL in refused.output() or INCOMPLETE_REFUSAL in refused.output(), refused.output()
+        output = refused.output()
+        assert BUILD_REFUSAL in output and INCOMPLETE_REFUSAL not in output, output
         _wait_until(build, lambda: any((workdir / ".snakemake/incomplete").glob("*")), "a job started")
         restart_beside = subprocess.run(
             _kill_build_command(shakespeare_url, "--rerun-incomplete"), cwd=workdir, env=snakemake_env(),
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert restart_beside.returncode != 0, restart_beside.stdout[-3000:]
-        assert LOCK_REFUSAL in restart_beside.stdout + restart_beside.stderr, restart_beside.stderr[-3000:]
+        assert BUILD_REFUSAL in restart_beside.stderr, restart_beside.stderr[-3000:]
         assert build.running(), build.output()[-3000:]
 
         # a dry run of another config while the build runs writes nothing: every spec file the build has
@@ -510,14 +512,15 @@ def test_a_build_killed_anywhere_resumes_to_the_uninterrupted_result(smoke_dir, 
         kill(build, "while a checkpoint is written")
         assert temporaries_of_checkpoints(), "the kill left no checkpoint half-written"
 
-        # restarted without --unlock: refused on the killed build's lock, nothing run
+        # restarted without --unlock: takes the killed build's stale build lock over (one line), then is
+        # refused on Snakemake's lock, nothing run
         before = sorted(p.relative_to(workdir) for p in (workdir / SMOKE).rglob("*"))
         again = subprocess.run(
             _kill_build_command(shakespeare_url, "--rerun-incomplete"), cwd=workdir, env=snakemake_env(),
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert again.returncode != 0 and LOCK_REFUSAL in again.stdout + again.stderr, again.stderr[-3000:]
-        assert "--unlock" in again.stdout + again.stderr
+        assert "--unlock" in again.stdout + again.stderr and "its lock is taken over" in again.stderr
         assert sorted(p.relative_to(workdir) for p in (workdir / SMOKE).rglob("*")) == before
 
         # killed just after a checkpoint: a run with a new ckpt.pt, unfinished

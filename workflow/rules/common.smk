@@ -3,10 +3,8 @@
 # files hold rules (and names only they use). The workflow imports only attnid.plan's public names, the
 # figures' registry and the report's table pages (tests/workflow/test_workflow.py checks it).
 #
-# Every output of a config goes under its `results_dir` (results/default, results/smoke,
-# results/paper), so builds of different configs in one checkout never share a run directory,
-# table, figure, log or appendix. Only the data under data/ (a pure function of its URL and
-# checksum) is shared.
+# Every output of a config goes under its `results_dir` (attnid.plan.layout); only data/ (a pure function
+# of its URL and checksum) is shared between configs. One build of a results_dir runs at a time (below).
 #
 # Each training job reads its settings from its spec file, <results_dir>/specs/<run directory>.yaml,
 # an input of the job (docs/design.md §6), which a job of its own writes (spec_file in train.smk): the
@@ -22,11 +20,13 @@ import threading
 
 from attnid.plan import (
     ConfigError,
+    as_one_build,
     check_config_file,
     check_writable,
+    output_layout,
     plan,
-    quantization_checkpoints,
     quantization_settings,
+    run_files,
     smollm2_gguf,
     spec_texts,
     why_no_pdf,
@@ -96,124 +96,45 @@ WANT_PDF = config["paper_pdf"] is True or (
     config["paper_pdf"] == "auto" and NO_PDF is None
 )
 
-# ------------------------------------------------------------------ the output layout
+# ------------------------------------------------------------------ the output layout (attnid.plan.layout)
 
-RESULTS = PLAN.results_dir
-SPECS = PLAN.specs_dir
-LOGS = f"{RESULTS}/logs"
-BENCHMARKS = f"{RESULTS}/benchmarks"
-THEORY_DIR = f"{RESULTS}/theory"
-TABLES_DIR = f"{RESULTS}/tables"
-FIGURES_DIR = f"{RESULTS}/figures"
-PAPER_DIR = f"{RESULTS}/paper"
-EDITS_DIR = f"{RESULTS}/edits"
-
-
-def train_resources(runs=1):
-    """The resources of a training job that trains ``runs`` runs one after another (attnid train-runs)."""
-    resources = {
-        "mem_mb": config["resources"]["mem_mb"],
-        "runtime": config["resources"]["runtime"] * runs,
-    }
-    if config["device"] == "cuda":
-        resources["gpu"] = config["resources"]["gpu"]
-    return resources
-
-
+LAYOUT = output_layout(PLAN, config)
+RESULTS, SPECS = PLAN.results_dir, PLAN.specs_dir
+LOGS, BENCHMARKS, THEORY_DIR = (
+    LAYOUT.folder(n) for n in ("logs", "benchmarks", "theory")
+)
+TABLES_DIR, FIGURES_DIR = LAYOUT.folder("tables"), LAYOUT.folder("figures")
+PAPER_DIR, EDITS_DIR = LAYOUT.folder("paper"), LAYOUT.folder("edits")
+train_resources = LAYOUT.train_resources
 TRAIN_RESOURCES = train_resources()
 
-
-def run_files(run_dirs):
-    """What a training job declares: each run's metrics.csv and run.json."""
-    return [f"{d}/{name}" for d in run_dirs for name in ("metrics.csv", "run.json")]
-
-
-# ------------------------------------------------------------------ the runs, by stage (attnid.plan)
-
-RUN_DIRS, SWEEP_DIRS = PLAN.case_runs, PLAN.sweep_runs
-RUN_OUTPUTS = run_files(RUN_DIRS + SWEEP_DIRS)
-TABLE_FILES = [
-    f"{TABLES_DIR}/{name}"
-    for name in "runs.csv runs.tex cases.csv cases.tex sweep.csv sweep.tex".split()
-    + ["sweep_slopes.csv", "claims.csv"]
-]
-# Only the runs this config asks for are gathered, never leftovers of an older config.
-RUN_SELECTION = {
-    "runs": " ".join(RUN_DIRS),
-    "sweep_runs": f"--sweep-runs {' '.join(SWEEP_DIRS)}" if SWEEP_DIRS else "",
-}
-
-# The identification studies (studies.smk): {study: its run directories}. A config without study
-# sections (heads: null, variants: null) has no study jobs and no Figure 5.
-STUDY_RUN_DIRS = PLAN.study_runs
-STUDY_TABLE_FILES = (
-    [
-        f"{TABLES_DIR}/{study}.{ext}"
-        for study in STUDY_RUN_DIRS
-        for ext in ("csv", "tex")
-    ]
-    + [f"{TABLES_DIR}/identification_correlation.{ext}" for ext in ("csv", "tex")]
-    if STUDY_RUN_DIRS
-    else []
-)
-
-# The checkpoint edits (edits.smk); without an `edits` section, none.
-EDITS = config.get("edits")
-EDITS_TABLE_FILES = (
-    [f"{TABLES_DIR}/{name}" for name in ("prune.csv", "prune_summary.csv", "prune.tex")]
-    if EDITS
-    else []
-)
-
-# The interventions (interventions.smk); without an `interventions` section, none. Every run the gather
-# pairs (a case run where an arm's run is exactly that run), and the identity runs.
+# The runs, by stage, and what each stage's gathering jobs declare and read (attnid.plan): the case runs
+# and sweeps; the studies ({study: its run directories}); the edits; the interventions; the quantization.
+RUN_DIRS, RUN_OUTPUTS = PLAN.case_runs, LAYOUT.run_outputs
+TABLE_FILES, RUN_SELECTION = LAYOUT.table_files, LAYOUT.run_selection
+STUDY_RUN_DIRS, STUDY_TABLE_FILES = PLAN.study_runs, LAYOUT.study_table_files
+EDITS, EDITS_TABLE_FILES = config.get("edits"), LAYOUT.edits_table_files
 INTERVENTIONS = config.get("interventions") or {}
 INTERVENTION_RUN_DIRS = PLAN.intervention_runs
-INTERVENTION_OUTPUTS = run_files(INTERVENTION_RUN_DIRS + PLAN.identity_runs)
-INTERVENTION_TABLE_FILES = (
-    [
-        f"{TABLES_DIR}/interventions{tail}"
-        for tail in (".csv", "_seeds.csv", "_along.csv", ".tex")
-        + (("_plateau.csv",) if INTERVENTIONS.get("plateau") else ())
-    ]
-    if INTERVENTIONS
-    else []
-)
-# The tables of the stage's protocol that claims.csv checks (`attnid tables --plateau/--calibration`).
-PROTOCOL_TABLES = {
-    flag: f"{TABLES_DIR}/{name}"
-    for flag, name, wanted in (
-        ("plateau", "interventions_plateau.csv", INTERVENTIONS.get("plateau")),
-        ("calibration", "calibration.csv", INTERVENTIONS.get("calibration")),
-    )
-    if wanted
-}
-# What `attnid tables` and `attnid figures` read of the stage (claims.csv's identities, Figure 6).
-INTERVENTION_SELECTION = (
-    f"--intervention-runs {' '.join(INTERVENTION_RUN_DIRS)}"
-    f" --identity-runs {' '.join(PLAN.identity_runs)}"
-    if INTERVENTIONS
-    else ""
-)
-
-# The quantization stage (quantization.smk); without a `quantization` section, none. Its reports: one per
-# studied checkpoint of the build's case runs, and SmolLM2's where the section asks for it.
+INTERVENTION_OUTPUTS = LAYOUT.intervention_outputs
+INTERVENTION_TABLE_FILES = LAYOUT.intervention_table_files
+PROTOCOL_TABLES = LAYOUT.protocol_tables
+INTERVENTION_SELECTION = LAYOUT.intervention_selection
 QUANTIZATION = quantization_settings(config)
-QUANTIZATION_DIR = f"{RESULTS}/quantization"
-QUANTIZATION_REPORTS = (
-    [
-        f"{QUANTIZATION_DIR}/{os.path.relpath(d, f'{RESULTS}/runs')}.json"
-        for d in quantization_checkpoints(config, RESULTS)
-    ]
-    + ([f"{QUANTIZATION_DIR}/smollm2.json"] if QUANTIZATION["smollm2"] else [])
-    if QUANTIZATION
-    else []
-)
-QUANTIZATION_TABLE_FILES = (
-    [
-        f"{TABLES_DIR}/{name}"
-        for name in ("quantization.csv", "quantization_seeds.csv", "quantization.tex")
-    ]
-    if QUANTIZATION
-    else []
-)
+QUANTIZATION_DIR = LAYOUT.folder("quantization")
+QUANTIZATION_REPORTS = LAYOUT.quantization_reports
+QUANTIZATION_TABLE_FILES = LAYOUT.quantization_table_files
+
+# ------------------------------------------------------------------ one build per results_dir
+
+# A build (not a dry run, --lint, --list-rules, --report, --summary, --dag: none of them executes the
+# workflow; nor a job's own parse, local or on SLURM: not the main process) holds attnid's lock on its
+# results_dir (attnid.plan.builds) from before Snakemake builds its DAG, where it would find a running
+# build's jobs incomplete, to its end: a second build is one line naming the first (docs/cluster.md).
+if workflow.is_main_process:
+    workflow.execute = as_one_build(
+        workflow.execute,
+        RESULTS,
+        dry=lambda executor_plugin, **_: executor_plugin.common_settings.dryrun_exec,
+        say=lambda line: print(line, file=sys.stderr),
+    )
