@@ -33,6 +33,7 @@ from system_packages import needs
 from attnid.plan import why_no_pdf
 from attnid.plan.quantization import SMOLLM2_INSTALL, smollm2_gguf
 from attnid.plan.runs import lr_label
+from attnid.reports.claim_kinds import claim_kind
 
 SMOKE = smoke_config()["results_dir"]
 
@@ -137,13 +138,27 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     cases = pd.read_csv(smoke_dir / f"{SMOKE}/tables/cases.csv")
     assert cases.set_index("case")["n_seeds"].to_dict() == {c: len(config["seeds"]) for c in config["cases"]}
     claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv")
-    # the paper's ten claims first, the interventions' six identities (the census's row between), then the
-    # quantization stage's four (appended last: its two identities, and two targets on the build's checkpoint)
+    comparisons = pd.read_csv(smoke_dir / f"{SMOKE}/tables/interventions.csv")
+    verdicts = comparisons.loc[comparisons["in_family"].astype(bool), "verdict"].tolist()
+    # the paper's ten claims first, the interventions' six identities (the census's row between) and a row
+    # per verdict of its family, then the quantization stage's four (appended last: its two identities, and
+    # two targets on the build's checkpoint)
     assert claims["claim"].iloc[:10].str.match(r"(E[123] |drift split)").all()
-    assert claims["claim"].iloc[-10:-4].str.startswith("interventions: ").all()
+    assert claims["claim"].iloc[-10 - len(verdicts) : -4].str.startswith("interventions: ").all()
+    assert claims["result"].iloc[-4 - len(verdicts) : -4].tolist() == verdicts and verdicts  # as labelled
     assert claims["claim"].iloc[-4:].str.startswith("quantization: ").all()
-    assert len(claims) == 10 + claims["claim"].str.startswith("whole-model census").sum() + 6 + 4
-    assert set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
+    census = claims["claim"].str.startswith("whole-model census").sum()
+    assert len(claims) == 10 + census + 6 + len(verdicts) + 4
+    assert set(claims["result"]) - set(verdicts) <= {"pass", "fail", "holds", "rejected", "missing"} | {
+        "not applicable (dtype)"
+    }
+    # each row's kind: the paper's E1-E3, our findings (the census, the verdicts, the quantization
+    # targets), the checks
+    assert claims["kind"].tolist() == [claim_kind(c, p) for c, p in zip(claims["claim"], claims["paper"])]
+    kinds = claims.groupby("kind")["claim"].apply(list)
+    assert set(kinds.index) == {"paper", "finding", "check"}
+    assert all(claim.startswith("E") for claim in kinds["paper"]) and len(kinds["paper"]) == 9
+    assert len(kinds["finding"]) == census + len(verdicts) + 2
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]
     assert (adamw["rho_qk_mean"] > 1e-3).all()
@@ -160,9 +175,13 @@ def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
     # the quantization stage's targets (a picked seed, the optimized move) are measurements, which a 40-step
     # toy model need not meet; its identities (the same function at every point) must hold
     targets = claims.index.str.startswith("quantization: ") & ~claims.index.str.contains("keeps|exact")
-    assert claims.index[targets].size == 2
-    claims = claims[~targets]
-    assert (claims["result"] == "pass").all(), claims[["measured", "dtype", "result"]]
+    assert claims.index[targets].size == 2 and (claims.loc[targets, "kind"] == "finding").all()
+    # and one seed gives the interventions' verdicts no label (n too small): findings, not failures
+    verdicts = claims["paper"] == "interventions (ours)"
+    assert (claims.loc[verdicts, "result"] == "n too small").all() and verdicts.any()
+    claims = claims[~targets & ~verdicts]
+    held = claims["kind"].map({"paper": "pass", "check": "pass", "finding": "holds"})  # the census holds
+    assert (claims["result"] == held).all(), claims[["measured", "dtype", "result"]]
     assert (claims.loc[claims.index.str.startswith("E1"), "dtype"] == "float64").all()
     runs = pd.read_csv(smoke_dir / f"{SMOKE}/tables/runs.csv")
     assert set(runs.loc[runs["case"].isin(["sgd", "sgd_wd"]), "dtype"]) == {"float64"}
