@@ -77,6 +77,20 @@ def test_smoke_build_makes_the_appendix_pdf_where_latexmk_is_installed(smoke_dir
         assert not list(pdf.parent.glob(".latexmk-*")), "scratch build folder left behind"
 
 
+def _with_tex(tmp_path) -> dict:
+    """An environment with a TeX for a dry run, which runs no latexmk: a latexmk, and a kpsewhich that finds
+    every package, first on PATH. ``paper_pdf: true`` is then planned where TeX is not installed (the
+    README's set-up line installs none); without one it is refused in one line
+    (test_paper_pdf_true_without_latexmk_is_one_line below)."""
+    fake = tmp_path / "tex-for-a-dry-run"
+    fake.mkdir()
+    (fake / "latexmk").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "kpsewhich").write_text('#!/bin/sh\necho "/usr/share/texmf/$1"\n')
+    for program in ("latexmk", "kpsewhich"):
+        (fake / program).chmod(0o755)
+    return {"PATH": os.pathsep.join([str(Path(sys.executable).parent), str(fake), os.environ["PATH"]])}
+
+
 def _without_siunitx(tmp_path) -> dict:
     """An environment whose TeX lacks siunitx: a kpsewhich first on PATH that finds nothing."""
     fake = tmp_path / "tex-without-siunitx"
@@ -339,6 +353,7 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
             "seeds": "[0]",
             "training": "{max_iters: 7, warmup_iters: 1}",  # a run attnid train accepts
         },
+        env=_with_tex(tmp_path),  # paper_pdf: true asks for a TeX, found where none is installed
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -350,6 +365,23 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
     assert sgd["max_iters"] == 7 and sgd["log_every"] == default["training"]["log_every"]
     assert jobs["results/default/runs/adamw/seed0"]["lr"] == 0.001
     assert "results/default/paper/main.pdf" in proc.stdout  # paper_pdf=true asks for the PDF
+
+
+def test_paper_pdf_true_without_latexmk_is_one_line(tmp_path):
+    """A build that asks for the PDF where no latexmk is found stops before any job, in one line naming what
+    to install (the other tests' dry runs of paper_pdf: true bring their own: _with_tex)."""
+    copy_pipeline(tmp_path)
+    shadow = tmp_path / "path-without-latexmk"  # every program on PATH, but latexmk, whatever is installed
+    shadow.mkdir()
+    for folder in [Path(sys.executable).parent] + [Path(p) for p in os.environ["PATH"].split(os.pathsep)]:
+        for program in sorted(folder.iterdir()) if folder.is_dir() else []:
+            linked = shadow / program.name
+            if program.name != "latexmk" and not linked.exists() and os.access(program, os.X_OK):
+                linked.symlink_to(program)
+    no_tex = {"PATH": str(shadow)}
+    proc = run_snakemake(tmp_path, "-n", configfile=None, config={"paper_pdf": "true"}, env=no_tex)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "config error: paper_pdf: true, but latexmk not found: install TeX" in proc.stderr, proc.stderr
 
 
 def test_failed_job_reason_reaches_the_terminal(tmp_path, shakespeare_path):
