@@ -5,6 +5,7 @@ behind."""
 
 from __future__ import annotations
 
+import io
 import math
 import re
 
@@ -13,18 +14,25 @@ import pandas as pd
 import pytest
 from pipeline_helpers import REPO
 
-from attnid.reports import statistics, studies
+from attnid.reports import claim_kinds, statistics, studies
 from attnid.reports.interventions_table import cell_values, comparisons_table
 
 README = (REPO / "README.md").read_text()
 FIGURES = REPO / "docs" / "figures"
 
 
+# the README's line that opens each group's table, by claims.csv's kind: its count, in bold
+README_GROUPS = {"paper": "**The paper's ", "finding": "**Our ", "check": "**Checks: "}
+
+
 def readme_claim_rows() -> dict[str, list[str]]:
-    """{claim: [paper, measured, threshold, precision, result]} from the README's experiment claims table."""
-    rows = {}
+    """{claim: [paper, measured, threshold, precision, result, kind]} from the README's experiment claims
+    tables; ``kind``: the group whose table the row is in."""
+    rows, kind = {}, ""
     for line in README.splitlines():
-        # a claim's own "|" is written "\|"; a claim without a precision shows "—"; a failed one in bold
+        kind = next((k for k, opening in README_GROUPS.items() if line.startswith(opening)), kind)
+        # a claim's own "|" is written "\|"; a claim without a precision shows "—"; a failed one in bold, a
+        # rejected finding in italics
         cells = [
             cell.strip().replace("\\|", "|").strip("*")
             for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))
@@ -32,7 +40,7 @@ def readme_claim_rows() -> dict[str, list[str]]:
         if len(cells) == 6 and re.match(
             r"(E[123] |drift split|whole-model census|interventions: |quantization: )", cells[0]
         ):
-            rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:]]
+            rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:]] + [kind]
     return rows
 
 
@@ -46,14 +54,39 @@ def agrees_to_shown_digits(shown: str, value: float) -> bool:
 
 
 def test_readme_claims_table_is_the_kept_default_build():
+    """The README's three tables are the kept claims.csv's groups, row by row, each under its count line
+    as the report's landing page words it; the interventions' verdicts, which the README quotes in full
+    below (test_readme_interventions_are_the_kept_table), are counted but not repeated in its table."""
     claims = pd.read_csv(FIGURES / "claims.csv")
+    verdicts = claims["paper"] == claim_kinds.VERDICT_SOURCE
     rows = readme_claim_rows()
-    assert set(rows) == set(claims["claim"]), set(rows) ^ set(claims["claim"])
-    for claim in claims.itertuples():
-        paper, measured, _threshold, precision, result = rows[claim.claim]
+    assert set(rows) == set(claims.loc[~verdicts, "claim"]), set(rows) ^ set(claims.loc[~verdicts, "claim"])
+    for claim in claims[~verdicts].itertuples():
+        paper, measured, _threshold, precision, result, kind = rows[claim.claim]
         dtype = "" if pd.isna(claim.dtype) else claim.dtype
         assert paper == claim.paper and precision == dtype and result == claim.result, claim.claim
+        assert kind == claim.kind, claim.claim  # in its group's table
         assert agrees_to_shown_digits(measured, claim.measured), (claim.claim, measured, claim.measured)
+    for kind in README_GROUPS:
+        told = claim_kinds.group_summary(kind, claims.loc[claims["kind"] == kind, "result"])
+        assert f"**{told[0].upper() + told[1:]}**" in README, told
+
+
+def test_the_kept_claims_kinds_and_verdicts_are_the_code_s():
+    """The kept claims.csv's kind and outcomes are what claim_kinds computes from its claim and paper
+    columns, its verdict rows those of the kept interventions.csv; each group as the issue asks: the
+    paper's claims are E1-E3 and all replicate, a finding's outcome is never pass or fail, the checks pass."""
+    claims = pd.read_csv(FIGURES / "claims.csv")
+    pd.testing.assert_frame_equal(claim_kinds.with_kinds(claims), claims)
+    verdicts = claims[claims["paper"] == claim_kinds.VERDICT_SOURCE].reset_index(drop=True)
+    expected = pd.DataFrame(claim_kinds.verdict_claims(pd.read_csv(FIGURES / "interventions.csv")))
+    written = pd.read_csv(io.StringIO(expected.to_csv(index=False)))  # as claims.csv holds them
+    pd.testing.assert_frame_equal(verdicts.drop(columns="kind").astype(str), written.astype(str))
+    papers = claims[claims["kind"] == "paper"]
+    assert papers["claim"].str.match(r"E[123] ").all() and (papers["result"] == "pass").all()
+    findings = claims.loc[claims["kind"] == "finding", "result"]
+    assert not findings.isin(["pass", "fail"]).any() and {"holds", "rejected"} <= set(findings)
+    assert (claims.loc[claims["kind"] == "check", "result"] == "pass").all()
 
 
 def kept_points() -> tuple[pd.DataFrame, pd.DataFrame]:

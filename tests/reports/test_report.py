@@ -106,6 +106,9 @@ def test_the_smoke_build_s_figures_show_every_series_with_no_label_overlapping(f
 
 
 def test_the_landing_text_is_the_claims_table_as_the_report_renders_it():
+    """The landing page shows claims.csv's three kinds under their own headings, each with its count: the
+    paper's claims (a failing one loud), our findings (a rejected one and a verdict are outcomes, not
+    failures), the checks (a failing one loud)."""
     from docutils.core import publish_parts
 
     claims = pd.DataFrame(
@@ -114,12 +117,26 @@ def test_the_landing_text_is_the_claims_table_as_the_report_renders_it():
                 "E1 sgd sweep beta_qk slope in [1.8, 2.2]",
                 "E2 rho_qk adamw mean > 1e-2",
                 "E1 *odd* claim",
+                "whole-model census closes on 3 shapes",
+                "interventions: fixing changes final_val_loss_full (primary)",
+                "drift split closes: closure < 1e-10",
+                "interventions: every best lr inside its calibration grid",
             ],
-            "measured": [2.004, 0.0031, float("nan")],
-            "relation": ["in", ">", "<"],
-            "threshold": ["[1.8, 2.2]", "0.01", "1e-20"],
-            "dtype": ["float64", "float32", "float32"],
-            "result": ["pass", "fail", "not applicable (dtype)"],
+            "paper": [
+                "E1, Section 5",
+                "E2, Section 5",
+                "E1",
+                "census (ours)",
+                "interventions (ours)",
+                "drift split (ours)",
+                "protocol (ours)",
+            ],
+            "measured": [2.004, 0.0031, float("nan"), 2.0, 0.004, 1e-16, 1.0],
+            "relation": ["in", ">", "<", "=", "±", "<", "in"],
+            "threshold": ["[1.8, 2.2]", "0.01", "1e-20", "3", "0.01", "1e-10", "[0, 0]"],
+            "dtype": ["float64", "float32", "float32", "float64", "", "float64", ""],
+            "result": ["pass", "fail", "not applicable (dtype)", "fail", "worse, within the margin", "pass"]
+            + ["fail"],
         }
     )
     rst = report_pages.landing_rst(claims, "the toy build", {"fig1": "identification by design"}, ["cases"])
@@ -129,12 +146,23 @@ def test_the_landing_text_is_the_claims_table_as_the_report_renders_it():
     )
     shown = publish_parts(rst + "\n" + targets, writer_name="html", settings_overrides={"halt_level": 2})
     body = shown["html_body"]
-    assert (
-        "attnid: the claims of the toy build" in body and "1 of 3 claims pass</strong> (1 fail, 1 not" in body
-    )
-    assert '<span class="pass">pass</span>' in body and '<span class="fail">fail</span>' in body
+    assert "attnid: the claims of the toy build" in body
+    # each group a section under its count, in the order paper, findings, checks
+    headings = re.findall(r"<h\d>(.*?)</h\d>", body)  # the title has a class, the sections' do not
+    assert headings == [
+        "The paper's 3 claims: 1 replicate (1 fail, 1 not applicable (dtype))",
+        "Our 2 findings: 1 rejected, 1 worse, within the margin",
+        "Checks: 1 of 2 hold (1 fail)",
+    ], headings
+    sections = dict(zip(headings, re.split(r"<h\d>.*?</h\d>", body)[1:]))
+    paper, findings, checks = sections.values()
+    assert '<span class="pass">pass</span>' in paper and '<span class="fail">fail</span>' in paper
+    assert '<span class="other">rejected</span>' in findings and 'class="fail"' not in findings
+    assert '<span class="other">worse, within the margin</span>' in findings  # the verdict's own label
+    assert '<span class="fail">fail</span>' in checks  # a failing check stays loud
     assert "beta_qk slope in [1.8, 2.2]" in body and "E1 *odd* claim" in body  # shown as written
     assert "2.00" in body and "&gt; 0.01" in body and "--" in body  # the numbers, a missing one as --
+    assert "± 0.01" in findings
     assert "1, identification by design" in body and "(cases)" in body
 
 

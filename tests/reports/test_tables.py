@@ -222,3 +222,46 @@ def test_listed_runs_leave_out_leftovers_of_an_older_config(tmp_path):
     assert sorted(frames["runs"]["run_dir"]) == sorted(listed)
     with pytest.raises(tables.UserError, match="no run.json"):
         rundir.find_run_dirs(None, listed + [str(tmp_path / "never_ran")])
+
+
+def test_each_verdict_of_the_family_is_a_finding_with_the_table_s_own_label(tmp_path):
+    """``--verdicts interventions.csv``: a finding per comparison of the verdict rule's family, its outcome
+    whatever label the table gives it (a label this code does not know included), the others left out;
+    every row of claims.csv has its kind. A table without a column it reads is one line."""
+    runs_dir, sweep_dir = write_study(tmp_path)
+    comparisons = pd.DataFrame(
+        {
+            "comparison": ["fixing", "start", "frozen-adamw"],
+            "arm": ["a", "b", "frozen"],
+            "baseline": ["c", "d", "adamw"],
+            "metric": ["final_val_loss_full"] * 3,
+            "role": ["primary", "secondary", "descriptive"],
+            "in_family": [True, True, False],
+            "n_seeds": [10, 10, 10],
+            "alpha": [0.05] * 3,
+            "delta_mean": [0.004, -0.02, 0.3],
+            "ci_low": [0.001, -0.03, 0.2],
+            "ci_high": [0.008, -0.01, 0.4],
+            "p_holm": [0.05, 0.002, float("nan")],
+            "equivalence_margin": [0.01] * 3,
+            "detectable_effect": [0.006, 0.01, 0.1],
+            "verdict": ["worse, within the margin", "better", "not in family"],
+        }
+    )
+    comparisons.to_csv(tmp_path / "interventions.csv", index=False)
+    frames = tables.write_tables(
+        runs_dir, sweep_dir, tmp_path / "tables", verdicts_csv=tmp_path / "interventions.csv"
+    )
+    claims = frames["claims"]
+    verdicts = claims[claims["paper"] == "interventions (ours)"]
+    assert verdicts["claim"].tolist() == [
+        "interventions: fixing changes final_val_loss_full (primary)",
+        "interventions: start changes final_val_loss_full (secondary)",
+    ]
+    assert verdicts["result"].tolist() == ["worse, within the margin", "better"]
+    assert (verdicts["kind"] == "finding").all() and verdicts["measured"].tolist() == [0.004, -0.02]
+    assert set(claims["kind"]) == {"paper", "finding", "check"}
+    assert (claims.loc[claims["claim"].str.startswith("E"), "kind"] == "paper").all()
+    comparisons.drop(columns="verdict").to_csv(tmp_path / "interventions.csv", index=False)
+    with pytest.raises(tables.UserError, match=r"interventions.csv has no column\(s\) verdict"):
+        tables.write_tables(runs_dir, sweep_dir, tmp_path / "t2", verdicts_csv=tmp_path / "interventions.csv")

@@ -33,6 +33,7 @@ from system_packages import needs
 from attnid.plan import why_no_pdf
 from attnid.plan.quantization import SMOLLM2_INSTALL, smollm2_gguf
 from attnid.plan.runs import lr_label
+from attnid.reports.claim_kinds import claim_kind
 
 SMOKE = smoke_config()["results_dir"]
 
@@ -74,6 +75,20 @@ def test_smoke_build_makes_the_appendix_pdf_where_latexmk_is_installed(smoke_dir
     else:
         assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 50_000
         assert not list(pdf.parent.glob(".latexmk-*")), "scratch build folder left behind"
+
+
+def _with_tex(tmp_path) -> dict:
+    """An environment with a TeX for a dry run, which runs no latexmk: a latexmk, and a kpsewhich that finds
+    every package, first on PATH. ``paper_pdf: true`` is then planned where TeX is not installed (the
+    README's set-up line installs none); without one it is refused in one line
+    (test_paper_pdf_true_without_latexmk_is_one_line below)."""
+    fake = tmp_path / "tex-for-a-dry-run"
+    fake.mkdir()
+    (fake / "latexmk").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "kpsewhich").write_text('#!/bin/sh\necho "/usr/share/texmf/$1"\n')
+    for program in ("latexmk", "kpsewhich"):
+        (fake / program).chmod(0o755)
+    return {"PATH": os.pathsep.join([str(Path(sys.executable).parent), str(fake), os.environ["PATH"]])}
 
 
 def _without_siunitx(tmp_path) -> dict:
@@ -137,13 +152,27 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     cases = pd.read_csv(smoke_dir / f"{SMOKE}/tables/cases.csv")
     assert cases.set_index("case")["n_seeds"].to_dict() == {c: len(config["seeds"]) for c in config["cases"]}
     claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv")
-    # the paper's ten claims first, the interventions' six identities (the census's row between), then the
-    # quantization stage's four (appended last: its two identities, and two targets on the build's checkpoint)
+    comparisons = pd.read_csv(smoke_dir / f"{SMOKE}/tables/interventions.csv")
+    verdicts = comparisons.loc[comparisons["in_family"].astype(bool), "verdict"].tolist()
+    # the paper's ten claims first, the interventions' six identities (the census's row between) and a row
+    # per verdict of its family, then the quantization stage's four (appended last: its two identities, and
+    # two targets on the build's checkpoint)
     assert claims["claim"].iloc[:10].str.match(r"(E[123] |drift split)").all()
-    assert claims["claim"].iloc[-10:-4].str.startswith("interventions: ").all()
+    assert claims["claim"].iloc[-10 - len(verdicts) : -4].str.startswith("interventions: ").all()
+    assert claims["result"].iloc[-4 - len(verdicts) : -4].tolist() == verdicts and verdicts  # as labelled
     assert claims["claim"].iloc[-4:].str.startswith("quantization: ").all()
-    assert len(claims) == 10 + claims["claim"].str.startswith("whole-model census").sum() + 6 + 4
-    assert set(claims["result"]) <= {"pass", "fail", "missing", "not applicable (dtype)"}
+    census = claims["claim"].str.startswith("whole-model census").sum()
+    assert len(claims) == 10 + census + 6 + len(verdicts) + 4
+    assert set(claims["result"]) - set(verdicts) <= {"pass", "fail", "holds", "rejected", "missing"} | {
+        "not applicable (dtype)"
+    }
+    # each row's kind: the paper's E1-E3, our findings (the census, the verdicts, the quantization
+    # targets), the checks
+    assert claims["kind"].tolist() == [claim_kind(c, p) for c, p in zip(claims["claim"], claims["paper"])]
+    kinds = claims.groupby("kind")["claim"].apply(list)
+    assert set(kinds.index) == {"paper", "finding", "check"}
+    assert all(claim.startswith("E") for claim in kinds["paper"]) and len(kinds["paper"]) == 9
+    assert len(kinds["finding"]) == census + len(verdicts) + 2
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]
     assert (adamw["rho_qk_mean"] > 1e-3).all()
@@ -160,9 +189,13 @@ def test_smoke_claims_pass_wherever_their_precision_applies(smoke_dir):
     # the quantization stage's targets (a picked seed, the optimized move) are measurements, which a 40-step
     # toy model need not meet; its identities (the same function at every point) must hold
     targets = claims.index.str.startswith("quantization: ") & ~claims.index.str.contains("keeps|exact")
-    assert claims.index[targets].size == 2
-    claims = claims[~targets]
-    assert (claims["result"] == "pass").all(), claims[["measured", "dtype", "result"]]
+    assert claims.index[targets].size == 2 and (claims.loc[targets, "kind"] == "finding").all()
+    # and one seed gives the interventions' verdicts no label (n too small): findings, not failures
+    verdicts = claims["paper"] == "interventions (ours)"
+    assert (claims.loc[verdicts, "result"] == "n too small").all() and verdicts.any()
+    claims = claims[~targets & ~verdicts]
+    held = claims["kind"].map({"paper": "pass", "check": "pass", "finding": "holds"})  # the census holds
+    assert (claims["result"] == held).all(), claims[["measured", "dtype", "result"]]
     assert (claims.loc[claims.index.str.startswith("E1"), "dtype"] == "float64").all()
     runs = pd.read_csv(smoke_dir / f"{SMOKE}/tables/runs.csv")
     assert set(runs.loc[runs["case"].isin(["sgd", "sgd_wd"]), "dtype"]) == {"float64"}
@@ -320,6 +353,7 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
             "seeds": "[0]",
             "training": "{max_iters: 7, warmup_iters: 1}",  # a run attnid train accepts
         },
+        env=_with_tex(tmp_path),  # paper_pdf: true asks for a TeX, found where none is installed
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     default = yaml.safe_load((REPO / "config/config.yaml").read_text())
@@ -331,6 +365,23 @@ def test_nested_config_overrides_are_typed_and_merge_into_the_config(tmp_path):
     assert sgd["max_iters"] == 7 and sgd["log_every"] == default["training"]["log_every"]
     assert jobs["results/default/runs/adamw/seed0"]["lr"] == 0.001
     assert "results/default/paper/main.pdf" in proc.stdout  # paper_pdf=true asks for the PDF
+
+
+def test_paper_pdf_true_without_latexmk_is_one_line(tmp_path):
+    """A build that asks for the PDF where no latexmk is found stops before any job, in one line naming what
+    to install (the other tests' dry runs of paper_pdf: true bring their own: _with_tex)."""
+    copy_pipeline(tmp_path)
+    shadow = tmp_path / "path-without-latexmk"  # every program on PATH, but latexmk, whatever is installed
+    shadow.mkdir()
+    for folder in [Path(sys.executable).parent] + [Path(p) for p in os.environ["PATH"].split(os.pathsep)]:
+        for program in sorted(folder.iterdir()) if folder.is_dir() else []:
+            linked = shadow / program.name
+            if program.name != "latexmk" and not linked.exists() and os.access(program, os.X_OK):
+                linked.symlink_to(program)
+    no_tex = {"PATH": str(shadow)}
+    proc = run_snakemake(tmp_path, "-n", configfile=None, config={"paper_pdf": "true"}, env=no_tex)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "config error: paper_pdf: true, but latexmk not found: install TeX" in proc.stderr, proc.stderr
 
 
 def test_failed_job_reason_reaches_the_terminal(tmp_path, shakespeare_path):

@@ -65,6 +65,7 @@ rule tables:
         interventions=INTERVENTION_OUTPUTS,
         protocol=list(PROTOCOL_TABLES.values()),
         quantization=QUANTIZATION_TABLE_FILES[:1],
+        verdicts=INTERVENTION_TABLE_FILES[:1],
     output:
         TABLE_FILES,
     log:
@@ -78,10 +79,13 @@ rule tables:
         quantization=lambda wildcards, input: (
             f"--quantization {input.quantization[0]}" if input.quantization else ""
         ),
+        verdicts=lambda wildcards, input: (
+            f"--verdicts {input.verdicts[0]}" if input.verdicts else ""
+        ),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q} {params.interventions}"
-        " {params.protocol} {params.quantization} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.protocol} {params.quantization} {params.verdicts} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule figure:

@@ -130,6 +130,12 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         help="quantization.csv of attnid quantization-table (quantization_seeds.csv beside it): adds the "
         "quantization stage's claims to claims.csv",
     )
+    parser.add_argument(
+        "--verdicts",
+        default=None,
+        metavar="CSV",
+        help="interventions.csv of attnid interventions-table: adds its verdicts, as findings",
+    )
 
 
 def run_tables(args: argparse.Namespace) -> int:
@@ -141,7 +147,13 @@ def run_tables(args: argparse.Namespace) -> int:
         None if args.quantization is None else Path(args.quantization).with_name("quantization_seeds.csv")
     )
     declare_report_files(
-        args, args.census, args.plateau, args.calibration, args.quantization, quantization_seeds
+        args,
+        args.census,
+        args.plateau,
+        args.calibration,
+        args.quantization,
+        quantization_seeds,
+        args.verdicts,
     )
     with written_by("attnid train"):
         tables = write_tables(
@@ -156,6 +168,7 @@ def run_tables(args: argparse.Namespace) -> int:
             args.plateau,
             args.calibration,
             args.quantization,
+            args.verdicts,
         )
     for row in tables["claims"].itertuples():
         print(

@@ -2,7 +2,9 @@
 identities (the drift split, the census, the interventions, the quantization stage,
 §7, §12-§16) with the number measured in the
 pipeline's own runs, the threshold, the training precision of the runs it reads, and pass, fail, missing or
-``not applicable (dtype)`` (the runs' precision cannot resolve the threshold)."""
+``not applicable (dtype)`` (the runs' precision cannot resolve the threshold). Each row has its kind
+(:mod:`attnid.reports.claim_kinds`): the paper's, a finding of ours (its outcome: holds, rejected, or the
+interventions' verdict) or a check."""
 
 from __future__ import annotations
 
@@ -11,15 +13,8 @@ import math
 import pandas as pd
 
 from attnid.plan.interventions import AT_INIT_ARM, CALIBRATED_SUFFIX, GAUGE_ARM, arm_baseline
-from attnid.reports.quantization_table import (
-    ACTIVATION_RATIO_MIN,
-    EXACT_DLOGP_MAX,
-    FLOAT_LOSS_CHANGE_MAX,
-    OV_OVER_R2_RATIO_MIN,
-    SEED_PICK_RATIO_MIN,
-    V_CACHE_RATIO_MIN,
-    claim_values,
-)
+from attnid.reports.claim_kinds import verdict_claims, with_kinds
+from attnid.reports.quantization_table import QUANTIZATION_CLAIMS, claim_values
 from attnid.reports.round_off import UNIT_ROUND_OFF, dtypes_of
 from attnid.theory.circuits import CIRCUITS
 from attnid.training.cases import CASES, rebalancing_cases
@@ -147,17 +142,19 @@ def claims_table(
     plateau: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
     quantization: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    verdicts: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Each experimental claim with the number measured in this pipeline's own runs (and, given
     ``census.csv``, the whole-model census's row).
 
     With the interventions' runs (``intervention_runs``: the arms and their ``adamw`` baselines;
     ``identity_runs``: the float64 run of the projected arm) the identities of the interventions follow
-    (:func:`intervention_claims`).
+    (:func:`intervention_claims`); with interventions.csv (``verdicts``), their verdicts, as findings.
 
     ``result`` is pass, fail, missing (the runs the claim needs were not configured, or all
     diverged) or ``not applicable (dtype)``: the runs trained in a precision too coarse to
-    resolve the claim's threshold. ``dtype`` lists the precisions of the runs each claim reads.
+    resolve the claim's threshold; a finding's pass or fail is written holds or rejected, a verdict's is
+    its label. ``dtype`` lists the precisions of the runs each claim reads.
     """
     done = _finished(runs) if not runs.empty else runs
     sweep_done = _finished(sweep_runs)
@@ -171,70 +168,10 @@ def claims_table(
             pd.DataFrame() if identity_runs is None else identity_runs,
         )
     claims += protocol_claims(plateau, calibration)
+    claims += [] if verdicts is None else verdict_claims(verdicts)
     if quantization is not None:
         claims += quantization_claims(*quantization)
-    return pd.DataFrame(claims)
-
-
-# the quantization stage's claims: (key of claim_values, claim, relation, threshold, precision)
-QUANTIZATION_CLAIMS = (
-    (
-        "float",
-        f"quantization: every orbit point keeps the loss (< {FLOAT_LOSS_CHANGE_MAX:g})",
-        "<",
-        FLOAT_LOSS_CHANGE_MAX,
-        "float32",
-    ),
-    (
-        "exact",
-        f"quantization: moves exact in float64 (|dlogp| < {EXACT_DLOGP_MAX:g})",
-        "<",
-        EXACT_DLOGP_MAX,
-        "float64",
-    ),
-    (
-        "seeds",
-        f"quantization: R1 picked on calibration >= {SEED_PICK_RATIO_MIN:g}x better than the median seed",
-        ">",
-        SEED_PICK_RATIO_MIN,
-        "float32",
-    ),
-    (
-        "ov",
-        "quantization: optimized OV move V4 KL >= 20 % below random R2",
-        ">",
-        OV_OVER_R2_RATIO_MIN,
-        "float32",
-    ),
-    (
-        "smollm2_activations",
-        f"quantization: SmolLM2 A4 q/k/v/gate/up KL >= {ACTIVATION_RATIO_MIN:g}x below shipped",
-        ">",
-        ACTIVATION_RATIO_MIN,
-        "float32",
-    ),
-    (
-        "smollm2_v_cache",
-        f"quantization: SmolLM2 V4 KL >= {V_CACHE_RATIO_MIN:g}x below shipped",
-        ">",
-        V_CACHE_RATIO_MIN,
-        "float32",
-    ),
-    (
-        "smollm2_ov",
-        "quantization: SmolLM2 optimized OV move V4 KL >= 20 % below random R2",
-        ">",
-        OV_OVER_R2_RATIO_MIN,
-        "float32",
-    ),
-    (
-        "smollm2_seeds",
-        f"quantization: SmolLM2 R1 picked >= {SEED_PICK_RATIO_MIN:g}x better than the median seed",
-        ">",
-        SEED_PICK_RATIO_MIN,
-        "float32",
-    ),
-)
+    return with_kinds(pd.DataFrame(claims))
 
 
 def quantization_claims(rows: pd.DataFrame, seeds: pd.DataFrame) -> list[dict]:

@@ -1,7 +1,7 @@
 """The quantization stage's table and claims (docs/quantization.md, docs/design.md §16): ``attnid
 quant-report --orbit-points`` reports gathered into ``quantization.csv`` (one row per model, orbit point and
 setting), ``quantization_seeds.csv`` (the R1 seed study) and ``quantization.tex``; the claims of
-:func:`quantization_claims` are read from them by ``attnid tables``.
+``QUANTIZATION_CLAIMS`` are read from them by ``attnid tables``.
 
 Claims (the issue's targets; each the worst over the models it is about):
 
@@ -35,6 +35,73 @@ SEED_PICK_RATIO_MIN = 2.0  # median seed's held-out KL over the picked seed's
 OV_OVER_R2_RATIO_MIN = 1.25  # random R2's V4 KL over the optimized move's: at least 20 % below
 ACTIVATION_RATIO_MIN = 4.0  # SmolLM2: shipped A4 (q/k/v/gate/up) KL over R1's
 V_CACHE_RATIO_MIN = 2.0  # SmolLM2: shipped V4 KL over the optimized move's
+
+# the stage's claims in claims.csv (:func:`attnid.reports.claims.quantization_claims`): (key of
+# claim_values, claim, relation, threshold, precision)
+QUANTIZATION_CLAIMS = (
+    (
+        "float",
+        f"quantization: every orbit point keeps the loss (< {FLOAT_LOSS_CHANGE_MAX:g})",
+        "<",
+        FLOAT_LOSS_CHANGE_MAX,
+        "float32",
+    ),
+    (
+        "exact",
+        f"quantization: moves exact in float64 (|dlogp| < {EXACT_DLOGP_MAX:g})",
+        "<",
+        EXACT_DLOGP_MAX,
+        "float64",
+    ),
+    (
+        "seeds",
+        f"quantization: R1 picked on calibration >= {SEED_PICK_RATIO_MIN:g}x better than the median seed",
+        ">",
+        SEED_PICK_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "ov",
+        "quantization: optimized OV move V4 KL >= 20 % below random R2",
+        ">",
+        OV_OVER_R2_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_activations",
+        f"quantization: SmolLM2 A4 q/k/v/gate/up KL >= {ACTIVATION_RATIO_MIN:g}x below shipped",
+        ">",
+        ACTIVATION_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_v_cache",
+        f"quantization: SmolLM2 V4 KL >= {V_CACHE_RATIO_MIN:g}x below shipped",
+        ">",
+        V_CACHE_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_ov",
+        "quantization: SmolLM2 optimized OV move V4 KL >= 20 % below random R2",
+        ">",
+        OV_OVER_R2_RATIO_MIN,
+        "float32",
+    ),
+    (
+        "smollm2_seeds",
+        f"quantization: SmolLM2 R1 picked >= {SEED_PICK_RATIO_MIN:g}x better than the median seed",
+        ">",
+        SEED_PICK_RATIO_MIN,
+        "float32",
+    ),
+)
+# the keys of the claims that check exactness (claims.csv's kind ``check``); the others are the stage's
+# hypotheses, findings (``finding``: :mod:`attnid.reports.claim_kinds`), and their texts
+QUANTIZATION_CHECKS = frozenset({"float", "exact"})
+QUANTIZATION_FINDINGS = frozenset(
+    claim for key, claim, *_ in QUANTIZATION_CLAIMS if key not in QUANTIZATION_CHECKS
+)
 
 
 def model_label(path: Path) -> str:

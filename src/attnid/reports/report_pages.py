@@ -262,28 +262,24 @@ def _rst_text(value: Any) -> str:
     return text
 
 
-def landing_rst(claims: pd.DataFrame, title: str, figures: Mapping[str, str], pages: Iterable[str]) -> str:
-    """The report's landing text: how many claims pass, the claims table (each result a ``:pass:``,
-    ``:fail:`` or ``:other:`` role, coloured by workflow/report/style.css), and what else the report holds
-    (``figures``: {name: title}; ``pages``: the table pages). ``Figures``, ``Tables`` and ``Claims`` are
-    links to the report's categories of those names (Snakemake adds their targets)."""
-    results = claims["result"].astype(str)
-    heading = f"attnid: the claims of {title}"
-    others = {result: count for result, count in results.value_counts().items() if result != "pass"}
-    summary = f"**{int((results == 'pass').sum())} of {len(claims)} claims pass**"
-    if others:
-        summary += " (" + ", ".join(f"{count} {result}" for result, count in others.items()) + ")"
+# what each group of claims.csv is, under its heading on the landing page
+GROUP_TEXT = {
+    "paper": "The paper's claims, each checked in this build's runs: a failing one does not replicate.",
+    "finding": "Our own hypotheses, each with its outcome as measured: a rejected one is an answer, not a "
+    "failure of the build.",
+    "check": "What makes this build trustworthy: round-off floors, exactness, the protocol's declared "
+    "conditions.",
+}
+
+
+def _capitalized(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _landing_table(claims: pd.DataFrame) -> list[str]:
+    """A group's rows as an RST list-table: the result (its role), the claim, the number, the threshold, the
+    precision."""
     lines = [
-        ".. role:: pass",
-        ".. role:: fail",
-        ".. role:: other",
-        "",
-        heading,
-        "=" * len(heading),
-        "",
-        f"{summary}. Each is checked against a number measured in this build's own runs; every column, with "
-        "how each number is computed, is under Claims_.",
-        "",
         ".. list-table::",
         "   :header-rows: 1",
         f"   :widths: {' '.join(str(width) for width in LANDING_WIDTHS)}",
@@ -292,18 +288,47 @@ def landing_rst(claims: pd.DataFrame, title: str, figures: Mapping[str, str], pa
     ]
     for row in claims.to_dict("records"):
         result = str(row["result"])
-        role = result if result in ("pass", "fail") else "other"
+        role = result if result in ("pass", "fail") and row.get("kind") != "finding" else "other"
         shown = row | {"threshold": f"{row['relation']} {row['threshold']}", "result": f":{role}:`{result}`"}
         cells = [shown["result"]] + [_rst_text(shown[column]) or "--" for column in list(LANDING_COLUMNS)[1:]]
         lines.append("   * - " + "\n     - ".join(cells))
+    return lines
+
+
+def landing_rst(claims: pd.DataFrame, title: str, figures: Mapping[str, str], pages: Iterable[str]) -> str:
+    """The report's landing text: the claims in claims.csv's three groups (its ``kind``: the paper's claims,
+    our findings, the checks), each under its own heading with its count and its table (each result a
+    ``:pass:``, ``:fail:`` or ``:other:`` role, coloured by workflow/report/style.css: a finding's outcome,
+    rejected included, is ``:other:``, an answer and not a failure), and what else the report holds
+    (``figures``: {name: title}; ``pages``: the table pages). ``Figures``, ``Tables`` and ``Claims`` are
+    links to the report's categories of those names (Snakemake adds their targets)."""
+    # lazy: pandas (claims.csv's kinds), which the workflow and --help (reading TABLE_PAGES) do not load
+    from attnid.reports.claim_kinds import KINDS, group_summary, with_kinds
+
+    claims = claims if "kind" in claims else with_kinds(claims)
+    heading = f"attnid: the claims of {title}"
+    groups = [(kind, claims[claims["kind"] == kind]) for kind in KINDS if (claims["kind"] == kind).any()]
+    told = [group_summary(kind, rows["result"]) for kind, rows in groups]
     named = "; ".join(f"{name[3:]}, {_rst_text(shows)}" for name, shows in figures.items())
-    lines += [
-        "",
-        f"Every figure with its caption, filled with this build's numbers, is under Figures_ ({named}).",
-    ]
     listed = [TABLE_PAGES[page][0].split(":")[0].lower() for page in pages]
-    if listed:
-        lines.append(f"The tables ({', '.join(listed)}) are under Tables_.")
+    lines = [
+        ".. role:: pass",
+        ".. role:: fail",
+        ".. role:: other",
+        "",
+        heading,
+        "=" * len(heading),
+        "",
+        f"**{_capitalized('; '.join(told)) or 'No claims'}**. Each is checked against a number measured in "
+        "this build's own runs; every column, with how each number is computed, is under Claims_.",
+        "",
+        f"Every figure with its caption, filled with this build's numbers, is under Figures_ ({named})."
+        + (f" The tables ({', '.join(listed)}) are under Tables_." if listed else ""),
+    ]
+    for (kind, rows), summary in zip(groups, told):
+        title_line = _capitalized(summary)
+        lines += ["", title_line, "-" * len(title_line), "", GROUP_TEXT[kind], ""]
+        lines += _landing_table(rows)
     return "\n".join(lines) + "\n"
 
 

@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
 from attnid.plan.interventions import arm_name
+from attnid.reports.claim_kinds import VERDICT_COLUMNS
 from attnid.reports.claims import claims_table
 from attnid.reports.latex import render_table
 from attnid.reports.round_off import at_round_off, coarsest_dtype, dtypes_of, round_off_ceiling, run_dtype
@@ -350,6 +351,7 @@ def write_tables(
     plateau_csv: str | Path | None = None,
     calibration_csv: str | Path | None = None,
     quantization_csv: str | Path | None = None,
+    verdicts_csv: str | Path | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
@@ -358,7 +360,8 @@ def write_tables(
     interventions' arms and baselines) and ``identity_runs`` (its float64 projected run) add the
     interventions' identities to claims.csv; ``plateau_csv`` (interventions_plateau.csv) and
     ``calibration_csv`` (calibration.csv) the checks of its protocol; ``quantization_csv`` (``attnid
-    quantization-table``'s, with ``quantization_seeds.csv`` beside it) the quantization stage's claims.
+    quantization-table``'s, with ``quantization_seeds.csv`` beside it) the quantization stage's claims;
+    ``verdicts_csv`` (interventions.csv) the interventions' verdicts, as findings.
     """
     run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
@@ -390,6 +393,7 @@ def write_tables(
         )
     ]
     quantization = _quantization_tables(quantization_csv) if quantization_csv is not None else None
+    verdicts = None if verdicts_csv is None else _read_table(verdicts_csv, VERDICT_COLUMNS)
     claims = claims_table(
         run_rows,
         slopes,
@@ -399,6 +403,7 @@ def write_tables(
         plateau=protocol[0],
         calibration=protocol[1],
         quantization=quantization,
+        verdicts=verdicts,
     )
 
     out = Path(out_dir)
