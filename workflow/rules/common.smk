@@ -25,6 +25,7 @@ from attnid.plan import (
     check_config_file,
     check_writable,
     plan,
+    QUANTIZATION_TABLES,
     quantization_checkpoints,
     quantization_settings,
     smollm2_gguf,
@@ -210,10 +211,5 @@ QUANTIZATION_REPORTS = (
     else []
 )
 QUANTIZATION_TABLE_FILES = (
-    [
-        f"{TABLES_DIR}/{name}"
-        for name in ("quantization.csv", "quantization_seeds.csv", "quantization.tex")
-    ]
-    if QUANTIZATION
-    else []
+    [f"{TABLES_DIR}/{name}" for name in QUANTIZATION_TABLES] if QUANTIZATION else []
 )

@@ -15,11 +15,17 @@ from attnid.common.tex import why_no_pdf
 from attnid.plan.config import check_config_file, check_writable
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import margin_fraction, verdict_options
-from attnid.plan.quantization import quantization_checkpoints, quantization_settings, smollm2_gguf
+from attnid.plan.quantization import (
+    QUANTIZATION_TABLES,
+    quantization_checkpoints,
+    quantization_settings,
+    smollm2_gguf,
+)
 from attnid.plan.runs import Plan, RunSpec, plan, spec_texts
 
 __all__ = [
     "ConfigError",
+    "QUANTIZATION_TABLES",
     "Plan",
     "RunSpec",
     "check_config_file",
