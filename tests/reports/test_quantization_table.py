@@ -10,12 +10,44 @@ import pytest
 
 from attnid.cli import main
 from attnid.reports.claims import quantization_claims
+from attnid.reports.figures import fig7_quantization
+from attnid.reports.figures.inputs import Sources
+from attnid.reports.figures.style import pyplot
+from attnid.reports.quantization_table import OUTLIER_KURTOSIS
 
 POINTS = ["shipped", "fuse-norms", "R1 random", "R1 picked", "R1+R2 random", "R1+OV optimized"]
+SITES = ("qkv", "o", "up", "down")
+LAYERS = 3
 
 
-def _report(path, kl: dict, seeds: list[tuple[float, float]], exact: float = 1e-14) -> None:
-    """A quant-report --orbit-points report: ``kl[(point, setting)]``; seeds ``(calibration, evaluation)``."""
+def _kurtosis(point: str, site: str, layer: int, shipped: float) -> float:
+    """A synthetic input kurtosis: ``shipped`` (and 0.9 of it at later layers) at q/k/v and MLP inputs
+    before R1, 3.1 after; 5 at the output projection's, 50 at the down projection's, at every point."""
+    if site in ("qkv", "up"):
+        return shipped * (1 - 0.1 * layer) if point in ("shipped", "fuse-norms") else 3.1 - 0.01 * layer
+    return 5.0 if site == "o" else 50.0
+
+
+def _activations(shipped: float) -> list[dict]:
+    return [
+        {
+            "point": point,
+            "site": site,
+            "layer": layer,
+            "kurtosis": _kurtosis(point, site, layer, shipped),
+            "max_over_rms": 4.0,
+        }
+        for point in POINTS
+        for layer in range(LAYERS)
+        for site in SITES
+    ]
+
+
+def _report(
+    path, kl: dict, seeds: list[tuple[float, float]], exact: float = 1e-14, shipped_kurtosis: float = 400.0
+) -> None:
+    """A quant-report --orbit-points report: ``kl[(point, setting)]``; seeds ``(calibration, evaluation)``;
+    input kurtosis :func:`_kurtosis` of ``shipped_kurtosis``."""
     rows = []
     for point in POINTS:
         rows.append({"point": point, "setting": "float", "kl": 0.0, "kl_max": 0.0, "loss": 2.0, "ppl": 7.39})
@@ -36,7 +68,7 @@ def _report(path, kl: dict, seeds: list[tuple[float, float]], exact: float = 1e-
     report = {
         "settings": ["W4", "A4:qkv+up", "V4"],
         "rows": rows,
-        "activations": [],
+        "activations": _activations(shipped_kurtosis),
         "points": {point: {"exact_max_abs_dlogp": exact} for point in POINTS},
         "seeds": {"setting": "W4", "per_seed": per_seed, "picked_seed": picked},
     }
@@ -64,6 +96,14 @@ def reports(tmp_path):
     _report(paths[0], _kl(1.0, 0.5, 0.030, 0.020), [(0.1, 0.2), (0.3, 0.5), (0.2, 0.6)])  # ratio 2.5, ov 1.5
     _report(paths[1], _kl(1.0, 0.5, 0.030, 0.025), [(0.4, 0.9), (0.1, 0.3), (0.2, 0.3)])  # ratio 1.0, ov 1.2
     _report(paths[2], _kl(3.8, 0.8, 0.012, 0.008, shipped_v4=0.022), [(0.1, 0.5), (0.2, 0.7), (0.3, 0.9)])
+    return paths
+
+
+def _build_reports(tmp_path, shipped_kurtosis: list[float]) -> list:
+    """Reports of build checkpoints only (no SmolLM2), one per shipped kurtosis."""
+    paths = [tmp_path / "q" / "adamw" / f"seed{seed}.json" for seed in range(len(shipped_kurtosis))]
+    for path, kurtosis in zip(paths, shipped_kurtosis):
+        _report(path, _kl(1.0, 0.5, 0.03, 0.02), [(0.1, 0.2), (0.2, 0.3)], shipped_kurtosis=kurtosis)
     return paths
 
 
@@ -95,13 +135,66 @@ def test_the_table_and_its_claims_are_the_reports_numbers(reports, tmp_path, cap
     capsys.readouterr()
 
 
-def test_figure_7_draws_every_model(reports, tmp_path, capsys):
+def test_the_activation_table_keeps_every_layer_s_kurtosis(reports, tmp_path, capsys):
+    out = tmp_path / "tables"
+    assert main(["quantization-table", "--json", *map(str, reports), "--out-dir", str(out)]) == 0
+    activations = pd.read_csv(out / "quantization_activations.csv")
+    assert len(activations) == 3 * len(POINTS) * len(SITES) * LAYERS
+    row = activations[
+        (activations["model"] == "adamw/seed1")
+        & (activations["point"] == "fuse-norms")
+        & (activations["site"] == "up")
+        & (activations["layer"] == 2)
+    ]
+    assert row["kurtosis"].tolist() == [pytest.approx(_kurtosis("fuse-norms", "up", 2, 400.0))]
+    capsys.readouterr()
+
+
+def test_figure_7_draws_every_model_s_kurtosis_and_kl_panels(reports, tmp_path, capsys):
     out = tmp_path / "tables"
     assert main(["quantization-table", "--json", *map(str, reports), "--out-dir", str(out)]) == 0
     assert main(["figures", "fig7", "--tables", str(out), "--out-dir", str(tmp_path / "figures")]) == 0
     caption = (tmp_path / "figures" / "fig7.rst").read_text()
     assert caption.startswith("**Figure 7") and "smollm2" in caption and "adamw/seed0" in caption
     assert (tmp_path / "figures" / "fig7.png").stat().st_size > 10_000
+    fig = fig7_quantization.draw(Sources(tables=out)).figure
+    kurtosis_axes = [ax for ax in fig.axes if ax.get_lines() and not ax.patches]
+    bar_axes = [ax for ax in fig.axes if ax.patches]
+    assert len(kurtosis_axes) == 3 * len(SITES) and len(bar_axes) == 3  # (a) per site, (b) per model
+    first = kurtosis_axes[0]  # adamw/seed0's q/k/v inputs: one line per point, layer by layer
+    shipped = next(line for line in first.get_lines() if line.get_label() == "shipped")
+    assert list(shipped.get_ydata()) == pytest.approx(
+        [_kurtosis("shipped", "qkv", i, 400.0) for i in range(3)]
+    )
+    assert len(bar_axes[0].patches) == len(POINTS) * 3  # a bar per point and setting
+    pyplot().close(fig)
+    capsys.readouterr()
+
+
+def _caption(tmp_path, paths) -> str:
+    out = tmp_path / "tables"
+    assert main(["quantization-table", "--json", *map(str, paths), "--out-dir", str(out)]) == 0
+    assert main(["figures", "fig7", "--tables", str(out), "--out-dir", str(tmp_path / "figures")]) == 0
+    return " ".join((tmp_path / "figures" / "fig7.rst").read_text().split())
+
+
+def test_figure_7_says_the_build_s_checkpoints_have_no_outliers_only_when_they_have_none(tmp_path, capsys):
+    quiet = _caption(tmp_path / "quiet", _build_reports(tmp_path / "quiet", [2.9, 3.05]))
+    # the largest over the build's checkpoints, points and q/k/v and MLP inputs: R1's 3.1 (layer 0)
+    assert "no outliers to remove" in quiet and "at most 3.1 at every orbit point" in quiet
+    assert "SmolLM2" not in quiet
+    loud = _caption(tmp_path / "loud", _build_reports(tmp_path / "loud", [2.9, 2 * OUTLIER_KURTOSIS]))
+    assert "no outliers" not in loud
+    assert f"largest kurtosis is {2 * OUTLIER_KURTOSIS:g} as shipped and 3.1 after R1" in loud
+    capsys.readouterr()
+
+
+def test_figure_7_tells_smollm2_s_outliers_and_the_build_s(reports, tmp_path, capsys):
+    caption = _caption(tmp_path, reports)  # the build's checkpoints with outliers too (400 shipped)
+    assert (
+        "SmolLM2's q/k/v and MLP inputs have a largest kurtosis of 400 as shipped and 3.1 after R1" in caption
+    )
+    assert "no outliers" not in caption
     capsys.readouterr()
 
 

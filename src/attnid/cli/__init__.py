@@ -85,7 +85,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "quantization-table": (
         "attnid.cli.reports",
-        "gather attnid quant-report --orbit-points reports into quantization.csv, its seed study and .tex",
+        "gather attnid quant-report --orbit-points reports into quantization.csv, its seed study, the "
+        "activations per layer and .tex",
     ),
     "edits-table": (
         "attnid.cli.reports",

@@ -451,7 +451,9 @@ def add_quantization_table_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="attnid quant-report --orbit-points --json reports",
     )
-    parser.add_argument("--out-dir", required=True, help="where quantization.csv, _seeds.csv and .tex go")
+    parser.add_argument(
+        "--out-dir", required=True, help="where quantization.csv, _seeds.csv, _activations.csv and .tex go"
+    )
 
 
 def run_quantization_table(args: argparse.Namespace) -> int:

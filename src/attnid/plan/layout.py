@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from attnid.plan.quantization import quantization_checkpoints, quantization_settings
+from attnid.plan.quantization import QUANTIZATION_TABLES, quantization_checkpoints, quantization_settings
 from attnid.plan.runs import Plan
 
 # The tables `attnid tables` writes for every config (runs, cases, sweep, the claims).
@@ -24,7 +24,6 @@ TABLE_NAMES = (
     "claims.csv",
 )
 EDITS_TABLES = ("prune.csv", "prune_summary.csv", "prune.tex")
-QUANTIZATION_TABLES = ("quantization.csv", "quantization_seeds.csv", "quantization.tex")
 
 
 def run_files(run_dirs: Iterable[str]) -> list[str]:

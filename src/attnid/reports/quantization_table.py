@@ -1,6 +1,8 @@
 """The quantization stage's table and claims (docs/quantization.md, docs/design.md §16): ``attnid
 quant-report --orbit-points`` reports gathered into ``quantization.csv`` (one row per model, orbit point and
-setting), ``quantization_seeds.csv`` (the R1 seed study) and ``quantization.tex``; the claims of
+setting), ``quantization_seeds.csv`` (the R1 seed study), ``quantization_activations.csv`` (one row per model,
+orbit point, site and layer: the kurtosis and max/rms of that linear layer's inputs, what Figure 7 (a) draws)
+and ``quantization.tex``; the claims of
 ``QUANTIZATION_CLAIMS`` are read from them by ``attnid tables``.
 
 Claims (the issue's targets; each the worst over the models it is about):
@@ -25,7 +27,8 @@ from attnid.common.files import read_json, write_csv_atomic, write_text_atomic
 from attnid.reports.latex import render_table
 
 SMOLLM2 = "smollm2"
-REPORT_KEYS = ("rows", "points")  # what an --orbit-points report holds (and "seeds", with a seed study)
+REPORT_KEYS = ("rows", "points", "activations")  # what an --orbit-points report holds (and "seeds")
+ACTIVATION_COLUMNS = ["model", "point", "site", "layer", "kurtosis", "max_over_rms"]
 SHIPPED, R1, R1_PICKED = "shipped", "R1 random", "R1 picked"
 R2_RANDOM, OV_OPTIMIZED = "R1+R2 random", "R1+OV optimized"
 # thresholds of the claims (the issue's targets)
@@ -35,6 +38,18 @@ SEED_PICK_RATIO_MIN = 2.0  # median seed's held-out KL over the picked seed's
 OV_OVER_R2_RATIO_MIN = 1.25  # random R2's V4 KL over the optimized move's: at least 20 % below
 ACTIVATION_RATIO_MIN = 4.0  # SmolLM2: shipped A4 (q/k/v/gate/up) KL over R1's
 V_CACHE_RATIO_MIN = 2.0  # SmolLM2: shipped V4 KL over the optimized move's
+# the activation sites of quant-report (attnid.edits.quant_eval.SITES), as Figure 7 names them
+SITE_NAMES = {
+    "qkv": "q/k/v inputs",
+    "o": "output proj. inputs",
+    "up": "MLP inputs",
+    "down": "down proj. inputs",
+}
+ROTATED_SITES = ("qkv", "up")  # the inputs R1 rotates (read from the residual stream through a norm)
+GAUSSIAN_KURTOSIS = 3.0  # Pearson's kurtosis of a Gaussian
+# a linear input with a larger kurtosis has outlier channels for a rotation to spread (SmolLM2's shipped
+# q/k/v inputs: 412; a Laplace distribution's is 6)
+OUTLIER_KURTOSIS = 10.0
 
 # the stage's claims in claims.csv (:func:`attnid.reports.claims.quantization_claims`): (key of
 # claim_values, claim, relation, threshold, precision)
@@ -110,10 +125,11 @@ def model_label(path: Path) -> str:
     return SMOLLM2 if path.stem == SMOLLM2 else f"{path.parent.name}/{path.stem}"
 
 
-def gather(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(rows, seeds)``: every report's rows (``model``, ``point``, ``setting``, ``kl``, ``kl_max``,
-    ``loss``, ``ppl``, the point's ``exact_max_abs_dlogp``) and every seed of its seed study."""
-    rows, seeds = [], []
+def gather(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``(rows, seeds, activations)``: every report's rows (``model``, ``point``, ``setting``, ``kl``,
+    ``kl_max``, ``loss``, ``ppl``, the point's ``exact_max_abs_dlogp``), every seed of its seed study, and
+    its activation rows (:data:`ACTIVATION_COLUMNS`)."""
+    rows, seeds, activations = [], [], []
     for path in paths:
         report = read_json(path, "quant-report")
         missing = [key for key in REPORT_KEYS if not isinstance(report, dict) or key not in report]
@@ -125,6 +141,7 @@ def gather(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
         exact = {name: point.get("exact_max_abs_dlogp", math.nan) for name, point in report["points"].items()}
         for row in report["rows"]:
             rows.append({"model": model, **row, "exact_max_abs_dlogp": exact.get(row["point"], math.nan)})
+        activations += [{"model": model, **row} for row in report["activations"]]
         study = report.get("seeds") or {"per_seed": []}
         for row in study["per_seed"]:
             seeds.append(
@@ -135,7 +152,18 @@ def gather(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
                     "picked": row["seed"] == study["picked_seed"],
                 }
             )
-    return pd.DataFrame(rows), pd.DataFrame(seeds)
+    return pd.DataFrame(rows), pd.DataFrame(seeds), pd.DataFrame(activations, columns=ACTIVATION_COLUMNS)
+
+
+def largest_kurtosis(
+    activations: pd.DataFrame, point: str | None = None, sites: tuple[str, ...] = ROTATED_SITES
+) -> float:
+    """The largest kurtosis of ``activations`` (``quantization_activations.csv``'s rows) at ``sites``, at the
+    orbit point ``point`` (None: at every point); NaN where there is none."""
+    mine = activations[activations["site"].isin(sites)]
+    if point is not None:
+        mine = mine[mine["point"] == point]
+    return float(mine["kurtosis"].max()) if len(mine) else math.nan
 
 
 def _kl(rows: pd.DataFrame, model: str, point: str, setting: str) -> float:
@@ -203,15 +231,17 @@ def claim_values(rows: pd.DataFrame, seeds: pd.DataFrame) -> dict[str, tuple[flo
 
 
 def write_quantization_tables(paths: list[Path], out_dir: Path) -> dict[str, pd.DataFrame]:
-    """``quantization.csv``, ``quantization_seeds.csv`` and ``quantization.tex`` in ``out_dir``."""
-    rows, seeds = gather(paths)
+    """``quantization.csv``, ``quantization_seeds.csv``, ``quantization_activations.csv`` and
+    ``quantization.tex`` in ``out_dir``."""
+    rows, seeds, activations = gather(paths)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out_dir / "quantization.csv", rows)
     write_csv_atomic(out_dir / "quantization_seeds.csv", seeds)
+    write_csv_atomic(out_dir / "quantization_activations.csv", activations)
     quantized = rows[rows["setting"] != "float"]
     settings = list(dict.fromkeys(quantized["setting"]))
     wide = quantized.pivot_table(index=["model", "point"], columns="setting", values="kl", sort=False)
     text = render_table("quantization.tex.j2", wide.reset_index(), settings=settings)
     write_text_atomic(out_dir / "quantization.tex", text)
-    return {"quantization": rows, "quantization_seeds": seeds}
+    return {"quantization": rows, "quantization_seeds": seeds, "quantization_activations": activations}
