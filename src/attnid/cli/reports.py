@@ -130,6 +130,12 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         help="quantization.csv of attnid quantization-table (quantization_seeds.csv beside it): adds the "
         "quantization stage's claims to claims.csv",
     )
+    parser.add_argument(
+        "--alignment",
+        default=None,
+        metavar="CSV",
+        help="alignment.csv of attnid alignment-table: adds the alignment stage's claim to claims.csv",
+    )
 
 
 def run_tables(args: argparse.Namespace) -> int:
@@ -141,7 +147,13 @@ def run_tables(args: argparse.Namespace) -> int:
         None if args.quantization is None else Path(args.quantization).with_name("quantization_seeds.csv")
     )
     declare_report_files(
-        args, args.census, args.plateau, args.calibration, args.quantization, quantization_seeds
+        args,
+        args.census,
+        args.plateau,
+        args.calibration,
+        args.quantization,
+        quantization_seeds,
+        args.alignment,
     )
     with written_by("attnid train"):
         tables = write_tables(
@@ -156,6 +168,7 @@ def run_tables(args: argparse.Namespace) -> int:
             args.plateau,
             args.calibration,
             args.quantization,
+            args.alignment,
         )
     for row in tables["claims"].itertuples():
         print(
@@ -172,8 +185,8 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="FIGURE",
         help="draw only these (fig1, fig2, ...; each needs the sources its module's INPUTS name); by default "
-        "every figure without an optional stage, and fig5 / fig6 / fig7 where the studies' / the "
-        "interventions' / the quantization stage's tables are given",
+        "every figure without an optional stage, and fig5 / fig6 / fig7 / fig8 where the studies' / the "
+        "interventions' / the quantization stage's / the alignment stage's tables are given",
     )
     parser.add_argument("--tables", default=None, help="results/tables (sweep.csv, sweep_slopes.csv, ...)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables

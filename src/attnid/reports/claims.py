@@ -11,6 +11,8 @@ import math
 import pandas as pd
 
 from attnid.plan.interventions import AT_INIT_ARM, CALIBRATED_SUFFIX, GAUGE_ARM, arm_baseline
+from attnid.reports.alignment_table import EXACT_DLOGP_MAX as ALIGNMENT_EXACT_MAX
+from attnid.reports.alignment_table import claim_values as alignment_claim_values
 from attnid.reports.quantization_table import (
     ACTIVATION_RATIO_MIN,
     EXACT_DLOGP_MAX,
@@ -147,6 +149,7 @@ def claims_table(
     plateau: pd.DataFrame | None = None,
     calibration: pd.DataFrame | None = None,
     quantization: tuple[pd.DataFrame, pd.DataFrame] | None = None,
+    alignment: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Each experimental claim with the number measured in this pipeline's own runs (and, given
     ``census.csv``, the whole-model census's row).
@@ -173,6 +176,10 @@ def claims_table(
     claims += protocol_claims(plateau, calibration)
     if quantization is not None:
         claims += quantization_claims(*quantization)
+    if alignment is not None:  # the alignment stage (attnid.reports.alignment_table)
+        measured, detail = alignment_claim_values(alignment)["exact"]
+        claim = f"alignment: exact on every pair of seeds in float64 (|dlogp| < {ALIGNMENT_EXACT_MAX:g})"
+        claims.append(_claim(claim, "alignment (ours)", measured, "<", ALIGNMENT_EXACT_MAX, detail))
     return pd.DataFrame(claims)
 
 
