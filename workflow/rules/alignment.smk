@@ -28,6 +28,7 @@ if ALIGNMENT_PAIRS:
             pair="|".join(map(re.escape, ALIGNMENT_PAIRS)),
         conda:
             ENV
+        threads: config["threads"]
         params:
             a=lambda wildcards, input: os.path.join(os.path.dirname(input.a), "ckpt.pt"),
             b=lambda wildcards, input: os.path.join(os.path.dirname(input.b), "ckpt.pt"),
@@ -36,7 +37,7 @@ if ALIGNMENT_PAIRS:
             sequences=ALIGNMENT_SECTION.get("sequences"),
         shell:
             "attnid barrier {params.a:q} {params.b:q} --points {params.points} --sequences {params.sequences}"
-            " --data {params.data:q} --json {output:q} > {log:q} 2>&1"
+            " --data {params.data:q} --threads {threads} --json {output:q} > {log:q} 2>&1"
 
     rule alignment_table:
         input:

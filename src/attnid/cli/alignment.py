@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from attnid.cli.argument_types import seed_number
+from attnid.cli.argument_types import seed_number, thread_count
 from attnid.cli.checkpoints import add_heldout_arguments, check_load_memory, stored_dtype_name
 from attnid.cli.reports import declare_report_files, written_by
 from attnid.common import outputs, progress
@@ -57,6 +57,9 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
         "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"
     )
     add_heldout_arguments(parser)
+    parser.add_argument(
+        "--threads", type=thread_count, default=1, help="torch threads (default: %(default)s)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
 
 
@@ -120,12 +123,15 @@ BARRIER_REPORT = outputs.json_report("command", "levels")  # the --json of barri
 
 def run_barrier(args: argparse.Namespace) -> int:
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
+    import torch
+
     from attnid.edits.alignment import read_pair
     from attnid.edits.barrier import barrier_report, check_points
     from attnid.edits.checkpoints import load_checkpoint
     from attnid.edits.heldout import heldout_batch
 
     check_points(args.points)
+    torch.set_num_threads(args.threads)
     rule = outputs.current()
     rule.read(args.a, args.b)
     rule.write(args.json, BARRIER_REPORT, "--json")

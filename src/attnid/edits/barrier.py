@@ -118,7 +118,10 @@ def barrier_report(
     ts = line_points(points)
     evaluator = LineEvaluator(template, batch)
     loss_a, logits_a = evaluator(a)
-    levels, ends, alignment = {}, {}, None
+    levels: dict[str, dict] = {}
+    ends: dict[str, torch.Tensor] = {}
+    last: dict[str, float] = {}  # each level's loss at t = 1
+    alignment = None
     for level, classes in LEVELS.items():
         moved, report = align_whole(a, b, classes, seed) if classes else (b, None)
         losses, ends[level] = loss_line(evaluator, a, moved, ts, loss_a)
@@ -130,11 +133,12 @@ def barrier_report(
             "products": None if report is None else report["steps"][-1]["products"],
             "exact_max_abs_dlogp": None if report is None else report["exact_max_abs_dlogp"],
         }
+        last[level] = losses[-1]
         if level == "all":
             alignment = report
     assert alignment is not None
     alignment["functional"] = functional_distance(logits_a, ends["none"], ends["all"])
-    endpoints = [abs(levels[name]["loss"][-1] - levels["none"]["loss"][-1]) for name in levels]
+    endpoints = [abs(loss - last["none"]) for loss in last.values()]
     return {
         "n_head": a.shape.attention.n_head,
         "t": ts,

@@ -168,7 +168,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     by_level = rows[rows["level"] != ""].pivot_table(
         index=["study", "group", "pair"], columns="level", values=["distance", "barrier"], sort=False
     )
-    by_level.columns = [f"{value}_{level}" for value, level in by_level.columns]
+    by_level.columns = [f"{column[0]}_{column[1]}" for column in by_level.columns]  # (value, level)
     last = rows[rows["level"] == "all"].set_index(["study", "group", "pair"])
     by_level["product_distance"] = last["product_distance"]
     by_level["continuous_share"] = continuous_share(rows).set_index(["study", "group", "pair"])[
