@@ -87,6 +87,8 @@ def test_the_line_is_the_held_out_loss_of_the_interpolated_parameters(reports) -
     assert any(".ln_" in name for name in middle.params)  # the norm gains are on the line too
     batch = torch.randint(0, 65, (2, 9), generator=torch.Generator().manual_seed(0))
     evaluator = LineEvaluator(b, batch)
+    # A's weights written into B's format are A: its tied head too, as A loads from its own file
+    assert evaluator(whole_a)[0] == pytest.approx(evaluate(load_for_eval(a), batch)[0], abs=1e-6)
     for point in (middle, whole_a, middle):  # one model, its weights replaced: no state left behind
         loss, logits = evaluator(point)
         expected, expected_logits = evaluate(load_for_eval(as_checkpoint(b, point)), batch)
