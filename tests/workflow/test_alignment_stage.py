@@ -1,6 +1,6 @@
 """The alignment stage's plan (docs/design.md §18): which pairs of seeds the default, smoke and other configs
-align, each read where its checkpoint is, and a section that pairs a study the config lacks as one config
-error."""
+align, each read where its checkpoint is (a study the config turns off: no pair), and a bad section as one
+config error naming its key."""
 
 from __future__ import annotations
 
@@ -53,6 +53,7 @@ def test_one_seed_per_group_is_no_pair(configs):
 
 def test_the_section_off_or_narrowed(configs):
     assert _pairs(configs["config"], {"alignment": None})[1] == []
+    assert {p.study for p in _pairs(configs["config"], {"heads": None})[1]} == {"cases"}  # the study is off
     _, cases = _pairs(configs["config"], {"alignment": {"studies": ["cases"]}, "seeds": [0, 1, 2, 3]})
     assert len(cases) == 5 * 6 and {p.study for p in cases} == {"cases"}
 
@@ -73,7 +74,6 @@ def test_a_copied_run_is_read_from_its_source(configs):
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        ({"heads": None}, "alignment/studies"),
         ({"alignment": {"studies": ["variants"]}}, "alignment/studies"),
         ({"alignment": {"points": 1}}, "alignment/points"),
     ],
