@@ -34,9 +34,9 @@ permutations alone (the Git Re-Basin anchor) and after every class (largest barr
 {{ value(barrier_discrete) }} and {{ value(barrier_all) }}). (b) The share of the attention factors' squared
 distance that the per-head orthogonal moves on the output-value and query-key pairs remove, per pair of the
 heads study against the number of heads :math:`H`, beside the share of each attention weight the function
-leaves unidentified, :math:`1/(2H)` (T3, §4.5). (c) The distance left after every class against the distance
-between the identified products :math:`W_Q^\top W_K` and :math:`W_O W_V` over every head, which no per-head
-move changes, one point per pair.
+leaves unidentified, :math:`1/(2H)` (T3, the paper's section 4.5). (c) The distance left after every class
+against the distance between the identified products :math:`W_Q^\top W_K` and :math:`W_O W_V` over every
+head, which no per-head move changes, one point per pair.
 """
 LEVELS = {"none": "before alignment", "discrete": "permutations (Re-Basin)", "all": "every class"}
 LEVEL_COLORS = {"none": "#B91C1C", "discrete": "#D97706", "all": "#1D4ED8"}
