@@ -22,7 +22,7 @@ from attnid.edits.checkpoints import load_checkpoint
 from attnid.edits.heldout import evaluate, load_for_eval
 from attnid.edits.whole_checkpoint import read_whole_checkpoint
 from attnid.measure.line import barrier_height, chord_gap
-from attnid.reports.alignment_table import GROUPS, claim_values, write_alignment_tables
+from attnid.reports.alignment_table import TABLE_GROUPS, alignment_claim_values, write_alignment_tables
 
 POINTS = 5
 
@@ -105,7 +105,9 @@ def test_the_table_recomputes_every_number_from_the_reports(reports, tmp_path) -
         group, pair = path.parent.name, path.stem
         mine = written[(written["group"] == group) & (written["pair"] == pair)].set_index("class")
         before = report["alignment"]["distance_before"]
-        assert mine.loc["none", "distance"] == pytest.approx(math.sqrt(sum(before[g] ** 2 for g in GROUPS)))
+        assert mine.loc["none", "distance"] == pytest.approx(
+            math.sqrt(sum(before[g] ** 2 for g in TABLE_GROUPS))
+        )
         after = report["alignment"]["distance_after"]["total"]
         steps = [s["class"] for s in report["alignment"]["steps"]]
         assert mine.loc[steps, "share_removed"].sum() == pytest.approx(1 - after**2 / before["total"] ** 2)
@@ -118,7 +120,7 @@ def test_the_table_recomputes_every_number_from_the_reports(reports, tmp_path) -
         assert mine.loc[steps[-1], "product_distance"] == pytest.approx(
             math.hypot(products["qk"], products["ov"])
         )
-    exact, _ = claim_values(written)["exact"]
+    exact, _ = alignment_claim_values(written)["exact"]
     assert exact == max(json.loads(p.read_text())["alignment"]["exact_max_abs_dlogp"] for p in
                         (reports["planted"], reports["other"]))  # fmt: skip
 

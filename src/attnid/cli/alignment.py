@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from attnid.cli.argument_types import seed_number, thread_count
 from attnid.cli.checkpoints import add_heldout_arguments, check_load_memory, stored_dtype_name
@@ -15,6 +16,10 @@ from attnid.cli.reports import declare_report_files, written_by
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
 from attnid.common.files import write_json_atomic
+
+if TYPE_CHECKING:
+    from attnid.edits.checkpoint_types import Checkpoint
+    from attnid.edits.whole_checkpoint import WholeCheckpoint
 
 # The alignment imports torch: it is imported in the function that runs it, so that `--help` answers at once.
 
@@ -111,7 +116,7 @@ def _alignment_lines(report: dict) -> list[str]:
     return lines
 
 
-def read_whole(checkpoint):
+def read_whole(checkpoint: Checkpoint) -> WholeCheckpoint:
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.whole_checkpoint import read_whole_checkpoint
 

@@ -1,9 +1,9 @@
 """``attnid barrier`` and the held-out side of ``attnid compare`` (docs/design.md §18): the loss along the
 straight line between two checkpoints, at three alignment levels, and the functional distance between them.
 
-- The levels (:data:`LEVELS`): ``none`` (B as it is), ``discrete`` (B after the head and MLP permutations
-  alone, weight matching as Git Re-Basin does: the anchor) and ``all`` (B after every default class of
-  :func:`attnid.edits.alignment.align_whole`).
+- The levels (:data:`ALIGNMENT_LEVELS`): ``none`` (B as it is), ``discrete`` (B after the head and MLP
+  permutations alone, weight matching as Git Re-Basin does: the anchor) and ``all`` (B after every default
+  class of :func:`attnid.edits.alignment.align_whole`).
 - The line: ``theta(t) = (1 - t) theta_A + t theta_B`` for every parameter, norm gains and biases included
   (they interpolate as parameters like any other), computed in float64 in the census's names and written
   into a copy of B in B's stored dtype; its loss is the mean next-token cross-entropy on the held-out batch
@@ -28,7 +28,7 @@ from attnid.measure.line import barrier_height
 from attnid.measure.quantization import kl_per_token
 from attnid.model.gpt import model_from_checkpoint, strip_compiled_prefix
 
-LEVELS = {"none": (), "discrete": ("heads", "mlp"), "all": DEFAULT_CLASSES}
+ALIGNMENT_LEVELS = {"none": (), "discrete": ("heads", "mlp"), "all": DEFAULT_CLASSES}
 MIN_POINTS, MAX_POINTS = 2, 1001
 
 
@@ -39,7 +39,7 @@ def check_points(points: int) -> None:
         )
 
 
-def line_points(points: int) -> list[float]:
+def t_values(points: int) -> list[float]:
     """``points`` evenly spaced values of ``t`` from 0 to 1, both included."""
     check_points(points)
     return [i / (points - 1) for i in range(points)]
@@ -112,17 +112,18 @@ def barrier_report(
     batch: torch.Tensor,
     seed: int = 0,
 ) -> dict:
-    """The loss along the line A-B at each level of :data:`LEVELS` and its barrier; ``alignment``: the
-    report of the ``all`` level's alignment (:func:`~attnid.edits.alignment.align_whole`) with its
-    functional distance (what ``attnid compare`` reports)."""
-    ts = line_points(points)
+    """The loss along the line A-B at each level of :data:`ALIGNMENT_LEVELS` and its barrier;
+    ``alignment``: the report of the ``all`` level's alignment
+    (:func:`~attnid.edits.alignment.align_whole`) with its functional distance (what ``attnid compare``
+    reports)."""
+    ts = t_values(points)
     evaluator = LineEvaluator(template, batch)
     loss_a, logits_a = evaluator(a)
     levels: dict[str, dict] = {}
     ends: dict[str, torch.Tensor] = {}
     last: dict[str, float] = {}  # each level's loss at t = 1
     alignment = None
-    for level, classes in LEVELS.items():
+    for level, classes in ALIGNMENT_LEVELS.items():
         moved, report = align_whole(a, b, classes, seed) if classes else (b, None)
         losses, ends[level] = loss_line(evaluator, a, moved, ts, loss_a)
         levels[level] = {

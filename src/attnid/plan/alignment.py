@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from attnid.plan.studies import heads_points
-
-if TYPE_CHECKING:  # runs.py reads the config through config.py, which checks this section
-    from attnid.plan.runs import Plan
 
 STUDY_DIRS = {"cases": "runs", "heads": "studies/heads"}  # where each group's runs are, below results_dir
 
@@ -66,9 +63,10 @@ def _groups(config: dict) -> list[tuple[str, str, list[int]]]:
     return groups
 
 
-def alignment_pairs(config: dict, plan: Plan) -> list[AlignmentPair]:
+def alignment_pairs(config: dict, plan: Any) -> list[AlignmentPair]:
     """Every pair of seeds (in the config's order) of every group the section pairs, each run read where
-    its checkpoint is (a copied run: its source)."""
+    its checkpoint is (a copied run: its source). ``plan``: the config's :class:`attnid.plan.runs.Plan`
+    (not imported: runs.py reads the config through config.py, which checks this section)."""
     pairs = []
     for study, group, seeds in _groups(config):
         for seed_a, seed_b in itertools.combinations(seeds, 2):

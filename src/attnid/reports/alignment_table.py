@@ -27,12 +27,12 @@ from attnid.measure.line import barrier_height as barrier
 from attnid.measure.line import chord_gap
 from attnid.reports.latex import render_table
 
-GROUPS = ("embedding", "attention_qk", "attention_ov", "mlp", "norms")
+TABLE_GROUPS = ("embedding", "attention_qk", "attention_ov", "mlp", "norms")
 ATTENTION = ("attention_qk", "attention_ov")
-ANCHOR = "heads+mlp"  # the discrete level's alignment (Git Re-Basin's permutations alone)
+ANCHOR_CLASS = "heads+mlp"  # the discrete level's alignment (Git Re-Basin's permutations alone)
 CONTINUOUS = ("ov", "qk", "ov_gl", "qk_gl")
-EXACT_DLOGP_MAX = 1e-10  # the claim: every pair's moves change log p by at most this (float64)
-REPORT_KEYS = ("levels", "t", "alignment")
+ALIGNMENT_EXACT_MAX = 1e-10  # the claim: every pair's moves change log p by at most this (float64)
+BARRIER_KEYS = ("levels", "t", "alignment")
 
 
 def pair_label(path: Path) -> tuple[str, str, str]:
@@ -45,8 +45,8 @@ def _squared(distance: dict, names: tuple[str, ...]) -> float:
 
 
 def _row(study, group, pair, n_head, name, level, distance, before, previous, products, line, report) -> dict:
-    total_before, attention_before = _squared(before, GROUPS), _squared(before, ATTENTION)
-    removed = _squared(previous, GROUPS) - _squared(distance, GROUPS)
+    total_before, attention_before = _squared(before, TABLE_GROUPS), _squared(before, ATTENTION)
+    removed = _squared(previous, TABLE_GROUPS) - _squared(distance, TABLE_GROUPS)
     attention_removed = _squared(previous, ATTENTION) - _squared(distance, ATTENTION)
     row = {
         "study": study,
@@ -55,9 +55,9 @@ def _row(study, group, pair, n_head, name, level, distance, before, previous, pr
         "n_head": n_head,
         "class": name,
         "level": level,
-        "distance": math.sqrt(_squared(distance, GROUPS)),
-        **{f"distance_{g}": float(distance[g]) for g in GROUPS},
-        "relative_distance": math.sqrt(_squared(distance, GROUPS)) / report["norm_a"],
+        "distance": math.sqrt(_squared(distance, TABLE_GROUPS)),
+        **{f"distance_{g}": float(distance[g]) for g in TABLE_GROUPS},
+        "relative_distance": math.sqrt(_squared(distance, TABLE_GROUPS)) / report["norm_a"],
         "share_removed": removed / total_before if total_before else 0.0,
         "attention_share_removed": attention_removed / attention_before if attention_before else 0.0,
         "product_qk": math.nan if products is None else float(products["qk"]),
@@ -83,7 +83,7 @@ def pair_rows(path: Path, report: dict) -> tuple[list[dict], list[dict]]:
     rows.append(
         _row(
             *common,
-            ANCHOR,
+            ANCHOR_CLASS,
             "discrete",
             anchor["distance"],
             before,
@@ -94,7 +94,9 @@ def pair_rows(path: Path, report: dict) -> tuple[list[dict], list[dict]]:
         )
     )
     # the anchor is its own alignment from B: its shares are of the whole distance it removes
-    rows[-1]["share_removed"] = 1 - _squared(anchor["distance"], GROUPS) / _squared(before, GROUPS)
+    rows[-1]["share_removed"] = 1 - _squared(anchor["distance"], TABLE_GROUPS) / _squared(
+        before, TABLE_GROUPS
+    )
     attention = _squared(anchor["distance"], ATTENTION) / _squared(before, ATTENTION)
     rows[-1]["attention_share_removed"] = 1 - attention
     rows[-1]["barrier"] = barrier(ts, anchor["loss"])
@@ -137,12 +139,12 @@ def pair_rows(path: Path, report: dict) -> tuple[list[dict], list[dict]]:
     return rows, line_rows
 
 
-def gather(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def gather_reports(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(rows, line)`` of every report (one per pair)."""
     rows, line = [], []
     for path in paths:
         report = read_json(path, "barrier report")
-        missing = [key for key in REPORT_KEYS if not isinstance(report, dict) or key not in report]
+        missing = [key for key in BARRIER_KEYS if not isinstance(report, dict) or key not in report]
         if missing or report.get("command") != "barrier":
             raise UserError(
                 f"{path} is not a report of attnid barrier --json (no {', '.join(missing) or 'command'})"
@@ -184,7 +186,7 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
-def claim_values(rows: pd.DataFrame) -> dict[str, tuple[float, str]]:
+def alignment_claim_values(rows: pd.DataFrame) -> dict[str, tuple[float, str]]:
     """``{claim key: (measured, detail)}``: the largest float64 change of log p of any pair's moves."""
     pairs = rows.drop_duplicates(["study", "group", "pair"])
     return {
@@ -198,7 +200,7 @@ def claim_values(rows: pd.DataFrame) -> dict[str, tuple[float, str]]:
 
 def write_alignment_tables(paths: list[Path], out_dir: Path) -> pd.DataFrame:
     """``alignment.csv``, ``alignment_line.csv`` and ``alignment.tex`` in ``out_dir``; the rows."""
-    rows, line = gather(paths)
+    rows, line = gather_reports(paths)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out_dir / "alignment.csv", rows)

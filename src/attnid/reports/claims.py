@@ -11,8 +11,7 @@ import math
 import pandas as pd
 
 from attnid.plan.interventions import AT_INIT_ARM, CALIBRATED_SUFFIX, GAUGE_ARM, arm_baseline
-from attnid.reports.alignment_table import EXACT_DLOGP_MAX as ALIGNMENT_EXACT_MAX
-from attnid.reports.alignment_table import claim_values as alignment_claim_values
+from attnid.reports.alignment_table import ALIGNMENT_EXACT_MAX, alignment_claim_values
 from attnid.reports.quantization_table import (
     ACTIVATION_RATIO_MIN,
     EXACT_DLOGP_MAX,

@@ -38,7 +38,7 @@ leaves unidentified, :math:`1/(2H)` (T3, the paper's section 4.5). (c) The dista
 against the distance between the identified products :math:`W_Q^\top W_K` and :math:`W_O W_V` over every
 head, which no per-head move changes, one point per pair.
 """
-LEVELS = {"none": "before alignment", "discrete": "permutations (Re-Basin)", "all": "every class"}
+LEVEL_LABELS = {"none": "before alignment", "discrete": "permutations (Re-Basin)", "all": "every class"}
 LEVEL_COLORS = {"none": "#B91C1C", "discrete": "#D97706", "all": "#1D4ED8"}
 LINE_GROUP = "adamw"
 
@@ -49,7 +49,7 @@ def _line_panel(ax, line: pd.DataFrame) -> tuple[str, dict[str, float]]:
     group = LINE_GROUP if LINE_GROUP in groups else groups[0]
     mine = line[line["group"] == group]
     barriers = {}
-    for level, label in LEVELS.items():
+    for level, label in LEVEL_LABELS.items():
         rows = mine[mine["level"] == level]
         for index, (_, pair) in enumerate(rows.groupby("pair", sort=False)):
             ax.plot(
