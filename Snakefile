@@ -29,6 +29,7 @@ include: "workflow/rules/studies.smk"
 include: "workflow/rules/edits.smk"
 include: "workflow/rules/interventions.smk"
 include: "workflow/rules/quantization.smk"
+include: "workflow/rules/alignment.smk"
 include: "workflow/rules/report.smk"
 
 

@@ -337,6 +337,13 @@ def _filled_caption(name: str) -> str:
         "fig2": {"rho_floors": {"SGD": 2.6e-24}},
         "fig6": sample_fig6_numbers(),
         "fig7": {"models": "nanogpt seed 0, nanogpt seed 1, smollm2", "float_spread": 3.3e-14},
+        "fig8": {
+            "line_group": "adamw",
+            "barrier_none": 0.31,
+            "barrier_discrete": 0.12,
+            "barrier_all": 0.05,
+            "exact": 2.2e-15,
+        },
     }.get(name, {})
     return figures.fill_caption(figure.caption_template, numbers)
 

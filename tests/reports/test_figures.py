@@ -63,12 +63,12 @@ def test_all_four_figures_are_written_as_png_and_pdf_with_their_captions(tmp_pat
 
 def test_the_registry_finds_one_module_per_figure():
     found = figures.registry()
-    assert list(found) == [f"fig{i}" for i in range(1, 8)]
+    assert list(found) == [f"fig{i}" for i in range(1, 9)]
     for name, figure in found.items():
         assert figure.module.__name__ == f"attnid.reports.figures.{name}_{figure.topic}"
         assert figure.caption_template.startswith(f"**Figure {figure.number} — ")
         assert set(figure.inputs) <= set(SOURCE_FLAGS) and all(figure.inputs.values())
-    assert [name for name, figure in found.items() if figure.stage] == ["fig5", "fig6", "fig7"]
+    assert [name for name, figure in found.items() if figure.stage] == ["fig5", "fig6", "fig7", "fig8"]
 
 
 def test_sgd_wd_factor_with_constant_lr_is_a_power():

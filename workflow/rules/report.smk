@@ -8,12 +8,18 @@
 from attnid.reports.figures import registry
 from attnid.reports.report_pages import TABLE_PAGES, table_pages
 
+# The alignment stage's tables (alignment.smk), where it has pairs.
+ALIGNMENT_TABLE_FILES = (
+    list(rules.alignment_table.output) if rules.has("alignment_table") else []
+)
+
 # The optional stages this config runs: a figure of a stage (its module's STAGE) is drawn only with it.
 STAGES = {
     "studies": bool(STUDY_RUN_DIRS),
     "edits": bool(EDITS),
     "interventions": bool(INTERVENTIONS),
     "quantization": bool(QUANTIZATION),
+    "alignment": bool(ALIGNMENT_TABLE_FILES),
 }
 FIGURES = {
     name: figure
@@ -37,6 +43,7 @@ SOURCE_FILES = {
             + INTERVENTION_TABLE_FILES
             + list(PROTOCOL_TABLES.values())
             + QUANTIZATION_TABLE_FILES
+            + ALIGNMENT_TABLE_FILES
         )
     ),
 }
@@ -66,6 +73,7 @@ rule tables:
         protocol=list(PROTOCOL_TABLES.values()),
         quantization=QUANTIZATION_TABLE_FILES[:1],
         verdicts=INTERVENTION_TABLE_FILES[:1],
+        alignment=ALIGNMENT_TABLE_FILES[:1],
     output:
         TABLE_FILES,
     log:
@@ -82,10 +90,13 @@ rule tables:
         verdicts=lambda wildcards, input: (
             f"--verdicts {input.verdicts[0]}" if input.verdicts else ""
         ),
+        alignment=lambda wildcards, input: (
+            f"--alignment {input.alignment[0]}" if input.alignment else ""
+        ),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q} {params.interventions}"
-        " {params.protocol} {params.quantization} {params.verdicts} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.protocol} {params.quantization} {params.verdicts} {params.alignment} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule figure:
@@ -198,6 +209,7 @@ rule appendix:
         edits=EDITS_TABLE_FILES,
         interventions=INTERVENTION_TABLE_FILES,
         quantization=QUANTIZATION_TABLE_FILES,
+        alignment=ALIGNMENT_TABLE_FILES,
         figures=[path for path in FIGURE_FILES if not path.endswith(".png")],
         main=rules.paper_main.output,
     output:

@@ -60,14 +60,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "move every attention factor pair to balance (mu = 0) without changing the function",
     ),
     "align": (
-        "attnid.cli.checkpoints",
+        "attnid.cli.alignment",
         "move B along its symmetry orbit (head and MLP permutations, per-head rotations) to the point "
         "nearest A, exactly; the distance left, class by class",
     ),
     "compare": (
-        "attnid.cli.checkpoints",
-        "the distance between two checkpoints before and after each symmetry class of attnid align "
-        "(nothing written)",
+        "attnid.cli.alignment",
+        "the distance between two checkpoints before and after each symmetry class of attnid align, and "
+        "their KL on held-out text (nothing written)",
+    ),
+    "barrier": (
+        "attnid.cli.alignment",
+        "the held-out loss along the straight line between two checkpoints, before alignment, after the "
+        "permutations and after every class of attnid align; its barrier",
     ),
     "rotate": (
         "attnid.cli.quantization",
@@ -82,6 +87,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "from-gguf": (
         "attnid.cli.quantization",
         "dequantize a Llama-family GGUF file into a Hugging Face folder (float32) that the edits read",
+    ),
+    "alignment-table": (
+        "attnid.cli.alignment",
+        "gather attnid barrier reports into alignment.csv and alignment.tex",
     ),
     "quantization-table": (
         "attnid.cli.reports",
@@ -104,7 +113,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnid.cli.reports",
         "the Snakemake report's pages: the claims first, each figure with its caption, each table",
     ),
-    "figures": ("attnid.cli.reports", "draw figures 1-7 from the tables and logs"),
+    "figures": ("attnid.cli.reports", "draw figures 1-8 from the tables and logs"),
     "studies": (
         "attnid.cli.reports",
         "gather the heads and variants studies (does identification buy anything?) "

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnid.cli.argument_types import seed_number
 from attnid.common import outputs, progress
 from attnid.common.errors import UserError
 from attnid.common.files import write_json_atomic
@@ -76,7 +75,7 @@ def _inspect_folder(path: Path) -> dict:
     return {
         "format": checkpoint.kind,
         "model_type": checkpoint.payload.get("model_type"),
-        "dtype": _stored_dtype(checkpoint),
+        "dtype": stored_dtype_name(checkpoint),
         **inspect_checkpoint(checkpoint),
     }
 
@@ -137,7 +136,7 @@ def add_balance_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _stored_dtype(checkpoint: Checkpoint) -> str:
+def stored_dtype_name(checkpoint: Checkpoint) -> str:
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.hf_llama import LlamaCheckpoint
 
@@ -189,7 +188,7 @@ def _edit_and_prove(
         "n_head": checkpoint.attention.n_head,
         "n_embd": checkpoint.attention.n_embd,
         "bias": checkpoint.attention_layer(0).c_attn_bias is not None,
-        "input_dtype": _stored_dtype(checkpoint),
+        "input_dtype": stored_dtype_name(checkpoint),
     }
     if isinstance(checkpoint, LlamaCheckpoint):
         report.update(
@@ -201,7 +200,7 @@ def _edit_and_prove(
         )
         if args.dtype is not None:
             set_stored_dtype(checkpoint, args.dtype)
-    report["stored_dtype"] = _stored_dtype(checkpoint)
+    report["stored_dtype"] = stored_dtype_name(checkpoint)
     progress.stage(f"editing {args.checkpoint}")
     report.update(edit(checkpoint, rope))
     progress.stage(f"writing {args.out}")
@@ -372,112 +371,3 @@ def add_heldout_arguments(parser: argparse.ArgumentParser) -> None:
         default=128,
         help="tokens per sequence, at most the model's context (default: %(default)s)",
     )
-
-
-ALIGN_REPORT = outputs.json_report("command")  # the --json of align
-
-
-def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", type=Path, help="the reference: nanoGPT ckpt.pt")
-    parser.add_argument("b", type=Path, help="the model moved along its orbit: nanoGPT ckpt.pt of A's shape")
-    parser.add_argument(
-        "--classes",
-        default=None,
-        help="comma-separated among heads, mlp, ov, qk, ov_gl, qk_gl (made in that order; default: "
-        "heads, mlp, ov, qk)",
-    )
-    parser.add_argument(
-        "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"
-    )
-
-
-def add_align_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_pair_arguments(parser)
-    parser.add_argument("--out", type=Path, required=True, help="where to write B aligned to A (ckpt.pt)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
-
-
-def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_pair_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of lines")
-
-
-def _aligned_pair(args: argparse.Namespace):
-    """Both checkpoints read, B aligned to A (not written), and the report."""
-    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
-    from attnid.edits.alignment import align_whole, parse_classes, read_pair
-    from attnid.edits.checkpoints import load_checkpoint
-
-    classes = parse_classes(args.classes)
-    check_load_memory(args.a)
-    check_load_memory(args.b)
-    progress.stage(f"reading {args.a} and {args.b}")
-    a, b = load_checkpoint(args.a), load_checkpoint(args.b)
-    whole_a, whole_b = read_pair(a, b)
-    progress.stage("aligning")
-    moved, report = align_whole(whole_a, whole_b, classes, args.seed)
-    return a, b, whole_a, moved, {"a": str(args.a), "b": str(args.b), **report}
-
-
-def _alignment_lines(report: dict) -> list[str]:
-    before = report["distance_before"]["total"]
-    lines = [f"distance A-B {before:.6g} (relative {before / report['norm_a']:.4g})"]
-    for step in report["steps"]:
-        lines.append(
-            f"after {step['class']}: {step['distance']['total']:.6g} "
-            f"(share removed {100 * step['share_removed']:.2f} %)"
-        )
-    products = report["identified_products"]
-    if products is not None:
-        lines.append(f"identified products: W_Q^T W_K {products['qk']:.6g}, W_O W_V {products['ov']:.6g}")
-    lines.append(f"float64 max |delta log p| {report['exact_max_abs_dlogp']:.3g}")
-    return lines
-
-
-def run_compare(args: argparse.Namespace) -> int:
-    rule = outputs.current()
-    rule.read(args.a, args.b)
-    _, _, _, _, report = _aligned_pair(args)
-    report = {"command": "compare", **report}
-    print(json.dumps(report, indent=2) if args.json else "\n".join(_alignment_lines(report)))
-    return 0
-
-
-def run_align(args: argparse.Namespace) -> int:
-    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
-    from attnid.edits.alignment import EXACT_DLOGP, align_whole, probe_tokens, relative_move
-    from attnid.edits.checkpoints import save_checkpoint
-    from attnid.edits.quant_moves import exact_log_probs
-    from attnid.edits.whole_checkpoint import checkpoint_copy, read_whole_checkpoint, write_whole_checkpoint
-
-    rule = outputs.current()
-    rule.read(args.a, args.b)
-    rule.write(args.out, outputs.TORCH_ARCHIVE, "--out")
-    rule.write(args.json, ALIGN_REPORT, "--json")
-    a, b, whole_a, moved, report = _aligned_pair(args)
-    again, _ = align_whole(whole_a, moved, tuple(report["classes"]), args.seed)
-    report["realign_relative_move"] = relative_move(moved, again)
-    written = checkpoint_copy(b)
-    write_whole_checkpoint(written, moved)
-    stored = read_whole_checkpoint(written)
-    tokens = probe_tokens(moved, args.seed)
-    change = float((exact_log_probs(stored, tokens) - exact_log_probs(moved, tokens)).abs().max())
-    report["as_written_max_abs_dlogp"] = change
-    if not change <= AS_WRITTEN_DLOGP:
-        raise UserError(
-            f"the aligned weights rounded to {_stored_dtype(b)} change log p by {change:.3g} "
-            f"(> {AS_WRITTEN_DLOGP:g}); nothing written"
-        )
-    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
-    report = {"command": "align", **report, "output": str(args.out)}
-    progress.stage(f"writing {args.out}")
-    record = {k: v for k, v in report.items() if k in ("command", "classes", "seed", "share_removed")}
-    save_checkpoint(written, args.out, record=record)
-    lines = [*_alignment_lines(report), f"wrote {args.out}"]
-    print("\n".join(lines))
-    if args.json is not None:
-        write_json_atomic(args.json, report, ALIGN_REPORT)
-    return 0
-
-
-AS_WRITTEN_DLOGP = 1e-4  # the aligned copy as stored (its dtype), against the aligned float64 model

@@ -136,6 +136,12 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CSV",
         help="interventions.csv of attnid interventions-table: adds its verdicts, as findings",
     )
+    parser.add_argument(
+        "--alignment",
+        default=None,
+        metavar="CSV",
+        help="alignment.csv of attnid alignment-table: adds the alignment stage's claim to claims.csv",
+    )
 
 
 def run_tables(args: argparse.Namespace) -> int:
@@ -154,6 +160,7 @@ def run_tables(args: argparse.Namespace) -> int:
         args.quantization,
         quantization_seeds,
         args.verdicts,
+        args.alignment,
     )
     with written_by("attnid train"):
         tables = write_tables(
@@ -169,6 +176,7 @@ def run_tables(args: argparse.Namespace) -> int:
             args.calibration,
             args.quantization,
             args.verdicts,
+            args.alignment,
         )
     for row in tables["claims"].itertuples():
         print(
@@ -185,8 +193,8 @@ def add_figures_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="FIGURE",
         help="draw only these (fig1, fig2, ...; each needs the sources its module's INPUTS name); by default "
-        "every figure without an optional stage, and fig5 / fig6 / fig7 where the studies' / the "
-        "interventions' / the quantization stage's tables are given",
+        "every figure without an optional stage, and fig5 / fig6 / fig7 / fig8 where the studies' / the "
+        "interventions' / the quantization stage's / the alignment stage's tables are given",
     )
     parser.add_argument("--tables", default=None, help="results/tables (sweep.csv, sweep_slopes.csv, ...)")
     add_run_selection_arguments(parser, sweep=False)  # Figure 4 reads the sweep from the tables

@@ -344,6 +344,15 @@ def product_distances(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
     }
 
 
+def _product_totals(a: WholeCheckpoint, b: WholeCheckpoint) -> dict | None:
+    """The identified products' distances summed over the heads (``qk``, ``ov``); None without per-head
+    products (grouped heads)."""
+    if not _per_head(a):
+        return None
+    products = product_distances(a, b)
+    return {"qk": products["qk"], "ov": products["ov"]}
+
+
 def align_whole(
     a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple = DEFAULT_CLASSES, seed: int = 0
 ) -> tuple[WholeCheckpoint, dict]:
@@ -371,7 +380,10 @@ def align_whole(
         removed = (
             (previous["total"] ** 2 - after["total"] ** 2) / before["total"] ** 2 if before["total"] else 0.0
         )
-        steps.append({"class": name, "distance": after, "share_removed": removed, **detail})
+        products = _product_totals(a, moved)
+        steps.append(
+            {"class": name, "distance": after, "share_removed": removed, "products": products, **detail}
+        )
         previous = after
     total_before, norm_a = before["total"], norm_of(a)
     report = {
@@ -381,6 +393,7 @@ def align_whole(
         "norm_a": norm_a,
         "norm_b": norm_of(b),
         "distance_before": before,
+        "products_before": _product_totals(a, b),
         "steps": steps,
         "distance_after": previous,
         "relative_distance_after": previous["total"] / norm_a if norm_a else 0.0,

@@ -187,6 +187,14 @@ def write_whole_checkpoint(checkpoint: Checkpoint, whole: WholeCheckpoint) -> No
             _add_key(checkpoint, key, embedding_key)
         dtype = checkpoint.tensors.get(key, checkpoint.tensors[embedding_key]).dtype
         checkpoint.tensors[key] = (value.t() if transposed else value).to(dtype).contiguous()
+    if (
+        checkpoint.kind == NANOGPT and whole.shape.tied
+    ):  # its state dict stores the tied head under its own key
+        head_key = _stored_key(checkpoint, _bases(checkpoint)[1] + "lm_head.weight")
+        if head_key in checkpoint.tensors and head_key != embedding_key:
+            checkpoint.tensors[head_key] = checkpoint.tensors[
+                embedding_key
+            ]  # the one tensor, as nanoGPT ties it
     if before.tied and not whole.shape.tied:
         _untie_config(checkpoint)
 

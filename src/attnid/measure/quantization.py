@@ -15,7 +15,6 @@ import math
 
 import numpy as np
 import torch
-from scipy import stats
 
 
 def round_to_nearest(x: torch.Tensor, bits: int, group: int = 0) -> torch.Tensor:
@@ -41,6 +40,9 @@ def kl_per_token(reference_logp: torch.Tensor, logp: torch.Tensor) -> torch.Tens
 
 def activation_shape(x: torch.Tensor) -> dict[str, float]:
     """``kurtosis`` (Pearson's, over every entry) and ``max_over_rms`` of an activation."""
+    # lazy: scipy.stats takes seconds to import, and every checkpoint command imports this module
+    from scipy import stats
+
     values = x.detach().reshape(-1).to(torch.float64).numpy()
     rms = float(np.sqrt(np.mean(values**2)))
     return {

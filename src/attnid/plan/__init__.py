@@ -3,7 +3,8 @@
 :func:`plan` reads a pipeline config (:mod:`.config`, against the schema of :mod:`.schema`, whose run
 settings come from ``attnid.training.config.TrainConfig``), lays out every training run of every stage
 (:mod:`.runs`: the cases, the sweeps, the studies of :mod:`.studies`, the edits, the interventions of
-:mod:`.interventions`; the quantization stage's checkpoints, :mod:`.quantization`) as a :class:`RunSpec`
+:mod:`.interventions`; the quantization stage's checkpoints, :mod:`.quantization`; the alignment
+stage's pairs, :mod:`.alignment`) as a :class:`RunSpec`
 per run directory, and gives each run's spec file for ``attnid train --config`` (:func:`spec_texts`: the
 text a job of the workflow writes; nothing here writes a file). :func:`output_layout` names the build's
 folders and the files its rules declare (:mod:`.layout`); :func:`as_one_build` holds the lock that keeps a
@@ -14,6 +15,7 @@ second build of the same ``results_dir`` out (:mod:`.builds`). Every problem of 
 """
 
 from attnid.common.tex import why_no_pdf
+from attnid.plan.alignment import AlignmentPair, alignment_pairs, alignment_settings
 from attnid.plan.builds import as_one_build
 from attnid.plan.config import check_config_file, check_writable
 from attnid.plan.errors import ConfigError
@@ -23,6 +25,9 @@ from attnid.plan.quantization import quantization_checkpoints, quantization_sett
 from attnid.plan.runs import Plan, RunSpec, plan, spec_texts
 
 __all__ = [
+    "AlignmentPair",
+    "alignment_pairs",
+    "alignment_settings",
     "ConfigError",
     "Layout",
     "Plan",

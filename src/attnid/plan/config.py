@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from attnid.plan.alignment import check_alignment_config
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import check_interventions_config
 from attnid.plan.quantization import check_quantization_config
@@ -33,7 +34,7 @@ NULLS = ("null", "~")
 # YAML's spellings of the non-finite floats (read so that they are refused by name, not by type).
 NON_FINITE = {".nan": math.nan, ".inf": math.inf, "+.inf": math.inf, "-.inf": -math.inf}
 # The optional stages: a section set to null (--config edits=null) is off.
-OPTIONAL_SECTIONS = ("heads", "variants", "edits", "interventions", "quantization")
+OPTIONAL_SECTIONS = ("heads", "variants", "edits", "interventions", "quantization", "alignment")
 # The most values (mapping entries and list items, each alias counted as often as it is used) a config
 # may hold. The paper's config holds about 200; a YAML "billion laughs" holds 9^9 through a few aliases,
 # which would take minutes to check and floods the terminal once any message quotes it.
@@ -126,7 +127,10 @@ def check_cross_keys(config: dict) -> None:
     if edits is not None and edits["case"] not in config["cases"]:
         raise ConfigError("edits/case", f"no case '{edits['case']}' under cases to take its settings from")
     found = (
-        check_study_config(config) + check_interventions_config(config) + check_quantization_config(config)
+        check_study_config(config)
+        + check_interventions_config(config)
+        + check_quantization_config(config)
+        + check_alignment_config(config)
     )
     for key, problem in found:
         raise ConfigError(key, problem)

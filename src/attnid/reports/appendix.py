@@ -28,9 +28,10 @@ from attnid.plan.studies import STUDIES
 from attnid.reports.figures import caption_parts, registry
 from attnid.reports.latex import find_template_dir, gap_note, latex_environment, records, tex_escape
 
-EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex")  # prune.tex: attnid edits-table
+# prune.tex: attnid edits-table; alignment.tex: attnid alignment-table
+EXPERIMENT_TABLES = ("runs.tex", "cases.tex", "sweep.tex", "prune.tex", "alignment.tex")
 # One row per run (or case) with a dozen numbers: too wide for a portrait page at a readable size.
-LANDSCAPE_TABLES = ("runs.tex", "cases.tex")
+LANDSCAPE_TABLES = ("runs.tex", "cases.tex", "alignment.tex")
 # The studies' tables (attnid studies), included when present, each after its own paragraph.
 STUDY_TABLES = (*(f"{study}.tex" for study in STUDIES), "identification_correlation.tex")
 # The interventions' paired comparison (attnid interventions-table), in the same section, when present.
@@ -42,6 +43,7 @@ STAGE_TABLES = {
     "edits": {"prune.tex"},
     "interventions": set(INTERVENTION_TABLES),
     "quantization": {"quantization.tex"},
+    "alignment": {"alignment.tex"},
 }
 
 

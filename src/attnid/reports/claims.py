@@ -13,6 +13,7 @@ import math
 import pandas as pd
 
 from attnid.plan.interventions import AT_INIT_ARM, CALIBRATED_SUFFIX, GAUGE_ARM, arm_baseline
+from attnid.reports.alignment_table import ALIGNMENT_EXACT_MAX, alignment_claim_values
 from attnid.reports.claim_kinds import verdict_claims, with_kinds
 from attnid.reports.quantization_table import QUANTIZATION_CLAIMS, claim_values
 from attnid.reports.round_off import UNIT_ROUND_OFF, dtypes_of
@@ -143,6 +144,7 @@ def claims_table(
     calibration: pd.DataFrame | None = None,
     quantization: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     verdicts: pd.DataFrame | None = None,
+    alignment: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Each experimental claim with the number measured in this pipeline's own runs (and, given
     ``census.csv``, the whole-model census's row).
@@ -171,6 +173,10 @@ def claims_table(
     claims += [] if verdicts is None else verdict_claims(verdicts)
     if quantization is not None:
         claims += quantization_claims(*quantization)
+    if alignment is not None:  # the alignment stage (attnid.reports.alignment_table)
+        measured, detail = alignment_claim_values(alignment)["exact"]
+        claim = f"alignment: exact on every pair of seeds in float64 (|dlogp| < {ALIGNMENT_EXACT_MAX:g})"
+        claims.append(_claim(claim, "alignment (ours)", measured, "<", ALIGNMENT_EXACT_MAX, detail))
     return with_kinds(pd.DataFrame(claims))
 
 

@@ -46,6 +46,10 @@ TABLE_PAGES: dict[str, tuple[str, tuple[str, ...]]] = {
         "Quantization: KL per orbit point and setting, and the R1 seed study",
         ("quantization.csv", "quantization_seeds.csv"),
     ),
+    "alignment": (
+        "Alignment: two seeds aligned along the orbit, class by class, and the loss barriers",
+        ("alignment.csv",),
+    ),
 }
 CLAIMS_CSV = "claims.csv"
 # The landing's claims table: claims.csv's columns as shown there (detail is on the claims page).

@@ -307,6 +307,9 @@ def sweep_slopes_table(sweep: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------------------- command line
 
 
+ALIGNMENT_COLUMNS = ("study", "group", "pair", "exact_max_abs_dlogp")  # what the alignment claim reads
+
+
 def _read_table(path: str | Path, columns: Iterable[str]) -> pd.DataFrame:
     """A table another attnid command wrote, with the columns a claim reads; one line otherwise."""
     try:
@@ -352,6 +355,7 @@ def write_tables(
     calibration_csv: str | Path | None = None,
     quantization_csv: str | Path | None = None,
     verdicts_csv: str | Path | None = None,
+    alignment_csv: str | Path | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
@@ -362,6 +366,7 @@ def write_tables(
     ``calibration_csv`` (calibration.csv) the checks of its protocol; ``quantization_csv`` (``attnid
     quantization-table``'s, with ``quantization_seeds.csv`` beside it) the quantization stage's claims;
     ``verdicts_csv`` (interventions.csv) the interventions' verdicts, as findings.
+    ``alignment_csv`` (``attnid alignment-table``'s) the alignment stage's.
     """
     run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
@@ -404,6 +409,7 @@ def write_tables(
         calibration=protocol[1],
         quantization=quantization,
         verdicts=verdicts,
+        alignment=_read_table(alignment_csv, ALIGNMENT_COLUMNS) if alignment_csv is not None else None,
     )
 
     out = Path(out_dir)
