@@ -121,6 +121,7 @@ def test_the_default_stage_compares_every_arm_at_its_best_lr_on_its_own_model():
     # the frozen-MLP control like for like in the family (as many entries frozen, from the same start);
     # against adamw it is made and shown, outside the family (docs/experiments.md, 2026-12-07)
     assert "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr" in rule["family"]
+    assert interventions.arm_name("adamw", {"freeze_mlp": True}) == interventions.FROZEN_MLP_ARM
     assert "adamw_frozen_mlp_best_lr-adamw_best_lr" in set(comparisons) - set(rule["family"])
     assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
     assert interventions.check_interventions_config(DEFAULT) == []
