@@ -469,7 +469,7 @@ def test_the_caption_states_the_primary_s_numbers(tmp_path):
         assert f"(Holm p {number(secondary.p_holm)})" in flat
     assert "The other 4 (below) are shown, not judged." in flat
     assert "each at its own best learning rate, chosen on calibration seeds apart" in flat
-    assert "the 3 secondary comparisons with Holm) says whether Δ differs from 0" in flat
+    assert "the 3 secondary comparisons with Holm) says whether :math:`\\Delta` differs from 0" in flat
 
 
 @pytest.mark.slow

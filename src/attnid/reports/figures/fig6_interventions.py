@@ -89,11 +89,11 @@ validation split minus the baseline's, per seed (dots; below 0 the arm is better
 Right: the verdict of the rule fixed before the runs, at the last step only: the exact sign-flip test ({%
 if primary %}the primary, top, bold, alone at level {{ fmt(alpha) }}, the {{ family_size }} secondary
 comparisons with Holm{% else %}Holm over the {{ family_size }} comparisons of the family at level {{
-fmt(alpha) }}{% endif %}) says whether Δ differs from 0{% if margin %}, two one-sided t-tests (TOST p) whether
-it lies inside the margin (its {{ equivalence_confidence }} % t-interval inside it): better or worse, *within
-the margin* where both hold, equivalent where only the margin does, inconclusive where neither{% endif
-%}{% if short_of_seeds %}; at least {{ min_seeds }} seed pairs{% if primary and primary.min_seeds !=
-min_seeds %} ({{ primary.min_seeds }} for the primary){% endif %}{% endif %}.
+fmt(alpha) }}{% endif %}) says whether :math:`\Delta` differs from 0{% if margin %}, two one-sided t-tests
+(TOST p) whether it lies inside the margin (its {{ equivalence_confidence }} % t-interval inside it):
+better or worse, *within the margin* where both hold, equivalent where only the margin does, inconclusive
+where neither{% endif %}{% if short_of_seeds %}; at least {{ min_seeds }} seed pairs{% if primary and
+primary.min_seeds != min_seeds %} ({{ primary.min_seeds }} for the primary){% endif %}{% endif %}.
 {% if primary %}
 Primary: {{ primary.label }}{% if primary.label != primary.comparison %} (``{{ primary.comparison }}``){%
 endif %}, :math:`\Delta` {{ value(primary.delta_mean) }} [{{ value(primary.ci_low) }}, {{
