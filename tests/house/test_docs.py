@@ -188,7 +188,7 @@ def test_digit_agreement(shown, value, expected):
 NUMBER = r"−?\d+(?:\.\d+)?(?:e−?\d+)?"
 INTERVENTION = re.compile(
     rf"`(?P<comparison>[\w-]+)`(?P<primary> \(primary\))?: "
-    rf"\*(?P<verdict>better|worse|equivalent|inconclusive)\*, "
+    rf"\*(?P<verdict>(?:better|worse)(?:, within the margin)?|equivalent|inconclusive)\*, "
     rf"Δ (?P<delta>{NUMBER}) \[(?P<low>{NUMBER}), (?P<high>{NUMBER})\], "
     rf"Holm p (?P<p>{NUMBER}), detectable (?P<detectable>{NUMBER})"
 )
@@ -255,9 +255,12 @@ def test_the_kept_interventions_protocol_is_complete():
     assert len(seeds[seeds["comparison"] == config["verdict"]["primary"]]) == len(config["seeds"])
     assert {"detectable_effect", "power_at_margin"} <= set(table.columns)
     assert table.loc[table["role"] != "descriptive", "power_at_margin"].notna().all()
-    assert "adamw_frozen_mlp_best_lr-adamw_best_lr" in set(
-        table.loc[table["role"] == "secondary", "comparison"]
-    )
+    # the frozen-MLP control: like for like (against fixing from the same start) in builds since 2026-12-07
+    controls = {
+        "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr",
+        "adamw_frozen_mlp_best_lr-adamw_best_lr",
+    }
+    assert controls & set(table.loc[table["role"] == "secondary", "comparison"])
     calibration = pd.read_csv(FIGURES / "calibration.csv")
     best = calibration[calibration["best"].astype(bool)]
     assert len(best) == len(config["calibration"]["arms"]) and not best["at_edge"].astype(bool).any()

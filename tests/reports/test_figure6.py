@@ -48,7 +48,7 @@ from attnid.reports.figures import fig6_interventions, interventions_panels, sty
 from attnid.reports.figures.inputs import Sources
 from attnid.reports.figures.interventions_rows import CONTRAST_LABELS, ROLE_ORDER
 from attnid.reports.interventions_table import comparisons_table, write_interventions_table
-from attnid.reports.statistics import N_TOO_SMALL, NOT_IN_FAMILY
+from attnid.reports.statistics import N_TOO_SMALL, NOT_IN_FAMILY, WORSE_WITHIN_MARGIN
 from attnid.training.cases import CASES
 
 MARGIN = 0.01
@@ -57,7 +57,11 @@ DEFAULT_FAMILY = [*DEFAULT_EFFECTS, INTERACTION]
 # The default config's protocol: every arm at its best lr, the main effect of fixing the primary
 PRIMARY = FIXING_EFFECT + CALIBRATED_SUFFIX
 FROZEN_MLP = comparison_name("adamw_frozen_mlp" + CALIBRATED_SUFFIX, "adamw" + CALIBRATED_SUFFIX)
-BEST_LR_FAMILY = [START_EFFECT + CALIBRATED_SUFFIX, INTERACTION + CALIBRATED_SUFFIX, FROZEN_MLP]
+# the frozen-MLP control like for like: against fixing from the same start (FROZEN_MLP: descriptive)
+LIKE_FOR_LIKE = comparison_name(
+    "adamw_frozen_mlp" + CALIBRATED_SUFFIX, "adamw_gauge_fixed_at_init" + CALIBRATED_SUFFIX
+)
+BEST_LR_FAMILY = [START_EFFECT + CALIBRATED_SUFFIX, INTERACTION + CALIBRATED_SUFFIX, LIKE_FOR_LIKE]
 
 
 def build(tmp_path, effects, n_seeds, family, identity=True) -> Sources:
@@ -86,7 +90,7 @@ def best_lr_sources(tmp_path, identity=True, diverged=None) -> Sources:
 
 
 def paper_sources(tmp_path) -> Sources:
-    """A paper-sized family (16 seeds, 13 comparisons): every arm, the moments pair and a comparison of
+    """A paper-sized family (16 seeds, 14 comparisons): every arm, the moments pair and a comparison of
     another baseline added to the seeds table as a later build may add one (SGD with and without the gauge),
     the table recomputed from the seeds table alone."""
     family = [*PAPER_EFFECTS, "adamw_rebalance_first_moment-adamw_rebalance", INTERACTION]
@@ -176,7 +180,8 @@ def test_the_default_protocol_marks_the_primary_and_draws_every_panel(tmp_path):
     table = pd.read_csv(sources.tables / "interventions.csv")
     seeds = pd.read_csv(sources.tables / "interventions_seeds.csv")
     primary = table.set_index("comparison").loc[PRIMARY]
-    assert primary.role == "primary" and primary.verdict == "worse"  # +0.006 on every seed
+    # +0.006 on every seed: different from 0, and inside the margin of 0.01
+    assert primary.role == "primary" and primary.verdict == WORSE_WITHIN_MARGIN
     drawing = fig6_interventions.draw(sources)
     fig = drawing.figure
     _check_drawn(fig)
@@ -186,16 +191,17 @@ def test_the_default_protocol_marks_the_primary_and_draws_every_panel(tmp_path):
     labels = _tick_labels(differences.yaxis)
     assert labels[0] == f"{CONTRAST_LABELS[FIXING_EFFECT]} (primary)"
     assert labels[1:4] == [
-        "adamw_frozen_mlp - adamw",
+        "adamw_frozen_mlp - adamw_gauge_fixed_at_init",
         CONTRAST_LABELS[START_EFFECT],
         CONTRAST_LABELS[INTERACTION],
     ]  # the secondary family in the table's order, then the rest
-    assert set(labels[4:]) == {f"{arm} - adamw" for arm in BEST_LR_EFFECTS if arm != "adamw_frozen_mlp"}
+    assert set(labels[4:]) == {f"{arm} - adamw" for arm in BEST_LR_EFFECTS}
     weights = [tick.get_fontweight() for tick in differences.get_yticklabels()]
     assert weights[0] == "bold" and "bold" not in weights[1:]
     verdicts = _tick_labels(_verdict_axis(fig, differences).yaxis)
-    assert verdicts[0] == f"worse, p {primary.p_holm:.2g}"  # tested alone: its own p, not Holm's
-    assert all("Holm p" in v for v in verdicts[1:4]) and verdicts[4:] == [NOT_IN_FAMILY] * 3
+    # tested alone: its own p, not Holm's; beside it the equivalence test's
+    assert verdicts[0] == f"{WORSE_WITHIN_MARGIN}; p {primary.p_holm:.2g}, TOST p {primary.p_equivalence:.2g}"
+    assert all("Holm p" in v for v in verdicts[1:4]) and verdicts[4:] == [NOT_IN_FAMILY] * 4
     # the dots are each comparison's seeds, in the figure's order
     shown = shown_order(table)
     (dots,) = [c for c in differences.collections if c.get_label() == "one seed's difference"]
@@ -229,7 +235,8 @@ def test_the_effect_along_training_is_the_along_table(tmp_path):
         f"{CONTRAST_LABELS[FIXING_EFFECT]} (primary)": PRIMARY,
         CONTRAST_LABELS[START_EFFECT]: START_EFFECT + CALIBRATED_SUFFIX,
         CONTRAST_LABELS[INTERACTION]: INTERACTION + CALIBRATED_SUFFIX,
-        "adamw_frozen_mlp - adamw": FROZEN_MLP,
+        "adamw_frozen_mlp - adamw_gauge_fixed_at_init": LIKE_FOR_LIKE,
+        "adamw_frozen_mlp - adamw": FROZEN_MLP,  # both of the frozen-MLP arm's comparisons
     }
     assert set(lines) == set(expected)
     for label, comparison in expected.items():
@@ -377,7 +384,7 @@ def test_the_default_family_each_comparison_its_seeds_interval_and_verdict(tmp_p
         assert (
             label == NOT_IN_FAMILY
             if row.verdict == NOT_IN_FAMILY
-            else label == f"{row.verdict}, Holm p {row.p_holm:.2g}"
+            else label == f"{row.verdict}; Holm p {row.p_holm:.2g}, TOST p {row.p_equivalence:.2g}"
         )
     # the dots are the seeds table's differences, the bars the table's t-intervals
     (dots,) = [c for c in differences.collections if c.get_label() == "one seed's difference"]
@@ -450,7 +457,8 @@ def test_the_caption_states_the_primary_s_numbers(tmp_path):
     value, number = figures.caption_value, figures.caption_number
     assert (
         f"Primary: {CONTRAST_LABELS[FIXING_EFFECT]} (``{PRIMARY}``), :math:`\\Delta` {value(row.delta_mean)} "
-        f"[{value(row.ci_low)}, {value(row.ci_high)}], n = 8, exact p {number(row.p_holm)}, **worse**; the "
+        f"[{value(row.ci_low)}, {value(row.ci_high)}], n = 8, exact p {number(row.p_holm)}, "
+        f"**{WORSE_WITHIN_MARGIN}**; the "
         f"test's power at the margin {number(row.power_at_margin)}, "
         f"80 % power at {row.detectable_effect:.2g}."
     ) in flat
@@ -459,9 +467,9 @@ def test_the_caption_states_the_primary_s_numbers(tmp_path):
         secondary = table.set_index("comparison").loc[name]
         assert f"``{name}`` {value(secondary.delta_mean)}" in flat
         assert f"(Holm p {number(secondary.p_holm)})" in flat
-    assert "The other 3 (below) are shown, not judged." in flat
+    assert "The other 4 (below) are shown, not judged." in flat
     assert "each at its own best learning rate, chosen on calibration seeds apart" in flat
-    assert "the 3 secondary comparisons with Holm;" in flat
+    assert "the 3 secondary comparisons with Holm) says whether :math:`\\Delta` differs from 0" in flat
 
 
 @pytest.mark.slow
@@ -519,20 +527,21 @@ def test_two_seeds_say_n_too_small_and_decide_nothing(tmp_path, arms):
 
 @pytest.mark.slow
 def test_a_paper_sized_family_is_drawn_from_whatever_the_table_has(tmp_path):
-    """Thirteen comparisons, one of them against another baseline that the figure knows nothing of: every
+    """Fourteen comparisons, one of them against another baseline that the figure knows nothing of: every
     one is a row, with its verdict; the projected arm in float32 and its identity run on their floors."""
     sources = paper_sources(tmp_path)
     table = pd.read_csv(sources.tables / "interventions.csv")
-    assert len(table) == 13 and "worse" in set(table["verdict"])
+    assert len(table) == 14 and "worse" in set(table["verdict"])
     fig = fig6_interventions.draw(sources).figure
     _check_drawn(fig)
     _check_one_line_style_per_series(fig)
     differences = _panel(fig, "paired differences")
     labels = _tick_labels(differences.yaxis)
-    assert len(labels) == 13 and "sgd_gauge_fixed - sgd" in labels
+    assert len(labels) == 14 and "sgd_gauge_fixed - sgd" in labels
+    assert "adamw_frozen_mlp - adamw_gauge_fixed_at_init" in labels  # the like-for-like control
     assert "adamw_rebalance_first_moment - adamw_rebalance" in labels
     verdicts = _tick_labels(_verdict_axis(fig, differences).yaxis)
-    assert [v.split(",")[0] for v in verdicts] == shown_order(table)["verdict"].tolist()
+    assert [v.split(";")[0] for v in verdicts] == shown_order(table)["verdict"].tolist()
     for title in ("unidentified share", "first-order drift"):
         shown = visible_labels(_panel(fig, title))
         assert {"AdamW", "AdamW, projected (float32)", "AdamW, projected (float64 identity run)"} <= shown

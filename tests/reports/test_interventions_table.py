@@ -127,6 +127,12 @@ def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, ca
         assert row.sd == pytest.approx(d.std(ddof=1), rel=1e-9)
         assert (row.ci_low, row.ci_high) == pytest.approx((ci.low, ci.high), abs=1e-9)
         assert (row.tost_low, row.tost_high) == pytest.approx((tost.low, tost.high), abs=1e-9)
+        # TOST: the larger of scipy's two one-sided t-tests against +-delta
+        one_sided = [
+            stats.ttest_1samp(d, MARGIN, alternative="less").pvalue,
+            stats.ttest_1samp(d, -MARGIN, alternative="greater").pvalue,
+        ]
+        assert row.p_equivalence == pytest.approx(max(one_sided), rel=1e-9)
         assert math.isnan(row.boot_ci_low)  # 8 < 20 seeds: no bootstrap interval
         assert row.p_value == pytest.approx(enumerated_sign_flip_p(d))
         assert row.in_family and row.alpha == ALPHA and row.equivalence_margin == MARGIN
@@ -292,11 +298,21 @@ def test_the_contrasts_at_the_arms_best_lrs_with_a_primary(tmp_path):
     by_arm = interventions_table.load_runs_by_arm(root)
     seeds, _ = interventions_table.paired_seed_table(by_arm)
     primary = interventions_table.FIXING_EFFECT + "_best_lr"
-    family = ["start_main_effect_best_lr", "start_x_frozen_best_lr", "adamw_frozen_mlp_best_lr-adamw_best_lr"]
+    like_for_like = "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr"
+    family = ["start_main_effect_best_lr", "start_x_frozen_best_lr", like_for_like]
     table = interventions_table.comparisons_table(seeds, ALPHA, MARGIN, family, primary=primary).set_index(
         "comparison"
     )
     assert {primary, *family} <= set(table.index)
+    # the like-for-like control: the frozen-MLP arm against fixing from the same start, seed by seed
+    pairs = seeds[seeds["comparison"] == like_for_like].set_index("seed")
+    for seed in SEEDS:
+        expected = loss["adamw_frozen_mlp_best_lr"](seed) - loss["adamw_gauge_fixed_at_init_best_lr"](seed)
+        assert pairs.loc[seed, "difference"] == pytest.approx(expected, abs=1e-12)
+    # the frozen-MLP arm against adamw is computed and shown, outside Holm's family
+    descriptive = table.loc["adamw_frozen_mlp_best_lr-adamw_best_lr"]
+    assert descriptive["role"] == interventions_table.DESCRIPTIVE and math.isnan(descriptive["p_holm"])
+    assert descriptive["n_seeds"] == len(SEEDS) and math.isfinite(descriptive["p_value"])
     assert table.loc[primary, "role"] == interventions_table.PRIMARY
     assert table.loc[primary, "p_holm"] == table.loc[primary, "p_value"] == pytest.approx(2 / 2**8)
     assert table.loc[primary, "min_seeds"] == statistics.minimum_seeds(ALPHA, 1) == 6
@@ -391,10 +407,10 @@ def test_an_lr_arm_is_named_apart_or_refused(tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert "two runs of arm adamw with seed 0" in error and "attnid train --arm" in error
     for seed in SEEDS:
-        write_arm_run(root, "adamw", seed, baseline_loss(seed) - 0.01, folder="adamw_lr2x", arm="adamw_lr2x")
+        write_arm_run(root, "adamw", seed, baseline_loss(seed) - 0.03, folder="adamw_lr2x", arm="adamw_lr2x")
     assert main(table_command(root, tmp_path / "out", *rule_flags(["adamw_lr2x"]))) == 0
     row = pd.read_csv(tmp_path / "out" / "interventions.csv").iloc[0]
-    assert row.arm == "adamw_lr2x" and row.verdict == "better"
+    assert row.arm == "adamw_lr2x" and row.verdict == statistics.BETTER  # -0.03 on every seed: beyond ±0.01
 
 
 def test_each_arm_meets_the_baseline_of_its_optimizer_and_at_its_best_lr_its_baseline_s(tmp_path, capsys):

@@ -215,3 +215,11 @@ def test_the_interventions_page_shows_the_verdict_columns_and_every_seed(tmp_pat
     shown = re.findall(r'<td class="number">(.*?)</td>', first)
     expected = [b - a for a, b in zip(losses["adamw"], losses["adamw_from_gauge_point"])]
     assert shown == [report_pages.cell(value) for value in expected]
+
+
+def test_the_report_pages_know_the_rule_s_six_labels():
+    """report_pages writes the labels out (importing statistics would load scipy): they are the rule's."""
+    from attnid.reports import statistics
+
+    assert report_pages.DECIDED == statistics.LABELS
+    assert report_pages.DIFFERENT == statistics.DIFFERENT_LABELS

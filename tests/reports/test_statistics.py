@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from scipy import stats as scipy_stats
 
@@ -150,8 +150,8 @@ def test_the_bootstrap_interval_only_from_twenty_seeds():
     assert math.isnan(few.boot_ci_low) and math.isnan(few.boot_ci_high)
     values = rng.normal(0.1, 1.0, size=statistics.BOOTSTRAP_MIN_SEEDS)
     many = statistics.estimate_paired(values)
-    expected = scipy_stats.bootstrap(
-        (values,), np.mean, n_resamples=9_999, method="percentile", random_state=0
+    expected = scipy_stats.bootstrap(  # of the differences sorted, as every number of the estimate
+        (np.sort(values),), np.mean, n_resamples=9_999, method="percentile", random_state=0
     ).confidence_interval
     assert (many.boot_ci_low, many.boot_ci_high) == pytest.approx((expected.low, expected.high))
 
@@ -182,13 +182,101 @@ def test_every_label_of_the_rule_is_reached():
     assert rule.label(higher, 5 * higher.p_value) == statistics.WORSE
     assert rule.label(tiny, 1.0) == statistics.EQUIVALENT
     assert rule.label(wide, 1.0) == statistics.INCONCLUSIVE
-    # significance comes before equivalence: a tiny but consistent effect is better, not equivalent
+    # a tiny but consistent effect is both: different from 0 and inside the margin
     small_lower = _estimate(-0.001 - 0.0001 * np.arange(8))
-    assert rule.label(small_lower, 5 * small_lower.p_value) == statistics.BETTER
+    assert rule.label(small_lower, 5 * small_lower.p_value) == statistics.BETTER_WITHIN_MARGIN
+    assert rule.label(_estimate(-small_lower.delta_mean + 0.0001 * np.arange(8)), 0.01) == (
+        statistics.WORSE_WITHIN_MARGIN
+    )
     # Holm's adjusted p at alpha is not below it: no rejection
-    assert rule.label(lower, 0.05) != statistics.BETTER
-    # no margin declared: nothing is equivalent
+    assert rule.label(lower, 0.05) not in statistics.DIFFERENT_LABELS
+    # no margin declared: nothing is equivalent, and a difference is never within a margin
     assert statistics.VerdictRule(family_size=5).label(tiny, 1.0) == statistics.INCONCLUSIVE
+    assert statistics.VerdictRule(family_size=5).label(small_lower, 0.01) == statistics.BETTER
+
+
+@pytest.mark.parametrize(
+    "different, equivalent, delta, expected",
+    [
+        (True, False, -1.0, "better"),
+        (True, False, 1.0, "worse"),
+        (True, True, -1.0, "better, within the margin"),
+        (True, True, 1.0, "worse, within the margin"),
+        (False, True, -1.0, "equivalent"),
+        (False, True, 1.0, "equivalent"),
+        (False, False, 1.0, "inconclusive"),
+        (False, False, -1.0, "inconclusive"),
+    ],
+)
+def test_the_outcome_is_the_two_tests_combined(different, equivalent, delta, expected):
+    """docs/design.md §11.3's table of the six outcomes, written out."""
+    assert statistics.outcome(different, equivalent, delta) == expected
+    assert expected in statistics.LABELS
+
+
+# Ten seeds, each a unit of noise in [-1, 1], and a margin: the samples of each outcome are built from them.
+noise = st.lists(st.floats(-1.0, 1.0, allow_nan=False, allow_subnormal=False), min_size=10, max_size=10)
+margins = st.floats(1e-3, 1.0)
+
+
+def _constructed(outcome: str, units: list[float], margin: float) -> np.ndarray:
+    """Ten differences whose outcome at alpha 0.05 (a family of one) is ``outcome`` by construction:
+    one sign on every seed (p = 2/2^10) far outside or well inside the margin, or five pairs ``±u`` (mean
+    0, p 1) small against the margin or large."""
+    u = np.asarray(units)
+    one_sign = {
+        statistics.BETTER: -3 * margin + 0.5 * margin * u,
+        statistics.WORSE: 3 * margin + 0.5 * margin * u,
+        statistics.BETTER_WITHIN_MARGIN: -0.5 * margin + 0.1 * margin * u,
+        statistics.WORSE_WITHIN_MARGIN: 0.5 * margin + 0.1 * margin * u,
+    }
+    if outcome in one_sign:
+        return one_sign[outcome]
+    size = (
+        0.5 * margin * np.abs(u[:5]) if outcome == statistics.EQUIVALENT else margin * (2 + 3 * np.abs(u[:5]))
+    )
+    return np.concatenate([size, -size])
+
+
+@FAST
+@pytest.mark.parametrize("outcome", statistics.LABELS)
+@given(units=noise, margin=margins)
+def test_each_outcome_is_reached_on_constructed_samples(outcome, units, margin):
+    sample = _constructed(outcome, units, margin)
+    estimate = _estimate(sample)
+    rule = statistics.VerdictRule(alpha=0.05, equivalence_margin=margin, family_size=1)
+    assert rule.label(estimate, estimate.p_value) == outcome
+
+
+@FAST
+@given(
+    values=st.lists(st.floats(-0.05, 0.05, allow_nan=False, allow_subnormal=False), min_size=6, max_size=12),
+    order=st.randoms(use_true_random=False),
+    family_size=st.integers(1, 3),
+)
+def test_the_label_never_depends_on_the_order_of_the_seeds(values, order, family_size):
+    """Permuting the paired differences changes no number of the estimate and so no label."""
+    shuffled = list(values)
+    order.shuffle(shuffled)
+    rule = statistics.VerdictRule(alpha=0.05, equivalence_margin=0.01, family_size=family_size)
+    forward, permuted = _estimate(values), _estimate(shuffled)
+    fields = ("delta_mean", "sd", "ci_low", "ci_high", "tost_low", "tost_high", "p_value")
+    assert [getattr(permuted, f) for f in fields] == [getattr(forward, f) for f in fields]
+    p = min(1.0, family_size * forward.p_value)
+    assert rule.label(permuted, min(1.0, family_size * permuted.p_value)) == rule.label(forward, p)
+
+
+@FAST
+@given(values=differences, margin=margins)
+def test_the_equivalence_test_is_the_interval_inside_the_margin(values, margin):
+    """TOST at ±δ rejects at alpha exactly when the 1 - 2 alpha t-interval lies inside (-δ, δ)."""
+    estimate = _estimate(values)
+    rule = statistics.VerdictRule(alpha=0.05, equivalence_margin=margin)
+    inside = -margin < estimate.tost_low and estimate.tost_high < margin
+    p = rule.equivalence_p_value(estimate)
+    assume(min(abs(estimate.tost_low + margin), abs(estimate.tost_high - margin)) > 1e-9)  # off the edge
+    assert (p < 0.05) == inside, (p, estimate)
+    assert math.isnan(statistics.VerdictRule().equivalence_p_value(estimate))
 
 
 def test_below_the_minimum_n_there_is_no_label():

@@ -123,6 +123,11 @@ def test_the_default_stage_compares_every_arm_at_its_best_lr_on_its_own_model():
     comparisons = interventions.planned_comparisons(DEFAULT)
     assert rule["primary"] == "fixing_main_effect_best_lr" and rule["primary"] in comparisons
     assert set(rule["family"]) <= set(comparisons) and rule["primary"] not in rule["family"]
+    # the frozen-MLP control like for like in the family (as many entries frozen, from the same start);
+    # against adamw it is made and shown, outside the family (docs/experiments.md, 2026-12-07)
+    assert "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr" in rule["family"]
+    assert interventions.arm_name("adamw", {"freeze_mlp": True}) == interventions.FROZEN_MLP_ARM
+    assert "adamw_frozen_mlp_best_lr-adamw_best_lr" in set(comparisons) - set(rule["family"])
     assert len(section["seeds"]) >= minimum_seeds(rule["alpha"], len(rule["family"]))
     assert interventions.check_interventions_config(DEFAULT) == []
     flags = interventions.verdict_options(DEFAULT, "tables/calibration.csv")
@@ -191,7 +196,17 @@ def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_ca
         assert planned.runs[run_dir].settings["arm"] == arm
     family = section["verdict"]["family"]
     planned_comparisons = interventions.planned_comparisons(PAPER)
-    assert sorted([rule["primary"], *family]) == sorted(planned_comparisons) and len(family) == 24
+    descriptive = [
+        "adamw_frozen_mlp",
+        "adamw_frozen_mlp_best_lr-adamw_best_lr",
+    ]  # like for like in the family
+    assert (
+        sorted([rule["primary"], *family, *descriptive]) == sorted(planned_comparisons) and len(family) == 24
+    )
+    assert {
+        "adamw_frozen_mlp-adamw_gauge_fixed_at_init",
+        "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr",
+    } <= set(family)
     assert "sgd_gauge_fixed-sgd" in family and "sgd_gauge_fixed_best_lr-sgd_best_lr" in family
     assert minimum_seeds(section["verdict"]["alpha"], len(family)) == 10 < 16
     assert interventions.check_interventions_config(PAPER) == []

@@ -62,6 +62,11 @@ INTERACTION_TERMS = ((GAUGE_ARM, FROM_GAUGE_ARM), (AT_INIT_ARM, BASELINE_CASE))
 # free.
 FIXING_EFFECT, START_EFFECT = "fixing_main_effect", "start_main_effect"
 TWO_BY_TWO_CELLS = (GAUGE_ARM, AT_INIT_ARM, FROM_GAUGE_ARM, BASELINE_CASE)
+# The like-for-like control (docs/experiments.md): the arm with as many MLP entries frozen as the gauge arm
+# fixes is also compared with the same blocks fixed at their initial values, which start where it starts
+# (the initialisation); against adamw it differs in what is frozen and in nothing else only by accident.
+FROZEN_MLP_ARM = "adamw_frozen_mlp"
+LIKE_FOR_LIKE = {FROZEN_MLP_ARM: AT_INIT_ARM}
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,16 @@ def kept_moments_arm(arm: str, case: str, options: Mapping[str, object]) -> str 
     if not moved_moments(options):
         return None
     return case + CALIBRATED_SUFFIX if is_calibrated(arm) else case
+
+
+def like_for_like_arm(arm: str) -> str | None:
+    """The arm ``arm`` is also compared with as its like-for-like control (:data:`LIKE_FOR_LIKE`:
+    ``adamw_frozen_mlp`` with ``adamw_gauge_fixed_at_init``), at its best lr when ``arm`` is at its own;
+    None for the other arms."""
+    other = LIKE_FOR_LIKE.get(arm.removesuffix(CALIBRATED_SUFFIX))
+    if other is None:
+        return None
+    return other + CALIBRATED_SUFFIX if is_calibrated(arm) else other
 
 
 def comparison_name(arm: str, baseline: str, table_baseline: str = BASELINE_CASE) -> str:
@@ -376,7 +391,8 @@ def contrast_named(name: str) -> Contrast | None:
 def planned_comparisons(config: dict) -> list[str]:
     """The comparisons the table will make of the section's arms (attnid.reports.interventions_table): each
     arm against its baseline (:func:`arm_baseline`), an arm with moved moments also against its case's
-    kept-moments arm when that is listed, and the 2 x 2's contrasts where its four cells are."""
+    kept-moments arm and the frozen-MLP arm against its like-for-like control (:func:`like_for_like_arm`)
+    when those are listed, and the 2 x 2's contrasts where its four cells are."""
     arms = intervention_arms(config)
     names = [arm.name for arm in arms]
     comparisons = []
@@ -385,8 +401,8 @@ def planned_comparisons(config: dict) -> list[str]:
             continue
         comparisons.append(comparison_name(arm.name, arm.baseline))
         kept = kept_moments_arm(arm.name, arm.case, dict(arm.options))
-        if kept in names:
-            comparisons.append(comparison_name(arm.name, kept))
+        like = like_for_like_arm(arm.name)
+        comparisons += [comparison_name(arm.name, other) for other in (kept, like) if other in names]
     return comparisons + [contrast.name for contrast in two_by_two_contrasts(names)]
 
 

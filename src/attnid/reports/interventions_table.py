@@ -18,9 +18,10 @@ writes three files:
   of the next table is computed from it alone (:func:`comparisons_table`), so a reader can recompute
   every verdict.
 * ``interventions.csv`` (:data:`INTERVENTION_COLUMNS`): one row per comparison: the mean difference, the
-  paired sd, the Student-t CI and the equivalence test's interval, the exact sign-flip p and its Holm
-  adjustment over the declared family, the smallest effect the comparison could detect, the arm's
-  per-step cost, and the verdict of the rule (docs/design.md §11).
+  paired sd, the Student-t CI and the equivalence test's interval, the exact sign-flip p and the difference
+  test's p (``p_holm``: Holm's over the declared family, the primary's own), the equivalence test's p
+  (``p_equivalence``, TOST at the margin), the smallest effect the comparison could detect, the arm's
+  per-step cost, and the verdict of the rule, the two tests' combined outcome (docs/design.md §11.3).
 * ``interventions.tex`` (templates/interventions.tex.j2).
 
 The **primary metric** is ``final_val_loss_full``: the final model's loss on the whole val split, at
@@ -65,6 +66,7 @@ from attnid.plan.interventions import (
     comparison_name,
     contrast_named,
     kept_moments_arm,
+    like_for_like_arm,
     two_by_two_contrasts,
 )
 from attnid.reports.arm_costs import ArmCosts, read_arm_costs
@@ -113,6 +115,7 @@ INTERVENTION_COLUMNS = (
     "role",
     "in_family",
     "p_holm",
+    "p_equivalence",
     "alpha",
     "equivalence_margin",
     "min_seeds",
@@ -155,7 +158,8 @@ def load_runs_by_arm(
 
 def compared_with(arm: str, runs: list[tuple[dict, pd.DataFrame]], table_baseline: str) -> list[str]:
     """The arms ``arm`` is compared with, in order: its baseline (``table_baseline`` for the arms of
-    ``adamw``'s optimizer), and with moved moments its case's kept-moments arm; none for a baseline."""
+    ``adamw``'s optimizer), with moved moments its case's kept-moments arm, and the frozen-MLP arm its
+    like-for-like control (:func:`attnid.plan.interventions.like_for_like_arm`); none for a baseline."""
     info = runs[0][0]
     case = str(info.get("case"))
     own = arm_baseline(arm, case)
@@ -163,7 +167,8 @@ def compared_with(arm: str, runs: list[tuple[dict, pd.DataFrame]], table_baselin
     if arm in (baseline, table_baseline):
         return []
     kept = kept_moments_arm(arm, case, info.get("config") or {})
-    return [baseline] + ([kept] if kept is not None and kept != baseline else [])
+    others = [other for other in (kept, like_for_like_arm(arm)) if other is not None and other != baseline]
+    return [baseline, *others]
 
 
 def run_value(info: dict) -> float:
@@ -425,6 +430,7 @@ def comparisons_table(
                 "in_family": in_family,
                 # a member without a p enters Holm as 1 (the others are adjusted for it) but has none itself
                 "p_holm": adjusted[name] if in_family and estimate is not None else math.nan,
+                "p_equivalence": rule.equivalence_p_value(estimate),
                 "alpha": alpha,
                 "equivalence_margin": math.nan if equivalence_margin is None else equivalence_margin,
                 "min_seeds": rule.minimum_seeds,

@@ -148,7 +148,9 @@ INTERVENTION_PAGE_COLUMNS = (
     ("cost per step", lambda row: cell(row["cost_ratio"])),
     ("verdict", lambda row: str(row["verdict"])),
 )
-DECIDED = ("better", "worse", "equivalent", "inconclusive")  # attnid.reports.statistics.LABELS
+# attnid.reports.statistics.LABELS and DIFFERENT_LABELS (not imported: it loads scipy)
+DIFFERENT = ("better", "worse", "better, within the margin", "worse, within the margin")
+DECIDED = (*DIFFERENT, "equivalent", "inconclusive")
 
 
 def _is_inf(value: Any) -> bool:
@@ -173,7 +175,7 @@ def interventions_html(frame: pd.DataFrame) -> str:
         cells = []
         for heading, make in INTERVENTION_PAGE_COLUMNS:
             kind = "" if heading in ("comparison", "verdict") else "number"
-            if heading == "verdict" and str(row["verdict"]) in ("better", "worse"):
+            if heading == "verdict" and str(row["verdict"]) in DIFFERENT:
                 kind = "decided"
             text = html.escape(make(row))
             cells.append(f'<td class="{kind}">{text}</td>' if kind else f"<td>{text}</td>")
@@ -187,16 +189,17 @@ def interventions_html(frame: pd.DataFrame) -> str:
         margin = first["equivalence_margin"]
         rule = (
             f'<p class="rule">The rule, fixed before the runs: Δ is the arm\'s final loss on the whole '
-            f"validation split minus the baseline's, seed by seed; better or worse when Holm's p over the "
+            f"validation split minus the baseline's, seed by seed; different when Holm's p over the "
             f"{family} comparisons of the family is below α = {float(first['alpha']):g} (exact sign-flip "
             "test), "
             + (
                 f"equivalent when the {round(100 * (1 - 2 * float(first['alpha'])))} % t-interval lies "
-                f"inside ±{float(margin):g}, "
+                f"inside ±{float(margin):g} (TOST p below α): better or worse when only different, "
+                "better or worse, within the margin when both, equivalent when only equivalent, "
                 if margin is not None
-                else ""
+                else "better or worse when different, "
             )
-            + f"inconclusive otherwise; no verdict below n = {int(first['min_seeds'])} seed pairs (n too "
+            + f"inconclusive when neither; no verdict below n = {int(first['min_seeds'])} seed pairs (n too "
             "small). Detectable: the smallest mean |Δ| found with 80 % power at this n.</p>"
         )
     every = f"<details><summary>every column of interventions.csv</summary>{html_table(frame)}</details>"

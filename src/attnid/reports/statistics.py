@@ -9,11 +9,16 @@ samples, with fixed settings so that the same runs always give the same table.
   sign-flip p-value over all ``2**n`` sign vectors (:func:`sign_flip_p_value`), the paired sd and, from
   ``n >= 20`` seeds on, a percentile bootstrap CI beside the t one. **Lower loss is better**: a difference
   below zero means the arm reached a lower loss than the baseline.
-* The **verdict rule** (§11.3), :class:`VerdictRule`: Holm's step-down correction over a declared family of
-  comparisons (:func:`holm_adjusted`); ``better``/``worse`` only when the Holm-adjusted p is below
-  ``alpha``; ``equivalent`` when the ``1 - 2 alpha`` t-interval lies inside ``±δ`` (TOST); otherwise
-  ``inconclusive``; and no label at all below the smallest ``n`` at which the exact test can reach
-  ``alpha`` after Holm over the family (:func:`minimum_seeds`). Beside it, the smallest effect the
+* The **verdict rule** (§11.3), :class:`VerdictRule`: two tests on every judged comparison, and the
+  label their combination (:func:`outcome`). The **difference test**: the exact sign-flip p, Holm's
+  step-down correction over a declared family of comparisons (:func:`holm_adjusted`; the primary comparison
+  alone), *different* when it is below ``alpha``. The **equivalence test** (TOST at ``±δ``,
+  :meth:`VerdictRule.equivalence_p_value`): the two one-sided t-tests of a difference of ``δ`` or more,
+  *equivalent* when both reject at ``alpha`` (the ``1 - 2 alpha`` t-interval lies inside ``±δ``). The six
+  labels: ``better``/``worse`` (different, not equivalent), ``better, within the margin``/``worse, within
+  the margin`` (both: a real effect smaller than ``δ``), ``equivalent`` (not different, equivalent),
+  ``inconclusive`` (neither); and no label at all below the smallest ``n`` at which the exact test can
+  reach ``alpha`` after Holm over the family (:func:`minimum_seeds`). Beside it, the smallest effect the
   comparison could detect with 80 % power at its ``n`` (:func:`detectable_effect`).
 * A **rank correlation** across the points of a study (Spearman's ``r_s``, :func:`rank_correlation`) with a
   permutation p-value over the point means (:func:`rank_correlation_p_value`) and a bootstrap CI over seeds
@@ -63,11 +68,15 @@ MIN_CORRELATION_POINTS = 3
 ALPHA = 0.05
 POWER = 0.80
 
-# The labels of the verdict rule (§11.3), and the rows that get none.
+# The labels of the verdict rule (§11.3, :func:`outcome`), and the rows that get none.
 BETTER, WORSE, EQUIVALENT, INCONCLUSIVE = "better", "worse", "equivalent", "inconclusive"
+WITHIN_MARGIN = ", within the margin"
+BETTER_WITHIN_MARGIN, WORSE_WITHIN_MARGIN = BETTER + WITHIN_MARGIN, WORSE + WITHIN_MARGIN
 N_TOO_SMALL = "n too small"
 NOT_IN_FAMILY = "not in family"
-LABELS = (BETTER, WORSE, EQUIVALENT, INCONCLUSIVE)
+LABELS = (BETTER, WORSE, BETTER_WITHIN_MARGIN, WORSE_WITHIN_MARGIN, EQUIVALENT, INCONCLUSIVE)
+# The labels of a difference the test shows (the difference test rejects), with or without equivalence.
+DIFFERENT_LABELS = (BETTER, WORSE, BETTER_WITHIN_MARGIN, WORSE_WITHIN_MARGIN)
 NO_LABEL = (N_TOO_SMALL, NOT_IN_FAMILY)
 
 
@@ -308,8 +317,9 @@ class PairedEstimate:
 
 
 def estimate_paired(differences: ArrayLike, alpha: float = ALPHA) -> PairedEstimate:
-    """Mean, sd, intervals and p-value of per-seed differences ``arm - baseline`` (§11.1, §11.2)."""
-    sample = _as_sample(differences, MIN_PAIRED_SEEDS)
+    """Mean, sd, intervals and p-value of per-seed differences ``arm - baseline`` (§11.1, §11.2), of the
+    differences sorted: the same numbers, to the last bit, whatever order the seeds come in."""
+    sample = np.sort(_as_sample(differences, MIN_PAIRED_SEEDS))
     boot = (
         mean_confidence_interval(sample, 1 - alpha)
         if sample.size >= BOOTSTRAP_MIN_SEEDS
@@ -332,7 +342,7 @@ def estimate_paired(differences: ArrayLike, alpha: float = ALPHA) -> PairedEstim
 @dataclass(frozen=True)
 class VerdictRule:
     """The verdict rule of docs/design.md §11.3, fixed before any run: the level ``alpha``, the equivalence
-    margin ``equivalence_margin`` (δ, in the metric's units; None: no comparison can be ``equivalent``)
+    margin ``equivalence_margin`` (δ, in the metric's units; None: no comparison is equivalent)
     and the size of the declared family of comparisons that Holm's correction runs over."""
 
     alpha: float = ALPHA
@@ -379,18 +389,47 @@ class VerdictRule:
             return 1.0 if n_seeds >= self.minimum_seeds else 0.0
         return sign_flip_power(margin / sd, n_seeds, self.detection_level)
 
-    def label(self, estimate: PairedEstimate | None, p_holm: float) -> str:
-        """``better``/``worse`` when the Holm-adjusted ``p_holm`` is below ``alpha`` (by the mean's sign),
-        else ``equivalent`` when the ``1 - 2 alpha`` t-interval lies inside ``(-δ, δ)``, else
-        ``inconclusive``; ``n too small`` without an estimate or below :attr:`minimum_seeds`."""
+    def equivalence_p_value(self, estimate: PairedEstimate | None) -> float:
+        """The p of the equivalence test (TOST, §11.3) of ``estimate`` at the margin ``±δ``: the larger of
+        the two one-sided t-tests' p-values, of a mean of ``δ`` or more (``scipy.stats.t.cdf`` of
+        ``(mean - δ) / se``) and of ``-δ`` or less (``t.sf`` of ``(mean + δ) / se``), ``n - 1`` degrees of
+        freedom. Below ``alpha`` exactly when the ``1 - 2 alpha`` t-interval lies inside ``(-δ, δ)``. A
+        constant sample's is 0 inside the margin and 1 on or outside it; NaN without a margin or an
+        estimate."""
+        margin = self.equivalence_margin
+        if margin is None or estimate is None:
+            return math.nan
+        mean, n = estimate.delta_mean, estimate.n_seeds
+        if estimate.sd == 0:
+            return 0.0 if abs(mean) < margin else 1.0
+        se = estimate.sd / math.sqrt(n)
+        above = float(stats.t.cdf((mean - margin) / se, n - 1))  # H0: mean >= delta
+        below = float(stats.t.sf((mean + margin) / se, n - 1))  # H0: mean <= -delta
+        return max(above, below)
+
+    def label(self, estimate: PairedEstimate | None, p_difference: float) -> str:
+        """The outcome of a comparison (§11.3, :func:`outcome`): *different* when the difference test's
+        ``p_difference`` (Holm-adjusted in the secondary family, its own p for the primary) is below
+        ``alpha``, *equivalent* when :meth:`equivalence_p_value` is; ``n too small`` without an estimate or
+        below :attr:`minimum_seeds`. Depends on the seeds' differences only through their mean, sd, count
+        and sign-flip p, none of which depends on the seeds' order."""
         if estimate is None or estimate.n_seeds < self.minimum_seeds:
             return N_TOO_SMALL
-        if p_holm < self.alpha:
-            return BETTER if estimate.delta_mean < 0 else WORSE
-        margin = self.equivalence_margin
-        if margin is not None and -margin < estimate.tost_low and estimate.tost_high < margin:
-            return EQUIVALENT
-        return INCONCLUSIVE
+        return outcome(
+            p_difference < self.alpha, self.equivalence_p_value(estimate) < self.alpha, estimate.delta_mean
+        )
+
+
+def outcome(different: bool, equivalent: bool, delta_mean: float) -> str:
+    """The verdict rule's label (docs/design.md §11.3) from its two tests' decisions and the sign of the
+    mean difference (arm minus baseline; lower loss is better): ``better``/``worse`` when only the
+    difference test rejects, ``better, within the margin``/``worse, within the margin`` when both do (a real
+    effect smaller than the margin), ``equivalent`` when only the equivalence test does, ``inconclusive``
+    when neither does. The one place the labels are made (:meth:`VerdictRule.label` calls it)."""
+    if different:
+        direction = BETTER if delta_mean < 0 else WORSE
+        return direction + WITHIN_MARGIN if equivalent else direction
+    return EQUIVALENT if equivalent else INCONCLUSIVE
 
 
 # ---------------------------------------------------------------------------- rank correlation

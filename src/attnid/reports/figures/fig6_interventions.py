@@ -86,11 +86,13 @@ CAPTION = r"""**Figure 6 — does identification change training? (beyond the pa
 of its two simple effects) and their interaction{% endif %}. Top: :math:`\Delta`, the final loss on the whole
 validation split minus the baseline's, per seed (dots; below 0 the arm is better), its mean and {{ confidence
 }} % t-interval{% if margin %}, the equivalence margin :math:`\pm` {{ fmt(margin) }} (grey){% endif %}.
-Right: the verdict of the rule fixed before the runs, at the last step only: the exact sign-flip test{% if
-primary %}, the primary (top, bold) alone at level {{ fmt(alpha) }}, the {{ family_size }} secondary
-comparisons with Holm{% else %}, Holm over the {{ family_size }} comparisons of the family at level {{
-fmt(alpha) }}{% endif %}{% if margin %}; equivalent when the {{ equivalence_confidence }} % t-interval lies
-inside the margin{% endif %}{% if short_of_seeds %}; at least {{ min_seeds }} seed pairs{% if primary and
+Right: the verdict of the rule fixed before the runs, at the last step only: the exact sign-flip test ({%
+if primary %}the primary, top, bold, alone at level {{ fmt(alpha) }}, the {{ family_size }} secondary
+comparisons with Holm{% else %}Holm over the {{ family_size }} comparisons of the family at level {{
+fmt(alpha) }}{% endif %}) says whether :math:`\Delta` differs from 0{% if margin %}, two one-sided t-tests
+(TOST p) whether it lies inside the margin (its {{ equivalence_confidence }} % t-interval inside it):
+better or worse, *within the margin* where both hold, equivalent where only the margin does, inconclusive
+where neither{% endif %}{% if short_of_seeds %}; at least {{ min_seeds }} seed pairs{% if primary and
 primary.min_seeds != min_seeds %} ({{ primary.min_seeds }} for the primary){% endif %}{% endif %}.
 {% if primary %}
 Primary: {{ primary.label }}{% if primary.label != primary.comparison %} (``{{ primary.comparison }}``){%

@@ -23,6 +23,7 @@ from attnid.reports.figures.interventions_rows import (
 from attnid.reports.figures.series import Floors, plot_band, runs_dtype, seed_band
 from attnid.reports.figures.style import AROUND, PREDICTION_COLOR, PointLabel, case_style, place_labels
 from attnid.reports.round_off import at_round_off
+from attnid.reports.statistics import DIFFERENT_LABELS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -110,9 +111,7 @@ def draw_differences(ax: Axes, comparisons: list[Comparison], margin: float | No
             if axis is verdicts:
                 tick.set_color(DECIDED_COLOR if row.decided else UNDECIDED_COLOR)
             tick.set_fontweight(
-                "bold"
-                if row.primary or (axis is verdicts and row.verdict in ("better", "worse"))
-                else "normal"
+                "bold" if row.primary or (axis is verdicts and row.verdict in DIFFERENT_LABELS) else "normal"
             )
     ax.set_xlabel("final val loss (whole split), arm minus baseline, same seed")
     ax.set_title(

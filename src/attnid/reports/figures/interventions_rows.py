@@ -23,10 +23,10 @@ from attnid.plan.interventions import (
     CALIBRATED_SUFFIX,
     FIXING_EFFECT,
     FROM_GAUGE_ARM,
+    FROZEN_MLP_ARM,
     GAUGE_ARM,
     INTERACTION,
     START_EFFECT,
-    arm_name,
     contrast_named,
     is_calibrated,
     two_by_two_contrasts,
@@ -45,8 +45,6 @@ CONTRAST_LABELS = {
 AT_BEST_LRS = "at best lrs"  # what a comparison of arms at their own best lr says after its name
 PRIMARY_MARK = " (primary)"
 ROLE_ORDER = (PRIMARY, SECONDARY, DESCRIPTIVE)  # the rows' order: the primary on top
-# The frozen-MLP control (docs/design.md §14): the arm that freezes as many entries outside attention.
-FROZEN_MLP_ARM = arm_name(BASELINE_CASE, {"freeze_mlp": True})
 
 
 def base_name(name: str) -> str:
@@ -168,8 +166,9 @@ def _run_lr(runs: RunGroup | None) -> float | None:
 
 
 def verdict_label(row: dict) -> str:
-    """The verdict as its row shows it: with its p (Holm's in the secondary family, the test's own for the
-    primary, which is tested alone), or why there is none."""
+    """The verdict as its row shows it, the outcome of its two tests (docs/design.md §11.3): with the
+    difference test's p (Holm's in the secondary family, the test's own for the primary, which is tested
+    alone) and the equivalence test's (TOST p, where the table has it), or why there is none."""
     verdict = str(row["verdict"])
     if verdict == N_TOO_SMALL:
         return f"n too small ({int(row['n_seeds'])} < {int(row['min_seeds'])})"
@@ -178,7 +177,11 @@ def verdict_label(row: dict) -> str:
     p_holm = finite_or_none(row["p_holm"])
     if p_holm is None:
         return verdict
-    return f"{verdict}, {'p' if row['role'] == PRIMARY else 'Holm p'} {p_holm:.2g}"
+    tests = f"{'p' if row['role'] == PRIMARY else 'Holm p'} {p_holm:.2g}"
+    p_equivalence = finite_or_none(row.get("p_equivalence", math.nan))
+    if p_equivalence is not None:
+        tests += f", TOST p {p_equivalence:.2g}"
+    return f"{verdict}; {tests}"
 
 
 def _detectable(row: dict) -> str:
