@@ -39,12 +39,16 @@ from attnid.training.rundir import load_run
 
 DEFAULT = yaml.safe_load((REPO / "config/config.yaml").read_text())
 PAPER = yaml.safe_load((REPO / "config/paper.yaml").read_text())
-# The default's arms at the stage's lr with a plain verdict rule and no calibration: the section the
-# config checks below change one key of.
+# The default's arms at the stage's lr with a plain verdict rule and no calibration (nor its robustness
+# variants): the section the config checks below change one key of.
 PLAIN = {
     **DEFAULT,
     "interventions": {
-        **{k: v for k, v in DEFAULT["interventions"].items() if k not in ("calibration", "plateau")},
+        **{
+            k: v
+            for k, v in DEFAULT["interventions"].items()
+            if k not in ("calibration", "plateau", "robustness")
+        },
         "seeds": list(range(8)),
         "verdict": {"alpha": 0.05, "equivalence_margin": 0.01, "family": ["adamw_gauge_fixed"]},
     },
@@ -307,6 +311,50 @@ BAD_SECTIONS = [
         "seed(s) 7 are also comparison seeds",
     ),
     (
+        {
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [1, 2],
+                "seeds": [9],
+                "refine": {"top": 2, "seeds": [10, 7]},
+            }
+        },
+        "seed(s) 7 are also comparison seeds",
+    ),
+    (
+        {
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [1, 2],
+                "seeds": [9],
+                "refine": {"top": 2, "seeds": [9, 10]},
+            }
+        },
+        "seed(s) 9 are round 1's too: round 2 adds seeds of its own",
+    ),
+    (
+        {
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [1, 2],
+                "seeds": [9],
+                "refine": {"top": 3, "seeds": [10]},
+            }
+        },
+        "the 3 best of a grid of 2 lrs",
+    ),
+    (
+        {"robustness": {"variants": ["stage_lr"]}},
+        "its variants move the calibrated arms' lrs: no calibration",
+    ),
+    (
+        {
+            "calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [1, 2], "seeds": [9]},
+            "robustness": {"variants": ["round1"]},
+        },
+        "round1 is the final pick without calibration/refine",
+    ),
+    (
         {"verdict": {**PLAIN["interventions"]["verdict"], "primary": "fixing_main_effect_best_lr"}},
         "fixing_main_effect_best_lr is no comparison of the arms",
     ),
@@ -399,11 +447,19 @@ def test_the_default_dag_trains_each_arm_s_seeds_in_one_job_after_its_calibratio
         assert jobs[run_dir]["max_iters"] == section["max_iters"]
     assert jobs[f"{out}/interventions/identity/seed0"]["dtype"] == "float64"
     per_arm = re.findall(r"attnid train-runs --configs .*? --outs (.*?) --data", proc.stdout)
-    assert len(per_arm) == len(DEFAULT_ARMS) + len(DEFAULT_ARMS) * len(section["calibration"]["lr_factors"])
+    # per arm: its comparison seeds; per arm and lr of the grid: round 1's seeds; per arm and rank of
+    # round 2: its seeds (the robustness variants' jobs are known only after the calibration)
+    grid, refine = section["calibration"], section["calibration"]["refine"]
     assert sorted(len(shlex_split(outs)) for outs in per_arm) == sorted(
         [len(section["seeds"])] * len(DEFAULT_ARMS)
-        + [len(section["calibration"]["seeds"])] * (len(per_arm) - len(DEFAULT_ARMS))
+        + [len(grid["seeds"])] * len(DEFAULT_ARMS) * len(grid["lr_factors"])
+        + [len(refine["seeds"])] * len(DEFAULT_ARMS) * refine["top"]
     )
+    for rank in range(1, refine["top"] + 1):  # each round-2 run waits for round 1's table to have its lr
+        run_dir = f"{out}/calibration/adamw/top{rank}/seed{refine['seeds'][0]}"
+        assert jobs[run_dir]["lr"] == {"calibrated": "adamw", "rank": rank}
+    assert re.search(r"attnid calibration-table --runs [^\n]* --refine-runs ", proc.stdout)
+    assert "interventions_robustness" in proc.stdout
     assert {jobs[f"{out}/runs/adamw/seed{seed}"]["max_iters"] for seed in DEFAULT["seeds"]} == {
         DEFAULT["training"]["max_iters"]
     }
@@ -443,15 +499,27 @@ def test_the_paper_dag_waits_for_the_calibration_before_the_runs_at_the_best_lr(
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = train_jobs(tmp_path, proc.stdout)
     planned = plan(copy.deepcopy(PAPER))
-    assert set(jobs) == set(planned.trained()) and len(jobs) == 482
-    assert sum(int(job["max_iters"]) for job in jobs.values()) == 2_327_500
+    # round 2: each calibrated arm's 2 best lrs of round 1 on 6 more seeds, at the stage's steps
+    section = PAPER["interventions"]
+    refined = len(planned.calibration_arms) * 2 * 6
+    assert len(planned.refine_runs) == refined == 120
+    assert set(jobs) == set(planned.trained()) and len(jobs) == 482 + refined
+    steps = section.get("max_iters", PAPER["training"]["max_iters"])
+    assert sum(int(job["max_iters"]) for job in jobs.values()) == 2_327_500 + refined * steps
     calibrated = planned.calibrated()
     for run_dir in calibrated:
         assert jobs[run_dir]["lr"] == {"calibrated": run_dir.split("/")[3].removesuffix("_best_lr")}
         assert not (tmp_path / planned.spec_file(run_dir)).exists()
-    command = re.search(r"attnid calibration-table --runs ([^\n]*) > ", proc.stdout).group(1)
-    runs, _, pending = command.partition(" --out-dir ")
+    # round 1's table writes round 2's specs; the final table reads both rounds and writes the picks'
+    first, final = sorted(
+        re.findall(r"attnid calibration-table --runs ([^\n]*) > ", proc.stdout), key=lambda c: "--refine" in c
+    )
+    runs, _, pending = first.partition(" --out-dir ")
     assert runs.split() == planned.calibration_runs
+    assert sorted(pending.split()[2:]) == sorted(planned.pending_spec_file(d) for d in planned.refine_runs)
+    runs, _, pending = final.partition(" --out-dir ")
+    first_round, _, second = runs.partition(" --refine-runs ")
+    assert first_round.split() == planned.calibration_runs and second.split() == planned.refine_runs
     assert sorted(pending.split()[2:]) == sorted(planned.pending_spec_file(d) for d in calibrated)
 
 

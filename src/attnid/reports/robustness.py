@@ -51,9 +51,11 @@ def variant_rows(
         by_arm.setdefault(arm if is_calibrated(arm) else arm + CALIBRATED_SUFFIX, []).extend(arm_runs)
     seeds, _ = paired_seed_table(by_arm, BASELINE_CASE)
     table = comparisons_table(seeds, alpha, equivalence_margin, family, None, primary)
-    kept = table[table["role"] != DESCRIPTIVE]
+    kept = table[table["role"] != DESCRIPTIVE].to_dict("records")
+    order = [primary, *(family or [])]  # the primary first, then the family as declared
+    kept.sort(key=lambda row: order.index(row["comparison"]) if row["comparison"] in order else len(order))
     rows = []
-    for row in kept.to_dict("records"):
+    for row in kept:
         differences = seeds.loc[seeds["comparison"] == row["comparison"], "difference"].astype(float)
         rows.append(
             {
