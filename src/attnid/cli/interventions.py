@@ -17,6 +17,7 @@ from attnid.cli.reports import (
 )
 from attnid.common import outputs
 from attnid.common.errors import UserError
+from attnid.common.files import write_csv_atomic
 from attnid.plan.interventions import CALIBRATED_SUFFIX, FIXING_EFFECT
 from attnid.plan.runs import SPEC_FILE, read_pending_spec
 
@@ -242,7 +243,6 @@ def add_interventions_robustness_arguments(parser: argparse.ArgumentParser) -> N
 
 def run_interventions_robustness(args: argparse.Namespace) -> int:
     # lazy: pandas and scipy, which --help does not wait for
-    from attnid.common.files import write_csv_atomic
     from attnid.reports.interventions_table import BASELINE_CASE
     from attnid.reports.robustness import robustness_table
 

@@ -248,6 +248,23 @@ def side_legend(ax: Axes, handles: list, labels: list[str]) -> None:
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=6.5, borderaxespad=0)
 
 
+def _draw_round_two(ax: Axes, curve: CalibrationCurve, color: str) -> None:
+    """Round 2's means (both rounds' seeds) at the lrs it refined: filled, over round 1's curve."""
+    if curve.refined_lrs.size:
+        ax.plot(
+            curve.refined_lrs,
+            curve.refined_means,
+            linestyle="None",
+            marker="D",
+            markersize=4.5,
+            color=color,
+            markeredgecolor="black",
+            markeredgewidth=0.5,
+            label=ROUND_TWO,
+            zorder=4,
+        )
+
+
 def draw_calibration(ax: Axes, curves: list[CalibrationCurve]) -> list[PointLabel]:
     """Each arm's mean final loss against the lr of its grid (log x), round 2's means (over both rounds'
     seeds) at the lrs it refined as filled diamonds, its chosen lr ringed, one at the grid's edge ringed
@@ -264,19 +281,7 @@ def draw_calibration(ax: Axes, curves: list[CalibrationCurve]) -> list[PointLabe
             markersize=3.5,
             label=curve.arm,
         )
-        if curve.refined_lrs.size:  # round 2: filled, over round 1's open curve
-            ax.plot(
-                curve.refined_lrs,
-                curve.refined_means,
-                linestyle="None",
-                marker="D",
-                markersize=4.5,
-                color=color,
-                markeredgecolor="black",
-                markeredgewidth=0.5,
-                label=ROUND_TWO,
-                zorder=4,
-            )
+        _draw_round_two(ax, curve, color)
         if curve.best_lr is not None:
             edge = curve.at_edge
             ax.plot(
