@@ -548,7 +548,13 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
             "max_iters": 6,
             "arms": [{"case": "adamw_gauge_fixed"}, {"case": "sgd_gauge_fixed"}],
             "seeds": [0, 1],
-            "calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [0.5, 2], "seeds": [7]},
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [0.5, 2],
+                "seeds": [7],
+                "refine": {"top": 1, "seeds": [8]},
+            },
+            "robustness": {"variants": ["stage_lr", "one_seed", "round1"]},
             "verdict": {
                 "alpha": 0.05,
                 "equivalence_margin": 0.01,
@@ -563,24 +569,50 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
     }
     (tmp_path / "config/tiny.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
     target = "results/tiny/tables/interventions.csv"
-    # a flag between --configfile (which takes every word after it) and the target
+    robustness_target = "results/tiny/tables/interventions_robustness.csv"
+    # a flag between --configfile (which takes every word after it) and the targets
     proc = run_snakemake(
-        tmp_path, "-p", target, configfile="config/tiny.yaml", progress="the calibration at toy size"
+        tmp_path,
+        "-p",
+        target,
+        robustness_target,
+        configfile="config/tiny.yaml",
+        progress="the calibration at toy size",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = tmp_path / "results/tiny/tables"
     calibration = pd.read_csv(tables / "calibration.csv")
-    assert calibration[["arm", "lr"]].values.tolist() == [
+    first = calibration[calibration["round"] == 1]
+    assert first[["arm", "lr"]].values.tolist() == [
         ["adamw", 5e-4],
         ["adamw", 2e-3],
         ["adamw_gauge_fixed", 5e-4],
         ["adamw_gauge_fixed", 2e-3],
     ]
-    best = calibration.loc[calibration.groupby("arm")["mean"].idxmin()].set_index("arm")["lr"]
+    # round 2 (top 1): round 1's best lr on seed 8 too, the pick the same lr over both rounds' seeds
+    best = first.loc[first.groupby("arm")["mean"].idxmin()].set_index("arm")["lr"]
+    second = calibration[calibration["round"] == 2].set_index("arm")
+    assert second["lr"].to_dict() == best.to_dict() and set(second["n_seeds"]) == {2}
     assert (
         calibration["best"].sum() == 2
+        and (calibration.loc[calibration["best"], "round"] == 2).all()
         and calibration.loc[calibration["best"], "lr"].tolist() == best.tolist()
     )
+    for arm in ("adamw", "adamw_gauge_fixed"):
+        info, _ = load_run(tmp_path / f"results/tiny/calibration/{arm}/top1/seed8")
+        assert info["lr"] == best[arm] and info["seed"] == 8
+    # the variants: one seed's and round 1's picks are the final ones (their runs the final runs), the
+    # stage's lr the stage's own runs, so each row is one of interventions.csv's
+    robustness = pd.read_csv(tables / robustness_target.rsplit("/", 1)[1])
+    assert set(robustness["variant"]) == {"final", "stage_lr", "one_seed", "round1"}
+    by_variant = robustness.set_index(["variant", "comparison"])["delta"]
+    final = by_variant["final"]["adamw_gauge_fixed_best_lr-adamw_best_lr"]
+    assert by_variant["one_seed"].tolist() == by_variant["round1"].tolist() == [final]
+    compared = pd.read_csv(tables / "interventions.csv").set_index("comparison")["delta_mean"]
+    assert final == pytest.approx(compared["adamw_gauge_fixed_best_lr-adamw_best_lr"], abs=1e-12)
+    stage = by_variant["stage_lr"]["adamw_gauge_fixed_best_lr-adamw_best_lr"]
+    assert stage == pytest.approx(compared["adamw_gauge_fixed"], abs=1e-12)
+    assert not (tmp_path / "results/tiny/robustness").exists()  # no run trained twice
     for seed in (0, 1):
         for arm in ("adamw", "adamw_gauge_fixed"):
             info, _ = load_run(tmp_path / f"results/tiny/interventions/{arm}_best_lr/seed{seed}")
@@ -599,7 +631,7 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
     table = pd.read_csv(tables / "interventions.csv")
     assert sorted(table["comparison"]) == sorted(tiny["interventions"]["verdict"]["family"])
     assert (table["verdict"] == "n too small").all()
-    again = run_snakemake(tmp_path, "-n", target, configfile="config/tiny.yaml")
+    again = run_snakemake(tmp_path, "-n", target, robustness_target, configfile="config/tiny.yaml")
     assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
 
 

@@ -353,18 +353,19 @@ def _plan_calibration(config: dict, result: Plan, arms: list[Arm]) -> None:
         result.calibration_arms.append(arm.name)
         own_lr = _arm_run(config, arm, origin).settings["lr"]
         result.stage_lrs[arm.name] = float(lr_label(own_lr))
-        for factor in calibration["lr_factors"]:
-            lr = float(lr_label(own_lr * factor))
+        grid = [float(lr_label(own_lr * factor)) for factor in calibration["lr_factors"]]
+        for lr in grid:
             for seed in calibration["seeds"]:
                 run_dir = f"{result.results_dir}/calibration/{arm.name}/lr{lr_label(lr)}/seed{seed}"
                 result.runs[run_dir] = _arm_run(config, arm, origin, lr=lr, seed=seed)
                 result.calibration_runs.append(run_dir)
-            if result.robustness_variants:
-                named = {ARM_NAME_SETTING: arm.name + CALIBRATED_SUFFIX}
-                for seed in section["seeds"]:
-                    run_dir = f"{robustness_dir(result.results_dir, arm.name, lr_label(lr))}/seed{seed}"
-                    spec = _arm_run(config, arm, origin, lr=lr, seed=seed)
-                    result.robustness[run_dir] = replace(spec, settings=spec.settings | named)
+        # a variant's lr: one of the grid's, or the stage's (which a grid need not hold)
+        for lr in dict.fromkeys([*grid, result.stage_lrs[arm.name]] if result.robustness_variants else []):
+            named = {ARM_NAME_SETTING: arm.name + CALIBRATED_SUFFIX}
+            for seed in section["seeds"]:
+                run_dir = f"{robustness_dir(result.results_dir, arm.name, lr_label(lr))}/seed{seed}"
+                spec = _arm_run(config, arm, origin, lr=lr, seed=seed)
+                result.robustness[run_dir] = replace(spec, settings=spec.settings | named)
         for rank in range(1, refine.get("top", 0) + 1):
             for seed in result.refine_seeds:
                 run_dir = f"{refine_dir(result.results_dir, arm.name, rank)}/seed{seed}"

@@ -44,12 +44,18 @@ def variant_rows(
     primary: str | None,
 ) -> pd.DataFrame:
     """One variant's rows: its runs paired as the final table pairs them (an arm's runs at the stage's lr,
-    named without the suffix, stand for the arm at the variant's lr: ``<arm>_best_lr``)."""
+    named without the suffix, stand for the arm at the variant's lr: ``<arm>_best_lr``), under the rule's
+    primary and family as far as the calibrated arms make them (Holm over those)."""
     loaded = load_runs_by_arm(None, list(runs))
     by_arm: dict[str, list] = {}
     for arm, arm_runs in loaded.items():
         by_arm.setdefault(arm if is_calibrated(arm) else arm + CALIBRATED_SUFFIX, []).extend(arm_runs)
     seeds, _ = paired_seed_table(by_arm, BASELINE_CASE)
+    # the rule's comparisons that the calibrated arms make (all of them in the default config; an arm at
+    # the stage's lr alone, or of another baseline, has no variant)
+    made = set(seeds["comparison"])
+    family = [name for name in family if name in made] if family is not None else None
+    primary = primary if primary in made else None
     table = comparisons_table(seeds, alpha, equivalence_margin, family, None, primary)
     kept = table[table["role"] != DESCRIPTIVE].to_dict("records")
     order = [primary, *(family or [])]  # the primary first, then the family as declared
