@@ -62,3 +62,11 @@ def test_exit_status_says_whether_over_budget(build_budget, tmp_path, capsys, bu
 def test_a_folder_without_benchmarks_is_one_line(build_budget, tmp_path, capsys):
     assert build_budget.main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cpu_time_is_the_other_column(build_budget, tmp_path):
+    write_benchmarks(tmp_path, {"runs/adamw/seed0.tsv": [10.0]})
+    path = tmp_path / "benchmarks" / "runs" / "adamw" / "seed0.tsv"
+    path.write_text(path.read_text().replace("\t50\t10.0\n", "\t50\t4.5\n"))
+    assert build_budget.stage_seconds(tmp_path / "benchmarks", "cpu_time") == {"runs": (1, 4.5)}
+    assert build_budget.stage_seconds(tmp_path / "benchmarks") == {"runs": (1, 10.0)}
