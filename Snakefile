@@ -50,6 +50,7 @@ rule all:
         rules.tables.output,
         STUDY_TABLE_FILES,
         INTERVENTION_TABLE_FILES,
+        ROBUSTNESS_TABLE_FILES,
         QUANTIZATION_TABLE_FILES,
         rules.report_pages.output,
         rules.appendix.output,

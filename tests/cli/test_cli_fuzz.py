@@ -357,6 +357,16 @@ CASES = [
         "calibration-table --runs {w}/runs/garbled --out-dir {w}/c --pending-specs {w}/nope.yaml",
         "does not exist",
     ),
+    (
+        "interventions-robustness-no-runs",
+        "interventions-robustness --variant final --out-dir {w}/r",
+        "lists no runs",
+    ),
+    (
+        "interventions-robustness-garbled-run",
+        "interventions-robustness --variant final {w}/runs/garbled --out-dir {w}/r",
+        "has no seed",
+    ),
     ("edits-table-report-missing", "edits-table --json {w}/nope.json --out-dir {w}/t", "nope.json"),
     ("edits-table-report-is-text", "edits-table --json {w}/notes.txt --out-dir {w}/t", "notes.txt"),
     ("edits-table-report-is-a-checkpoint", "edits-table --json {w}/ckpt.pt --out-dir {w}/t", "ckpt.pt"),

@@ -266,6 +266,17 @@ def test_the_kept_interventions_protocol_is_complete():
     assert len(best) == len(config["calibration"]["arms"]) and not best["at_edge"].astype(bool).any()
     assert not set(config["calibration"]["seeds"]) & set(config["seeds"])
     assert (calibration.groupby("arm")["lr"].nunique() == len(config["calibration"]["lr_factors"])).all()
+    refine = config["calibration"].get("refine")
+    if refine:  # two rounds: each arm's top lrs of round 1 on both rounds' seeds, the pick among them
+        second = calibration[calibration["round"] == 2]
+        assert (second.groupby("arm")["lr"].nunique() == refine["top"]).all()
+        assert set(second["n_seeds"]) == {len(config["calibration"]["seeds"]) + len(refine["seeds"])}
+        assert (best["round"] == 2).all()
+    if config.get("robustness"):  # the variants kept, each with the primary's row
+        robustness = pd.read_csv(FIGURES / "interventions_robustness.csv")
+        assert set(robustness["variant"]) == {"final", *config["robustness"]["variants"]}
+        primary_rows = robustness[robustness["comparison"] == config["verdict"]["primary"]]
+        assert len(primary_rows) == len(config["robustness"]["variants"]) + 1
     plateau = pd.read_csv(FIGURES / "interventions_plateau.csv")
     assert len(plateau) == len(config["calibration"]["arms"])
     along = pd.read_csv(FIGURES / "interventions_along.csv")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pipeline_helpers import smoke_config
 from synthetic_runs import write_run
 
@@ -174,3 +176,139 @@ def test_calibration_mistakes_are_one_line_each(calibration_runs, tmp_path, caps
     assert spec_file.read_text() == "notes: mine\n"
     assert "say which runs" in error("--pending-specs", *pending)
     read_pending_spec(pending[0])  # what the plan wrote reads back
+
+
+# ---------------------------------------------------------------------------- two rounds
+
+# round 1 (seeds 9, 10) and round 2 (seeds 11-13, at round 1's two best lrs) of one arm: round 1 ranks
+# 2e-3 first, 5e-4 second, 8e-3 last; seed 9 alone picks 5e-4; round 2 reverses round 1's order
+ROUND_ONE = {
+    (5e-4, 9): 2.00,
+    (5e-4, 10): 2.10,
+    (2e-3, 9): 2.02,
+    (2e-3, 10): 2.04,
+    (8e-3, 9): 2.2,
+    (8e-3, 10): 2.3,
+}
+ROUND_TWO = {
+    (2e-3, 11): 2.06,
+    (2e-3, 12): 2.07,
+    (2e-3, 13): 2.05,
+    (5e-4, 11): 2.01,
+    (5e-4, 12): 2.0,
+    (5e-4, 13): 2.02,
+}
+
+
+def _means(losses: dict, keep=lambda lr, seed: True) -> dict[float, float]:
+    by_lr: dict[float, list[float]] = {}
+    for (lr, seed), loss in losses.items():
+        if keep(lr, seed):
+            by_lr.setdefault(lr, []).append(loss)
+    return {lr: sum(values) / len(values) for lr, values in by_lr.items()}
+
+
+def test_round_two_refines_round_one_s_best_lrs_and_picks_the_lowest_mean_of_both(tmp_path, capsys):
+    """calibration.csv keeps both rounds (round 2's means over all 5 seeds at its lrs), ``best`` on the
+    final pick, ``round_best`` on each round's; calibration_picks.csv gives the final, round 1's and seed
+    9's picks, each recomputed here from the losses."""
+    root = tmp_path / "calibration"
+    first = [
+        str(calibration_run(root, "adamw_gauge_fixed", "adamw_gauge_fixed", lr, seed, loss))
+        for (lr, seed), loss in ROUND_ONE.items()
+    ]
+    second = [
+        str(calibration_run(root / "top", "adamw_gauge_fixed", "adamw_gauge_fixed", lr, seed, loss))
+        for (lr, seed), loss in ROUND_TWO.items()
+    ]
+    out = tmp_path / "tables"
+    assert main(["calibration-table", "--runs", *first, "--refine-runs", *second, "--out-dir", str(out)]) == 0
+    table = pd.read_csv(out / "calibration.csv")
+    one = _means(ROUND_ONE)
+    both = _means({**ROUND_ONE, **ROUND_TWO}, lambda lr, seed: lr in {lr for lr, _ in ROUND_TWO})
+    assert table[table["round"] == 1]["lr"].tolist() == sorted(one)
+    assert table[table["round"] == 1]["mean"].tolist() == pytest.approx([one[lr] for lr in sorted(one)])
+    round_two = table[table["round"] == 2]
+    assert round_two["lr"].tolist() == sorted(both) and set(round_two["n_seeds"]) == {5}
+    assert round_two["mean"].tolist() == pytest.approx([both[lr] for lr in sorted(both)])
+    final, first_pick = min(both, key=both.get), min(one, key=one.get)
+    assert final != first_pick  # the data make round 2 change the pick
+    assert table.loc[table["best"], ["round", "lr"]].values.tolist() == [[2, final]]
+    assert table.loc[table["round_best"] & (table["round"] == 1), "lr"].tolist() == [first_pick]
+    assert best_lrs(table) == {"adamw_gauge_fixed": final}
+    picks = pd.read_csv(out / "calibration_picks.csv").set_index("pick")["lr"].to_dict()
+    alone = _means(ROUND_ONE, lambda lr, seed: seed == 9)
+    assert picks == {"final": final, "round1": first_pick, "one_seed": min(alone, key=alone.get)}
+    assert "(round 2)" in capsys.readouterr().out
+
+
+def test_round_two_s_runs_take_round_one_s_lrs_by_rank(tmp_path):
+    """The plan's round-2 runs are pending specs marked with a rank; `attnid calibration-table` on round 1
+    writes each one's spec at the lr of its rank in round 1 (what `attnid train --config` reads)."""
+    config = calibrated_config(tmp_path)
+    config["interventions"]["calibration"]["refine"] = {"top": 2, "seeds": [11, 12, 13]}
+    planned = plan(copy.deepcopy(config))
+    write_specs(planned)
+    refine = [d for d in planned.refine_runs if "/adamw_gauge_fixed/" in d]
+    assert len(refine) == 2 * 3 and not set(refine) & set(planned.calibrated())
+    root = tmp_path / "calibration"
+    runs = [
+        str(calibration_run(root, "adamw_gauge_fixed", "adamw_gauge_fixed", lr, seed, loss))
+        for (lr, seed), loss in ROUND_ONE.items()
+    ]
+    pending = [planned.pending_spec_file(d) for d in refine]
+    assert (
+        main(
+            [
+                "calibration-table",
+                "--runs",
+                *runs,
+                "--out-dir",
+                str(tmp_path / "r1"),
+                "--pending-specs",
+                *pending,
+            ]
+        )
+        == 0
+    )
+    one = _means(ROUND_ONE)
+    ranked = sorted(one, key=lambda lr: (one[lr], lr))
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    for run_dir in refine:
+        rank = planned.runs[run_dir].rank
+        assert read_pending_spec(planned.pending_spec_file(run_dir)).rank == rank
+        args = parser.parse_args(["--config", planned.spec_file(run_dir), "--data", "d", "--out", run_dir])
+        assert config_from_args(args).lr == ranked[rank - 1] and f"/top{rank}/" in run_dir
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    losses=st.lists(st.floats(1.0, 3.0, allow_nan=False), min_size=5 * 8, max_size=5 * 8),
+)
+def test_the_final_pick_is_the_lowest_mean_of_round_one_s_two_best_over_eight_seeds(losses):
+    """Any losses on a 5-lr grid: round 2 at round 1's two best lrs (2 seeds) on 6 more seeds; the pick is
+    the lower mean over the 8 (the smaller lr on a tie), as recomputed with pandas."""
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]
+    value = dict(zip([(lr, seed) for lr in lrs for seed in range(8)], losses, strict=True))
+
+    def info(lr, seed):
+        return {
+            "case": "adamw",
+            "config": {},
+            "lr": lr,
+            "seed": seed,
+            "final_val_loss_full": value[(lr, seed)],
+        }
+
+    first = [info(lr, seed) for lr in lrs for seed in (0, 1)]
+    one = pd.DataFrame(first).groupby("lr")["final_val_loss_full"].mean()
+    top = sorted(lrs, key=lambda lr: (one[lr], lr))[:2]
+    second = [info(lr, seed) for lr in top for seed in range(2, 8)]
+    table = calibration_table(first, second)
+    both = pd.DataFrame([row for row in first + second if row["lr"] in top]).groupby("lr")[
+        "final_val_loss_full"
+    ]
+    assert set(both.count()) == {8}
+    means = both.mean()
+    assert best_lrs(table) == {"adamw": min(top, key=lambda lr: (means[lr], lr))}

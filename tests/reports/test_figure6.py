@@ -47,7 +47,7 @@ from attnid.reports.calibration import calibration_table
 from attnid.reports.figures import fig6_interventions, interventions_panels, style
 from attnid.reports.figures.inputs import Sources
 from attnid.reports.figures.interventions_rows import CONTRAST_LABELS, ROLE_ORDER
-from attnid.reports.interventions_table import comparisons_table, write_interventions_table
+from attnid.reports.interventions_table import comparisons_table, run_arm_name, write_interventions_table
 from attnid.reports.statistics import N_TOO_SMALL, NOT_IN_FAMILY, WORSE_WITHIN_MARGIN
 from attnid.training.cases import CASES
 
@@ -589,3 +589,46 @@ def test_the_figure_is_made_by_its_rule_from_the_tables_and_the_runs():
     assert "r/adamw/seed0/run.json" in files and "r/identity/seed0/metrics.csv" in files
     files = figure.input_files({"tables": [*made, "t/calibration.csv"]}, runs)
     assert "t/calibration.csv" in files
+
+
+@pytest.mark.slow
+def test_the_calibration_panel_draws_round_two_over_round_one(tmp_path):
+    """A calibration of two rounds: round 1's curve over the whole grid (its own seeds), round 2's means
+    (both rounds' seeds) at each arm's two best lrs as filled diamonds, the ring on the final pick (here
+    round 2 moves adamw_gauge_fixed's); the title and the caption say round 2's seeds."""
+    sources = best_lr_sources(tmp_path)
+    first = calibration_infos()
+    one = calibration_table(first)
+    refine = []
+    for arm, rows in one.groupby("arm", sort=False):
+        top = rows.sort_values(["mean", "lr"])["lr"].tolist()[:2]
+        for infos in calibration_infos(seeds=tuple(range(102, 108))):
+            if infos["lr"] in top and run_arm_name(infos) == arm:
+                if arm == "adamw_gauge_fixed" and infos["lr"] == top[1]:
+                    infos = infos | {"final_val_loss_full": infos["final_val_loss_full"] - 0.5}
+                refine.append(infos)
+    table = calibration_table(first, refine)
+    table.to_csv(sources.tables / "calibration.csv", index=False)
+    second = table[table["round"] == 2]
+    assert set(second["n_seeds"]) == {8}
+    drawing = fig6_interventions.draw(sources)
+    ax = _panel(drawing.figure, "calibration")
+    diamonds = [line for line in ax.get_lines() if line.get_label() == interventions_panels.ROUND_TWO]
+    drawn = sorted(
+        (x, y) for line in diamonds for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)
+    )
+    np.testing.assert_allclose(drawn, sorted(zip(second["lr"], second["mean"], strict=True)), rtol=1e-12)
+    for arm, rows in table[table["round"] == 1].groupby("arm", sort=False):
+        (line,) = [line for line in ax.get_lines() if line.get_label() == arm]
+        np.testing.assert_array_equal(line.get_xdata(), rows["lr"])
+    rings = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_linestyle() == "None"]
+    best = table[table["best"]]
+    assert (best["round"] == 2).all()
+    np.testing.assert_allclose(
+        sorted((line.get_xdata()[0], line.get_ydata()[0]) for line in rings),
+        sorted(zip(best["lr"], best["mean"], strict=True)),
+        rtol=1e-12,
+    )
+    assert ax.get_title().endswith("; round 2, 8 seeds in all")
+    assert "round 2: each arm's best lrs of round 1 over 8 seeds" in " ".join(_caption(drawing).split())
+    style.pyplot().close(drawing.figure)

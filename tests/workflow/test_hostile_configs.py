@@ -57,6 +57,14 @@ HOSTILE_VALUES = {
         {"model": "{n_head: 3}", "heads": "null", "variants": "null"},
         "config error: cases/sgd: --n-embd 32 is not a multiple of --n-head 3",
     ),
+    "calibration-seed-compared": (
+        {
+            "interventions": "{calibration: {arms: [adamw_gauge_fixed], lr_factors: [1, 2], seeds: [100], "
+            "refine: {top: 1, seeds: [0]}}}"
+        },
+        "config error: interventions/calibration/refine/seeds: seed(s) 0 are also comparison seeds: the lr "
+        "is chosen on seeds of its own",
+    ),
     "system-folder": (
         {"results_dir": SYSTEM_RESULTS},
         f"config error: results_dir: {SYSTEM_RESULTS} is inside the system folder /etc",

@@ -44,12 +44,16 @@ PAPER = yaml.safe_load((REPO / "config/paper.yaml").read_text())
 # it, so its tests plan paper.yaml without SmolLM2 and pass with or without the package.
 PAPER["quantization"]["smollm2"] = False
 NO_SMOLLM2 = {"quantization": "{smollm2: false}"}
-# The default's arms at the stage's lr with a plain verdict rule and no calibration: the section the
-# config checks below change one key of.
+# The default's arms at the stage's lr with a plain verdict rule and no calibration (nor its robustness
+# variants): the section the config checks below change one key of.
 PLAIN = {
     **DEFAULT,
     "interventions": {
-        **{k: v for k, v in DEFAULT["interventions"].items() if k not in ("calibration", "plateau")},
+        **{
+            k: v
+            for k, v in DEFAULT["interventions"].items()
+            if k not in ("calibration", "plateau", "robustness")
+        },
         "seeds": list(range(8)),
         "verdict": {"alpha": 0.05, "equivalence_margin": 0.01, "family": ["adamw_gauge_fixed"]},
     },
@@ -327,6 +331,50 @@ BAD_SECTIONS = [
         "seed(s) 7 are also comparison seeds",
     ),
     (
+        {
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [1, 2],
+                "seeds": [9],
+                "refine": {"top": 2, "seeds": [10, 7]},
+            }
+        },
+        "seed(s) 7 are also comparison seeds",
+    ),
+    (
+        {
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [1, 2],
+                "seeds": [9],
+                "refine": {"top": 2, "seeds": [9, 10]},
+            }
+        },
+        "seed(s) 9 are round 1's too: round 2 adds seeds of its own",
+    ),
+    (
+        {
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [1, 2],
+                "seeds": [9],
+                "refine": {"top": 3, "seeds": [10]},
+            }
+        },
+        "the 3 best of a grid of 2 lrs",
+    ),
+    (
+        {"robustness": {"variants": ["stage_lr"]}},
+        "its variants move the calibrated arms' lrs: no calibration",
+    ),
+    (
+        {
+            "calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [1, 2], "seeds": [9]},
+            "robustness": {"variants": ["round1"]},
+        },
+        "round1 is the final pick without calibration/refine",
+    ),
+    (
         {"verdict": {**PLAIN["interventions"]["verdict"], "primary": "fixing_main_effect_best_lr"}},
         "fixing_main_effect_best_lr is no comparison of the arms",
     ),
@@ -419,11 +467,19 @@ def test_the_default_dag_trains_each_arm_s_seeds_in_one_job_after_its_calibratio
         assert jobs[run_dir]["max_iters"] == section["max_iters"]
     assert jobs[f"{out}/interventions/identity/seed0"]["dtype"] == "float64"
     per_arm = re.findall(r"attnid train-runs --configs .*? --outs (.*?) --data", proc.stdout)
-    assert len(per_arm) == len(DEFAULT_ARMS) + len(DEFAULT_ARMS) * len(section["calibration"]["lr_factors"])
+    # per arm: its comparison seeds; per arm and lr of the grid: round 1's seeds; per arm and rank of
+    # round 2: its seeds (the robustness variants' jobs are known only after the calibration)
+    grid, refine = section["calibration"], section["calibration"]["refine"]
     assert sorted(len(shlex_split(outs)) for outs in per_arm) == sorted(
         [len(section["seeds"])] * len(DEFAULT_ARMS)
-        + [len(section["calibration"]["seeds"])] * (len(per_arm) - len(DEFAULT_ARMS))
+        + [len(grid["seeds"])] * len(DEFAULT_ARMS) * len(grid["lr_factors"])
+        + [len(refine["seeds"])] * len(DEFAULT_ARMS) * refine["top"]
     )
+    for rank in range(1, refine["top"] + 1):  # each round-2 run waits for round 1's table to have its lr
+        run_dir = f"{out}/calibration/adamw/top{rank}/seed{refine['seeds'][0]}"
+        assert jobs[run_dir]["lr"] == {"calibrated": "adamw", "rank": rank}
+    assert re.search(r"attnid calibration-table --runs [^\n]* --refine-runs ", proc.stdout)
+    assert "interventions_robustness" in proc.stdout
     assert {jobs[f"{out}/runs/adamw/seed{seed}"]["max_iters"] for seed in DEFAULT["seeds"]} == {
         DEFAULT["training"]["max_iters"]
     }
@@ -463,15 +519,27 @@ def test_the_paper_dag_waits_for_the_calibration_before_the_runs_at_the_best_lr(
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = train_jobs(tmp_path, proc.stdout)
     planned = plan(copy.deepcopy(PAPER))
-    assert set(jobs) == set(planned.trained()) and len(jobs) == 482
-    assert sum(int(job["max_iters"]) for job in jobs.values()) == 2_327_500
+    # round 2: each calibrated arm's 2 best lrs of round 1 on 6 more seeds, at the stage's steps
+    section = PAPER["interventions"]
+    refined = len(planned.calibration_arms) * 2 * 6
+    assert len(planned.refine_runs) == refined == 120
+    assert set(jobs) == set(planned.trained()) and len(jobs) == 482 + refined
+    steps = section.get("max_iters", PAPER["training"]["max_iters"])
+    assert sum(int(job["max_iters"]) for job in jobs.values()) == 2_327_500 + refined * steps
     calibrated = planned.calibrated()
     for run_dir in calibrated:
         assert jobs[run_dir]["lr"] == {"calibrated": run_dir.split("/")[3].removesuffix("_best_lr")}
         assert not (tmp_path / planned.spec_file(run_dir)).exists()
-    command = re.search(r"attnid calibration-table --runs ([^\n]*) > ", proc.stdout).group(1)
-    runs, _, pending = command.partition(" --out-dir ")
+    # round 1's table writes round 2's specs; the final table reads both rounds and writes the picks'
+    first, final = sorted(
+        re.findall(r"attnid calibration-table --runs ([^\n]*) > ", proc.stdout), key=lambda c: "--refine" in c
+    )
+    runs, _, pending = first.partition(" --out-dir ")
     assert runs.split() == planned.calibration_runs
+    assert sorted(pending.split()[2:]) == sorted(planned.pending_spec_file(d) for d in planned.refine_runs)
+    runs, _, pending = final.partition(" --out-dir ")
+    first_round, _, second = runs.partition(" --refine-runs ")
+    assert first_round.split() == planned.calibration_runs and second.split() == planned.refine_runs
     assert sorted(pending.split()[2:]) == sorted(planned.pending_spec_file(d) for d in calibrated)
 
 
@@ -500,7 +568,13 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
             "max_iters": 6,
             "arms": [{"case": "adamw_gauge_fixed"}, {"case": "sgd_gauge_fixed"}],
             "seeds": [0, 1],
-            "calibration": {"arms": ["adamw_gauge_fixed"], "lr_factors": [0.5, 2], "seeds": [7]},
+            "calibration": {
+                "arms": ["adamw_gauge_fixed"],
+                "lr_factors": [0.5, 2],
+                "seeds": [7],
+                "refine": {"top": 1, "seeds": [8]},
+            },
+            "robustness": {"variants": ["stage_lr", "one_seed", "round1"]},
             "verdict": {
                 "alpha": 0.05,
                 "equivalence_margin": 0.01,
@@ -515,24 +589,50 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
     }
     (tmp_path / "config/tiny.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
     target = "results/tiny/tables/interventions.csv"
-    # a flag between --configfile (which takes every word after it) and the target
+    robustness_target = "results/tiny/tables/interventions_robustness.csv"
+    # a flag between --configfile (which takes every word after it) and the targets
     proc = run_snakemake(
-        tmp_path, "-p", target, configfile="config/tiny.yaml", progress="the calibration at toy size"
+        tmp_path,
+        "-p",
+        target,
+        robustness_target,
+        configfile="config/tiny.yaml",
+        progress="the calibration at toy size",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = tmp_path / "results/tiny/tables"
     calibration = pd.read_csv(tables / "calibration.csv")
-    assert calibration[["arm", "lr"]].values.tolist() == [
+    first = calibration[calibration["round"] == 1]
+    assert first[["arm", "lr"]].values.tolist() == [
         ["adamw", 5e-4],
         ["adamw", 2e-3],
         ["adamw_gauge_fixed", 5e-4],
         ["adamw_gauge_fixed", 2e-3],
     ]
-    best = calibration.loc[calibration.groupby("arm")["mean"].idxmin()].set_index("arm")["lr"]
+    # round 2 (top 1): round 1's best lr on seed 8 too, the pick the same lr over both rounds' seeds
+    best = first.loc[first.groupby("arm")["mean"].idxmin()].set_index("arm")["lr"]
+    second = calibration[calibration["round"] == 2].set_index("arm")
+    assert second["lr"].to_dict() == best.to_dict() and set(second["n_seeds"]) == {2}
     assert (
         calibration["best"].sum() == 2
+        and (calibration.loc[calibration["best"], "round"] == 2).all()
         and calibration.loc[calibration["best"], "lr"].tolist() == best.tolist()
     )
+    for arm in ("adamw", "adamw_gauge_fixed"):
+        info, _ = load_run(tmp_path / f"results/tiny/calibration/{arm}/top1/seed8")
+        assert info["lr"] == best[arm] and info["seed"] == 8
+    # the variants: one seed's and round 1's picks are the final ones (their runs the final runs), the
+    # stage's lr the stage's own runs, so each row is one of interventions.csv's
+    robustness = pd.read_csv(tables / robustness_target.rsplit("/", 1)[1])
+    assert set(robustness["variant"]) == {"final", "stage_lr", "one_seed", "round1"}
+    by_variant = robustness.set_index(["variant", "comparison"])["delta"]
+    final = by_variant["final"]["adamw_gauge_fixed_best_lr-adamw_best_lr"]
+    assert by_variant["one_seed"].tolist() == by_variant["round1"].tolist() == [final]
+    compared = pd.read_csv(tables / "interventions.csv").set_index("comparison")["delta_mean"]
+    assert final == pytest.approx(compared["adamw_gauge_fixed_best_lr-adamw_best_lr"], abs=1e-12)
+    stage = by_variant["stage_lr"]["adamw_gauge_fixed_best_lr-adamw_best_lr"]
+    assert stage == pytest.approx(compared["adamw_gauge_fixed"], abs=1e-12)
+    assert not (tmp_path / "results/tiny/robustness").exists()  # no run trained twice
     for seed in (0, 1):
         for arm in ("adamw", "adamw_gauge_fixed"):
             info, _ = load_run(tmp_path / f"results/tiny/interventions/{arm}_best_lr/seed{seed}")
@@ -551,7 +651,7 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
     table = pd.read_csv(tables / "interventions.csv")
     assert sorted(table["comparison"]) == sorted(tiny["interventions"]["verdict"]["family"])
     assert (table["verdict"] == "n too small").all()
-    again = run_snakemake(tmp_path, "-n", target, configfile="config/tiny.yaml")
+    again = run_snakemake(tmp_path, "-n", target, robustness_target, configfile="config/tiny.yaml")
     assert "Nothing to be done" in again.stdout + again.stderr, (again.stdout + again.stderr)[-3000:]
 
 

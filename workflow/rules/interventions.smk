@@ -10,6 +10,12 @@
 # calibration/<arm>/lr<lr>/seed<N>/; then `attnid calibration-table` writes calibration.csv and, from the
 # plan's pending specs, the spec files of the runs at each arm's best lr (interventions/<arm>_best_lr/),
 # whose training jobs wait for it. The jobs are known before any runs: only those spec files' lr is not.
+# Round 2 (calibration/refine) waits for round 1 the same way: `attnid calibration-table` on round 1's
+# runs writes the specs of calibration/<arm>/top<k>/seed<N> (the k-th best lr of round 1), and the final
+# table reads both rounds (attnid.plan.rounds). The robustness variants' runs (robustness/<arm>/lr<lr>/)
+# are the one part known only after the calibration: the final table is a checkpoint, and
+# `attnid interventions-robustness` asks for the runs of each variant's picks, the final runs where a
+# pick is the final one (Plan.robustness_runs).
 
 import shlex
 
@@ -34,6 +40,7 @@ use rule train_case as train_intervention_identity with:
 
 ARM_PATTERN = "|".join(map(re.escape, PLAN.arms)) or "none"
 CALIBRATION_ARM_PATTERN = "|".join(map(re.escape, PLAN.calibration_arms)) or "none"
+RANKS = sorted({PLAN.runs[d].rank for d in PLAN.refine_runs})
 
 
 if not PLAN.one_job_per_arm:
@@ -65,6 +72,40 @@ if not PLAN.one_job_per_arm:
             f"{LOGS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.log",
         benchmark:
             f"{BENCHMARKS}/calibration/{{arm}}/lr{{lr}}/seed{{seed}}.tsv"
+        wildcard_constraints:
+            arm=CALIBRATION_ARM_PATTERN,
+            lr=r"[0-9.e+-]+",
+            seed=r"\d+",
+        priority: 0  # after the case runs (train_case)
+
+    use rule train_case as train_refine with:
+        input:
+            data=rules.prepare_data.output,
+            spec=f"{SPECS}/calibration/{{arm}}/top{{rank}}/seed{{seed}}.yaml",
+        output:
+            metrics=f"{RESULTS}/calibration/{{arm}}/top{{rank}}/seed{{seed}}/metrics.csv",
+            run=f"{RESULTS}/calibration/{{arm}}/top{{rank}}/seed{{seed}}/run.json",
+        log:
+            f"{LOGS}/calibration/{{arm}}/top{{rank}}/seed{{seed}}.log",
+        benchmark:
+            f"{BENCHMARKS}/calibration/{{arm}}/top{{rank}}/seed{{seed}}.tsv"
+        wildcard_constraints:
+            arm=CALIBRATION_ARM_PATTERN,
+            rank=r"\d+",
+            seed=r"\d+",
+        priority: 0  # after the case runs (train_case)
+
+    use rule train_case as train_robustness with:
+        input:
+            data=rules.prepare_data.output,
+            spec=f"{SPECS}/robustness/{{arm}}/lr{{lr}}/seed{{seed}}.yaml",
+        output:
+            metrics=f"{RESULTS}/robustness/{{arm}}/lr{{lr}}/seed{{seed}}/metrics.csv",
+            run=f"{RESULTS}/robustness/{{arm}}/lr{{lr}}/seed{{seed}}/run.json",
+        log:
+            f"{LOGS}/robustness/{{arm}}/lr{{lr}}/seed{{seed}}.log",
+        benchmark:
+            f"{BENCHMARKS}/robustness/{{arm}}/lr{{lr}}/seed{{seed}}.tsv"
         wildcard_constraints:
             arm=CALIBRATION_ARM_PATTERN,
             lr=r"[0-9.e+-]+",
@@ -143,20 +184,84 @@ else:
                 for seed in PLAN.calibration_seeds
             ],
 
+    # round 2: an arm's k-th best lr of round 1 on the refine seeds, one job
+    use rule train_intervention_seeds as train_refine_seeds with:
+        input:
+            data=rules.prepare_data.output,
+            specs=[
+                f"{SPECS}/calibration/{{arm}}/top{{rank}}/seed{seed}.yaml"
+                for seed in PLAN.refine_seeds
+            ],
+        output:
+            run_files(
+                [
+                    f"{RESULTS}/calibration/{{arm}}/top{{rank}}/seed{seed}"
+                    for seed in PLAN.refine_seeds
+                ]
+            ),
+        log:
+            f"{LOGS}/calibration/{{arm}}/top{{rank}}.log",
+        benchmark:
+            f"{BENCHMARKS}/calibration/{{arm}}/top{{rank}}.tsv"
+        wildcard_constraints:
+            arm=CALIBRATION_ARM_PATTERN,
+            rank=r"\d+",
+        resources:
+            **train_resources(len(PLAN.refine_seeds)),
+        params:
+            data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+            device=config["device"],
+            outs=lambda wildcards: [
+                f"{RESULTS}/calibration/{wildcards.arm}/top{wildcards.rank}/seed{seed}"
+                for seed in PLAN.refine_seeds
+            ],
+
+    # a robustness variant's arm at a grid lr on the comparison seeds, one job
+    use rule train_intervention_seeds as train_robustness_seeds with:
+        input:
+            data=rules.prepare_data.output,
+            specs=[
+                f"{SPECS}/robustness/{{arm}}/lr{{lr}}/seed{seed}.yaml"
+                for seed in PLAN.intervention_seeds
+            ],
+        output:
+            run_files(
+                [
+                    f"{RESULTS}/robustness/{{arm}}/lr{{lr}}/seed{seed}"
+                    for seed in PLAN.intervention_seeds
+                ]
+            ),
+        log:
+            f"{LOGS}/robustness/{{arm}}/lr{{lr}}.log",
+        benchmark:
+            f"{BENCHMARKS}/robustness/{{arm}}/lr{{lr}}.tsv"
+        wildcard_constraints:
+            arm=CALIBRATION_ARM_PATTERN,
+            lr=r"[0-9.e+-]+",
+        params:
+            data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+            device=config["device"],
+            outs=lambda wildcards: [
+                f"{RESULTS}/robustness/{wildcards.arm}/lr{wildcards.lr}/seed{seed}"
+                for seed in PLAN.intervention_seeds
+            ],
+
 
 CALIBRATED_RUN_DIRS = PLAN.calibrated()
 
-if CALIBRATED_RUN_DIRS:
+if PLAN.refine_runs:
 
-    rule calibration_table:
+    # round 1's picks, by rank: the specs of round 2's runs
+    rule calibration_round1:
         input:
             runs=run_files(PLAN.calibration_runs),
-            pending=[PLAN.pending_spec_file(run_dir) for run_dir in CALIBRATED_RUN_DIRS],
+            pending=[PLAN.pending_spec_file(run_dir) for run_dir in PLAN.refine_runs],
         output:
-            table=f"{TABLES_DIR}/calibration.csv",
-            specs=[PLAN.spec_file(run_dir) for run_dir in CALIBRATED_RUN_DIRS],
+            table=f"{RESULTS}/calibration/round1/calibration.csv",
+            picks=f"{RESULTS}/calibration/round1/calibration_picks.csv",
+            specs=[PLAN.spec_file(run_dir) for run_dir in PLAN.refine_runs],
         log:
-            f"{LOGS}/calibration_table.log",
+            f"{LOGS}/calibration_round1.log",
         conda:
             ENV
         params:
@@ -164,6 +269,34 @@ if CALIBRATED_RUN_DIRS:
             out_dir=lambda wildcards, output: os.path.dirname(output.table),
         shell:
             "attnid calibration-table --runs {params.runs} --out-dir {params.out_dir:q} "
+            "--pending-specs {input.pending:q} > {log:q} 2>&1"
+
+
+if CALIBRATED_RUN_DIRS:
+
+    # a checkpoint: the robustness variants' runs are known once its picks are
+    checkpoint calibration_table:
+        input:
+            runs=run_files(PLAN.calibration_runs + PLAN.refine_runs),
+            pending=[PLAN.pending_spec_file(run_dir) for run_dir in CALIBRATED_RUN_DIRS],
+        output:
+            table=f"{TABLES_DIR}/calibration.csv",
+            picks=f"{TABLES_DIR}/calibration_picks.csv",
+            specs=[PLAN.spec_file(run_dir) for run_dir in CALIBRATED_RUN_DIRS],
+        log:
+            f"{LOGS}/calibration_table.log",
+        conda:
+            ENV
+        params:
+            runs=" ".join(PLAN.calibration_runs),
+            refine=(
+                f"--refine-runs {' '.join(PLAN.refine_runs)}"
+                if PLAN.refine_runs
+                else ""
+            ),
+            out_dir=lambda wildcards, output: os.path.dirname(output.table),
+        shell:
+            "attnid calibration-table --runs {params.runs} {params.refine} --out-dir {params.out_dir:q} "
             "--pending-specs {input.pending:q} > {log:q} 2>&1"
 
 
@@ -204,3 +337,47 @@ if INTERVENTIONS:
         shell:
             "attnid interventions-table --runs {params.runs} --out-dir {params.out_dir:q} {params.rule} "
             "{params.costs} > {log:q} 2>&1"
+
+
+# The robustness variants (attnid.plan.rounds): each variant's runs, once the calibration's picks are known
+# (the checkpoint above), compared as the table compares the final runs, under the same verdict rule.
+ROBUSTNESS_TABLE_FILES = (
+    [f"{TABLES_DIR}/interventions_robustness.csv"] if PLAN.robustness_variants else []
+)
+
+
+def robustness_runs(wildcards):
+    """Every run of every variant (a run of two variants, or the final runs, once)."""
+    picks = checkpoints.calibration_table.get().output.picks
+    variants = PLAN.robustness_runs(picks)
+    return run_files(list(dict.fromkeys(d for dirs in variants.values() for d in dirs)))
+
+
+if ROBUSTNESS_TABLE_FILES:
+
+    rule interventions_robustness:
+        input:
+            runs=robustness_runs,
+            picks=f"{TABLES_DIR}/calibration_picks.csv",
+            calibration=MARGIN_INPUTS,
+        output:
+            ROBUSTNESS_TABLE_FILES,
+        log:
+            f"{LOGS}/interventions_robustness.log",
+        conda:
+            ENV
+        params:
+            # (evaluated in a dry run too, before the calibration has written its picks)
+            variants=lambda wildcards, input: " ".join(
+                f"--variant {variant} {' '.join(dirs)}"
+                for variant, dirs in (
+                    PLAN.robustness_runs(input.picks)
+                    if os.path.exists(input.picks)
+                    else {}
+                ).items()
+            ),
+            out_dir=lambda wildcards, output: os.path.dirname(output[0]),
+            rule=" ".join(map(shlex.quote, verdict_options(config, CALIBRATION_TABLE))),
+        shell:
+            "attnid interventions-robustness {params.variants} --out-dir {params.out_dir:q} "
+            "{params.rule} > {log:q} 2>&1"

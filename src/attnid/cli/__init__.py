@@ -128,6 +128,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "attnid.cli.interventions",
         "each calibrated arm's best lr from its calibration runs; the spec files of its runs at that lr",
     ),
+    "interventions-robustness": (
+        "attnid.cli.interventions",
+        "the interventions' comparisons again under each robustness variant (other lrs than the picks)",
+    ),
 }
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, fields, replace
 
 from attnid.model.options import GAUGE_POINT, INITIAL_VALUES
+from attnid.plan.rounds import refine_problems, robustness_problems
 from attnid.training.cases import CASES, Case
 from attnid.training.config import TrainConfig
 
@@ -119,7 +120,9 @@ IDENTITY_CASE, IDENTITY_DTYPE = "adamw_projected", "float64"
 # Keys of the identity section that are not settings of its run.
 IDENTITY_GRID_KEYS = ("seeds",)
 # Keys of the interventions section that are not settings of its runs (the rest are: stage_settings).
-STAGE_GRID_KEYS = ("arms", "seeds", "verdict", "identity", "calibration", "plateau", "one_job_per_arm")
+STAGE_GRID_KEYS = (
+    "arms", "seeds", "verdict", "identity", "calibration", "plateau", "one_job_per_arm", "robustness"
+)  # fmt: skip
 # The verdict rule's margin may be a rule instead of a number (docs/design.md §11.3): this fraction of the
 # baseline's mean final loss at its best lr on the calibration seeds, known before any comparison run ends.
 MARGIN_FRACTION = "fraction_of_baseline_loss"
@@ -486,7 +489,7 @@ def _calibration_problems(config: dict) -> list[tuple[str, str]]:
     section = config["interventions"]
     calibration = section.get("calibration")
     if not calibration:
-        return []
+        return robustness_problems(section)
     arms = {arm.name: arm for arm in stage_arms(config)}
     problems = []
     unknown = [name for name in calibration["arms"] if name not in arms]
@@ -505,16 +508,7 @@ def _calibration_problems(config: dict) -> list[tuple[str, str]]:
                 f"{', '.join(fixed)} sets its own lr: the calibration chooses an arm's lr",
             )
         )
-    shared = sorted(set(calibration["seeds"]) & set(section["seeds"]))
-    if shared:
-        problems.append(
-            (
-                "interventions/calibration/seeds",
-                f"seed(s) {', '.join(map(str, shared))} are also comparison seeds: the lr is chosen on "
-                f"seeds of its own",
-            )
-        )
-    return problems
+    return problems + refine_problems(section)
 
 
 def check_interventions_config(config: dict) -> list[tuple[str, str]]:

@@ -14,7 +14,13 @@ training run of every stage, in the config's order:
 * ``calibration/<arm>/lr<lr>/seed<N>``: each calibrated arm at each lr of its grid (the arm's lr times
   each of ``interventions/calibration/lr_factors``) on the calibration's seeds. The arm's runs at its best
   lr, ``interventions/<arm>_best_lr/seed<N>``, are *calibrated runs*: their lr is known only once the
-  calibration runs are done.
+  calibration runs are done;
+* ``calibration/<arm>/top<k>/seed<N>``: round 2 of the calibration (``calibration/refine``), each arm's
+  k-th best lr of round 1 on seeds of its own, also known only once round 1 is done
+  (:mod:`attnid.plan.rounds`);
+* ``robustness/<arm>/lr<lr>/seed<N>``: the runs a robustness variant may need at a grid lr on the
+  comparison seeds (:attr:`Plan.robustness`): not trained unless the variant's pick asks for them
+  (:meth:`Plan.robustness_runs`, after the calibration).
 
 Each run is a :class:`RunSpec`: its case and its settings, each a field of
 :class:`attnid.training.config.TrainConfig`. Every run is checked as ``attnid train`` would check it
@@ -42,6 +48,7 @@ from attnid.common.files import read_yaml
 from attnid.plan.config import read_config
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import (
+    ARM_NAME_SETTING,
     BASELINE_CASE,
     CALIBRATED_SUFFIX,
     IDENTITY_CASE,
@@ -52,6 +59,13 @@ from attnid.plan.interventions import (
     intervention_arms,
     optimizer_overrides,
     stage_settings,
+)
+from attnid.plan.rounds import (
+    FINAL,
+    STAGE_LR,
+    read_picks,
+    refine_dir,
+    robustness_dir,
 )
 from attnid.plan.studies import STUDY_CASE, study_points, study_run_settings
 from attnid.training.config import option_type, resolve_config, resume_free_keys
@@ -108,6 +122,8 @@ class RunSpec:
     copied_from: str | None = field(default=None, compare=False)  # the run directory it is a copy of
     # a calibrated run: the arm whose best lr replaces the lr of ``settings`` (that arm's own, checked)
     best_lr_of: str | None = None
+    # a round-2 calibration run: the rank of its lr among round 1's of ``best_lr_of`` (1: the best)
+    rank: int | None = None
 
     def options(self) -> dict[str, Any]:
         """What ``attnid train --config`` reads: the case, then the settings."""
@@ -153,6 +169,14 @@ class Plan:
     calibration_seeds: list[int] = field(default_factory=list)
     calibration_arms: list[str] = field(default_factory=list)  # the arms the calibration trains on its grid
     one_job_per_arm: bool = False
+    refine_runs: list[str] = field(default_factory=list)  # round 2 of the calibration (rounds.py)
+    refine_seeds: list[int] = field(default_factory=list)
+    # the robustness variants, and the runs they may need: each calibrated arm at each grid lr on the
+    # comparison seeds, named as the arm at its best lr (not in ``runs``: trained only where a pick asks)
+    robustness_variants: list[str] = field(default_factory=list)
+    robustness: dict[str, RunSpec] = field(default_factory=dict)
+    stage_lrs: dict[str, float] = field(default_factory=dict)  # each calibrated arm's lr at the stage's
+    arm_runs: dict[str, list[str]] = field(default_factory=dict)  # each arm's comparison runs, by arm name
 
     def trained(self) -> dict[str, RunSpec]:
         """The runs a training job makes (not the copies)."""
@@ -164,7 +188,36 @@ class Plan:
 
     def calibrated(self) -> list[str]:
         """The calibrated runs: trained at their arm's best lr, which the calibration runs decide."""
-        return [run_dir for run_dir, spec in self.runs.items() if spec.best_lr_of is not None]
+        return [
+            run_dir
+            for run_dir, spec in self.runs.items()
+            if spec.best_lr_of is not None and spec.rank is None
+        ]
+
+    def robustness_runs(self, picks_file: str | os.PathLike) -> dict[str, list[str]]:
+        """{variant: the run directories of its comparisons} once the calibration has written its picks
+        (``calibration_picks.csv``), ``final`` (the final runs) first: each calibrated arm at the variant's
+        lr on the comparison seeds, the final runs where that lr is the final pick, the stage's runs where
+        it is the stage's lr and the stage has them, else the arm's :attr:`robustness` runs at that lr."""
+        picks = read_picks(picks_file)
+        final = [self.arm_runs[arm + CALIBRATED_SUFFIX] for arm in self.calibration_arms]
+        variants = {FINAL: [run_dir for runs in final for run_dir in runs]}
+        for variant in self.robustness_variants:
+            chosen = self.stage_lrs if variant == STAGE_LR else picks.get(variant, {})
+            run_dirs: list[str] = []
+            for arm in self.calibration_arms:
+                if arm not in chosen or arm not in picks.get(FINAL, {}):
+                    raise UserError(f"{picks_file} has no {variant} or final pick of arm {arm}")
+                label = lr_label(chosen[arm])
+                if label == lr_label(picks[FINAL][arm]):
+                    run_dirs += self.arm_runs[arm + CALIBRATED_SUFFIX]
+                elif variant == STAGE_LR and arm in self.arm_runs:
+                    run_dirs += self.arm_runs[arm]
+                else:
+                    base = robustness_dir(self.results_dir, arm, label)
+                    run_dirs += [f"{base}/seed{seed}" for seed in self.intervention_seeds]
+            variants[variant] = run_dirs
+        return variants
 
     @property
     def specs_dir(self) -> str:
@@ -265,6 +318,7 @@ def _plan_interventions(config: dict, result: Plan) -> None:
                 uncalibrated = arm.name.removesuffix(CALIBRATED_SUFFIX)
                 result.runs[run_dir] = RunSpec(arm.case, spec.settings, origin, best_lr_of=uncalibrated)
                 result.intervention_runs.append(run_dir)
+                result.arm_runs.setdefault(arm.name, []).append(run_dir)
                 continue
             case_run = f"{result.results_dir}/runs/{arm.case}/seed{seed}"
             # one job trains every seed of an arm: a seed that is a case run is trained in it all the same
@@ -273,29 +327,56 @@ def _plan_interventions(config: dict, result: Plan) -> None:
                 # that case run trains exactly this run: it is evaluated as the table needs (and named)
                 result.runs[case_run] = result.runs[case_run].with_evaluation_of(spec)
                 result.intervention_runs.append(case_run)
+                result.arm_runs.setdefault(arm.name, []).append(case_run)
                 continue
             result.runs[run_dir] = spec
             result.intervention_runs.append(run_dir)
+            result.arm_runs.setdefault(arm.name, []).append(run_dir)
     for seed in section["identity"]["seeds"]:
         run_dir = f"{result.results_dir}/interventions/identity/seed{seed}"
         spec = _run(config, BASELINE_CASE, "interventions/identity", identity_overrides(config), seed=seed)
         result.runs[run_dir] = RunSpec(IDENTITY_CASE, spec.settings, spec.origin)
         result.identity_runs.append(run_dir)
-    calibration = section.get("calibration")
-    for arm in (replace(arm, calibrated=False) for arm in arms if arm.calibrated):
+    _plan_calibration(config, result, [replace(arm, calibrated=False) for arm in arms if arm.calibrated])
+
+
+def _plan_calibration(config: dict, result: Plan, arms: list[Arm]) -> None:
+    """Round 1: each arm at each lr of its grid; round 2: at its ``top`` best lrs of round 1 (calibrated
+    runs, their lr marked by rank); the robustness variants' possible runs (:mod:`attnid.plan.rounds`)."""
+    section = config["interventions"]
+    calibration = section.get("calibration") or {}
+    refine = calibration.get("refine") or {}
+    result.refine_seeds = list(refine.get("seeds", []))
+    result.robustness_variants = list((section.get("robustness") or {}).get("variants", []))
+    origin = "interventions/calibration"
+    for arm in arms:
         result.calibration_arms.append(arm.name)
-        own_lr = _arm_run(config, arm, "interventions/calibration").settings["lr"]
-        for factor in calibration["lr_factors"]:
-            lr = float(lr_label(own_lr * factor))
+        own_lr = _arm_run(config, arm, origin).settings["lr"]
+        result.stage_lrs[arm.name] = float(lr_label(own_lr))
+        grid = [float(lr_label(own_lr * factor)) for factor in calibration["lr_factors"]]
+        for lr in grid:
             for seed in calibration["seeds"]:
                 run_dir = f"{result.results_dir}/calibration/{arm.name}/lr{lr_label(lr)}/seed{seed}"
-                result.runs[run_dir] = _arm_run(config, arm, "interventions/calibration", lr=lr, seed=seed)
+                result.runs[run_dir] = _arm_run(config, arm, origin, lr=lr, seed=seed)
                 result.calibration_runs.append(run_dir)
+        # a variant's lr: one of the grid's, or the stage's (which a grid need not hold)
+        for lr in dict.fromkeys([*grid, result.stage_lrs[arm.name]] if result.robustness_variants else []):
+            named = {ARM_NAME_SETTING: arm.name + CALIBRATED_SUFFIX}
+            for seed in section["seeds"]:
+                run_dir = f"{robustness_dir(result.results_dir, arm.name, lr_label(lr))}/seed{seed}"
+                spec = _arm_run(config, arm, origin, lr=lr, seed=seed)
+                result.robustness[run_dir] = replace(spec, settings=spec.settings | named)
+        for rank in range(1, refine.get("top", 0) + 1):
+            for seed in result.refine_seeds:
+                run_dir = f"{refine_dir(result.results_dir, arm.name, rank)}/seed{seed}"
+                spec = _arm_run(config, arm, origin, seed=seed)
+                result.runs[run_dir] = replace(spec, best_lr_of=arm.name, rank=rank)
+                result.refine_runs.append(run_dir)
 
 
 def check_runs(result: Plan, device: str, threads: int) -> None:
     """Every trained run passes ``attnid train``'s own checks (resolve_config), as its job will run it."""
-    for run_dir, spec in result.trained().items():
+    for run_dir, spec in {**result.trained(), **result.robustness}.items():
         try:
             resolve_config(
                 {**spec.options(), "data": "data", "out": run_dir, "device": device, "threads": threads}
@@ -326,9 +407,22 @@ def spec_text(spec: RunSpec, spec_file: str, run_dir: str) -> str:
 def pending_spec_text(spec: RunSpec, pending_file: str, spec_file: str, run_dir: str) -> str:
     """The pending spec of a calibrated run: where its spec file goes, its run directory, the arm whose
     best lr it takes, and its options with the lr marked ``{calibrated: ARM}``."""
-    options = spec.options() | {"lr": {CALIBRATED_LR: spec.best_lr_of}}
-    document = {"spec_file": spec_file, "run_dir": run_dir, "best_lr_of": spec.best_lr_of, "options": options}
+    options = spec.options() | {"lr": lr_mark(spec.best_lr_of, spec.rank)}
+    document: dict[str, Any] = {
+        "spec_file": spec_file,
+        "run_dir": run_dir,
+        "best_lr_of": spec.best_lr_of,
+        "options": options,
+    }
+    if spec.rank is not None:
+        document["rank"] = spec.rank
     return PENDING_HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+
+
+def lr_mark(arm: str | None, rank: int | None) -> dict:
+    """A pending spec's lr: ``{calibrated: ARM}`` (the arm's pick), ``{calibrated: ARM, rank: K}`` (a round-2
+    run at the K-th best lr of round 1)."""
+    return {CALIBRATED_LR: arm} | ({"rank": rank} if rank is not None else {})
 
 
 @dataclass(frozen=True)
@@ -339,6 +433,7 @@ class PendingSpec:
     run_dir: str
     best_lr_of: str  # the arm whose best lr the run trains with
     options: dict[str, Any]  # the spec's options, the lr still marked
+    rank: int | None = None  # a round-2 run: the rank of its lr among round 1's (1: the best)
 
 
 def read_pending_spec(path: str | os.PathLike) -> PendingSpec:
@@ -348,10 +443,14 @@ def read_pending_spec(path: str | os.PathLike) -> PendingSpec:
     if not isinstance(document, dict) or any(key not in document for key in keys):
         raise UserError(f"{path} is no pending spec of attnid.plan (keys {', '.join(keys)}): rerun snakemake")
     options = document["options"]
-    if not isinstance(options, dict) or options.get("lr") != {CALIBRATED_LR: document["best_lr_of"]}:
-        raise UserError(f"{path}: its lr is not marked {{{CALIBRATED_LR}: {document['best_lr_of']}}}")
+    rank = document.get("rank")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 1):
+        raise UserError(f"{path}: rank {rank!r} is no rank of round 1's lrs (1, 2, ...)")
+    mark = lr_mark(str(document["best_lr_of"]), rank)
+    if not isinstance(options, dict) or options.get("lr") != mark:
+        raise UserError(f"{path}: its lr is not marked {mark}")
     return PendingSpec(
-        str(document["spec_file"]), str(document["run_dir"]), str(document["best_lr_of"]), options
+        str(document["spec_file"]), str(document["run_dir"]), str(document["best_lr_of"]), options, rank
     )
 
 
@@ -375,4 +474,7 @@ def spec_texts(result: Plan) -> dict[str, str]:
         else:
             path = result.spec_file(run_dir)
             texts[path] = spec_text(spec, path, run_dir)
+    for run_dir, spec in result.robustness.items():
+        path = result.spec_file(run_dir)
+        texts[path] = spec_text(spec, path, run_dir)
     return texts

@@ -137,7 +137,9 @@ value(along.primary_mid) }} at step {{ along.mid_step }}{% endif %}.
 {% endif %}
 {% if calibration %}
 *Calibration*: the mean final loss of {{ calibration.n_seeds }} calibration seeds per lr ({{
-fmt(calibration.lr_low) }}–{{ fmt(calibration.lr_high) }}); ringed, the lr chosen: {% for arm in
+fmt(calibration.lr_low) }}–{{ fmt(calibration.lr_high) }}){% if calibration.refined_seeds %}; filled,
+round 2: each arm's best lrs of round 1 over {{ calibration.refined_seeds }} seeds, the pick the lower
+mean{% endif %}; ringed, the lr chosen: {% for arm in
 calibration.arms %}``{{ arm.arm }}`` {{ fmt(arm.best_lr) }}{{ ", " if not loop.last else "" }}{% endfor %}{%
 if calibration.at_edge %}; at the grid's edge (red), the best may lie beyond: {{ calibration.at_edge }}{%
 else %}; none at the grid's edge{% endif %}.
@@ -382,6 +384,7 @@ def _calibration_numbers(curves: list[CalibrationCurve]) -> dict | None:
     lrs = np.concatenate([curve.lrs for curve in curves])
     return {
         "n_seeds": max(curve.n_seeds for curve in curves),
+        "refined_seeds": max(curve.refined_seeds for curve in curves),
         "lr_low": float(lrs.min()),
         "lr_high": float(lrs.max()),
         "arms": [

@@ -44,12 +44,13 @@ SERIES_COLORS = ("#D55E00", "#0072B2", "#CC79A7", "#56B4E9", "#E69F00", "#000000
 SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LR_PAD = 1.35  # the calibration panel's x axis beyond the grid's ends, a factor of the lr
 EDGE_COLOR = "#B2182B"  # a chosen lr at its grid's edge
-CHOSEN_LR, CHOSEN_AT_EDGE, DIVERGED = (
+CHOSEN_LR, CHOSEN_AT_EDGE, DIVERGED, ROUND_TWO = (
     "chosen lr (lowest mean)",
     "chosen lr at the grid's edge",
     "a run diverged at this lr",
+    "round 2: the best lrs, more seeds",
 )
-CALIBRATION_KEYS = (CHOSEN_LR, CHOSEN_AT_EDGE, DIVERGED)
+CALIBRATION_KEYS = (CHOSEN_LR, CHOSEN_AT_EDGE, DIVERGED, ROUND_TWO)
 MARGIN_LABEL = "equivalence margin ±{margin:.2g}"
 
 
@@ -246,9 +247,27 @@ def side_legend(ax: Axes, handles: list, labels: list[str]) -> None:
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=6.5, borderaxespad=0)
 
 
+def _draw_round_two(ax: Axes, curve: CalibrationCurve, color: str) -> None:
+    """Round 2's means (both rounds' seeds) at the lrs it refined: filled, over round 1's curve."""
+    if curve.refined_lrs.size:
+        ax.plot(
+            curve.refined_lrs,
+            curve.refined_means,
+            linestyle="None",
+            marker="D",
+            markersize=4.5,
+            color=color,
+            markeredgecolor="black",
+            markeredgewidth=0.5,
+            label=ROUND_TWO,
+            zorder=4,
+        )
+
+
 def draw_calibration(ax: Axes, curves: list[CalibrationCurve]) -> list[PointLabel]:
-    """Each arm's mean final loss against the lr of its grid (log x), its chosen lr ringed, one at the
-    grid's edge ringed in red; a diverged lr as a cross at the panel's top. Returns the labels of the
+    """Each arm's mean final loss against the lr of its grid (log x), round 2's means (over both rounds'
+    seeds) at the lrs it refined as filled diamonds, its chosen lr ringed, one at the grid's edge ringed
+    in red; a diverged lr as a cross at the panel's top. Returns the labels of the
     chosen lrs at the edge, to place once the layout is final (:func:`place_edge_labels`)."""
     edge_labels = []
     for index, curve in enumerate(curves):
@@ -261,6 +280,7 @@ def draw_calibration(ax: Axes, curves: list[CalibrationCurve]) -> list[PointLabe
             markersize=3.5,
             label=curve.arm,
         )
+        _draw_round_two(ax, curve, color)
         if curve.best_lr is not None:
             edge = curve.at_edge
             ax.plot(
@@ -294,7 +314,7 @@ def draw_calibration(ax: Axes, curves: list[CalibrationCurve]) -> list[PointLabe
     lrs = np.unique(np.concatenate([curve.lrs for curve in curves]))
     # room beside the grid's ends and below the lowest mean, where a flag of a chosen lr at an edge goes
     ax.set_xlim(lrs.min() / LR_PAD, lrs.max() * LR_PAD)
-    means = np.concatenate([curve.means for curve in curves])
+    means = np.concatenate([curve.means for curve in curves] + [curve.refined_means for curve in curves])
     low, high = np.nanmin(means), np.nanmax(means)
     span = high - low or 1.0
     ax.set_ylim(low - 0.2 * span, high + 0.05 * span)
@@ -303,7 +323,11 @@ def draw_calibration(ax: Axes, curves: list[CalibrationCurve]) -> list[PointLabe
     ax.set_xlabel("learning rate")
     ax.set_ylabel("mean final val loss (whole split)")
     n_seeds = max(curve.n_seeds for curve in curves)
-    ax.set_title(f"calibration, {seeds(n_seeds)} of its own")
+    refined = max(curve.refined_seeds for curve in curves)
+    ax.set_title(
+        f"calibration, {seeds(n_seeds)} of its own"
+        + (f"; round 2, {seeds(refined)} in all" if refined else "")
+    )
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))  # the arms, then each key once (a ring, a cross)
     ordered = sorted(unique, key=lambda label: label in CALIBRATION_KEYS)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -319,8 +319,9 @@ def along_series(
 
 @dataclass(frozen=True)
 class CalibrationCurve:
-    """One calibrated arm's mean final loss over the calibration seeds at each lr of its grid
-    (calibration.csv; NaN where a run diverged), and the lr chosen."""
+    """One calibrated arm's mean final loss over round 1's calibration seeds at each lr of its grid
+    (calibration.csv; NaN where a run diverged), round 2's means over both rounds' seeds at the lrs it
+    refined (none without a round 2), and the lr chosen."""
 
     arm: str
     lrs: np.ndarray
@@ -329,6 +330,9 @@ class CalibrationCurve:
     best_lr: float | None
     best_mean: float
     at_edge: bool
+    refined_lrs: np.ndarray = field(default_factory=lambda: np.array([]))
+    refined_means: np.ndarray = field(default_factory=lambda: np.array([]))
+    refined_seeds: int = 0
 
     @property
     def diverged_lrs(self) -> np.ndarray:
@@ -343,8 +347,11 @@ def calibration_curves(table: pd.DataFrame, compared: Iterable[str]) -> list[Cal
     for arm in dict.fromkeys(table["arm"].astype(str)):
         if arm not in arms:
             continue
-        rows = table[table["arm"].astype(str) == arm].sort_values("lr")
-        best = rows[_truthy(rows["best"])]
+        of_arm = table[table["arm"].astype(str) == arm].sort_values("lr")
+        # round 1, the whole grid; round 2 (a table of two rounds), the lrs it refined
+        rounds = of_arm["round"] if "round" in of_arm else pd.Series(1, index=of_arm.index)
+        rows, refined = of_arm[rounds == 1], of_arm[rounds == 2]
+        best = of_arm[_truthy(of_arm["best"])]
         curves.append(
             CalibrationCurve(
                 arm=arm,
@@ -354,6 +361,9 @@ def calibration_curves(table: pd.DataFrame, compared: Iterable[str]) -> list[Cal
                 best_lr=float(best["lr"].iloc[0]) if len(best) else None,
                 best_mean=float(best["mean"].iloc[0]) if len(best) else math.nan,
                 at_edge=bool(_truthy(best["at_edge"]).any()),
+                refined_lrs=refined["lr"].to_numpy(dtype=float),
+                refined_means=pd.to_numeric(refined["mean"], errors="coerce").to_numpy(dtype=float),
+                refined_seeds=int(refined["n_seeds"].max()) if len(refined) else 0,
             )
         )
     return curves

@@ -1,0 +1,96 @@
+"""The interventions' robustness variants, kept (docs/experiments.md, "Robustness, kept").
+
+Each variant (:data:`attnid.plan.rounds.ROBUSTNESS_VARIANTS`, and ``final``: the final runs themselves) is
+a set of runs on the comparison seeds with every calibrated arm at the variant's lr; its comparisons are
+made exactly as interventions.csv's (:func:`attnid.reports.interventions_table.paired_seed_table`, then
+:func:`~attnid.reports.interventions_table.comparisons_table`, the same verdict rule: the primary alone at
+alpha, Holm over the family, the same margin), and the primary's and the family's rows are kept:
+
+    attnid interventions-robustness --variant NAME RUN_DIR... [--variant ...] --out-dir results/tables
+                                    VERDICT FLAGS (as attnid interventions-table's)
+
+writes ``interventions_robustness.csv`` (:data:`ROBUSTNESS_COLUMNS`): per variant and comparison, the
+seeds, the mean difference, its t-interval, p (the primary's own, the family's Holm-adjusted), the
+outcome and the number of seeds whose difference is positive (the arm's loss higher).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from attnid.common.errors import UserError
+from attnid.plan.interventions import BASELINE_CASE, CALIBRATED_SUFFIX, is_calibrated
+from attnid.reports.interventions_table import (
+    DESCRIPTIVE,
+    comparisons_table,
+    load_runs_by_arm,
+    paired_seed_table,
+)
+
+ROBUSTNESS_COLUMNS = (
+    "variant", "comparison", "role", "n", "delta", "ci_low", "ci_high", "p", "outcome", "seeds_positive"
+)  # fmt: skip
+
+
+def variant_rows(
+    name: str,
+    runs: Sequence[str],
+    alpha: float,
+    equivalence_margin: float | None,
+    family: Sequence[str] | None,
+    primary: str | None,
+) -> pd.DataFrame:
+    """One variant's rows: its runs paired as the final table pairs them (an arm's runs at the stage's lr,
+    named without the suffix, stand for the arm at the variant's lr: ``<arm>_best_lr``), under the rule's
+    primary and family as far as the calibrated arms make them (Holm over those)."""
+    loaded = load_runs_by_arm(None, list(runs))
+    by_arm: dict[str, list] = {}
+    for arm, arm_runs in loaded.items():
+        by_arm.setdefault(arm if is_calibrated(arm) else arm + CALIBRATED_SUFFIX, []).extend(arm_runs)
+    seeds, _ = paired_seed_table(by_arm, BASELINE_CASE)
+    # the rule's comparisons that the calibrated arms make (all of them in the default config; an arm at
+    # the stage's lr alone, or of another baseline, has no variant)
+    made = set(seeds["comparison"])
+    family = [name for name in family if name in made] if family is not None else None
+    primary = primary if primary in made else None
+    table = comparisons_table(seeds, alpha, equivalence_margin, family, None, primary)
+    kept = table[table["role"] != DESCRIPTIVE].to_dict("records")
+    order = [primary, *(family or [])]  # the primary first, then the family as declared
+    kept.sort(key=lambda row: order.index(row["comparison"]) if row["comparison"] in order else len(order))
+    rows = []
+    for row in kept:
+        differences = seeds.loc[seeds["comparison"] == row["comparison"], "difference"].astype(float)
+        rows.append(
+            {
+                "variant": name,
+                "comparison": row["comparison"],
+                "role": row["role"],
+                "n": row["n_seeds"],
+                "delta": row["delta_mean"],
+                "ci_low": row["ci_low"],
+                "ci_high": row["ci_high"],
+                "p": row["p_holm"],
+                "outcome": row["verdict"],
+                "seeds_positive": int((differences[np.isfinite(differences)] > 0).sum()),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(ROBUSTNESS_COLUMNS))
+
+
+def robustness_table(
+    variants: Sequence[tuple[str, Sequence[str]]],
+    alpha: float,
+    equivalence_margin: float | None = None,
+    family: Sequence[str] | None = None,
+    primary: str | None = None,
+) -> pd.DataFrame:
+    """interventions_robustness.csv: :func:`variant_rows` of each ``(variant, its run directories)``."""
+    names = [name for name, _ in variants]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UserError(f"variant {', '.join(repeated)} given twice: name each variant once")
+    frames = [variant_rows(name, runs, alpha, equivalence_margin, family, primary) for name, runs in variants]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(ROBUSTNESS_COLUMNS))
