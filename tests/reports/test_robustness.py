@@ -130,6 +130,14 @@ def test_every_row_of_the_robustness_table_is_recomputed_from_its_seeds(tmp_path
             assert row["delta"] == pytest.approx(values.mean(), abs=1e-12)
             assert (row["ci_low"], row["ci_high"]) == pytest.approx((low, high), abs=1e-12)
             assert row["p"] == pytest.approx(adjusted[name])
+    # the per-seed table holds each row's pairs: its differences give the row's numbers again
+    seeds = pd.read_csv(out / "interventions_robustness_seeds.csv")
+    assert set(zip(seeds["variant"], seeds["comparison"])) == set(zip(table["variant"], table["comparison"]))
+    for row in table.itertuples():
+        kept = seeds[(seeds["variant"] == row.variant) & (seeds["comparison"] == row.comparison)]
+        assert kept["difference"].to_numpy() == pytest.approx(per_seed(row.variant, row.comparison))
+        assert kept["difference"].mean() == pytest.approx(row.delta, abs=1e-12)
+        assert int((kept["difference"] > 0).sum()) == row.seeds_positive
     # the final variant's outcomes are interventions.csv's verdicts for the same runs and rule
     assert (
         main(["interventions-table", "--runs", *runs["final"], "--out-dir", str(tmp_path / "t"), *RULE]) == 0

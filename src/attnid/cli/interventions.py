@@ -237,7 +237,9 @@ def add_interventions_robustness_arguments(parser: argparse.ArgumentParser) -> N
         help="a variant's name and its runs on the comparison seeds (every arm at the variant's lr); once "
         "per variant",
     )
-    parser.add_argument("--out-dir", required=True, help="where interventions_robustness.csv goes")
+    parser.add_argument(
+        "--out-dir", required=True, help="where interventions_robustness.csv and its _seeds.csv go"
+    )
     add_verdict_arguments(parser)
 
 
@@ -257,13 +259,14 @@ def run_interventions_robustness(args: argparse.Namespace) -> int:
     out = rule.write_dir(args.out_dir, "--out-dir", lock=False)
     margin = verdict_margin(args, BASELINE_CASE)
     with written_by("attnid train"):
-        table = robustness_table(variants, args.alpha, margin, args.family, args.primary)
+        table, seeds = robustness_table(variants, args.alpha, margin, args.family, args.primary)
         write_csv_atomic(out / "interventions_robustness.csv", table)
+        write_csv_atomic(out / "interventions_robustness_seeds.csv", seeds)
     for row in table.to_dict("records"):
         print(
             f"{row['variant']}: {row['comparison']} mean {row['delta']:+.4g} [{row['ci_low']:+.4g}, "
             f"{row['ci_high']:+.4g}] over {row['n']} seeds ({row['seeds_positive']} positive), "
             f"p = {row['p']:.3g}: {row['outcome']}"
         )
-    print(f"wrote interventions_robustness.csv to {args.out_dir}")
+    print(f"wrote interventions_robustness.csv and interventions_robustness_seeds.csv to {args.out_dir}")
     return 0

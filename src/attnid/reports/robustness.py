@@ -11,7 +11,10 @@ alpha, Holm over the family, the same margin), and the primary's and the family'
 
 writes ``interventions_robustness.csv`` (:data:`ROBUSTNESS_COLUMNS`): per variant and comparison, the
 seeds, the mean difference, its t-interval, p (the primary's own, the family's Holm-adjusted), the
-outcome and the number of seeds whose difference is positive (the arm's loss higher).
+outcome and the number of seeds whose difference is positive (the arm's loss higher); and
+``interventions_robustness_seeds.csv`` (:data:`ROBUSTNESS_SEED_COLUMNS`), each of those rows' per-seed
+values, from which a reader recomputes every number of the first (as interventions_seeds.csv does for
+interventions.csv).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from attnid.reports.interventions_table import (
 ROBUSTNESS_COLUMNS = (
     "variant", "comparison", "role", "n", "delta", "ci_low", "ci_high", "p", "outcome", "seeds_positive"
 )  # fmt: skip
+# the per-seed table: a kept row's pairs, as paired_seed_table makes them, under the variant's name
+ROBUSTNESS_SEED_COLUMNS = (
+    "variant", "comparison", "arm", "baseline", "seed", "arm_value", "baseline_value", "difference"
+)  # fmt: skip
 
 
 def variant_rows(
@@ -42,10 +49,11 @@ def variant_rows(
     equivalence_margin: float | None,
     family: Sequence[str] | None,
     primary: str | None,
-) -> pd.DataFrame:
-    """One variant's rows: its runs paired as the final table pairs them (an arm's runs at the stage's lr,
-    named without the suffix, stand for the arm at the variant's lr: ``<arm>_best_lr``), under the rule's
-    primary and family as far as the calibrated arms make them (Holm over those)."""
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One variant's rows and their per-seed values: its runs paired as the final table pairs them (an
+    arm's runs at the stage's lr, named without the suffix, stand for the arm at the variant's lr:
+    ``<arm>_best_lr``), under the rule's primary and family as far as the calibrated arms make them (Holm
+    over those)."""
     loaded = load_runs_by_arm(None, list(runs))
     by_arm: dict[str, list] = {}
     for arm, arm_runs in loaded.items():
@@ -77,7 +85,11 @@ def variant_rows(
                 "seeds_positive": int((differences[np.isfinite(differences)] > 0).sum()),
             }
         )
-    return pd.DataFrame(rows, columns=list(ROBUSTNESS_COLUMNS))
+    kept_seeds = seeds[seeds["comparison"].isin([row["comparison"] for row in kept])].assign(variant=name)
+    return (
+        pd.DataFrame(rows, columns=list(ROBUSTNESS_COLUMNS)),
+        kept_seeds.reindex(columns=list(ROBUSTNESS_SEED_COLUMNS)).reset_index(drop=True),
+    )
 
 
 def robustness_table(
@@ -86,11 +98,18 @@ def robustness_table(
     equivalence_margin: float | None = None,
     family: Sequence[str] | None = None,
     primary: str | None = None,
-) -> pd.DataFrame:
-    """interventions_robustness.csv: :func:`variant_rows` of each ``(variant, its run directories)``."""
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """interventions_robustness.csv and its per-seed values: :func:`variant_rows` of each ``(variant, its
+    run directories)``."""
     names = [name for name, _ in variants]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise UserError(f"variant {', '.join(repeated)} given twice: name each variant once")
     frames = [variant_rows(name, runs, alpha, equivalence_margin, family, primary) for name, runs in variants]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(ROBUSTNESS_COLUMNS))
+    if not frames:
+        empty = pd.DataFrame(columns=list(ROBUSTNESS_COLUMNS))
+        return empty, pd.DataFrame(columns=list(ROBUSTNESS_SEED_COLUMNS))
+    return (
+        pd.concat([rows for rows, _ in frames], ignore_index=True),
+        pd.concat([seeds for _, seeds in frames], ignore_index=True),
+    )
