@@ -136,6 +136,12 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CSV",
         help="interventions.csv of attnid interventions-table: adds its verdicts, as findings",
     )
+    parser.add_argument(
+        "--nullity",
+        default=None,
+        metavar="CSV",
+        help="nullity.csv of attnid verify: adds the theory claims T1-T6 (its Jacobians) to claims.csv",
+    )
 
 
 def run_tables(args: argparse.Namespace) -> int:
@@ -154,6 +160,7 @@ def run_tables(args: argparse.Namespace) -> int:
         args.quantization,
         quantization_seeds,
         args.verdicts,
+        args.nullity,
     )
     with written_by("attnid train"):
         tables = write_tables(
@@ -169,6 +176,7 @@ def run_tables(args: argparse.Namespace) -> int:
             args.calibration,
             args.quantization,
             args.verdicts,
+            args.nullity,
         )
     for row in tables["claims"].itertuples():
         print(
