@@ -15,6 +15,7 @@ import pytest
 from pipeline_helpers import REPO
 
 from attnid.reports import claim_kinds, statistics, studies
+from attnid.reports.claims import claims_table
 from attnid.reports.interventions_table import cell_values, comparisons_table
 
 README = (REPO / "README.md").read_text()
@@ -26,8 +27,9 @@ README_GROUPS = {"paper": "**The paper's ", "finding": "**Our ", "check": "**Che
 
 
 def readme_claim_rows() -> dict[str, list[str]]:
-    """{claim: [paper, measured, threshold, precision, result, kind]} from the README's experiment claims
-    tables; ``kind``: the group whose table the row is in."""
+    """{claim: [paper, measured, threshold, precision, result, kind]} from the README's claims tables (the
+    theory table's last column, what the pipeline shows, left out); ``kind``: the group whose table the row
+    is in."""
     rows, kind = {}, ""
     for line in README.splitlines():
         kind = next((k for k, opening in README_GROUPS.items() if line.startswith(opening)), kind)
@@ -37,10 +39,10 @@ def readme_claim_rows() -> dict[str, list[str]]:
             cell.strip().replace("\\|", "|").strip("*")
             for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))
         ]
-        if len(cells) == 6 and re.match(
-            r"(E[123] |drift split|whole-model census|interventions: |quantization: )", cells[0]
+        if len(cells) in (6, 7) and re.match(
+            r"(T[1-6][ -]|E[123] |drift split|whole-model census|interventions: |quantization: )", cells[0]
         ):
-            rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:]] + [kind]
+            rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:6]] + [kind]
     return rows
 
 
@@ -62,9 +64,11 @@ def test_readme_claims_table_is_the_kept_default_build():
     rows = readme_claim_rows()
     assert set(rows) == set(claims.loc[~verdicts, "claim"]), set(rows) ^ set(claims.loc[~verdicts, "claim"])
     for claim in claims[~verdicts].itertuples():
-        paper, measured, _threshold, precision, result, kind = rows[claim.claim]
+        paper, measured, threshold, precision, result, kind = rows[claim.claim]
         dtype = "" if pd.isna(claim.dtype) else claim.dtype
         assert paper == claim.paper and precision == dtype and result == claim.result, claim.claim
+        if claim.claim.startswith("T"):  # a count of verify cases: "= 9" as claims.csv writes it
+            assert threshold == f"{claim.relation} {claim.threshold}", claim.claim
         assert kind == claim.kind, claim.claim  # in its group's table
         assert agrees_to_shown_digits(measured, claim.measured), (claim.claim, measured, claim.measured)
     for kind in README_GROUPS:
@@ -83,10 +87,28 @@ def test_the_kept_claims_kinds_and_verdicts_are_the_code_s():
     written = pd.read_csv(io.StringIO(expected.to_csv(index=False)))  # as claims.csv holds them
     pd.testing.assert_frame_equal(verdicts.drop(columns="kind").astype(str), written.astype(str))
     papers = claims[claims["kind"] == "paper"]
-    assert papers["claim"].str.match(r"E[123] ").all() and (papers["result"] == "pass").all()
+    assert papers["claim"].str.match(r"(T[1-6]|E[123])[ -]").all() and (papers["result"] == "pass").all()
     findings = claims.loc[claims["kind"] == "finding", "result"]
     assert not findings.isin(["pass", "fail"]).any() and {"holds", "rejected"} <= set(findings)
     assert (claims.loc[claims["kind"] == "check", "result"] == "pass").all()
+
+
+def test_the_kept_theory_claims_are_those_of_the_kept_nullity_table():
+    """claims.csv's T1-T6 are what the claims code computes from `attnid verify`'s nullity.csv (kept beside
+    it), every case of which closes as the README says; the README's E_0/E of T6 is the one its row computes
+    from the Jacobians."""
+    nullity = pd.read_csv(FIGURES / "nullity.csv")
+    kept = pd.read_csv(FIGURES / "claims.csv")
+    kept = kept[kept["claim"].str.match(r"T[1-6]")].reset_index(drop=True)
+    slopes = pd.DataFrame(columns=["optimizer", "quantity", "slope", "dtype"])
+    computed = claims_table(pd.DataFrame(), slopes, nullity=nullity)
+    computed = pd.read_csv(io.StringIO(computed.to_csv(index=False)))  # as claims.csv holds them
+    computed = computed[computed["claim"].str.match(r"T[1-6]")].reset_index(drop=True)
+    assert kept["claim"].str[:2].tolist() == ["T1", "T3", "T4", "T5", "T6"]
+    pd.testing.assert_frame_equal(kept, computed)
+    assert nullity["passed"].all() and f"theory = nullity in all {len(nullity)} cases" in README
+    ratio = re.search(r"E_0/E = ([\d.]+) at H = (\d+)", kept["detail"].iloc[-1])
+    assert ratio and f"{ratio[1]} at {ratio[2]} heads" in README, kept["detail"].iloc[-1]
 
 
 def kept_points() -> tuple[pd.DataFrame, pd.DataFrame]:

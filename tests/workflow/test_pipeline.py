@@ -154,24 +154,25 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     claims = pd.read_csv(smoke_dir / f"{SMOKE}/tables/claims.csv")
     comparisons = pd.read_csv(smoke_dir / f"{SMOKE}/tables/interventions.csv")
     verdicts = comparisons.loc[comparisons["in_family"].astype(bool), "verdict"].tolist()
-    # the paper's ten claims first, the interventions' six identities (the census's row between) and a row
-    # per verdict of its family, then the quantization stage's four (appended last: its two identities, and
-    # two targets on the build's checkpoint)
-    assert claims["claim"].iloc[:10].str.match(r"(E[123] |drift split)").all()
+    # the theory's five claims (T1-T6, of the theory stage's nullity.csv) and the experiments' ten first, the
+    # interventions' six identities (the census's row between) and a row per verdict of its family, then the
+    # quantization stage's four (appended last: its two identities, and two targets on the build's checkpoint)
+    assert claims["claim"].iloc[:5].str.match(r"T[1-6][ -]").all()
+    assert claims["claim"].iloc[5:15].str.match(r"(E[123] |drift split)").all()
     assert claims["claim"].iloc[-10 - len(verdicts) : -4].str.startswith("interventions: ").all()
     assert claims["result"].iloc[-4 - len(verdicts) : -4].tolist() == verdicts and verdicts  # as labelled
     assert claims["claim"].iloc[-4:].str.startswith("quantization: ").all()
     census = claims["claim"].str.startswith("whole-model census").sum()
-    assert len(claims) == 10 + census + 6 + len(verdicts) + 4
+    assert len(claims) == 5 + 10 + census + 6 + len(verdicts) + 4
     assert set(claims["result"]) - set(verdicts) <= {"pass", "fail", "holds", "rejected", "missing"} | {
         "not applicable (dtype)"
     }
-    # each row's kind: the paper's E1-E3, our findings (the census, the verdicts, the quantization
+    # each row's kind: the paper's T1-T6 and E1-E3, our findings (the census, the verdicts, the quantization
     # targets), the checks
     assert claims["kind"].tolist() == [claim_kind(c, p) for c, p in zip(claims["claim"], claims["paper"])]
     kinds = claims.groupby("kind")["claim"].apply(list)
     assert set(kinds.index) == {"paper", "finding", "check"}
-    assert all(claim.startswith("E") for claim in kinds["paper"]) and len(kinds["paper"]) == 9
+    assert all(claim[0] in "TE" for claim in kinds["paper"]) and len(kinds["paper"]) == 5 + 9
     assert len(kinds["finding"]) == census + len(verdicts) + 2
     # the smoke runs are tiny, but AdamW must already move along unidentified directions
     adamw = runs[runs["case"] == "adamw"]

@@ -344,7 +344,10 @@ if INTERVENTIONS:
 ROBUSTNESS_TABLE_FILES = (
     [
         f"{TABLES_DIR}/{name}"
-        for name in ("interventions_robustness.csv", "interventions_robustness_seeds.csv")
+        for name in (
+            "interventions_robustness.csv",
+            "interventions_robustness_seeds.csv",
+        )
     ]
     if PLAN.robustness_variants
     else []

@@ -69,6 +69,7 @@ rule tables:
     input:
         runs=RUN_OUTPUTS,
         census=rules.census.output[0],
+        nullity=rules.verify.output[0],
         interventions=INTERVENTION_OUTPUTS,
         protocol=list(PROTOCOL_TABLES.values()),
         quantization=QUANTIZATION_TABLE_FILES[:1],
@@ -95,7 +96,8 @@ rule tables:
         ),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q} {params.interventions}"
+        "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q}"
+        " --nullity {input.nullity:q} {params.interventions}"
         " {params.protocol} {params.quantization} {params.verdicts} {params.alignment} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 

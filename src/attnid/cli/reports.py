@@ -142,6 +142,12 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CSV",
         help="alignment.csv of attnid alignment-table: adds the alignment stage's claim to claims.csv",
     )
+    parser.add_argument(
+        "--nullity",
+        default=None,
+        metavar="CSV",
+        help="nullity.csv of attnid verify: adds the theory claims T1-T6 (its Jacobians) to claims.csv",
+    )
 
 
 def run_tables(args: argparse.Namespace) -> int:
@@ -161,6 +167,7 @@ def run_tables(args: argparse.Namespace) -> int:
         quantization_seeds,
         args.verdicts,
         args.alignment,
+        args.nullity,
     )
     with written_by("attnid train"):
         tables = write_tables(
@@ -176,7 +183,8 @@ def run_tables(args: argparse.Namespace) -> int:
             args.calibration,
             args.quantization,
             args.verdicts,
-            args.alignment,
+            nullity_csv=args.nullity,
+            alignment_csv=args.alignment,
         )
     for row in tables["claims"].itertuples():
         print(

@@ -1,7 +1,8 @@
 """claims.csv's three groups, its ``kind`` column (docs/experiments.md, the claims and how the tables
 compute them):
 
-- ``paper``: the paper's claims (E1-E3), replicated (``pass``) or not (``fail``, loud);
+- ``paper``: the paper's claims (T1-T6, from the theory stage's Jacobians, and E1-E3), replicated
+  (``pass``) or not (``fail``, loud): a ``paper`` column that opens with its label (``T3, Section 4.5``);
 - ``finding``: a hypothesis of ours (the census, the quantization stage's targets, the interventions'
   verdicts), with its outcome as measured: ``holds`` or ``rejected`` for a threshold, the verdict rule's
   label (docs/design.md §11.3) as interventions.csv has it for a comparison. A rejected finding is an
@@ -25,7 +26,7 @@ PAPER, FINDING, CHECK = "paper", "finding", "check"
 KINDS = (PAPER, FINDING, CHECK)  # the order the README and the report show them in
 HOLDS, REJECTED = "holds", "rejected"
 OUTCOME_OF = {"pass": HOLDS, "fail": REJECTED}  # a finding's pass or fail, as its outcome
-PAPER_LABEL = re.compile(r"[TE]\d")  # "E1, Lemma 5.1": a claim of the paper
+PAPER_LABEL = re.compile(r"[TE]\d")  # "E1, Lemma 5.1", "T1-T2, Lemma 4.1-4.6": a claim of the paper
 CENSUS_SOURCE, VERDICT_SOURCE = "census (ours)", "interventions (ours)"  # paper columns of findings only
 # what a verdict's row reads of interventions.csv
 VERDICT_COLUMNS = (

@@ -1,10 +1,9 @@
-"""claims.csv: each experimental claim of the paper (E1-E3, docs/design.md §1) and of this project's own
-identities (the drift split, the census, the interventions, the quantization stage,
-§7, §12-§16) with the number measured in the
-pipeline's own runs, the threshold, the training precision of the runs it reads, and pass, fail, missing or
-``not applicable (dtype)`` (the runs' precision cannot resolve the threshold). Each row has its kind
-(:mod:`attnid.reports.claim_kinds`): the paper's, a finding of ours (its outcome: holds, rejected, or the
-interventions' verdict) or a check."""
+"""claims.csv: each claim of the paper (T1-T6 from the theory stage's Jacobians, E1-E3, docs/design.md
+§1) and of this project's own identities (the drift split, the census, the interventions, the quantization
+stage, §7, §12-§16) with the number measured in the pipeline's own runs, the threshold, the training
+precision of the runs it reads, and pass, fail, missing or ``not applicable (dtype)`` (the runs' precision
+cannot resolve the threshold). Each row has its kind (:mod:`attnid.reports.claim_kinds`): the paper's, a
+finding of ours (its outcome: holds, rejected, or the interventions' verdict) or a check."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from attnid.reports.alignment_table import ALIGNMENT_EXACT_MAX, alignment_claim_
 from attnid.reports.claim_kinds import verdict_claims, with_kinds
 from attnid.reports.quantization_table import QUANTIZATION_CLAIMS, claim_values
 from attnid.reports.round_off import UNIT_ROUND_OFF, dtypes_of
+from attnid.reports.theory_claims import theory_claim_rows
 from attnid.theory.circuits import CIRCUITS
 from attnid.training.cases import CASES, rebalancing_cases
 
@@ -145,9 +145,11 @@ def claims_table(
     quantization: tuple[pd.DataFrame, pd.DataFrame] | None = None,
     verdicts: pd.DataFrame | None = None,
     alignment: pd.DataFrame | None = None,
+    nullity: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Each experimental claim with the number measured in this pipeline's own runs (and, given
-    ``census.csv``, the whole-model census's row).
+    """Given ``attnid verify``'s nullity.csv (``nullity``), the theory claims T1-T6 first
+    (:mod:`attnid.reports.theory_claims`); then each experimental claim with the number measured in this
+    pipeline's own runs (and, given ``census.csv``, the whole-model census's row).
 
     With the interventions' runs (``intervention_runs``: the arms and their ``adamw`` baselines;
     ``identity_runs``: the float64 run of the projected arm) the identities of the interventions follow
@@ -160,7 +162,8 @@ def claims_table(
     """
     done = _finished(runs) if not runs.empty else runs
     sweep_done = _finished(sweep_runs)
-    claims = _sgd_claims(_of_cases(done, [CLAIM_SGD_CASE]), slopes)
+    claims = [] if nullity is None else [_claim(*row, "float64") for row in theory_claim_rows(nullity)]
+    claims += _sgd_claims(_of_cases(done, [CLAIM_SGD_CASE]), slopes)
     claims += _coupled_and_adamw_claims(done)
     claims += _split_and_rebalance_claims(done, sweep_done)
     claims += [] if census is None else [census_claim(census)]

@@ -29,6 +29,7 @@ from attnid.reports.claim_kinds import VERDICT_COLUMNS
 from attnid.reports.claims import claims_table
 from attnid.reports.latex import render_table
 from attnid.reports.round_off import at_round_off, coarsest_dtype, dtypes_of, round_off_ceiling, run_dtype
+from attnid.reports.theory_claims import NULLITY_COLUMNS
 from attnid.theory.circuits import CIRCUITS
 from attnid.theory.counts import layer_shape, unidentified_ov_params, unidentified_qk_params
 from attnid.training.rundir import find_run_dirs, load_run
@@ -355,18 +356,19 @@ def write_tables(
     calibration_csv: str | Path | None = None,
     quantization_csv: str | Path | None = None,
     verdicts_csv: str | Path | None = None,
+    nullity_csv: str | Path | None = None,
     alignment_csv: str | Path | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
-    ``runs`` / ``sweep_runs`` list the run directories explicitly (what the pipeline does);
-    otherwise every run under ``runs_dir`` / ``sweep_dir`` is gathered. ``intervention_runs`` (the
-    interventions' arms and baselines) and ``identity_runs`` (its float64 projected run) add the
-    interventions' identities to claims.csv; ``plateau_csv`` (interventions_plateau.csv) and
-    ``calibration_csv`` (calibration.csv) the checks of its protocol; ``quantization_csv`` (``attnid
-    quantization-table``'s, with ``quantization_seeds.csv`` beside it) the quantization stage's claims;
-    ``verdicts_csv`` (interventions.csv) the interventions' verdicts, as findings.
-    ``alignment_csv`` (``attnid alignment-table``'s) the alignment stage's.
+    ``runs`` / ``sweep_runs`` list the run directories explicitly (what the pipeline does); otherwise every
+    run under ``runs_dir`` / ``sweep_dir`` is gathered. ``intervention_runs`` (the interventions' arms and
+    baselines) and ``identity_runs`` (its float64 projected run) add the interventions' identities to
+    claims.csv; ``plateau_csv`` (interventions_plateau.csv) and ``calibration_csv`` (calibration.csv) the
+    checks of its protocol; ``quantization_csv`` (``attnid quantization-table``'s, with
+    ``quantization_seeds.csv`` beside it) the quantization stage's claims; ``verdicts_csv``
+    (interventions.csv) its verdicts, as findings; ``nullity_csv`` (verify's) T1-T6; ``alignment_csv``
+    (``attnid alignment-table``'s) the alignment stage's.
     """
     run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
@@ -397,7 +399,6 @@ def write_tables(
             (calibration_csv, ("best", "at_edge")),
         )
     ]
-    quantization = _quantization_tables(quantization_csv) if quantization_csv is not None else None
     verdicts = None if verdicts_csv is None else _read_table(verdicts_csv, VERDICT_COLUMNS)
     claims = claims_table(
         run_rows,
@@ -407,9 +408,10 @@ def write_tables(
         *(interventions or (None, None)),
         plateau=protocol[0],
         calibration=protocol[1],
-        quantization=quantization,
+        quantization=None if quantization_csv is None else _quantization_tables(quantization_csv),
         verdicts=verdicts,
         alignment=_read_table(alignment_csv, ALIGNMENT_COLUMNS) if alignment_csv is not None else None,
+        nullity=None if nullity_csv is None else _read_table(nullity_csv, NULLITY_COLUMNS),
     )
 
     out = Path(out_dir)
