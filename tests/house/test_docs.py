@@ -40,7 +40,8 @@ def readme_claim_rows() -> dict[str, list[str]]:
             for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))
         ]
         if len(cells) in (6, 7) and re.match(
-            r"(T[1-6][ -]|E[123] |drift split|whole-model census|interventions: |quantization: )", cells[0]
+            r"(T[1-6][ -]|E[123] |drift split|whole-model census|interventions: |quantization: |alignment: )",
+            cells[0],
         ):
             rows[cells[0]] = [cell if cell != "—" else "" for cell in cells[1:6]] + [kind]
     return rows
@@ -261,6 +262,16 @@ def verdict_settings(table: pd.DataFrame) -> dict:
     return {"alpha": float(first["alpha"]), "equivalence_margin": float(first["equivalence_margin"])}
 
 
+# docs/figures still keeps the 10-seed, one-round build of 2026-12-02: the default build of the protocol of
+# issue 42 (20 seeds, two calibration rounds, the robustness variants) has not yet been kept. Strict: once
+# docs/figures is regenerated from that build, these tests pass, the marker fails the run, and must go.
+STALE_KEPT_BUILD = pytest.mark.xfail(
+    strict=True,
+    reason="docs/figures keeps the build before issue 42's protocol (10 seeds, one calibration round)",
+)
+
+
+@STALE_KEPT_BUILD
 def test_the_kept_interventions_protocol_is_complete():
     """docs/figures/ keeps what a referee recomputes the stage's answer from: the primary comparison with its
     per-seed values; each arm's calibration curve on seeds disjoint from the compared ones, its best lr
@@ -277,12 +288,13 @@ def test_the_kept_interventions_protocol_is_complete():
     assert len(seeds[seeds["comparison"] == config["verdict"]["primary"]]) == len(config["seeds"])
     assert {"detectable_effect", "power_at_margin"} <= set(table.columns)
     assert table.loc[table["role"] != "descriptive", "power_at_margin"].notna().all()
-    # the frozen-MLP control: like for like (against fixing from the same start) in builds since 2026-12-07
-    controls = {
-        "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr",
-        "adamw_frozen_mlp_best_lr-adamw_best_lr",
-    }
-    assert controls & set(table.loc[table["role"] == "secondary", "comparison"])
+    # the declared family, the like-for-like frozen-MLP control in it (since 2026-12-07), the old control
+    # (against adamw) a descriptive row
+    assert set(table.loc[table["role"] == "secondary", "comparison"]) == set(config["verdict"]["family"])
+    assert "adamw_frozen_mlp_best_lr-adamw_gauge_fixed_at_init_best_lr" in config["verdict"]["family"]
+    assert "adamw_frozen_mlp_best_lr-adamw_best_lr" in set(
+        table.loc[table["role"] == "descriptive", "comparison"]
+    )
     calibration = pd.read_csv(FIGURES / "calibration.csv")
     best = calibration[calibration["best"].astype(bool)]
     assert len(best) == len(config["calibration"]["arms"]) and not best["at_edge"].astype(bool).any()
@@ -312,8 +324,9 @@ def test_the_kept_interventions_protocol_is_complete():
 
 
 def test_the_like_for_like_frozen_mlp_numbers_are_the_kept_seeds():
-    """The frozen-MLP arm against fixing from the same start (as many entries frozen): the README's and
-    experiments.md's numbers are computed here from interventions_seeds.csv, not copied."""
+    """The frozen-MLP arm against fixing from the same start (as many entries frozen): experiments.md's
+    numbers are computed here from interventions_seeds.csv, not copied (the README quotes the row with the
+    family's, test_readme_interventions_are_the_kept_table)."""
     values = cell_values(pd.read_csv(FIGURES / "interventions_seeds.csv"))
     seeds = sorted({seed for _, seed in values})
     difference = np.array(
@@ -324,15 +337,75 @@ def test_the_like_for_like_frozen_mlp_numbers_are_the_kept_seeds():
     )
     estimate = statistics.estimate_paired(difference)
     numbers = [estimate.delta_mean, estimate.ci_low, estimate.ci_high]
-    p_value = estimate.p_value
     experiments = (REPO / "docs" / "experiments.md").read_text().replace("\n", " ")
     interval = r"([+−-][\d.]+) \[([+−-][\d.]+), ([+−-][\d.]+)\]"
-    in_experiments = re.search(rf"init` is {interval}, exact p (\d+\.\d+), (\d+) of 10", experiments)
-    in_readme = re.search(rf"same start: {interval}, p (\d+\.\d+)", README.replace("\n", " "))
-    for found in (in_experiments, in_readme):
-        assert found, "the like-for-like frozen-MLP sentence is gone"
-        shown = [group.replace("−", "-") for group in found.groups()]
-        for value, number in zip(shown[:3], numbers, strict=True):
-            assert agrees_to_shown_digits(value, number), (value, number)
-        assert agrees_to_shown_digits(shown[3], p_value), (shown[3], p_value)
-    assert in_experiments and int(in_experiments.group(5)) == int((difference > 0).sum())
+    found = re.search(rf"init` is {interval}, exact p (\d+\.\d+), (\d+) of (\d+)", experiments)
+    assert found, "the like-for-like frozen-MLP sentence is gone"
+    shown = [group.replace("−", "-") for group in found.groups()]
+    for value, number in zip(shown[:3], numbers, strict=True):
+        assert agrees_to_shown_digits(value, number), (value, number)
+    assert agrees_to_shown_digits(shown[3], estimate.p_value), (shown[3], estimate.p_value)
+    assert int(found.group(5)) == int((difference > 0).sum()) and int(found.group(6)) == len(seeds)
+
+
+# a row of experiments.md's robustness table:
+# | `variant` | `comparison` | role | n | Δ | [low, high] | p | outcome | k of n |
+SIGNED = r"[+−-]?\d+(?:\.\d+)?(?:e[+−-]?\d+)?"
+ROBUSTNESS_ROW = re.compile(
+    rf"^\| `(?P<variant>\w+)` \| `(?P<comparison>[\w-]+)` \| (?P<role>\w+) \| (?P<n>\d+) \| "
+    rf"(?P<delta>{SIGNED}) \| \[(?P<low>{SIGNED}), (?P<high>{SIGNED})\] \| (?P<p>{SIGNED}) \| "
+    rf"(?P<outcome>[a-z, ]+) \| (?P<positive>\d+) of (?P<of>\d+) \|$",
+    re.M,
+)
+# the README's primary under a variant: `variant`: *outcome*, Δ d [low, high], p q, k of n seeds positive
+ROBUSTNESS_PRIMARY = re.compile(
+    rf"`(?P<variant>\w+)`: \*(?P<outcome>[a-z, ]+)\*, Δ (?P<delta>{SIGNED}) \[(?P<low>{SIGNED}), "
+    rf"(?P<high>{SIGNED})\], p (?P<p>{SIGNED}), (?P<positive>\d+) of (?P<of>\d+) seeds positive"
+)
+
+
+def _agrees(shown: str, value: float) -> bool:
+    return agrees_to_shown_digits(shown.replace("−", "-").lstrip("+"), value)
+
+
+@STALE_KEPT_BUILD
+def test_the_robustness_numbers_are_the_kept_table():
+    """Every number experiments.md and the README state about the robustness variants is read from the kept
+    interventions_robustness.csv (issue 42: kept, not narrated), and that table is recomputed from its
+    per-seed values, interventions_robustness_seeds.csv."""
+    table = pd.read_csv(FIGURES / "interventions_robustness.csv")
+    seeds = pd.read_csv(FIGURES / "interventions_robustness_seeds.csv")
+    for row in table.itertuples():
+        values = seeds.loc[
+            (seeds["variant"] == row.variant) & (seeds["comparison"] == row.comparison), "difference"
+        ].to_numpy()
+        estimate = statistics.estimate_paired(values)
+        assert len(values) == row.n and int((values > 0).sum()) == row.seeds_positive, row
+        assert (estimate.delta_mean, estimate.ci_low, estimate.ci_high) == pytest.approx(
+            (row.delta, row.ci_low, row.ci_high), abs=1e-12
+        ), row
+        if row.role == "primary":  # tested alone at alpha: its own exact p
+            assert estimate.p_value == pytest.approx(row.p, abs=1e-12), row
+
+    experiments = (REPO / "docs" / "experiments.md").read_text()
+    shown = {(m["variant"], m["comparison"]): m for m in ROBUSTNESS_ROW.finditer(experiments)}
+    assert set(shown) == set(zip(table["variant"], table["comparison"])), (
+        "experiments.md's table is the kept one"
+    )
+    for row in table.itertuples():
+        match = shown[(row.variant, row.comparison)]
+        assert match["role"] == row.role and match["outcome"] == row.outcome, row
+        assert int(match["n"]) == int(match["of"]) == row.n and int(match["positive"]) == row.seeds_positive
+        for group, value in (("delta", row.delta), ("low", row.ci_low), ("high", row.ci_high), ("p", row.p)):
+            assert _agrees(match[group], value), (row.variant, row.comparison, group, match[group], value)
+
+    readme = " ".join(README.split())
+    primary = table[(table["role"] == "primary") & (table["variant"] != "final")]
+    quoted = {m["variant"]: m for m in ROBUSTNESS_PRIMARY.finditer(readme)}
+    assert set(quoted) == set(primary["variant"]), "the README quotes the primary under every variant"
+    for row in primary.itertuples():
+        match = quoted[row.variant]
+        assert match["outcome"] == row.outcome and int(match["positive"]) == row.seeds_positive, row
+        assert int(match["of"]) == row.n
+        for group, value in (("delta", row.delta), ("low", row.ci_low), ("high", row.ci_high), ("p", row.p)):
+            assert _agrees(match[group], value), (row.variant, group, match[group], value)
