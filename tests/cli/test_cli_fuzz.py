@@ -385,6 +385,11 @@ CASES = [
     ("align-code-carrying", "align {w}/ckpt.pt {w}/evil.pt --out {w}/o.pt", "can run code"),
     ("compare-wrong-shape", "compare {w}/ckpt.pt {w}/wrong_shape.pt", "c_attn.weight has shape (20, 8)"),
     ("compare-classes-unknown", "compare {w}/ckpt.pt {w}/ckpt.pt --classes sideways", "--classes"),
+    # barrier and its table
+    ("barrier-wrong-shape", "barrier {w}/ckpt.pt {w}/wrong_shape.pt", "c_attn.weight has shape (20, 8)"),
+    ("barrier-one-point", "barrier {w}/ckpt.pt {w}/ckpt.pt --points 1", "--points 1"),
+    ("alignment-table-missing", "alignment-table --json {w}/missing.json --out-dir {w}/t", "does not exist"),
+    ("alignment-table-not-a-report", "alignment-table --json {w}/ckpt.pt --out-dir {w}/t", "ckpt.pt"),
     # the quantization commands
     ("rotate-out-is-a-directory", "rotate " + EDIT + " --out {w}/folder --moves residual", "directory"),
     (
