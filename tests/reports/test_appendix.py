@@ -101,6 +101,7 @@ def sample_fig6_numbers() -> dict:
             },
             "calibration": {
                 "n_seeds": 2,
+                "refined_seeds": 8,
                 "lr_low": 2.5e-4,
                 "lr_high": 4e-3,
                 "arms": [{"arm": arm, "best_lr": 1e-3 * (1 + i % 3)} for i, arm in enumerate(arms)],
@@ -336,7 +337,19 @@ def _filled_caption(name: str) -> str:
     numbers = {
         "fig2": {"rho_floors": {"SGD": 2.6e-24}},
         "fig6": sample_fig6_numbers(),
-        "fig7": {"models": "nanogpt seed 0, nanogpt seed 1, smollm2", "float_spread": 3.3e-14},
+        "fig7": {
+            "models": "nanogpt seed 0, nanogpt seed 1, smollm2",
+            "float_spread": 3.3e-14,
+            # both of panel (a)'s sentences: SmolLM2's outliers, and none in the build's own checkpoints
+            "smollm2": True,
+            "smollm2_shipped": 412.0,
+            "smollm2_r1": 3.02,
+            "outlier": 10.0,
+            "no_outliers": True,
+            "build_largest": 3.08,
+            "build_shipped": 2.89,
+            "build_r1": 3.08,
+        },
         "fig8": {
             "line_group": "adamw",
             "barrier_none": 0.31,

@@ -343,6 +343,11 @@ def _read_census(census_csv: str | Path) -> pd.DataFrame:
     return census
 
 
+def _read_optional(path: str | Path | None, columns: tuple[str, ...]) -> pd.DataFrame | None:
+    """:func:`_read_table` of ``path``, or None without one (a stage the config leaves out)."""
+    return None if path is None else _read_table(path, columns)
+
+
 def write_tables(
     runs_dir: str | Path | None,
     sweep_dir: str | Path | None,
@@ -392,26 +397,18 @@ def write_tables(
             runs_table(find_run_dirs(None, intervention_runs)) if intervention_runs else None,
             runs_table(find_run_dirs(None, identity_runs)) if identity_runs else None,
         )
-    protocol = [
-        _read_table(path, columns) if path is not None else None
-        for path, columns in (
-            (plateau_csv, ("relative_improvement", "threshold", "step_from", "step_to")),
-            (calibration_csv, ("best", "at_edge")),
-        )
-    ]
-    verdicts = None if verdicts_csv is None else _read_table(verdicts_csv, VERDICT_COLUMNS)
     claims = claims_table(
         run_rows,
         slopes,
         sweep_run_rows,
         census,
         *(interventions or (None, None)),
-        plateau=protocol[0],
-        calibration=protocol[1],
+        plateau=_read_optional(plateau_csv, ("relative_improvement", "threshold", "step_from", "step_to")),
+        calibration=_read_optional(calibration_csv, ("best", "at_edge")),
         quantization=None if quantization_csv is None else _quantization_tables(quantization_csv),
-        verdicts=verdicts,
-        alignment=_read_table(alignment_csv, ALIGNMENT_COLUMNS) if alignment_csv is not None else None,
-        nullity=None if nullity_csv is None else _read_table(nullity_csv, NULLITY_COLUMNS),
+        verdicts=_read_optional(verdicts_csv, VERDICT_COLUMNS),
+        alignment=_read_optional(alignment_csv, ALIGNMENT_COLUMNS),
+        nullity=_read_optional(nullity_csv, NULLITY_COLUMNS),
     )
 
     out = Path(out_dir)
