@@ -138,3 +138,10 @@ if workflow.is_main_process:
         dry=lambda executor_plugin, **_: executor_plugin.common_settings.dryrun_exec,
         say=lambda line: print(line, file=sys.stderr),
     )
+
+
+def robustness_runs(wildcards):
+    """The robustness variants' runs (interventions.smk): each run once (a run of two variants, a final run)."""
+    picks = checkpoints.calibration_table.get().output.picks
+    variants = PLAN.robustness_runs(picks)
+    return run_files(list(dict.fromkeys(d for dirs in variants.values() for d in dirs)))

@@ -354,13 +354,6 @@ ROBUSTNESS_TABLE_FILES = (
 )
 
 
-def robustness_runs(wildcards):
-    """Every run of every variant (a run of two variants, or the final runs, once)."""
-    picks = checkpoints.calibration_table.get().output.picks
-    variants = PLAN.robustness_runs(picks)
-    return run_files(list(dict.fromkeys(d for dirs in variants.values() for d in dirs)))
-
-
 if ROBUSTNESS_TABLE_FILES:
 
     rule interventions_robustness:
