@@ -95,12 +95,16 @@ def figure_sources(smoke_dir, shakespeare_url) -> dict[str, Sources]:
             intervention_runs=[str(smoke_dir / d) for d in args.intervention_runs or []],
             identity_runs=[str(smoke_dir / d) for d in args.identity_runs or []],
         )
-    assert set(sources) == set(figures.registry()), proc.stdout[-3000:]
+    assert set(sources) == set(SMOKE_FIGURES), proc.stdout[-3000:]
     return sources
 
 
+# the smoke build's figures: every one but the alignment stage's (one seed per group there: no pair to align)
+SMOKE_FIGURES = [name for name, figure in figures.registry().items() if figure.stage != "alignment"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(figures.registry()))
+@pytest.mark.parametrize("name", SMOKE_FIGURES)
 def test_the_smoke_build_s_figures_show_every_series_with_no_label_overlapping(figure_sources, name):
     fig = figures.registry()[name].draw(figure_sources[name]).figure
     assert not invisible_legend_entries(fig)
