@@ -6,7 +6,6 @@ cost column, the family, the pairing errors, and the table in the appendix."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -15,6 +14,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+from by_hand import enumerated_sign_flip_p, holm_by_hand
 from scipy import stats
 from synthetic_runs import write_run, write_theory_tables
 from system_packages import needs
@@ -89,22 +89,6 @@ def rule_flags(family=FAMILY) -> list[str]:
 
 def table_command(runs_root, out, *flags) -> list[str]:
     return ["interventions-table", "--runs-dir", str(runs_root), "--out-dir", str(out), *flags]
-
-
-def enumerated_sign_flip_p(values: np.ndarray) -> float:
-    observed = abs(values.sum())
-    signs = itertools.product((1, -1), repeat=len(values))
-    return float(np.mean([abs(np.dot(sign, values)) >= observed * (1 - 1e-12) for sign in signs]))
-
-
-def holm_by_hand(p_values: dict[str, float]) -> dict[str, float]:
-    """Holm's adjusted p as defined: the i-th smallest times (m - i + 1), running maximum, at most 1."""
-    ordered = sorted(p_values, key=p_values.get)
-    adjusted, running = {}, 0.0
-    for i, name in enumerate(ordered):
-        running = max(running, (len(ordered) - i) * p_values[name])
-        adjusted[name] = min(1.0, running)
-    return adjusted
 
 
 def test_every_number_of_the_table_is_recomputed(intervention_runs, tmp_path, capsys):

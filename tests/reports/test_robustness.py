@@ -5,12 +5,12 @@ losses of the runs it was made from; a variant whose pick is the final one reuse
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
+from by_hand import enumerated_sign_flip_p, holm_by_hand
 from pipeline_helpers import smoke_config
 from scipy import stats
 from synthetic_runs import write_run
@@ -89,21 +89,6 @@ def per_seed(variant: str, comparison: str) -> np.ndarray:
     )
 
 
-def sign_flip_p(values: np.ndarray) -> float:
-    observed = abs(values.sum())
-    signs = itertools.product((1, -1), repeat=len(values))
-    return float(np.mean([abs(np.dot(sign, values)) >= observed * (1 - 1e-12) for sign in signs]))
-
-
-def holm(p_values: dict[str, float]) -> dict[str, float]:
-    ordered = sorted(p_values, key=p_values.get)
-    adjusted, running = {}, 0.0
-    for i, name in enumerate(ordered):
-        running = max(running, (len(ordered) - i) * p_values[name])
-        adjusted[name] = min(1.0, running)
-    return adjusted
-
-
 RULE = ["--alpha", str(ALPHA), "--equivalence-margin", str(MARGIN), "--primary", PRIMARY, "--family", *FAMILY]
 
 
@@ -121,8 +106,8 @@ def test_every_row_of_the_robustness_table_is_recomputed_from_its_seeds(tmp_path
     ]
     for variant in LOSSES:
         rows = table[table["variant"] == variant].set_index("comparison")
-        raw = {name: sign_flip_p(per_seed(variant, name)) for name in (PRIMARY, *FAMILY)}
-        adjusted = holm({name: raw[name] for name in FAMILY}) | {PRIMARY: raw[PRIMARY]}
+        raw = {name: enumerated_sign_flip_p(per_seed(variant, name)) for name in (PRIMARY, *FAMILY)}
+        adjusted = holm_by_hand({name: raw[name] for name in FAMILY}) | {PRIMARY: raw[PRIMARY]}
         for name, row in rows.iterrows():
             values = per_seed(variant, name)
             low, high = stats.t.interval(1 - ALPHA, len(values) - 1, values.mean(), stats.sem(values))
