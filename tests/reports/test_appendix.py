@@ -274,7 +274,9 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     assert tex.index("sweep-marker") < tex.index("runs-marker")
     assert r"Table~\ref{tab:experiment-runs} lists every training run." in tex  # no cases table to mention
     for k in range(1, 5):
-        size = r"width=\linewidth,height=0.62\textheight,keepaspectratio"
+        # at most 0.62 of a portrait page, less where the caption would not fit beside it
+        size = r"width=\linewidth,height=\attnidheight,keepaspectratio"
+        assert rf"\attnidfigureheight{{0.62}}{{" in tex
         assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
         title = appendix.figure_caption(f"fig{k}", figures)["title"]
         assert (

@@ -612,7 +612,7 @@ def test_the_appendix_includes_the_table_when_present_and_omits_it_on_request(in
 @pytest.mark.slow
 @needs("latexmk", "siunitx.sty")
 def test_the_table_fits_the_page(tmp_path, repo_root):
-    """The widest table the builds make: paper.yaml's arms, twelve comparisons (long arm names, another
+    """The widest table the builds make: paper.yaml's arms, thirteen comparisons (long arm names, another
     baseline, the 2 x 2's three contrasts, differences in scientific notation) compiles with no box too
     wide, its numbers in aligned siunitx columns."""
     root = tmp_path / "runs"
@@ -647,7 +647,7 @@ def test_the_table_fits_the_page(tmp_path, repo_root):
     assert "Overfull \\hbox" not in log, re.findall(r"Overfull.*", log)
     assert "Float too large" not in log
     tex = (tables / "interventions.tex").read_text()
-    assert tex.count(r"\multicolumn{9}{l}") == 12 and r"interaction: starting point $\times$ frozen" in tex
+    assert tex.count(r"\multicolumn{9}{l}") == 13 and r"interaction: starting point $\times$ frozen" in tex
     assert re.search(r"\{rS\[table-format=-1\.1e-1\]", tex)  # mean differences aligned, true minus signs
     assert "& not in family" in tex and "& n too small" not in tex
     assert re.search(r"\[\\num\{-?\d\.\de-\d\}, \\num\{-?\d\.\de-\d\}\]", tex)  # the interval as the mean

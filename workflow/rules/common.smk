@@ -118,6 +118,7 @@ INTERVENTIONS = config.get("interventions") or {}
 INTERVENTION_RUN_DIRS = PLAN.intervention_runs
 INTERVENTION_OUTPUTS = LAYOUT.intervention_outputs
 INTERVENTION_TABLE_FILES = LAYOUT.intervention_table_files
+ROBUSTNESS_TABLE_FILES = LAYOUT.robustness_table_files
 PROTOCOL_TABLES = LAYOUT.protocol_tables
 INTERVENTION_SELECTION = LAYOUT.intervention_selection
 QUANTIZATION = quantization_settings(config)

@@ -341,19 +341,6 @@ if INTERVENTIONS:
 
 # The robustness variants (attnid.plan.rounds): each variant's runs, once the calibration's picks are known
 # (the checkpoint above), compared as the table compares the final runs, under the same verdict rule.
-ROBUSTNESS_TABLE_FILES = (
-    [
-        f"{TABLES_DIR}/{name}"
-        for name in (
-            "interventions_robustness.csv",
-            "interventions_robustness_seeds.csv",
-        )
-    ]
-    if PLAN.robustness_variants
-    else []
-)
-
-
 if ROBUSTNESS_TABLE_FILES:
 
     rule interventions_robustness:

@@ -43,6 +43,7 @@ class Layout:
     edits_table_files: list[str]
     intervention_outputs: list[str]  # every run the interventions' gather pairs, and the identity runs
     intervention_table_files: list[str]
+    robustness_table_files: list[str]  # the robustness variants' tables (attnid.plan.rounds), where asked for
     protocol_tables: dict[str, str]  # {flag of `attnid tables`: the protocol's table claims.csv checks}
     intervention_selection: str  # what `attnid tables` and `attnid figures` read of the stage
     quantization_reports: list[str]  # one per studied checkpoint, and SmolLM2's where asked for
@@ -92,6 +93,11 @@ def output_layout(plan: Plan, config: dict) -> Layout:
         intervention_outputs=run_files(plan.intervention_runs + plan.identity_runs),
         intervention_table_files=(
             [f"{tables}/interventions{tail}" for tail in intervention_tails] if interventions else []
+        ),
+        robustness_table_files=(
+            [f"{tables}/interventions_robustness{tail}" for tail in (".csv", "_seeds.csv")]
+            if plan.robustness_variants
+            else []
         ),
         protocol_tables={flag: f"{tables}/{name}" for flag, name, wanted in protocol if wanted},
         intervention_selection=(

@@ -507,6 +507,16 @@ def _detectable_tex(row: dict) -> str:
     return "{none}" if value is not None and math.isinf(value) else table_number(value, 2)
 
 
+def _verdict_tex(row: dict) -> str:
+    """The verdict's cell: a label with the margin's clause (``worse, within the margin``) on two lines, so
+    the column is no wider than ``inconclusive``'s and the widest table still fits the page."""
+    verdict = str(row["verdict"])
+    head, sep, tail = verdict.partition(", ")
+    if not sep:
+        return tex_escape(verdict)
+    return rf"\shortstack[l]{{{tex_escape(head)},\\{tex_escape(tail)}}}"
+
+
 def _interval_tex(row: dict) -> str:
     """The t-interval's cell, its ends written as the mean's column writes numbers; -- without one."""
     low, high = siunitx_number(row["ci_low"], 2, 1.0), siunitx_number(row["ci_high"], 2, 1.0)
@@ -523,6 +533,7 @@ def render_interventions_table(table: pd.DataFrame, costs: ArmCosts | None = Non
             "detectable_tex": _detectable_tex(row),
             "interval_tex": _interval_tex(row),
             "power_tex": table_number(row["power_at_margin"], 2),
+            "verdict_tex": _verdict_tex(row),
         }
         for row in records(table)
     ]
