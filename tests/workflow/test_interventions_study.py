@@ -24,6 +24,7 @@ from pipeline_helpers import (
 )
 from synthetic_runs import write_run
 
+from attnid import cli
 from attnid.plan import ConfigError, interventions, plan
 from attnid.plan.schema import config_schema, option_schema
 from attnid.reports import appendix, claims, figures, tables
@@ -144,6 +145,16 @@ def test_the_default_stage_compares_every_arm_at_its_best_lr_on_its_own_model():
     ]
     with pytest.raises(ValueError, match="needs its table"):
         interventions.verdict_options(DEFAULT)
+    # what each gathering job is told, its CLI takes: the table the plateau check too, the robustness
+    # variants the rule alone (a default build once failed at its last job on --plateau-last)
+    rule_only = interventions.verdict_options(DEFAULT, "tables/calibration.csv", plateau_check=False)
+    assert "--plateau-last" in flags and "--plateau-last" not in rule_only
+    table, robustness = "interventions-table", "interventions-robustness"
+    cli.build_parser(table).parse_args([table, "--runs", "r", "--out-dir", "o", *flags])
+    variant = ["--variant", "final", "r", "--out-dir", "o"]
+    cli.build_parser(robustness).parse_args([robustness, *variant, *rule_only])
+    with pytest.raises(SystemExit):
+        cli.build_parser(robustness).parse_args([robustness, *variant, *flags])
 
 
 def test_the_paper_stage_has_every_arm_sgd_with_and_without_the_gauge_and_the_calibration():

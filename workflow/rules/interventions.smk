@@ -365,7 +365,12 @@ if ROBUSTNESS_TABLE_FILES:
                 ).items()
             ),
             out_dir=lambda wildcards, output: os.path.dirname(output[0]),
-            rule=" ".join(map(shlex.quote, verdict_options(config, CALIBRATION_TABLE))),
+            rule=" ".join(
+                map(
+                    shlex.quote,
+                    verdict_options(config, CALIBRATION_TABLE, plateau_check=False),
+                )
+            ),
         shell:
             "attnid interventions-robustness {params.variants} --out-dir {params.out_dir:q} "
             "{params.rule} > {log:q} 2>&1"

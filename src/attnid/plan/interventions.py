@@ -415,11 +415,15 @@ def margin_fraction(config: dict) -> float | None:
     return float(margin[MARGIN_FRACTION]) if isinstance(margin, dict) else None
 
 
-def verdict_options(config: dict, calibration_table: str | None = None) -> list[str]:
+def verdict_options(
+    config: dict, calibration_table: str | None = None, *, plateau_check: bool = True
+) -> list[str]:
     """`attnid interventions-table`'s flags for the section's verdict rule (docs/design.md §11.3) and its
     plateau check: the level, the margin (a number, or a fraction of the calibrated baseline's loss, read
     from the calibration table the workflow passes with ``--calibration``), the primary comparison, the
-    secondary family; ``calibration_table``: where the calibration writes calibration.csv."""
+    secondary family; ``calibration_table``: where the calibration writes calibration.csv.
+    ``plateau_check=False``: the rule's flags alone (`attnid interventions-robustness` has no plateau
+    check: it judges runs the table has already checked, or their neighbours at another lr)."""
     section = config["interventions"]
     rule = section["verdict"]
     fraction = margin_fraction(config)
@@ -431,7 +435,7 @@ def verdict_options(config: dict, calibration_table: str | None = None) -> list[
         else ["--equivalence-margin", str(rule["equivalence_margin"])]
     )
     primary = ["--primary", rule["primary"]] if rule.get("primary") else []
-    plateau = section.get("plateau")
+    plateau = section.get("plateau") if plateau_check else None
     plateau_options = (
         [
             "--plateau-last",
