@@ -262,16 +262,8 @@ def verdict_settings(table: pd.DataFrame) -> dict:
     return {"alpha": float(first["alpha"]), "equivalence_margin": float(first["equivalence_margin"])}
 
 
-# docs/figures still keeps the 10-seed, one-round build of 2026-12-02: the default build of the protocol of
-# issue 42 (20 seeds, two calibration rounds, the robustness variants) has not yet been kept. Strict: once
-# docs/figures is regenerated from that build, these tests pass, the marker fails the run, and must go.
-STALE_KEPT_BUILD = pytest.mark.xfail(
-    strict=True,
-    reason="docs/figures keeps the build before issue 42's protocol (10 seeds, one calibration round)",
-)
 
 
-@STALE_KEPT_BUILD
 def test_the_kept_interventions_protocol_is_complete():
     """docs/figures/ keeps what a referee recomputes the stage's answer from: the primary comparison with its
     per-seed values; each arm's calibration curve on seeds disjoint from the compared ones, its best lr
@@ -368,7 +360,47 @@ def _agrees(shown: str, value: float) -> bool:
     return agrees_to_shown_digits(shown.replace("−", "-").lstrip("+"), value)
 
 
-@STALE_KEPT_BUILD
+# a row of experiments.md's table of the default build's comparisons:
+# | `comparison` | role | Δ | [low, high] | p | Holm p | TOST p | detectable | power | outcome |
+OPTIONAL = rf"(?:{SIGNED})?"
+INTERVENTION_ROW = re.compile(
+    rf"^\| `(?P<comparison>[\w-]+)`(?: \([a-z]+\))? \| (?P<role>\w+) \| (?P<delta>{SIGNED}) \| "
+    rf"\[(?P<low>{SIGNED}), (?P<high>{SIGNED})\] \| (?P<p>{SIGNED}) \| (?P<holm>{OPTIONAL}) \| "
+    rf"(?P<tost>{OPTIONAL}) \| (?P<detectable>{SIGNED}) \| (?P<power>{OPTIONAL}) \| (?P<outcome>[a-z, ]*) \|$",
+    re.M,
+)
+
+
+def test_experiments_interventions_table_is_the_kept_one():
+    """experiments.md's table of the default build's comparisons is the kept interventions.csv, row by row
+    (issue 42: every number of the write-up read from a kept table): each comparison once, its role and
+    outcome, and every number to its shown digits; an empty cell where the table has none."""
+    table = pd.read_csv(FIGURES / "interventions.csv").set_index("comparison")
+    experiments = (REPO / "docs" / "experiments.md").read_text()
+    shown = {m["comparison"]: m for m in INTERVENTION_ROW.finditer(experiments)}
+    assert set(shown) == set(table.index), set(shown) ^ set(table.index)
+    for comparison, match in shown.items():
+        row = table.loc[comparison]
+        in_family = str(row["in_family"]).lower() == "true"
+        assert match["role"] == row["role"], comparison
+        assert match["outcome"] == (row["verdict"] if in_family else ""), comparison
+        numbers = {
+            "delta": row["delta_mean"],
+            "low": row["ci_low"],
+            "high": row["ci_high"],
+            "p": row["p_value"],
+            "holm": row["p_holm"],
+            "tost": row["p_equivalence"] if in_family else math.nan,
+            "detectable": row["detectable_effect"],
+            "power": row["power_at_margin"] if in_family else math.nan,
+        }
+        for group, value in numbers.items():
+            if pd.isna(value):
+                assert not match[group], (comparison, group, match[group])
+            else:
+                assert _agrees(match[group], float(value)), (comparison, group, match[group], value)
+
+
 def test_the_robustness_numbers_are_the_kept_table():
     """Every number experiments.md and the README state about the robustness variants is read from the kept
     interventions_robustness.csv (issue 42: kept, not narrated), and that table is recomputed from its
