@@ -115,17 +115,24 @@ def test_gl_refinement_keeps_the_function_and_removes_more(models) -> None:
 
 
 @pytest.mark.parametrize(
-    "variant, classes, named",
-    [({"rope": True}, "qk", "class qk"), ({"n_kv_head": 2}, "heads", "class heads")],
-    ids=["rope-qk", "grouped-heads"],
+    "variant, note",
+    [
+        ({"rope": True}, "RoPE plane"),
+        ({"n_kv_head": 2}, "key/value groups"),
+        ({"rope": True, "n_kv_head": 1}, "1 key/value groups"),
+    ],
+    ids=["rope", "grouped-heads", "rope-mqa"],
 )
-def test_a_class_the_architecture_lacks_is_refused_by_name(tmp_path, capsys, variant, classes, named) -> None:
-    a, b = _save(tmp_path / "a.pt", 0, **variant), _save(tmp_path / "b.pt", 1, **variant)
-    assert main(["compare", str(a), str(b), "--classes", classes]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and named in err
-    has = "mlp" if "n_kv_head" in variant else "mlp,ov"
-    assert main(["compare", str(a), str(b), "--classes", has]) == 0  # the classes it has
+def test_rope_and_grouped_heads_are_aligned_by_their_own_classes(tmp_path, capsys, variant, note) -> None:
+    a = _save(tmp_path / "a.pt", 0, **variant)
+    _plant(a, tmp_path / "planted.pt", 3)
+    report_path = tmp_path / "report.json"
+    argv = ["align", str(a), str(tmp_path / "planted.pt"), "--out", str(tmp_path / "out.pt")]
+    assert main([*argv, "--json", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["relative_distance_after"] <= 1e-6 and report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    assert note in " ".join(report["notes"])
+    assert distances(_whole(a), _whole(tmp_path / "out.pt"))["total"] / norm_of(_whole(a)) <= 1e-6
 
 
 def test_a_move_that_changes_the_function_is_refused_naming_its_class(models, monkeypatch, capsys) -> None:

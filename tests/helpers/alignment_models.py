@@ -1,15 +1,22 @@
-"""Tiny nanoGPT checkpoints for the alignment tests (tests/edits/): a random model with noisy biases, and a
-planted element of every class of its symmetry orbit (docs/design.md §17)."""
+"""Tiny checkpoints for the alignment tests (tests/edits/): a random nanoGPT model with noisy biases, and a
+planted element of every class of a model's symmetry orbit, any family (docs/design.md §17)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from attnid.edits.alignment import permute_heads, permute_mlp
-from attnid.edits.checkpoints import load_checkpoint
+from attnid.edits.alignment_classes import PLANES, permute_heads, permute_mlp, plane_matrix, spec_of
+from attnid.edits.checkpoints import load_checkpoint, save_checkpoint
 from attnid.edits.orbit_moves import move_query_key, move_value_output
 from attnid.edits.orthogonal import haar_orthogonal
-from attnid.edits.whole_checkpoint import checkpoint_copy, read_whole_checkpoint, write_whole_checkpoint
+from attnid.edits.whole_checkpoint import (
+    WholeCheckpoint,
+    checkpoint_copy,
+    read_whole_checkpoint,
+    write_whole_checkpoint,
+)
 from attnid.model.gpt import GPT, GPTConfig
 
 N_LAYER, N_HEAD, N_EMBD = 2, 4, 32
@@ -33,19 +40,48 @@ def save_model(path, seed: int, n_head: int = N_HEAD, bias: bool = True, **varia
     return path
 
 
-def plant_orbit_element(source, target, seed: int) -> None:
-    """``target``: ``g`` times the model at ``source``, ``g`` a random element of every class."""
+def random_group_element(whole: WholeCheckpoint, seed: int, gl: bool = False) -> WholeCheckpoint:
+    """``g`` times ``whole``, ``g`` a seeded random element of every class its architecture has (in place):
+    key/value groups and query heads within them permuted, MLP hidden units permuted, per group an ``ov``
+    and a ``qk`` move (orthogonal; with RoPE a rotation per plane; ``gl``: well-conditioned GL(D) and,
+    with RoPE, a rotation-scaling per plane)."""
     generator = torch.Generator().manual_seed(seed)
-    checkpoint = load_checkpoint(source)
-    whole = read_whole_checkpoint(checkpoint)
-    d = N_EMBD // N_HEAD
-    for layer in range(N_LAYER):
-        permute_heads(whole, layer, torch.randperm(N_HEAD, generator=generator).tolist())
-        hidden = whole.params[f"h{layer}.mlp.w_fc"].shape[0]
+    spec = spec_of(whole)
+    g, per, d = spec.n_kv_head, spec.per_group, spec.head_dim
+    for layer in range(spec.n_layer):
+        groups = torch.randperm(g, generator=generator).tolist()
+        inner = [torch.randperm(per, generator=generator).tolist() for _ in range(g)]
+        order = [groups[i] * per + k for i in range(g) for k in inner[i]]
+        permute_heads(whole, layer, order)
+        hidden = whole.params[f"h{layer}.mlp.w_down"].shape[1]
         permute_mlp(whole, layer, torch.randperm(hidden, generator=generator).tolist())
-    for move in (move_value_output, move_query_key):
-        moves = [torch.stack([haar_orthogonal(d, generator) for _ in range(N_HEAD)]) for _ in range(N_LAYER)]
-        whole = move(whole, moves)
+
+    def scale(n: int) -> torch.Tensor:  # in [2^-1/2, 2^1/2] for GL, else 1
+        spread = torch.rand(n, generator=generator, dtype=torch.float64) - 0.5
+        return 2 ** (spread if gl else 0 * spread)
+
+    def element(circuit: str) -> torch.Tensor:
+        if spec.form(circuit) == PLANES:
+            angle = torch.rand(d // 2, generator=generator, dtype=torch.float64) * 2 * math.pi
+            size = scale(d // 2)
+            return plane_matrix(size * torch.cos(angle), size * torch.sin(angle))
+        return haar_orthogonal(d, generator) * scale(d)[None, :]
+
+    for move, circuit in ((move_value_output, "ov"), (move_query_key, "qk")):
+        whole = move(whole, [torch.stack([element(circuit) for _ in range(g)]) for _ in range(spec.n_layer)])
+    return whole
+
+
+def plant_folder(source, target, seed: int, gl: bool = False) -> None:
+    """``target`` (a nanoGPT file or a Hugging Face folder, as ``source``): ``g`` times the model at
+    ``source`` (:func:`random_group_element`), written in ``source``'s format and dtype."""
+    checkpoint = load_checkpoint(source)
+    whole = random_group_element(read_whole_checkpoint(checkpoint), seed, gl)
     copy = checkpoint_copy(checkpoint)
     write_whole_checkpoint(copy, whole)
-    torch.save(dict(copy.payload, model=copy.tensors), target)
+    save_checkpoint(copy, target)
+
+
+def plant_orbit_element(source, target, seed: int) -> None:
+    """``target``: ``g`` times the nanoGPT model at ``source``, ``g`` a random element of every class."""
+    plant_folder(source, target, seed)

@@ -61,8 +61,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "align": (
         "attnid.cli.alignment",
-        "move B along its symmetry orbit (head and MLP permutations, per-head rotations) to the point "
-        "nearest A, exactly; the distance left, class by class",
+        "move B along its symmetry orbit (head/group and MLP permutations, per-group rotations; RoPE: per "
+        "plane) to the point nearest A, exactly (nanoGPT, GPT-2, Llama-family); the distance left by class",
     ),
     "compare": (
         "attnid.cli.alignment",

@@ -1,4 +1,5 @@
-"""``attnid align``, ``attnid compare`` and ``attnid barrier``: two nanoGPT checkpoints of one architecture,
+"""``attnid align``, ``attnid compare`` and ``attnid barrier``: two checkpoints of one architecture (nanoGPT
+``ckpt.pt`` files, or Hugging Face GPT-2, Llama, Mistral, Qwen2 or Gemma folders),
 B moved along its symmetry orbit to the point nearest A (:mod:`attnid.edits.alignment`), what is left
 between them, and the held-out loss along the straight line between them (:mod:`attnid.edits.barrier`);
 docs/design.md §17 and §18."""
@@ -27,8 +28,8 @@ ALIGN_REPORT = outputs.json_report("command")  # the --json of align
 
 
 def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", type=Path, help="the reference: nanoGPT ckpt.pt")
-    parser.add_argument("b", type=Path, help="the model moved along its orbit: nanoGPT ckpt.pt of A's shape")
+    parser.add_argument("a", type=Path, help="the reference: nanoGPT ckpt.pt or a Hugging Face folder")
+    parser.add_argument("b", type=Path, help="the model moved along its orbit: A's format and shape")
     parser.add_argument(
         "--classes",
         default=None,
@@ -42,7 +43,12 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_align_arguments(parser: argparse.ArgumentParser) -> None:
     _add_pair_arguments(parser)
-    parser.add_argument("--out", type=Path, required=True, help="where to write B aligned to A (ckpt.pt)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="where B aligned to A goes (B's format)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
 
 
@@ -53,8 +59,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", type=Path, help="one end of the line: nanoGPT ckpt.pt")
-    parser.add_argument("b", type=Path, help="the other end, aligned to A at each level: nanoGPT ckpt.pt")
+    parser.add_argument("a", type=Path, help="one end of the line: nanoGPT ckpt.pt or a Hugging Face folder")
+    parser.add_argument("b", type=Path, help="the other end, aligned to A at each level (A's format, shape)")
     parser.add_argument(
         "--points", type=int, default=11, help="values of t from 0 to 1, both included (default: %(default)s)"
     )
@@ -196,13 +202,19 @@ def run_compare(args: argparse.Namespace) -> int:
 def run_align(args: argparse.Namespace) -> int:
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     from attnid.edits.alignment import EXACT_DLOGP, align_whole, probe_tokens, relative_move
-    from attnid.edits.checkpoints import save_checkpoint
+    from attnid.edits.checkpoints import HF_FOLDER, save_checkpoint, weight_format
     from attnid.edits.quant_moves import exact_log_probs
     from attnid.edits.whole_checkpoint import checkpoint_copy, read_whole_checkpoint, write_whole_checkpoint
 
     rule = outputs.current()
     rule.read(args.a, args.b)
-    rule.write(args.out, outputs.TORCH_ARCHIVE, "--out")
+    if args.b.is_dir():  # a Hugging Face folder: B's files, B's weights replaced, nothing outside --out
+        out = rule.write_dir(args.out, "--out", HF_FOLDER)
+        for item in sorted(args.b.iterdir()):
+            if item.is_file():
+                rule.write(out / item.name, weight_format(item.name))
+    else:
+        rule.write(args.out, outputs.TORCH_ARCHIVE, "--out")
     rule.write(args.json, ALIGN_REPORT, "--json")
     a, b, whole_a, moved, report = _aligned_pair(args)
     again, _ = align_whole(whole_a, moved, tuple(report["classes"]), args.seed)

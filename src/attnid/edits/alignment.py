@@ -2,23 +2,19 @@
 (Frobenius distance over every parameter, float64), and what is left between them (docs/design.md §17).
 
 The classes, in their declared order (:data:`ALIGN_CLASSES`), each a move of
-:class:`~attnid.edits.whole_checkpoint.WholeCheckpoint` (the census's names, every matrix out x in):
-
-- ``heads``: a permutation of the heads of a layer (``W_Q``, ``W_K``, ``W_V`` row blocks and their
-  biases with ``W_O``'s column blocks); needs ``G = H``.
-- ``mlp``: a permutation of the hidden units of a layer (``w_fc`` rows and ``b_fc`` with ``w_down``
-  columns).
-- ``ov``: per head an orthogonal ``M`` on the output-value pair, ``[W_V | b_V | W_O^T] -> M [...]``
-  (:func:`~attnid.edits.orbit_moves.move_value_output` with ``M^-1 = M^T``).
-- ``qk``: per head an orthogonal ``M`` on the query-key pair, ``[W_Q | b_Q | W_K | b_K] -> M [...]``
-  (:func:`~attnid.edits.orbit_moves.move_query_key`, ``M^-T = M``; no RoPE).
-- ``ov_gl``, ``qk_gl`` (only when named): the same pairs under GL(D), from the current point.
+:class:`~attnid.edits.whole_checkpoint.WholeCheckpoint` (the census's names, every matrix out x in), declared
+once for every family by :mod:`attnid.edits.alignment_classes` (nanoGPT, GPT-2, Llama, Mistral, Qwen2,
+Gemma): ``heads`` (key/value groups with their query heads, and query heads within a group), ``mlp``
+(hidden units; gate and up rows with down columns for a gated MLP), ``ov`` (O(D) per key/value group),
+``qk`` (O(D) per group; with RoPE a rotation per plane, the orthogonal part of the RoPE commutant), and,
+only when named, ``ov_gl`` and ``qk_gl`` (GL(D); with RoPE the whole commutant) from the current point.
 
 The permutations are solved by weight matching as Git Re-Basin does (Hungarian per layer,
 ``scipy.optimize.linear_sum_assignment``; coordinate descent over the layers in a seeded order until no
-permutation changes). When ``ov`` or ``qk`` is also asked for, a head pair's matching cost is its
-Procrustes residual (the nuclear norm of the cross matrix), so the permutation and the per-head rotations
-are the joint optimum for the orthogonal classes. The orthogonal parts are Procrustes, closed form; the
+permutation changes). When ``ov`` or ``qk`` is also asked for, a pair's matching value is its
+nearest point's (the nuclear norm of the cross matrix; per RoPE plane its closed form), so the permutation
+and the per-group moves are solved together (nested for grouped heads: query heads within each pair of
+groups, then the groups). The orthogonal parts are Procrustes, closed form; the
 ``ov_gl`` and ``qk_gl`` classes take the pairs on from there in GL(D) (``W_O -> W_O M^-1``,
 ``W_K -> M^-T W_K``), by L-BFGS with a declared tolerance. Every class's move is checked in float64 by
 the census's own forward before the next one (:func:`attnid.edits.quant_moves.exact_log_probs`); a class
@@ -31,10 +27,24 @@ import math
 import random
 
 import torch
-from scipy.optimize import linear_sum_assignment
 
 from attnid.common.errors import UserError
-from attnid.edits.checkpoint_types import NANOGPT, Checkpoint
+from attnid.edits.alignment_classes import (
+    AlignSpec,
+    assignment,
+    best_move,
+    class_notes,
+    gl_matrix,
+    gl_sides,
+    gl_start,
+    group_stack,
+    match_heads,
+    mlp_stack,
+    permute_heads,
+    permute_mlp,
+    spec_of,
+)
+from attnid.edits.checkpoint_types import Checkpoint
 from attnid.edits.orbit_moves import move_query_key, move_value_output
 from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
@@ -85,92 +95,13 @@ def norm_of(whole: WholeCheckpoint) -> float:
     return math.sqrt(sum(float(t.square().sum()) for t in whole.params.values()))
 
 
-# --------------------------------------------------------------------------------------
-# per-head stacks: each class's move is a left multiplication of a (D, n) stack
-# --------------------------------------------------------------------------------------
-
-
-def _head_stack(whole: WholeCheckpoint, layer: int, circuit: str) -> torch.Tensor:
-    """``(H, D, n)``: per head ``[W_Q | b_Q | W_K | b_K]`` (``qk``) or ``[W_V | b_V | W_O^T]`` (``ov``)."""
-    p, shape = whole.params, whole.shape.attention
-    h, d = shape.n_head, shape.head_dim
-    prefix = f"h{layer}.attn."
-    parts = []
-    names = ("w_q", "b_q", "w_k", "b_k") if circuit == "qk" else ("w_v", "b_v")
-    for name in names:
-        if prefix + name in p:
-            tensor = p[prefix + name]
-            parts.append(tensor.reshape(h, d, -1))
-    if circuit == "ov":
-        parts.append(p[prefix + "w_o"].T.reshape(h, d, -1))
-    return torch.cat(parts, dim=-1)
-
-
-def _mlp_stack(whole: WholeCheckpoint, layer: int) -> torch.Tensor:
-    """``(F, n)``: per hidden unit ``[w_fc row | b_fc | w_down column]``."""
-    p, prefix = whole.params, f"h{layer}.mlp."
-    parts = [p[prefix + "w_fc"]]
-    if prefix + "b_fc" in p:
-        parts.append(p[prefix + "b_fc"][:, None])
-    parts.append(p[prefix + "w_down"].T)
-    return torch.cat(parts, dim=-1)
-
-
-def _nuclear_cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(H, H)``: ``||A_i B_j^T||_*``, the largest ``<A_i, M B_j>`` over orthogonal ``M``."""
-    cross = torch.einsum("idn,jen->ijde", a, b)
-    return torch.linalg.svdvals(cross).sum(-1)
-
-
-def _head_similarity(a: WholeCheckpoint, b: WholeCheckpoint, layer: int, classes: tuple) -> torch.Tensor:
-    total = torch.zeros(a.shape.attention.n_head, a.shape.attention.n_head, dtype=torch.float64)
-    for circuit in ("qk", "ov"):
-        sa, sb = _head_stack(a, layer, circuit), _head_stack(b, layer, circuit)
-        if circuit in classes:
-            total += _nuclear_cross(sa, sb)
-        else:
-            total += torch.einsum("idn,jdn->ij", sa, sb)
-    return total
-
-
-def permute_heads(whole: WholeCheckpoint, layer: int, order: list[int]) -> None:
-    """Head ``i`` of the result is head ``order[i]`` of ``whole`` (in place)."""
-    p, shape = whole.params, whole.shape.attention
-    h, d = shape.n_head, shape.head_dim
-    prefix = f"h{layer}.attn."
-    index = torch.tensor(order)
-    for name in ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v"):
-        if prefix + name in p:
-            tensor = p[prefix + name]
-            p[prefix + name] = tensor.reshape(h, d, -1)[index].reshape(tensor.shape).clone()
-    w_o = p[prefix + "w_o"]
-    p[prefix + "w_o"] = w_o.reshape(w_o.shape[0], h, d)[:, index].reshape(w_o.shape).clone()
-
-
-def permute_mlp(whole: WholeCheckpoint, layer: int, order: list[int]) -> None:
-    """Hidden unit ``i`` of the result is unit ``order[i]`` of ``whole`` (in place)."""
-    p, prefix = whole.params, f"h{layer}.mlp."
-    index = torch.tensor(order)
-    p[prefix + "w_fc"] = p[prefix + "w_fc"][index].clone()
-    if prefix + "b_fc" in p:
-        p[prefix + "b_fc"] = p[prefix + "b_fc"][index].clone()
-    p[prefix + "w_down"] = p[prefix + "w_down"][:, index].clone()
-
-
-def _matching(similarity: torch.Tensor) -> list[int]:
-    rows, cols = linear_sum_assignment(similarity.numpy(), maximize=True)
-    order = [0] * len(rows)
-    for row, col in zip(rows, cols, strict=True):
-        order[int(row)] = int(col)
-    return order
-
-
 def match_permutations(
     a: WholeCheckpoint, b: WholeCheckpoint, kind: str, classes: tuple, seed: int
 ) -> dict[str, int]:
     """Weight matching of ``kind`` (``heads`` or ``mlp``) in place on ``b``: coordinate descent over the
     layers in a seeded order until a sweep changes no permutation. Returns the sweeps and the units
     moved (each layer's matching reads only its own layer, so the second sweep finds nothing to change)."""
+    spec = spec_of(a)
     layers = list(range(a.shape.n_layer))
     random.Random(seed).shuffle(layers)
     moved = sweeps = 0
@@ -178,9 +109,9 @@ def match_permutations(
         changed = False
         for layer in layers:
             if kind == "heads":
-                order = _matching(_head_similarity(a, b, layer, classes))
+                order = match_heads(a, b, spec, layer, classes)
             else:
-                order = _matching(_mlp_stack(a, layer) @ _mlp_stack(b, layer).T)
+                order = assignment(mlp_stack(a, spec, layer) @ mlp_stack(b, spec, layer).T)
             if order != sorted(order):
                 changed = True
                 moved += sum(i != j for i, j in enumerate(order))
@@ -190,72 +121,55 @@ def match_permutations(
     return {"sweeps": sweeps, "units_moved": moved}
 
 
-def _gl_parts(whole: WholeCheckpoint, layer: int, circuit: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(H, D, n1)``, ``(H, D, n2)``: what ``M`` multiplies (``W_V | b_V``; ``W_Q | b_Q``) and what
-    ``M^-T`` does (``W_O^T``; ``W_K | b_K``)."""
-    p, shape = whole.params, whole.shape.attention
-    h, d = shape.n_head, shape.head_dim
-    prefix = f"h{layer}.attn."
-    first, second = (("w_q", "b_q"), ("w_k", "b_k")) if circuit == "qk" else (("w_v", "b_v"), ())
-    sides = []
-    for names in (first, second):
-        parts = [p[prefix + n].reshape(h, d, -1) for n in names if prefix + n in p]
-        if circuit == "ov" and not names:
-            parts = [p[prefix + "w_o"].T.reshape(h, d, -1)]
-        sides.append(torch.cat(parts, dim=-1))
-    return sides[0], sides[1]
-
-
-def _gl_objective(x, pair: tuple, scale: float):
-    """``(||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2) / scale`` and its gradient in ``M`` (flattened)."""
+def _gl_objective(x, pair: tuple, scale: float, spec: AlignSpec, circuit: str):
+    """``(||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2) / scale`` and its gradient in the variables of ``M``."""
     a1, b1, a2, b2 = pair
-    d = a1.shape[0]
-    m = torch.tensor(x, dtype=torch.float64).reshape(d, d).requires_grad_()
+    variables = torch.tensor(x, dtype=torch.float64).requires_grad_()
+    m = gl_matrix(variables, spec, circuit)
     value = ((a1 - m @ b1).square().sum() + (a2 - torch.linalg.inv(m).T @ b2).square().sum()) / scale
     value.backward()
-    assert m.grad is not None
-    return float(value.detach()), m.grad.flatten().numpy()
+    assert variables.grad is not None
+    return float(value.detach()), variables.grad.numpy()
 
 
 def gl_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> tuple[list[torch.Tensor], int]:
-    """Per layer ``(H, D, D)``: ``M`` in GL(D) minimising ``||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2`` per
-    head, by L-BFGS (scipy) from the identity (the current point: the Procrustes one after ``ov``/``qk``),
-    tolerance :data:`GL_TOLERANCE` on the objective relative to ``||A||^2``. Returns the moves and the
-    largest number of iterations a head took."""
+    """Per layer ``(G, D, D)``: ``M`` in GL(D) (with RoPE on ``qk``: in the commutant) minimising
+    ``||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2`` per key/value group, by L-BFGS (scipy) from the identity
+    (the current point: the Procrustes one after ``ov``/``qk``), tolerance :data:`GL_TOLERANCE` on the
+    objective relative to ``||A||^2``. Returns the moves and the most iterations a group took."""
     # lazy: scipy.optimize's minimize is only needed here
     from scipy.optimize import minimize
 
+    spec = spec_of(a)
     moves, worst = [], 0
-    d = a.shape.attention.head_dim
-    for layer in range(a.shape.n_layer):
-        (a1, a2), (b1, b2) = _gl_parts(a, layer, circuit), _gl_parts(b, layer, circuit)
+    for layer in range(spec.n_layer):
+        (a1, a2), (b1, b2) = gl_sides(a, spec, layer, circuit), gl_sides(b, spec, layer, circuit)
         layer_moves = []
-        for head in range(a.shape.attention.n_head):
-            pair = (a1[head], b1[head], a2[head], b2[head])
-            scale = float(a1[head].square().sum() + a2[head].square().sum()) or 1.0
-            start = torch.eye(d, dtype=torch.float64).flatten().numpy()
+        for group in range(spec.n_kv_head):
+            pair = (a1[group], b1[group], a2[group], b2[group])
+            scale = float(a1[group].square().sum() + a2[group].square().sum()) or 1.0
             result = minimize(
                 _gl_objective,
-                start,
-                args=(pair, scale),
+                gl_start(spec, circuit).numpy(),
+                args=(pair, scale, spec, circuit),
                 jac=True,
                 method="L-BFGS-B",
                 options={"gtol": GL_TOLERANCE, "ftol": GL_TOLERANCE, "maxiter": GL_MAX_ITERATIONS},
             )
             worst = max(worst, int(result.nit))
-            layer_moves.append(torch.tensor(result.x, dtype=torch.float64).reshape(d, d))
+            layer_moves.append(gl_matrix(torch.tensor(result.x, dtype=torch.float64), spec, circuit))
         moves.append(torch.stack(layer_moves))
     return moves, worst
 
 
 def procrustes_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> list[torch.Tensor]:
-    """Per layer ``(H, D, D)``: the orthogonal ``M`` nearest ``M B_h`` to ``A_h`` (``U V^T`` of ``A_h
-    B_h^T = U S V^T``)."""
+    """Per layer ``(G, D, D)``: the ``M`` of the circuit's form nearest ``M B_g`` to ``A_g`` over each
+    group's stack (:func:`~attnid.edits.alignment_classes.best_move`)."""
+    spec = spec_of(a)
     moves = []
-    for layer in range(a.shape.n_layer):
-        cross = _head_stack(a, layer, circuit) @ _head_stack(b, layer, circuit).transpose(-1, -2)
-        u, _, vh = torch.linalg.svd(cross)
-        moves.append(u @ vh)
+    for layer in range(spec.n_layer):
+        sa, sb = group_stack(a, spec, layer, circuit), group_stack(b, spec, layer, circuit)
+        moves.append(best_move(sa @ sb.transpose(-1, -2), spec.form(circuit)))
     return moves
 
 
@@ -282,7 +196,12 @@ def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple
 
 
 def check_same_architecture(a: Checkpoint, b: Checkpoint, wa: WholeCheckpoint, wb: WholeCheckpoint) -> None:
-    """One line saying what differs between A and B, or nothing."""
+    """One line saying what differs between A and B (format, family, shape, a tensor, RoPE's base), or
+    nothing."""
+    kinds = (a.kind, a.payload.get("model_type")), (b.kind, b.payload.get("model_type"))
+    if kinds[0] != kinds[1]:
+        first, second = (" ".join(str(x) for x in kind if x is not None) for kind in kinds)
+        raise UserError(f"{a.path} and {b.path} differ in format: {first} vs {second}")
     if wa.shape != wb.shape:
         fa, fb = vars(wa.shape), vars(wb.shape)
         diff = [f"{k} {fa[k]} vs {fb[k]}" for k in fa if fa[k] != fb.get(k)]
@@ -292,21 +211,16 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint, wa: WholeCheckpoint, w
         if other is None or other.shape != tensor.shape:
             got = None if other is None else tuple(other.shape)
             raise UserError(f"{a.path} and {b.path} differ in shape: {name} {tuple(tensor.shape)} vs {got}")
-
-
-def _per_head(whole: WholeCheckpoint) -> bool:
-    return whole.shape.attention.n_kv_head == whole.shape.attention.n_head
+    if (wa.rope_base, wa.gain_offset) != (wb.rope_base, wb.gain_offset):
+        raise UserError(
+            f"{a.path} and {b.path} differ in architecture: RoPE base {wa.rope_base:g} vs {wb.rope_base:g}"
+        )
 
 
 def align_refusal(whole: WholeCheckpoint, classes: tuple) -> str | None:
-    attention = whole.shape.attention
-    grouped = [c for c in classes if c != "mlp"] if attention.n_kv_head != attention.n_head else []
-    if grouped:
-        return f"class {grouped[0]}: grouped key/value heads (G < H) are not aligned here yet"
-    if ("qk" in classes or "qk_gl" in classes) and attention.rope:
-        return "class qk: under RoPE the query-key orbit is the RoPE commutant, not aligned here yet"
-    if "mlp" in classes and "h0.mlp.w_fc" not in whole.params:
-        return "class mlp: only the GELU MLP (c_fc, c_proj) is permuted here yet"
+    """Why a class asked for is not a symmetry of this architecture, or None."""
+    if whole.shape.block == "parallel" and ("heads" in classes or "mlp" in classes):
+        return "class heads: a parallel block's shared norm is not aligned here"
     return None
 
 
@@ -320,18 +234,21 @@ def probe_tokens(whole: WholeCheckpoint, seed: int) -> torch.Tensor:
 
 
 def product_distances(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
-    """Per layer and head ``||W_Q^T W_K (A) - (B)||_F`` and ``||W_O W_V (A) - (B)||_F``: what no
-    per-head move removes; and each summed in quadrature over the heads."""
-    shape = a.shape.attention
-    h, d = shape.n_head, shape.head_dim
+    """Per layer and query head ``||W_Q^{h T} W_K^g (A) - (B)||_F`` and ``||W_O^h W_V^g (A) - (B)||_F``
+    (``g`` the head's key/value group): what no per-group move removes; and each summed in quadrature over
+    the heads."""
+    spec = spec_of(a)
+    h, d, per = spec.n_head, spec.head_dim, spec.per_group
     rows: dict[str, list[list[float]]] = {"qk": [], "ov": []}
-    for layer in range(a.shape.n_layer):
+    for layer in range(spec.n_layer):
         prefix = f"h{layer}.attn."
         products = {}
         for side, whole in (("a", a), ("b", b)):
             p = whole.params
-            q, k = p[prefix + "w_q"].reshape(h, d, -1), p[prefix + "w_k"].reshape(h, d, -1)
-            v, o = p[prefix + "w_v"].reshape(h, d, -1), p[prefix + "w_o"].reshape(-1, h, d).transpose(0, 1)
+            q = p[prefix + "w_q"].reshape(h, d, -1)
+            k = p[prefix + "w_k"].reshape(-1, d, q.shape[-1]).repeat_interleave(per, dim=0)
+            v = p[prefix + "w_v"].reshape(-1, d, q.shape[-1]).repeat_interleave(per, dim=0)
+            o = p[prefix + "w_o"].reshape(-1, h, d).transpose(0, 1)
             products[side] = (q.transpose(-1, -2) @ k, o @ v)
         for i, circuit in enumerate(("qk", "ov")):
             diff = products["a"][i] - products["b"][i]
@@ -344,11 +261,8 @@ def product_distances(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
     }
 
 
-def _product_totals(a: WholeCheckpoint, b: WholeCheckpoint) -> dict | None:
-    """The identified products' distances summed over the heads (``qk``, ``ov``); None without per-head
-    products (grouped heads)."""
-    if not _per_head(a):
-        return None
+def _product_totals(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
+    """The identified products' distances summed over the heads (``qk``, ``ov``)."""
     products = product_distances(a, b)
     return {"qk": products["qk"], "ov": products["ov"]}
 
@@ -388,6 +302,7 @@ def align_whole(
     total_before, norm_a = before["total"], norm_of(a)
     report = {
         "classes": list(classes),
+        "notes": class_notes(spec_of(b), classes),
         "seed": seed,
         "gl_tolerance": GL_TOLERANCE if any(c.endswith("_gl") for c in classes) else None,
         "norm_a": norm_a,
@@ -398,7 +313,7 @@ def align_whole(
         "distance_after": previous,
         "relative_distance_after": previous["total"] / norm_a if norm_a else 0.0,
         "share_removed": 1 - previous["total"] ** 2 / total_before**2 if total_before else 0.0,
-        "identified_products": product_distances(a, moved) if _per_head(a) else None,
+        "identified_products": product_distances(a, moved),
         "exact_max_abs_dlogp": worst,
         "probe_tokens": int(tokens.shape[1]) - 1,
     }
@@ -406,10 +321,8 @@ def align_whole(
 
 
 def read_pair(a: Checkpoint, b: Checkpoint) -> tuple[WholeCheckpoint, WholeCheckpoint]:
-    """Both checkpoints in float64 census names, checked to be nanoGPT files of one architecture."""
-    for checkpoint in (a, b):
-        if checkpoint.kind != NANOGPT:
-            raise UserError(f"{checkpoint.path}: align and compare read nanoGPT ckpt.pt files only (yet)")
+    """Both checkpoints in float64 census names (nanoGPT files, GPT-2 or Llama-family folders), checked to
+    be of one format and architecture."""
     wa, wb = read_whole_checkpoint(a), read_whole_checkpoint(b)
     check_same_architecture(a, b, wa, wb)
     return wa, wb

@@ -7,7 +7,9 @@ straight line between two checkpoints, at three alignment levels, and the functi
 - The line: ``theta(t) = (1 - t) theta_A + t theta_B`` for every parameter, norm gains and biases included
   (they interpolate as parameters like any other), computed in float64 in the census's names and written
   into a copy of B in B's stored dtype; its loss is the mean next-token cross-entropy on the held-out batch
-  (:func:`attnid.edits.heldout.evaluate`, the model as it loads from disk).
+  (:func:`attnid.edits.heldout.evaluate`, the format's own model as it loads from disk: nanoGPT's, or
+  ``transformers``' for a GPT-2 or Llama-family folder, whose forward runs RoPE, grouped heads, the gated
+  MLP and RMSNorm as the family does).
 - The barrier: ``max_t [L(t) - ((1 - t) L(0) + t L(1))]``, the largest loss above the chord joining the
   end points (0 when the path never rises above it).
 - The functional distance: the mean over the held-out positions of ``KL(p_A || p_B)``, the next-token
@@ -21,9 +23,15 @@ from torch.nn import functional as F
 
 from attnid.common.errors import UserError
 from attnid.edits.alignment import DEFAULT_CLASSES, align_whole
-from attnid.edits.checkpoint_types import Checkpoint
+from attnid.edits.checkpoint_types import NANOGPT, Checkpoint
 from attnid.edits.heldout import evaluate
-from attnid.edits.whole_checkpoint import WholeCheckpoint, checkpoint_copy, write_whole_checkpoint
+from attnid.edits.quant_moves import ScratchModel
+from attnid.edits.whole_checkpoint import (
+    WholeCheckpoint,
+    checkpoint_copy,
+    read_whole_checkpoint,
+    write_whole_checkpoint,
+)
 from attnid.measure.line import barrier_height
 from attnid.measure.quantization import kl_per_token
 from attnid.model.gpt import model_from_checkpoint, strip_compiled_prefix
@@ -59,15 +67,24 @@ def as_checkpoint(template: Checkpoint, whole: WholeCheckpoint) -> Checkpoint:
 
 
 class LineEvaluator:
-    """The held-out loss and logits of points of one architecture: the model of
-    :func:`~attnid.edits.heldout.load_for_eval`, built once from ``template``, its weights replaced by each
-    point's as stored in ``template``'s format (a line of 11 points builds one model, not 33)."""
+    """The held-out loss and logits of points of one architecture: the format's own model, built once from
+    ``template`` (nanoGPT: :func:`~attnid.edits.heldout.load_for_eval`'s; a Hugging Face folder:
+    ``transformers``' in float32, :class:`~attnid.edits.quant_moves.ScratchModel`), its weights replaced by
+    each point's as stored in ``template``'s format and dtype (a line of 11 points builds one model, not
+    33)."""
 
     def __init__(self, template: Checkpoint, batch: torch.Tensor):
         self.template, self.batch = template, batch
-        self.model = model_from_checkpoint(dict(template.payload, model=template.tensors)).eval()
+        self.scratch = None
+        if template.kind == NANOGPT:
+            self.model = model_from_checkpoint(dict(template.payload, model=template.tensors)).eval()
+        else:  # transformers' model of the folder (RoPE, GQA, SwiGLU, RMSNorm, Gemma's scale: its own)
+            self.scratch = ScratchModel(template, read_whole_checkpoint(template))
 
     def __call__(self, whole: WholeCheckpoint) -> tuple[float, torch.Tensor]:
+        if self.scratch is not None:
+            model = self.scratch.load(whole)
+            return evaluate(model.logits, self.batch)
         stored = as_checkpoint(self.template, whole).tensors
         self.model.load_state_dict(strip_compiled_prefix(stored))
         return evaluate(lambda ids: self.model(ids, full_logits=True)[0], self.batch)

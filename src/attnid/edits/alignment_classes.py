@@ -1,0 +1,272 @@
+"""The symmetry classes that ``attnid align`` moves along, declared once per model shape (docs/design.md §17).
+
+One :class:`AlignSpec` says, for any model the census describes (nanoGPT, GPT-2, Llama, Mistral, Qwen2,
+Gemma), what each class acts on; the alignment is one function over it, not a copy per architecture:
+
+- ``heads``: key/value groups permuted together with their query heads, and query heads within a group
+  (``G = H``: plain head permutations). Query head ``h`` reads group ``h // (H/G)``.
+- ``mlp``: hidden units permuted: the input rows (``w_fc``, or ``w_gate`` and ``w_up`` of a gated MLP)
+  and their biases with the ``w_down`` columns.
+- ``ov``: per key/value group one ``M`` in O(D): the group's ``W_V`` rows (and ``b_V``) by ``M``, every
+  query head's ``W_O`` columns of the group by ``M^-1``; Procrustes over the stacked blocks
+  ``[W_V | b_V | W_O^{h T} ...]``.
+- ``qk``: per group one ``M``: the group's query heads by ``M``, its key by ``M^-T``. Without RoPE ``M``
+  is in O(D) (Procrustes over ``[W_Q^h ... | b_Q^h ... | W_K | b_K]``); with RoPE only the commutant of the
+  rotations is a symmetry (:mod:`attnid.theory.rope`, half-split planes ``(p, p + D/2)`` as every
+  family here and the census run it): its orthogonal part is a rotation in each plane, whose nearest
+  point has a closed form (``theta_p = atan2(C_10 - C_01, C_00 + C_11)`` of the plane's 2x2 cross
+  matrix ``C``).
+- ``ov_gl``, ``qk_gl``: the same pairs in GL(D) (with RoPE: the whole commutant, a rotation-scaling
+  ``a I + b J`` per plane), by L-BFGS from the current point.
+
+Stacks are ``(G, D, n)`` per layer, every class's move a left multiplication of each group's stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from attnid.edits.whole_checkpoint import WholeCheckpoint
+from attnid.theory import whole_model as theory
+
+FULL, PLANES = "orthogonal", "rope-planes"  # the form of a circuit's move
+
+
+@dataclass(frozen=True)
+class AlignSpec:
+    """What the classes of one model shape act on."""
+
+    n_layer: int
+    n_head: int  # H
+    n_kv_head: int  # G
+    head_dim: int  # D
+    rope: bool
+    mlp_inputs: tuple[str, ...]  # ("fc",) or ("gate", "up")
+
+    @property
+    def per_group(self) -> int:
+        return self.n_head // self.n_kv_head
+
+    def form(self, circuit: str) -> str:
+        """The move's form: RoPE leaves the query-key pair only the rotations of each plane."""
+        return PLANES if circuit == "qk" and self.rope else FULL
+
+
+def spec_of(whole: WholeCheckpoint) -> AlignSpec:
+    shape = whole.shape
+    a = shape.attention
+    inputs = ("gate", "up") if shape.mlp in theory.GATED_MLPS else ("fc",)
+    return AlignSpec(shape.n_layer, a.n_head, a.n_kv_head, a.head_dim, shape.positions == "rope", inputs)
+
+
+def class_notes(spec: AlignSpec, classes: tuple) -> list[str]:
+    """Each asked class in this architecture's terms (the report's ``notes``)."""
+    g, h, d = spec.n_kv_head, spec.n_head, spec.head_dim
+    heads = "heads" if g == h else f"{g} key/value groups with their query heads, {spec.per_group} per group"
+    qk = f"a rotation per RoPE plane (p, p + {d // 2})" if spec.rope else f"O({d}) per group"
+    notes = {
+        "heads": f"heads: permutations of {heads}",
+        "mlp": f"mlp: permutations of the hidden units ({' and '.join(spec.mlp_inputs)} rows, down columns)",
+        "ov": f"ov: O({d}) per key/value group (W_V rows by M, W_O columns by M^-1)",
+        "qk": f"qk: {qk} (queries by M, the key by M^-T)",
+        "ov_gl": f"ov_gl: GL({d}) per key/value group",
+        "qk_gl": "qk_gl: the RoPE commutant per group" if spec.rope else f"qk_gl: GL({d}) per group",
+    }
+    return [notes[c] for c in classes]
+
+
+# --------------------------------------------------------------------------------------
+# stacks: (G, D, n) per group, (H, D, n) per query head
+# --------------------------------------------------------------------------------------
+
+
+def _by_head(tensor: torch.Tensor, d: int) -> torch.Tensor:
+    """``(H D, ...)`` rows -> ``(H, D, n)``."""
+    return tensor.reshape(tensor.shape[0] // d, d, -1)
+
+
+def head_parts(whole: WholeCheckpoint, spec: AlignSpec, layer: int, circuit: str) -> torch.Tensor:
+    """``(H, D, n)``: per query head what the group's ``M`` multiplies: ``[W_Q^h | b_Q^h]`` (``qk``) or
+    ``W_O^{h T}`` (``ov``)."""
+    p, prefix, d = whole.params, f"h{layer}.attn.", spec.head_dim
+    if circuit == "ov":
+        return _by_head(p[prefix + "w_o"].T, d)
+    return torch.cat([_by_head(p[prefix + n], d) for n in ("w_q", "b_q") if prefix + n in p], dim=-1)
+
+
+def shared_parts(whole: WholeCheckpoint, spec: AlignSpec, layer: int, circuit: str) -> torch.Tensor:
+    """``(G, D, n)``: per key/value group its own rows: ``[W_K | b_K]`` (``qk``) or ``[W_V | b_V]``."""
+    p, prefix = whole.params, f"h{layer}.attn."
+    names = ("w_k", "b_k") if circuit == "qk" else ("w_v", "b_v")
+    return torch.cat([_by_head(p[prefix + n], spec.head_dim) for n in names if prefix + n in p], dim=-1)
+
+
+def group_stack(whole: WholeCheckpoint, spec: AlignSpec, layer: int, circuit: str) -> torch.Tensor:
+    """``(G, D, n)``: everything the group's ``M`` multiplies (orthogonal ``M``: ``M^-T = M``), the query
+    heads' blocks side by side."""
+    heads = head_parts(whole, spec, layer, circuit)
+    g, d = spec.n_kv_head, spec.head_dim
+    grouped = heads.reshape(g, spec.per_group, d, -1).transpose(1, 2).reshape(g, d, -1)
+    return torch.cat([grouped, shared_parts(whole, spec, layer, circuit)], dim=-1)
+
+
+def mlp_stack(whole: WholeCheckpoint, spec: AlignSpec, layer: int) -> torch.Tensor:
+    """``(F, n)``: per hidden unit its input rows and biases and its ``w_down`` column."""
+    p, prefix = whole.params, f"h{layer}.mlp."
+    parts = []
+    for name in spec.mlp_inputs:
+        parts.append(p[prefix + f"w_{name}"])
+        if prefix + f"b_{name}" in p:
+            parts.append(p[prefix + f"b_{name}"][:, None])
+    parts.append(p[prefix + "w_down"].T)
+    return torch.cat(parts, dim=-1)
+
+
+# --------------------------------------------------------------------------------------
+# the nearest point of each form: value (for matching) and move (Procrustes)
+# --------------------------------------------------------------------------------------
+
+
+def _planes(cross: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per plane ``p`` of ``cross`` ``(..., D, D)``: ``(C_00 + C_11, C_10 - C_01)`` over ``(p, p + D/2)``."""
+    half = cross.shape[-1] // 2
+    diagonal = torch.diagonal(cross, dim1=-2, dim2=-1)
+    upper = torch.diagonal(cross[..., :half, half:], dim1=-2, dim2=-1)  # C_01
+    lower = torch.diagonal(cross[..., half:, :half], dim1=-2, dim2=-1)  # C_10
+    return diagonal[..., :half] + diagonal[..., half:], lower - upper
+
+
+def best_value(cross: torch.Tensor, form: str | None) -> torch.Tensor:
+    """``max <A, M B>`` over the form's ``M`` given ``cross = A B^T`` ``(..., D, D)``; None: ``M = I``."""
+    if form is None:
+        return torch.diagonal(cross, dim1=-2, dim2=-1).sum(-1)
+    if form == FULL:
+        return torch.linalg.svdvals(cross).sum(-1)
+    cosine, sine = _planes(cross)
+    return torch.sqrt(cosine**2 + sine**2).sum(-1)
+
+
+def plane_matrix(scale_cos: torch.Tensor, scale_sin: torch.Tensor) -> torch.Tensor:
+    """``(..., D, D)``: ``a I + b J`` in every plane ``(p, p + D/2)`` (``a``, ``b``: ``(..., D/2)``), the
+    RoPE commutant (:func:`attnid.edits.orbit_moves.random_rope_commutant`'s layout)."""
+    a, b = torch.diag_embed(scale_cos), torch.diag_embed(scale_sin)
+    return torch.cat([torch.cat([a, -b], dim=-1), torch.cat([b, a], dim=-1)], dim=-2)
+
+
+def best_move(cross: torch.Tensor, form: str) -> torch.Tensor:
+    """The form's ``M`` maximising ``<A, M B>`` given ``cross = A B^T``: ``U V^T`` (O(D)), or per plane
+    the rotation by ``atan2(C_10 - C_01, C_00 + C_11)``."""
+    if form == FULL:
+        u, _, vh = torch.linalg.svd(cross)
+        return u @ vh
+    angle = torch.atan2(*reversed(_planes(cross)))
+    return plane_matrix(torch.cos(angle), torch.sin(angle))
+
+
+# --------------------------------------------------------------------------------------
+# permutations: the matching of one layer, and the moves
+# --------------------------------------------------------------------------------------
+
+
+def assignment(similarity: torch.Tensor) -> list[int]:
+    """``order[i]``: the column matched to row ``i`` (largest total similarity, Hungarian)."""
+    rows, cols = linear_sum_assignment(similarity.numpy(), maximize=True)
+    order = [0] * len(rows)
+    for row, col in zip(rows, cols, strict=True):
+        order[int(row)] = int(col)
+    return order
+
+
+def match_heads(a: WholeCheckpoint, b: WholeCheckpoint, spec: AlignSpec, layer: int, classes: tuple) -> list:
+    """``order`` over the query heads: head ``i`` of the aligned layer is head ``order[i]`` of ``b``.
+
+    Each circuit counts by its nearest point when its class is asked (``ov``/``qk``; Procrustes residual),
+    else as it stands. Query heads within a pair of groups are matched first by their own blocks, then
+    the groups by everything the group's move multiplies in that head order (weight matching, nested)."""
+    g, per = spec.n_kv_head, spec.per_group
+    head_cross, shared_cross, forms = [], [], []
+    for circuit in ("qk", "ov"):
+        forms.append(spec.form(circuit) if circuit in classes or circuit + "_gl" in classes else None)
+        ha, hb = head_parts(a, spec, layer, circuit), head_parts(b, spec, layer, circuit)
+        head_cross.append(torch.einsum("idn,jen->ijde", ha, hb))  # (H, H, D, D)
+        sa, sb = shared_parts(a, spec, layer, circuit), shared_parts(b, spec, layer, circuit)
+        shared_cross.append(torch.einsum("idn,jen->ijde", sa, sb))  # (G, G, D, D)
+    inner: dict[tuple[int, int], list[int]] = {}
+    if per > 1:
+        per_head = torch.stack([best_value(c, f) for c, f in zip(head_cross, forms, strict=True)]).sum(0)
+        for i in range(g):
+            for j in range(g):
+                inner[i, j] = assignment(per_head[i * per : (i + 1) * per, j * per : (j + 1) * per])
+    else:
+        inner = {(i, j): [0] for i in range(g) for j in range(g)}
+    group_value = torch.zeros(g, g, dtype=torch.float64)
+    for cross, shared, form in zip(head_cross, shared_cross, forms, strict=True):
+        total = shared.clone()
+        for (i, j), matched in inner.items():
+            for k, m in enumerate(matched):
+                total[i, j] += cross[i * per + k, j * per + m]
+        group_value += best_value(total, form)
+    groups = assignment(group_value) if g > 1 else [0]
+    return [groups[i] * per + inner[i, groups[i]][k] for i in range(g) for k in range(per)]
+
+
+def permute_heads(whole: WholeCheckpoint, layer: int, order: list[int]) -> None:
+    """Query head ``i`` of the result is head ``order[i]`` of ``whole``, its key/value group following
+    (``order`` must move whole groups); in place."""
+    p, a = whole.params, whole.shape.attention
+    d, per = a.head_dim, a.n_head // a.n_kv_head
+    groups = [order[i * per] // per for i in range(a.n_kv_head)]
+    if any(order[i] // per != groups[i // per] for i in range(a.n_head)):
+        raise ValueError(f"head order {order} splits a key/value group of {per} query heads")
+    prefix = f"h{layer}.attn."
+    for names, index in ((("w_q", "b_q"), order), (("w_k", "b_k", "w_v", "b_v"), groups)):
+        for name in names:
+            if prefix + name in p:
+                tensor = p[prefix + name]
+                p[prefix + name] = _by_head(tensor, d)[torch.tensor(index)].reshape(tensor.shape).clone()
+    w_o = p[prefix + "w_o"]
+    p[prefix + "w_o"] = w_o.reshape(w_o.shape[0], -1, d)[:, torch.tensor(order)].reshape(w_o.shape).clone()
+
+
+def permute_mlp(whole: WholeCheckpoint, layer: int, order: list[int]) -> None:
+    """Hidden unit ``i`` of the result is unit ``order[i]`` of ``whole`` (in place)."""
+    p, prefix = whole.params, f"h{layer}.mlp."
+    index = torch.tensor(order)
+    for name in ("w_fc", "b_fc", "w_gate", "b_gate", "w_up", "b_up"):
+        if prefix + name in p:
+            p[prefix + name] = p[prefix + name][index].clone()
+    p[prefix + "w_down"] = p[prefix + "w_down"][:, index].clone()
+
+
+# --------------------------------------------------------------------------------------
+# GL(D) and the RoPE commutant: the two sides of a pair
+# --------------------------------------------------------------------------------------
+
+
+def gl_sides(whole: WholeCheckpoint, spec: AlignSpec, layer: int, circuit: str) -> tuple:
+    """``(G, D, n1)``, ``(G, D, n2)``: what ``M`` multiplies (``W_V | b_V``; the query heads) and what
+    ``M^-T`` does (the ``W_O^{h T}``; ``W_K | b_K``)."""
+    g, d = spec.n_kv_head, spec.head_dim
+    heads = head_parts(whole, spec, layer, circuit)
+    grouped = heads.reshape(g, spec.per_group, d, -1).transpose(1, 2).reshape(g, d, -1)
+    shared = shared_parts(whole, spec, layer, circuit)
+    return (grouped, shared) if circuit == "qk" else (shared, grouped)
+
+
+def gl_matrix(x: torch.Tensor, spec: AlignSpec, circuit: str) -> torch.Tensor:
+    """``M`` of the optimiser's variables: ``D^2`` entries, or under RoPE ``(a_p, b_p)`` per plane."""
+    d = spec.head_dim
+    if spec.form(circuit) == PLANES:
+        return plane_matrix(x[: d // 2], x[d // 2 :])
+    return x.reshape(d, d)
+
+
+def gl_start(spec: AlignSpec, circuit: str) -> torch.Tensor:
+    """The identity in the optimiser's variables."""
+    d = spec.head_dim
+    if spec.form(circuit) == PLANES:
+        return torch.cat([torch.ones(d // 2), torch.zeros(d // 2)]).double()
+    return torch.eye(d, dtype=torch.float64).flatten()

@@ -1,0 +1,208 @@
+"""``attnid align``, ``compare`` and ``barrier`` on tiny random Hugging Face folders of every family
+(docs/design.md §17, §18): GPT-2; Llama (``G = H``, RoPE); Mistral (grouped heads, ``G = 2``); Qwen2 (q/k/v
+biases, ``G = 2``); Gemma (``D != E/H``, one key/value group, GeGLU). A planted element ``g`` of every
+class the family has is recovered; the written folder computes B's function; aligning twice moves nothing;
+a mismatched pair is one line. A hypothesis property plants random elements on random shapes in memory.
+
+No network: the folders are transformers' config classes with random weights, stored in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import transformers
+from alignment_models import plant_folder, random_group_element
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from variant_models import TINY_HF
+
+from attnid.cli import main
+from attnid.edits.alignment import EXACT_DLOGP, align_whole, distances, norm_of, probe_tokens
+from attnid.edits.checkpoints import load_checkpoint
+from attnid.edits.quant_moves import exact_log_probs
+from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
+from attnid.theory.census import random_point
+from attnid.theory.whole_model import whole_model_shape
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()
+
+AS_WRITTEN = 1e-4  # transformers' float32 forward of the written folder against B's
+FAMILIES = {
+    "gpt2": (transformers.GPT2Config, transformers.GPT2LMHeadModel, {}),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"num_key_value_heads": 4}),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {}),  # G = 2
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),  # q/k/v biases, G = 2
+    "gemma": (  # D != E/H, one key/value group, GeGLU, tied, gains stored as gain - 1
+        transformers.GemmaConfig,
+        transformers.GemmaForCausalLM,
+        {"head_dim": 12, "num_key_value_heads": 1},
+    ),
+}
+GPT2 = dict(vocab_size=64, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+
+
+@torch.no_grad()
+def _save(family: str, folder, seed: int = 0, **overrides):
+    """A tiny random folder, off the balanced point: norm gains in [0.5, 1.5], non-zero biases."""
+    torch.manual_seed(seed)
+    config_class, model_class, extra = FAMILIES[family]
+    settings_ = GPT2 if family == "gpt2" else TINY_HF
+    model = model_class(config_class(**{**settings_, **extra, **overrides})).eval()
+    for name, parameter in model.named_parameters():
+        if ("norm" in name or ".ln_" in name) and name.endswith("weight"):
+            parameter.uniform_(0.5, 1.5)
+        elif name.endswith("bias"):
+            parameter.normal_(0, 0.3)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("align-hf")
+
+
+def _pair(root, family: str):
+    """A and B = g A, once per family."""
+    a, b = root / family / "a", root / family / "b"
+    if not b.exists():
+        _save(family, a)
+        plant_folder(a, b, seed=len(family))
+    return a, b
+
+
+def _whole(path) -> WholeCheckpoint:
+    return read_whole_checkpoint(load_checkpoint(path))
+
+
+def _log_probs(path, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), local_files_only=True, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        return model(input_ids=ids).logits.log_softmax(-1)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_planted_element_is_recovered_and_written_exactly(root, family, capsys) -> None:
+    a, b = _pair(root, family)
+    out, report_path = root / family / "aligned", root / family / "aligned.json"
+    assert main(["align", str(a), str(b), "--out", str(out), "--json", str(report_path)]) == 0
+    whole_a, whole_b, aligned = _whole(a), _whole(b), _whole(out)
+    assert distances(whole_a, whole_b)["total"] / norm_of(whole_a) > 0.1  # the plant moved it
+    assert distances(whole_a, aligned)["total"] / norm_of(whole_a) <= 1e-6
+    report = json.loads(report_path.read_text())
+    assert [s["class"] for s in report["steps"]] == ["heads", "mlp", "ov", "qk"]
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP and report["realign_relative_move"] <= 1e-6
+    assert report["identified_products"]["qk"] <= 1e-5 and report["identified_products"]["ov"] <= 1e-5
+    # the folder as written: B's files (safetensors), B's function in the family's own float32 forward
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in b.iterdir())
+    assert (out / "model.safetensors").is_file()
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
+    assert float((_log_probs(out, ids) - _log_probs(b, ids)).abs().max()) <= AS_WRITTEN
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("family", ["gpt2", "mistral", "gemma"])
+def test_the_barrier_of_a_planted_element_is_flat_once_aligned(root, family) -> None:
+    a, b = _pair(root, family)
+    path = root / family / "barrier.json"
+    argv = ["barrier", str(a), str(b), "--points", "3", "--sequences", "2", "--length", "16"]
+    assert main([*argv, "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert report["levels"]["all"]["barrier"] <= 1e-4
+    assert report["alignment"]["relative_distance_after"] <= 1e-6
+    assert report["endpoint_loss_change"] <= 1e-5  # B and B aligned: one function, as transformers runs it
+    assert report["alignment"]["functional"]["kl_before"] <= 1e-6  # g A is A's function
+
+
+def test_two_seeds_compare_exactly_and_idempotently(root, capsys) -> None:
+    a, b = _save("qwen2", root / "seed0"), _save("qwen2", root / "seed1", seed=1)
+    assert main(["compare", str(a), str(b), "--json", "--sequences", "2", "--length", "16"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    functional = report["functional"]
+    assert functional["kl_before"] > 1e-4 and functional["kl_change"] <= 1e-5 * functional["kl_before"]
+    whole_a, whole_b = _whole(a), _whole(b)
+    _, permutations = align_whole(whole_a, whole_b, ("heads", "mlp"))
+    moved, every = align_whole(whole_a, whole_b)
+    assert every["distance_after"]["total"] <= permutations["distance_after"]["total"] + 1e-12
+    assert every["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    again, _ = align_whole(whole_a, moved)
+    assert distances(moved, again)["total"] / norm_of(moved) <= 1e-6
+
+
+def test_a_planted_gl_element_is_recovered_by_the_gl_classes(root) -> None:
+    a, b = _pair(root, "qwen2")
+    whole_a = _whole(a)
+    planted = random_group_element(_whole(a), seed=5, gl=True)
+    moved, report = align_whole(whole_a, planted, ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl"))
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    assert report["relative_distance_after"] <= 1e-6
+    assert report["steps"][3]["distance"]["total"] > 1e-3 * norm_of(whole_a)  # orthogonal parts alone: not
+
+
+@pytest.mark.parametrize(
+    "first, second, overrides, named",
+    [
+        ("llama", "mistral", {}, "differ in format"),
+        ("gpt2", "llama", {}, "differ in format"),
+        ("mistral", "mistral", {"intermediate_size": 40}, "differ in architecture"),
+        ("qwen2", "qwen2", {"rope_theta": 500.0}, "RoPE base"),
+    ],
+)
+def test_a_mismatched_pair_is_one_line(root, capsys, first, second, overrides, named) -> None:
+    a = _save(first, root / "mismatch" / f"{first}-a")
+    b = _save(second, root / "mismatch" / f"{second}-b-{len(overrides)}-{named[-4:]}", **overrides)
+    out = root / "mismatch" / "never"
+    assert main(["align", str(a), str(b), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err
+    assert not out.exists()
+
+
+def test_the_aligned_folder_is_never_written_over_an_input(root, capsys) -> None:
+    a, b = _pair(root, "mistral")
+    before = {p.name: p.read_bytes() for p in b.iterdir()}
+    assert main(["align", str(a), str(b), "--out", str(b)]) == 2
+    assert "input" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in b.iterdir()} == before
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    heads=st.sampled_from([(2, 1), (2, 2), (4, 2), (4, 1), (3, 3)]),
+    rope=st.booleans(),
+    gated=st.booleans(),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_any_planted_element_on_any_shape_is_recovered_exactly(heads, rope, gated, bias, seed) -> None:
+    n_head, n_kv_head = heads
+    shape = whole_model_shape(
+        n_layer=2,
+        n_embd=12,
+        n_head=n_head,
+        n_kv_head=n_kv_head,
+        head_dim=4,
+        vocab_size=17,
+        block_size=8,
+        norm="rmsnorm" if rope else "layernorm",
+        qkv_bias=bias,
+        mlp="swiglu" if gated else "gelu",
+        mlp_hidden=10,
+        positions="rope" if rope else "learned",
+        tied=not bias,
+        in_domain=False,
+    )
+    a = WholeCheckpoint(shape, random_point(shape, torch.Generator().manual_seed(seed)))
+    b = random_group_element(WholeCheckpoint(shape, {k: v.clone() for k, v in a.params.items()}), seed + 1)
+    moved, report = align_whole(a, b)
+    assert report["relative_distance_after"] <= 1e-9
+    tokens = probe_tokens(b, 0)
+    assert float((exact_log_probs(moved, tokens) - exact_log_probs(b, tokens)).abs().max()) <= EXACT_DLOGP
