@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from attnid.plan import plan, quantization_checkpoints, why_no_pdf
+from attnid.plan import alignment_pairs, plan, quantization_checkpoints, why_no_pdf
 from attnid.plan.runs import PENDING_SUFFIX
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,7 +258,8 @@ def expected_outputs(config: dict) -> list[str]:
     All of them but the shared data lie under the config's ``results_dir``.
     """
     out = config["results_dir"]
-    planned = plan(copy.deepcopy(config))
+    checked = copy.deepcopy(config)  # its defaults filled in by the plan
+    planned = plan(checked)
     edits = config.get("edits")
     interventions = config.get("interventions")
     files = [f"{d}/{name}" for d in planned.runs for name in ("metrics.csv", "run.json")]
@@ -275,16 +276,19 @@ def expected_outputs(config: dict) -> list[str]:
         files += [f"{out}/tables/{study}.{ext}" for study in studies for ext in ("csv", "tex")]
         files += [f"{out}/tables/identification_correlation.{ext}" for ext in ("csv", "tex")]
     quantization = config.get("quantization")
+    pairs = alignment_pairs(checked, planned)  # the alignment stage's (none: no job, no Figure 8)
     figures = (
         [f"fig{i}" for i in range(1, 5)]
         + (["fig5"] if studies else [])
         + (["fig6"] if interventions else [])
         + (["fig7"] if quantization else [])
+        + (["fig8"] if pairs else [])
     )
     files += [f"{out}/figures/{name}.{ext}" for name in figures for ext in ("png", "pdf", "rst")]
     pages = ["cases"] + (["interventions"] if interventions else []) + (["identification"] if studies else [])
     pages += ["prune"] if edits else []
     pages += ["quantization"] if quantization else []
+    pages += ["alignment"] if pairs else []
     files += [f"{out}/report/{page}.html" for page in ["claims", *figures, *pages]] + [
         f"{out}/report/index.rst"
     ]
@@ -296,6 +300,9 @@ def expected_outputs(config: dict) -> list[str]:
         files += [
             f"{out}/quantization/{quantization['case']}/{run.rsplit('/', 1)[1]}.json" for run in studied
         ]
+    files += [f"{out}/alignment/{pair.name}.json" for pair in pairs]
+    if pairs:
+        files += [f"{out}/tables/{name}" for name in ("alignment.csv", "alignment_line.csv", "alignment.tex")]
     files += [
         f"{out}/theory/counts.csv",
         f"{out}/theory/single_head.csv",

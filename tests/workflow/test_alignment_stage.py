@@ -82,3 +82,71 @@ def test_a_bad_section_is_one_config_error_naming_the_key(configs, overrides, ke
     with pytest.raises(ConfigError) as caught:
         _pairs(configs["config"], overrides)
     assert key in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_smoke_build_pairs_its_declared_groups_training_their_other_seed_for_the_stage_alone(configs):
+    """pairs_from: the smoke build's one seed per group, and a second seed of each group it pairs, trained
+    for this stage alone (no case or study table reads it)."""
+    planned, pairs = _pairs(configs["smoke"])
+    declared = configs["smoke"]["alignment"]["pairs_from"]
+    assert pairs and {(p.study, p.group) for p in pairs} == {
+        (study, group) for study, groups in declared.items() for group in groups
+    }
+    for pair in pairs:
+        seeds = declared[pair.study][pair.group]
+        assert (pair.seed_a, pair.seed_b) in itertools.combinations(seeds, 2)
+        for run in (pair.run_a, pair.run_b):
+            assert run in planned.trained()
+    own = {run for pair in pairs for run in (pair.run_a, pair.run_b)} - set(planned.case_runs)
+    own -= {run for runs in planned.study_runs.values() for run in runs}
+    assert own and sorted(own) == sorted(planned.alignment_runs)
+    listed = [*planned.case_runs, *(run for runs in planned.study_runs.values() for run in runs)]
+    assert not set(planned.alignment_runs) & set(listed)
+
+
+def test_pairs_from_trains_the_case_s_or_point_s_settings_at_the_other_seed(configs):
+    config = configs["config"]
+    overrides = {"alignment": {"pairs_from": {"cases": {"adamw": [0, 7]}, "heads": {"h4": [2, 9]}}}}
+    planned, pairs = _pairs(config, overrides)
+    assert [p.name for p in pairs] == ["cases/adamw/seed0-seed7", "heads/h4/seed2-seed9"]
+    root = planned.results_dir
+    assert planned.alignment_runs == [f"{root}/runs/adamw/seed7", f"{root}/studies/heads/h4/seed9"]
+    siblings = [
+        ("runs/adamw/seed7", "runs/adamw/seed0"),
+        ("studies/heads/h4/seed9", "studies/heads/h4/seed0"),
+    ]
+    for extra, sibling in siblings:
+        mine, theirs = planned.runs[f"{root}/{extra}"], planned.runs[f"{root}/{sibling}"]
+        assert mine.case == theirs.case and mine.settings["seed"] != theirs.settings["seed"]
+        assert {**mine.settings, "seed": 0} == {**theirs.settings, "seed": 0}
+    assert planned.case_runs == _pairs(config)[0].case_runs  # no case table reads the stage's own run
+
+
+def test_pairs_from_null_is_every_group_of_the_studies(configs):
+    config = copy.deepcopy(configs["smoke"])
+    config["seeds"] = [0, 1]
+    _, pairs = _pairs(config, {"alignment": {"pairs_from": None}})
+    assert sorted(p.group for p in pairs) == sorted(config["cases"])
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"alignment": {"pairs_from": {"cases": {"adamw": [0]}}}}, "alignment/pairs_from/cases/adamw"),
+        ({"alignment": {"pairs_from": {"cases": {"adamw_typo": [0, 1]}}}}, "alignment/pairs_from/cases"),
+        ({"alignment": {"pairs_from": {"heads": {"h3": [0, 1]}}}}, "alignment/pairs_from/heads/h3"),
+        ({"alignment": {"pairs_from": {"variants": {"mha": [0, 1]}}}}, "alignment/pairs_from"),
+        (
+            {"alignment": {"studies": ["cases"], "pairs_from": {"heads": {"h4": [0, 1]}}}},
+            "alignment/pairs_from/heads",
+        ),
+        (
+            {"heads": None, "alignment": {"pairs_from": {"heads": {"h4": [0, 1]}}}},
+            "alignment/pairs_from/heads/h4",
+        ),
+    ],
+)
+def test_a_bad_pairs_from_is_one_config_error_naming_the_key(configs, overrides, key):
+    with pytest.raises(ConfigError) as caught:
+        _pairs(configs["config"], overrides)
+    assert key in str(caught.value) and "\n" not in str(caught.value)

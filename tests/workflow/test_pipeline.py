@@ -48,7 +48,7 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     config = smoke_config()
     missing = [path for path in expected_outputs(config) if not (smoke_dir / path).is_file()]
     assert not missing, f"the smoke DAG did not make {missing}"
-    for i in range(1, 8):
+    for i in range(1, 9):  # Figure 8 too: the smoke build's alignment pairs (alignment/pairs_from)
         assert (smoke_dir / f"{SMOKE}/figures/fig{i}.png").stat().st_size > 10_000
         assert (smoke_dir / f"{SMOKE}/figures/fig{i}.pdf").read_bytes().startswith(b"%PDF")
     # every job leaves a log and a benchmark
@@ -59,6 +59,7 @@ def test_smoke_dag_builds_every_target(smoke_dir):
     assert "tab:experiment-cases" in appendix and "fig4" in appendix
     assert "tab:study-heads" in appendix and "tab:study-variants" in appendix and "fig5" in appendix
     assert "tab:interventions" in appendix and "fig6" in appendix and "fig7" in appendix
+    assert "fig8" in appendix
     quantization = (smoke_dir / f"{SMOKE}/tables/claims.csv").read_text()
     assert "quantization: moves exact in float64" in quantization
     assert (smoke_dir / f"{SMOKE}/benchmarks/quantization/adamw/seed0.tsv").is_file()
@@ -157,14 +158,16 @@ def test_smoke_tables_cover_every_run_and_claim(smoke_dir):
     verdicts = comparisons.loc[comparisons["in_family"].astype(bool), "verdict"].tolist()
     # the theory's five claims (T1-T6, of the theory stage's nullity.csv) and the experiments' ten first, the
     # interventions' six identities (the census's row between) and a row per verdict of its family, then the
-    # quantization stage's four (appended last: its two identities, and two targets on the build's checkpoint)
+    # quantization stage's four (its two identities, and two targets on the build's checkpoint), then the
+    # alignment stage's one (its pairs exact), appended last
     assert claims["claim"].iloc[:5].str.match(r"T[1-6][ -]").all()
     assert claims["claim"].iloc[5:15].str.match(r"(E[123] |drift split)").all()
-    assert claims["claim"].iloc[-10 - len(verdicts) : -4].str.startswith("interventions: ").all()
-    assert claims["result"].iloc[-4 - len(verdicts) : -4].tolist() == verdicts and verdicts  # as labelled
-    assert claims["claim"].iloc[-4:].str.startswith("quantization: ").all()
+    assert claims["claim"].iloc[-11 - len(verdicts) : -5].str.startswith("interventions: ").all()
+    assert claims["result"].iloc[-5 - len(verdicts) : -5].tolist() == verdicts and verdicts  # as labelled
+    assert claims["claim"].iloc[-5:-1].str.startswith("quantization: ").all()
+    assert claims["claim"].iloc[-1].startswith("alignment: ") and claims["result"].iloc[-1] == "pass"
     census = claims["claim"].str.startswith("whole-model census").sum()
-    assert len(claims) == 5 + 10 + census + 6 + len(verdicts) + 4
+    assert len(claims) == 5 + 10 + census + 6 + len(verdicts) + 4 + 1
     assert set(claims["result"]) - set(verdicts) <= {"pass", "fail", "holds", "rejected", "missing"} | {
         "not applicable (dtype)"
     }

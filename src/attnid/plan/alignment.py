@@ -7,6 +7,11 @@ A config's ``alignment`` section (absent or null: no such stage) says which grou
 plan copies from an identical earlier run (:meth:`attnid.plan.runs.Plan.copied`) has no checkpoint of its
 own: its pair reads the checkpoint of the run it copies. A group with one seed has no pair; a config with no
 pair at all has no alignment jobs and no Figure 8.
+
+``pairs_from`` (``{study: {group: seeds}}``) names the groups paired, and their seeds, instead of every
+group of ``studies`` with its study's seeds: a seed its study does not train is trained for this stage
+alone (:func:`alignment_runs`; the plan lays it out beside the study's own runs, where no other stage reads
+it). The smoke build pairs one heads point so: two seeds of one group, the cheapest Figure 8.
 """
 
 from __future__ import annotations
@@ -41,11 +46,40 @@ def alignment_settings(config: dict) -> dict | None:
     return config.get("alignment") or None
 
 
+def _heads_groups(config: dict) -> list[str]:
+    """The heads study's points that the stage pairs: ``h<H>`` for H in ``n_heads`` (not the matched single
+    head); none where the study is off."""
+    if not config.get("heads"):
+        return []
+    points = [p.name for p in heads_points(config["model"], config["heads"])]
+    wanted = [f"h{n}" for n in config["heads"]["n_heads"]]
+    return [name for name in points if name in wanted]
+
+
 def check_alignment_config(config: dict) -> list[tuple[str, str]]:
-    """``(key, problem)`` of the section beyond its schema: none yet. A study it names that the config
-    turns off (``--config heads=null``) has no pair, as a group with one seed has none: the stage pairs
-    what the build trains."""
-    return []
+    """``(key, problem)`` of the section beyond its schema: each group of ``pairs_from`` is one the build
+    has (a configured case, a point of the heads study), of a study the section pairs. A study of
+    ``studies`` that the config turns off (``--config heads=null``) has no pair, as a group with one seed
+    has none: the stage pairs what the build trains."""
+    section = alignment_settings(config)
+    if section is None:
+        return []
+    problems = []
+    known = {"cases": list(config["cases"]), "heads": _heads_groups(config)}
+    for study, groups in (section.get("pairs_from") or {}).items():
+        if study not in section["studies"]:
+            problems.append((f"alignment/pairs_from/{study}", f"{study} is not among alignment/studies"))
+            continue
+        for group in groups:
+            if group not in known[study]:
+                where = "the configured cases" if study == "cases" else "the heads study's points h<H>"
+                if study == "heads" and not config.get("heads"):
+                    problems.append((f"alignment/pairs_from/{study}/{group}", "the heads study is off"))
+                    continue
+                problems.append(
+                    (f"alignment/pairs_from/{study}/{group}", f"no '{group}' among {where}: {known[study]}")
+                )
+    return problems
 
 
 def _groups(config: dict) -> list[tuple[str, str, list[int]]]:
@@ -53,14 +87,28 @@ def _groups(config: dict) -> list[tuple[str, str, list[int]]]:
     section = alignment_settings(config)
     if section is None:
         return []
+    if section.get("pairs_from"):
+        return [
+            (study, group, list(seeds))
+            for study, groups in section["pairs_from"].items()
+            for group, seeds in groups.items()
+        ]
     groups = []
     if "cases" in section["studies"]:
         groups += [("cases", case, list(config["seeds"])) for case in config["cases"]]
-    if "heads" in section["studies"] and config.get("heads"):
-        points = [p.name for p in heads_points(config["model"], config["heads"])]
-        wanted = [f"h{n}" for n in config["heads"]["n_heads"]]  # H = 1 ... (not the matched single head)
-        groups += [("heads", name, list(config["heads"]["seeds"])) for name in points if name in wanted]
+    if "heads" in section["studies"]:
+        groups += [("heads", name, list(config["heads"]["seeds"])) for name in _heads_groups(config)]
     return groups
+
+
+def alignment_runs(config: dict, results_dir: str) -> list[tuple[str, str, str, int]]:
+    """``(run directory, study, group, seed)`` of every run a pair reads, in the section's order: the plan
+    trains those its study does not (``pairs_from``'s other seeds), for this stage alone."""
+    return [
+        (f"{results_dir}/{STUDY_DIRS[study]}/{group}/seed{seed}", study, group, seed)
+        for study, group, seeds in _groups(config)
+        for seed in seeds
+    ]
 
 
 def alignment_pairs(config: dict, plan: Any) -> list[AlignmentPair]:

@@ -8,6 +8,9 @@ training run of every stage, in the config's order:
 * ``studies/<study>/<point>/seed<N>``: each study point (:mod:`attnid.plan.studies`), copied from an
   earlier study run with the same settings instead of trained again (the variants' ``mha`` is the heads
   sweep's point at the model's ``H``);
+* the alignment stage's own seeds of a case or heads point (``alignment/pairs_from``,
+  :func:`attnid.plan.alignment.alignment_runs`): laid out as the case's or point's runs, in no stage's list
+  but :attr:`Plan.alignment_runs`;
 * ``edits/<case>/seed<N>``: the edited case, with biases;
 * ``interventions/<arm>/seed<N>`` and ``interventions/identity/seed<N>`` (:mod:`attnid.plan.interventions`),
   where an arm's run that is exactly a case run is that case run;
@@ -45,6 +48,7 @@ import yaml
 from attnid.common import outputs
 from attnid.common.errors import UserError
 from attnid.common.files import read_yaml
+from attnid.plan.alignment import alignment_runs
 from attnid.plan.config import read_config
 from attnid.plan.errors import ConfigError
 from attnid.plan.interventions import (
@@ -159,6 +163,7 @@ class Plan:
     case_runs: list[str] = field(default_factory=list)
     sweep_runs: list[str] = field(default_factory=list)
     study_runs: dict[str, list[str]] = field(default_factory=dict)  # study -> its runs
+    alignment_runs: list[str] = field(default_factory=list)  # trained for the alignment stage alone
     edit_runs: list[str] = field(default_factory=list)
     arms: list[str] = field(default_factory=list)  # the interventions' arm names, the baseline first
     intervention_runs: list[str] = field(default_factory=list)  # every run the interventions' gather pairs
@@ -274,6 +279,27 @@ def _plan_studies(config: dict, result: Plan) -> None:
                     trained.append((run_dir, spec))
                 result.runs[run_dir] = RunSpec(spec.case, spec.settings, spec.origin, source)
                 result.study_runs[study].append(run_dir)
+
+
+def _plan_alignment(config: dict, result: Plan) -> None:
+    """The runs an alignment pair reads that no study trains (``alignment/pairs_from``'s other seeds): the
+    case's or heads point's settings at that seed (a heads point's copied from an earlier study run that
+    trains the same, as :func:`_plan_studies` does)."""
+    points = {point.name: point for point in study_points(config).get("heads", [])}
+    for run_dir, study, group, seed in alignment_runs(config, result.results_dir):
+        if run_dir in result.runs:
+            continue
+        origin = f"alignment/pairs_from/{study}/{group}"
+        if study == "cases":
+            result.runs[run_dir] = _run(config, group, origin, seed=seed)
+        else:
+            own = study_run_settings(config["heads"])
+            spec = _run(config, STUDY_CASE, origin, own, points[group].architecture(), seed=seed)
+            trained = result.trained()
+            studies = [d for runs in result.study_runs.values() for d in runs if d in trained]
+            source = next((d for d in studies if trained[d].same_run(spec)), None)
+            result.runs[run_dir] = replace(spec, copied_from=source)
+        result.alignment_runs.append(run_dir)
 
 
 def _plan_edits(config: dict, result: Plan) -> None:
@@ -392,6 +418,7 @@ def plan(config: dict, overrides: dict | None = None, checkout: str | os.PathLik
     result = Plan(os.path.normpath(config["results_dir"]))
     _plan_cases(config, result)
     _plan_studies(config, result)
+    _plan_alignment(config, result)
     _plan_edits(config, result)
     _plan_interventions(config, result)
     check_runs(result, config["device"], config["threads"])
