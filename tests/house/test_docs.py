@@ -262,8 +262,6 @@ def verdict_settings(table: pd.DataFrame) -> dict:
     return {"alpha": float(first["alpha"]), "equivalence_margin": float(first["equivalence_margin"])}
 
 
-
-
 def test_the_kept_interventions_protocol_is_complete():
     """docs/figures/ keeps what a referee recomputes the stage's answer from: the primary comparison with its
     per-seed values; each arm's calibration curve on seeds disjoint from the compared ones, its best lr
@@ -366,7 +364,8 @@ OPTIONAL = rf"(?:{SIGNED})?"
 INTERVENTION_ROW = re.compile(
     rf"^\| `(?P<comparison>[\w-]+)`(?: \([a-z]+\))? \| (?P<role>\w+) \| (?P<delta>{SIGNED}) \| "
     rf"\[(?P<low>{SIGNED}), (?P<high>{SIGNED})\] \| (?P<p>{SIGNED}) \| (?P<holm>{OPTIONAL}) \| "
-    rf"(?P<tost>{OPTIONAL}) \| (?P<detectable>{SIGNED}) \| (?P<power>{OPTIONAL}) \| (?P<outcome>[a-z, ]*) \|$",
+    rf"(?P<tost>{OPTIONAL}) \| (?P<detectable>{SIGNED}) \| (?P<power>{OPTIONAL}) \| "
+    rf"(?P<outcome>[a-z, ]*) \|$",
     re.M,
 )
 

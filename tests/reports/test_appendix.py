@@ -276,7 +276,7 @@ def test_experiment_tables_and_figures_are_included(theory_csvs, tmp_path):
     for k in range(1, 5):
         # at most 0.62 of a portrait page, less where the caption would not fit beside it
         size = r"width=\linewidth,height=\attnidheight,keepaspectratio"
-        assert rf"\attnidfigureheight{{0.62}}{{" in tex
+        assert r"\attnidfigureheight{0.62}{" in tex
         assert rf"\includegraphics[{size}]{{../figs/fig{k}.pdf}}" in tex
         title = appendix.figure_caption(f"fig{k}", figures)["title"]
         assert (
