@@ -71,6 +71,18 @@ def test_a_copied_run_is_read_from_its_source(configs):
     ]
 
 
+def test_pairs_from_a_study_turned_off_pairs_nothing_of_it(configs):
+    # `--config heads=null` on the smoke config (which pairs heads/h2) turns the study off, pairs included:
+    # refusing would make the user edit a second section to turn one off
+    overrides = {
+        "heads": None,
+        "alignment": {"pairs_from": {"cases": {"adamw": [0, 1]}, "heads": {"h4": [0, 1]}}},
+    }
+    planned, pairs = _pairs(configs["config"], overrides)
+    assert [p.name for p in pairs] == ["cases/adamw/seed0-seed1"]
+    assert not any("/studies/heads/" in run for run in planned.alignment_runs)
+
+
 @pytest.mark.parametrize(
     "overrides, key",
     [
@@ -139,10 +151,6 @@ def test_pairs_from_null_is_every_group_of_the_studies(configs):
         (
             {"alignment": {"studies": ["cases"], "pairs_from": {"heads": {"h4": [0, 1]}}}},
             "alignment/pairs_from/heads",
-        ),
-        (
-            {"heads": None, "alignment": {"pairs_from": {"heads": {"h4": [0, 1]}}}},
-            "alignment/pairs_from/heads/h4",
         ),
     ],
 )

@@ -60,7 +60,7 @@ def check_alignment_config(config: dict) -> list[tuple[str, str]]:
     """``(key, problem)`` of the section beyond its schema: each group of ``pairs_from`` is one the build
     has (a configured case, a point of the heads study), of a study the section pairs. A study of
     ``studies`` that the config turns off (``--config heads=null``) has no pair, as a group with one seed
-    has none: the stage pairs what the build trains."""
+    has none, ``pairs_from``'s groups of it included: the stage pairs what the build trains."""
     section = alignment_settings(config)
     if section is None:
         return []
@@ -74,8 +74,7 @@ def check_alignment_config(config: dict) -> list[tuple[str, str]]:
             if group not in known[study]:
                 where = "the configured cases" if study == "cases" else "the heads study's points h<H>"
                 if study == "heads" and not config.get("heads"):
-                    problems.append((f"alignment/pairs_from/{study}/{group}", "the heads study is off"))
-                    continue
+                    continue  # the study is off (``--config heads=null``): its groups have no pair
                 problems.append(
                     (f"alignment/pairs_from/{study}/{group}", f"no '{group}' among {where}: {known[study]}")
                 )
@@ -91,6 +90,7 @@ def _groups(config: dict) -> list[tuple[str, str, list[int]]]:
         return [
             (study, group, list(seeds))
             for study, groups in section["pairs_from"].items()
+            if study != "heads" or config.get("heads")  # a study turned off has no pair, as above
             for group, seeds in groups.items()
         ]
     groups = []
