@@ -32,6 +32,15 @@ def test_links_and_paths_of_the_docs_resolve(document):
     assert not problems, f"{document.relative_to(REPO)}: " + "; ".join(sorted(set(problems)))
 
 
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_docs_hold_no_control_characters(document):
+    # a LaTeX command written through a non-raw Python string loses its backslash to an escape ("\to" as a
+    # tab and "o", "\frac" as a form feed and "rac"), which a reader sees as a broken formula
+    lines = document.read_text(encoding="utf-8").split("\n")  # not splitlines: it splits at \f
+    broken = [n for n, line in enumerate(lines, 1) if re.search(r"[\x00-\x08\x0b-\x1f\t]", line)]
+    assert not broken, f"control characters on lines {broken}"
+
+
 def test_the_checker_sees_a_broken_pointer(tmp_path):
     """A missing file, a missing anchor and a good anchor, told apart."""
     (tmp_path / "a.md").write_text("# Read a build's tables\n## 6.1 What a command may write\n")
