@@ -654,3 +654,20 @@ def test_a_silent_command_reports_progress(monkeypatch, capsys, tmp_path):
     assert 1 <= len(lines) <= 3 and all(
         "attnid verify: still working: measuring something slow" in line for line in lines
     ), lines
+
+
+def test_a_command_that_names_no_stage_says_computing_once_loaded(monkeypatch, capsys, tmp_path):
+    import time
+
+    import attnid.cli.theory as theory
+    from attnid.common import progress
+
+    def silent(args):
+        time.sleep(1.6)
+        return 0
+
+    monkeypatch.setenv(progress.SILENCE_ENV, "0.5")
+    monkeypatch.setattr(theory, "run_verify", silent)
+    assert _run("verify", "--out", tmp_path / "x.csv") == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all("attnid verify: still working: computing (" in line for line in lines), lines

@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             interrupts.stop_if_received()
             rule = outputs.OutputRule(args.command, force=getattr(args, "force", False))
             try:
+                # loaded: a command that names no finer stage must not go on saying it is loading
+                progress.stage("computing")
                 with outputs.active(rule):  # a failure removes what the command wrote, then unlocks
                     status = args._run(args)
             except BrokenPipeError:

@@ -6,7 +6,8 @@ takes longer than :data:`SILENCE_S` (loading a large checkpoint, a model's first
 evaluation, a step of a huge model) gets a line ``attnid <command>: still working: <stage>
 (<elapsed>)``, so no command is silent for more than about 10 s. The stage is whatever
 the command last named with :func:`stage` (a string, or a function returning one, read
-when the line is printed).
+when the line is printed): "loading attnid and its libraries" while the parser imports them,
+"computing" once the command runs, until it names a finer stage.
 """
 
 from __future__ import annotations
