@@ -24,32 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
+from process_timing import timed  # benchmarks/, the script's own folder
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_NANOGPT_S, TARGET_SMOLLM2_S, TARGET_MEMORY_GIB = 10.0, 120.0, 4.0
 VOCAB = 65  # tiny shakespeare's characters, as the build's runs have
 ALL_CLASSES = "heads,mlp,ov,qk,ov_gl,qk_gl"
 NOTE = "# "  # a line printed under the table (the others are its rows)
-
-
-def timed(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak resident GiB of one ``python -m attnid`` process."""
-    command = ["/usr/bin/time", "-v", sys.executable, "-m", "attnid", *argv]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"attnid {argv[0]} failed: {done.stderr.strip().splitlines()[-1]}")
-    peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    return seconds, peak_kib / 2**20
 
 
 def default_shape() -> dict:

