@@ -39,7 +39,7 @@ from pipeline_helpers import (
 
 from attnid.common import outputs
 from attnid.common.files import load_weights_only
-from attnid.common.locks import FOLDER_LOCK_NAME
+from attnid.common.locks import BUILD_LOCK_NAME, FOLDER_LOCK_NAME
 from attnid.plan import plan, spec_texts
 from attnid.training.rundir import TIMING_COLUMNS
 
@@ -521,7 +521,11 @@ def test_a_build_killed_anywhere_resumes_to_the_uninterrupted_result(smoke_dir, 
         )  # fmt: skip
         assert again.returncode != 0 and LOCK_REFUSAL in again.stdout + again.stderr, again.stderr[-3000:]
         assert "--unlock" in again.stdout + again.stderr and "its lock is taken over" in again.stderr
-        assert sorted(p.relative_to(workdir) for p in (workdir / SMOKE).rglob("*")) == before
+        # nothing run: every file as it was but the stale build lock, taken over, then released
+        lock = Path(SMOKE) / BUILD_LOCK_NAME
+        assert lock in before, "the killed build left no build lock to take over"
+        after = sorted(p.relative_to(workdir) for p in (workdir / SMOKE).rglob("*"))
+        assert after == [p for p in before if p != lock]
 
         # killed just after a checkpoint: a run with a new ckpt.pt, unfinished
         build = restart("after-checkpoint")
