@@ -13,6 +13,7 @@ from alignment_models import save_model as _save
 
 from attnid.cli import main
 from attnid.edits.alignment import (
+    ALIGN_CLASSES,
     EXACT_DLOGP,
     align_whole,
     distances,
@@ -73,6 +74,23 @@ def test_alignment_is_exact_and_idempotent(models) -> None:
     assert report["steps"][-1]["distance"]["total"] < report["distance_before"]["total"]
     again, _ = align_whole(a, aligned)
     assert distances(aligned, again)["total"] / norm_of(aligned) <= 1e-6
+
+
+def test_the_stream_classes_keep_the_function_and_align_idempotently(models) -> None:
+    """Two seeds of a tied nanoGPT model: ``all`` is every class but the stream rotation (tied); the
+    stream's classes keep the float64 function, the gain scales never move away, and a second alignment
+    moves nothing."""
+    a, b = _whole(models["a"]), _whole(models["other"])
+    classes = ("stream", "heads", "mlp", "ov", "qk", "norm_gain")
+    aligned, report = align_whole(a, b, classes)
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    assert report["steps"][0]["units_moved"] > 0  # two seeds: their streams' coordinates differ in order
+    by_class = {s["class"]: s["distance"]["total"] for s in report["steps"]}
+    assert by_class["norm_gain"] <= by_class["qk"] + 1e-12
+    again, _ = align_whole(a, aligned, classes)
+    assert distances(aligned, again)["total"] / norm_of(aligned) <= 1e-6
+    _, every = align_whole(a, b, ALIGN_CLASSES)
+    assert "stream_rotation" not in every["classes"] and every["classes"][0] == "stream"
 
 
 def test_every_class_removes_at_least_what_permutations_leave(models) -> None:

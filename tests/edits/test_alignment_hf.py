@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 from variant_models import TINY_HF
 
 from attnid.cli import main
-from attnid.edits.alignment import EXACT_DLOGP, align_whole, distances, norm_of, probe_tokens
+from attnid.edits.alignment import (
+    ALIGN_CLASSES,
+    EXACT_DLOGP,
+    align_whole,
+    classes_of,
+    distances,
+    norm_of,
+    probe_tokens,
+)
 from attnid.edits.checkpoints import load_checkpoint
 from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
@@ -109,6 +117,38 @@ def test_a_planted_element_is_recovered_and_written_exactly(root, family, capsys
     assert "wrote" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_residual_stream_classes_recover_a_planted_element_written_exactly(root, family, capsys) -> None:
+    """``--classes all``: the stream permuted and, untied (Llama, Mistral, Qwen2), rotated; every free
+    norm's gains scaled; on top of every per-head and MLP class."""
+    a = _pair(root, family)[0]
+    b = root / family / "b-stream"
+    plant_folder(a, b, seed=len(family) + 1, stream=True)
+    out, report_path = root / family / "aligned-stream", root / family / "aligned-stream.json"
+    assert (
+        main(["align", str(a), str(b), "--classes", "all", "--out", str(out), "--json", str(report_path)])
+        == 0
+    )
+    whole_a, whole_b, aligned = _whole(a), _whole(b), _whole(out)
+    assert distances(whole_a, whole_b)["total"] / norm_of(whole_a) > 0.1
+    assert distances(whole_a, aligned)["total"] / norm_of(whole_a) <= 1e-6
+    report = json.loads(report_path.read_text())
+    tied = family in ("gpt2", "gemma")
+    assert report["classes"] == [c for c in ALIGN_CLASSES if not (tied and c == "stream_rotation")]
+    assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP and report["realign_relative_move"] <= 1e-6
+    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(2))
+    assert float((_log_probs(out, ids) - _log_probs(b, ids)).abs().max()) <= AS_WRITTEN
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gemma"])
+def test_a_stream_rotation_of_a_tied_model_is_one_line(root, family, capsys) -> None:
+    a = _pair(root, family)[0]
+    assert main(["compare", str(a), str(a), "--classes", "stream_rotation,heads"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "untied" in err and "stream_rotation" in err
+
+
 @pytest.mark.parametrize("family", ["gpt2", "mistral", "gemma"])
 def test_the_barrier_of_a_planted_element_is_flat_once_aligned(root, family) -> None:
     a, b = _pair(root, family)
@@ -180,9 +220,12 @@ def test_the_aligned_folder_is_never_written_over_an_input(root, capsys) -> None
     rope=st.booleans(),
     gated=st.booleans(),
     bias=st.booleans(),
+    stream=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_any_planted_element_on_any_shape_is_recovered_exactly(heads, rope, gated, bias, seed) -> None:
+def test_any_planted_element_on_any_shape_is_recovered_exactly(
+    heads, rope, gated, bias, stream, seed
+) -> None:
     n_head, n_kv_head = heads
     shape = whole_model_shape(
         n_layer=2,
@@ -201,8 +244,10 @@ def test_any_planted_element_on_any_shape_is_recovered_exactly(heads, rope, gate
         in_domain=False,
     )
     a = WholeCheckpoint(shape, random_point(shape, torch.Generator().manual_seed(seed)))
-    b = random_group_element(WholeCheckpoint(shape, {k: v.clone() for k, v in a.params.items()}), seed + 1)
-    moved, report = align_whole(a, b)
+    b = WholeCheckpoint(shape, {k: v.clone() for k, v in a.params.items()})
+    b = random_group_element(b, seed + 1, stream=stream)
+    classes = tuple(c for c in classes_of(b, ALIGN_CLASSES) if not c.endswith("_gl")) if stream else None
+    moved, report = align_whole(a, b, *([classes] if classes else []))
     assert report["relative_distance_after"] <= 1e-9
     tokens = probe_tokens(b, 0)
     assert float((exact_log_probs(moved, tokens) - exact_log_probs(b, tokens)).abs().max()) <= EXACT_DLOGP

@@ -7,9 +7,22 @@ import math
 
 import torch
 
-from attnid.edits.alignment_classes import PLANES, permute_heads, permute_mlp, plane_matrix, spec_of
+from attnid.edits.alignment_classes import (
+    PLANES,
+    permute_heads,
+    permute_mlp,
+    permute_stream,
+    plane_matrix,
+    spec_of,
+)
 from attnid.edits.checkpoints import load_checkpoint, save_checkpoint
-from attnid.edits.orbit_moves import move_query_key, move_value_output
+from attnid.edits.orbit_moves import (
+    all_junctions,
+    move_query_key,
+    move_value_output,
+    rotate_stream,
+    scale_junctions,
+)
 from attnid.edits.orthogonal import haar_orthogonal
 from attnid.edits.whole_checkpoint import (
     WholeCheckpoint,
@@ -40,11 +53,15 @@ def save_model(path, seed: int, n_head: int = N_HEAD, bias: bool = True, **varia
     return path
 
 
-def random_group_element(whole: WholeCheckpoint, seed: int, gl: bool = False) -> WholeCheckpoint:
+def random_group_element(
+    whole: WholeCheckpoint, seed: int, gl: bool = False, stream: bool = False
+) -> WholeCheckpoint:
     """``g`` times ``whole``, ``g`` a seeded random element of every class its architecture has (in place):
     key/value groups and query heads within them permuted, MLP hidden units permuted, per group an ``ov``
     and a ``qk`` move (orthogonal; with RoPE a rotation per plane; ``gl``: well-conditioned GL(D) and,
-    with RoPE, a rotation-scaling per plane)."""
+    with RoPE, a rotation-scaling per plane); ``stream``: also the residual stream's coordinates permuted,
+    rotated (untied models; fixing ``1`` under LayerNorm) and every free norm's gains scaled (positive
+    scales: a gain's sign flip is recovered only without the per-head classes, docs/design.md §17)."""
     generator = torch.Generator().manual_seed(seed)
     spec = spec_of(whole)
     g, per, d = spec.n_kv_head, spec.per_group, spec.head_dim
@@ -69,14 +86,34 @@ def random_group_element(whole: WholeCheckpoint, seed: int, gl: bool = False) ->
 
     for move, circuit in ((move_value_output, "ov"), (move_query_key, "qk")):
         whole = move(whole, [torch.stack([element(circuit) for _ in range(g)]) for _ in range(spec.n_layer)])
+    if stream:
+        plant_stream(whole, generator)
     return whole
 
 
-def plant_folder(source, target, seed: int, gl: bool = False) -> None:
+def plant_stream(whole: WholeCheckpoint, generator: torch.Generator) -> None:
+    """The residual stream's classes, seeded: a permutation, a rotation (untied), gain scales (in place)."""
+    e = whole.params["wte"].shape[1]
+    permute_stream(whole, torch.randperm(e, generator=generator).tolist())
+    if not whole.shape.tied:
+        rotation = haar_orthogonal(e, generator)
+        if whole.shape.norm == "layernorm":  # fix 1_E: a rotation of its complement
+            ones = torch.full((e, 1), e**-0.5, dtype=torch.float64)
+            basis = torch.linalg.qr(torch.cat([ones, torch.eye(e, dtype=torch.float64)], 1))[0][:, 1:e]
+            rotation = basis @ haar_orthogonal(e - 1, generator) @ basis.T + ones @ ones.T
+        rotate_stream(whole, rotation)
+    scales = {}
+    for norm, readers in all_junctions(whole).items():
+        if readers != ["wte"]:
+            scales[norm] = 2 ** (torch.rand(e, generator=generator, dtype=torch.float64) - 0.5)
+    scale_junctions(whole, scales)
+
+
+def plant_folder(source, target, seed: int, gl: bool = False, stream: bool = False) -> None:
     """``target`` (a nanoGPT file or a Hugging Face folder, as ``source``): ``g`` times the model at
     ``source`` (:func:`random_group_element`), written in ``source``'s format and dtype."""
     checkpoint = load_checkpoint(source)
-    whole = random_group_element(read_whole_checkpoint(checkpoint), seed, gl)
+    whole = random_group_element(read_whole_checkpoint(checkpoint), seed, gl, stream)
     copy = checkpoint_copy(checkpoint)
     write_whole_checkpoint(copy, whole)
     save_checkpoint(copy, target)

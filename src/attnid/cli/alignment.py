@@ -33,8 +33,8 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--classes",
         default=None,
-        help="comma-separated among heads, mlp, ov, qk, ov_gl, qk_gl (made in that order; default: "
-        "heads, mlp, ov, qk)",
+        help="comma-separated among stream, stream_rotation, heads, mlp, ov, qk, norm_gain, ov_gl, qk_gl "
+        "(made in that order; default: heads, mlp, ov, qk), or all: every class the architecture has",
     )
     parser.add_argument(
         "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"

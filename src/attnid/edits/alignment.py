@@ -7,7 +7,9 @@ once for every family by :mod:`attnid.edits.alignment_classes` (nanoGPT, GPT-2, 
 Gemma): ``heads`` (key/value groups with their query heads, and query heads within a group), ``mlp``
 (hidden units; gate and up rows with down columns for a gated MLP), ``ov`` (O(D) per key/value group),
 ``qk`` (O(D) per group; with RoPE a rotation per plane, the orthogonal part of the RoPE commutant), and,
-only when named, ``ov_gl`` and ``qk_gl`` (GL(D); with RoPE the whole commutant) from the current point.
+only when named (or with ``all``): ``stream`` and ``stream_rotation`` first (the residual stream's
+coordinates permuted, rotated), ``norm_gain`` after ``qk`` (alternating with the per-head classes until
+a sweep removes nothing), ``ov_gl`` and ``qk_gl`` (GL(D); with RoPE the whole commutant) last.
 
 The permutations are solved by weight matching as Git Re-Basin does (Hungarian per layer,
 ``scipy.optimize.linear_sum_assignment``; coordinate descent over the layers in a seeded order until no
@@ -34,39 +36,55 @@ from attnid.edits.alignment_classes import (
     assignment,
     best_move,
     class_notes,
+    gain_scales,
     gl_matrix,
     gl_sides,
     gl_start,
     group_stack,
     match_heads,
+    match_stream,
     mlp_stack,
     permute_heads,
     permute_mlp,
+    permute_stream,
     spec_of,
+    stream_rotation_move,
 )
 from attnid.edits.checkpoint_types import Checkpoint
-from attnid.edits.orbit_moves import move_query_key, move_value_output
+from attnid.edits.orbit_moves import (
+    all_junctions,
+    move_query_key,
+    move_value_output,
+    rotate_stream,
+    scale_junctions,
+)
 from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
 
-ALIGN_CLASSES = ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl")  # the declared order (moves, report)
-DEFAULT_CLASSES = ("heads", "mlp", "ov", "qk")  # the GL(D) refinement is asked for by name
+# the declared order (moves, report): the stream first, matched on what no hidden class moves
+ALIGN_CLASSES = ("stream", "stream_rotation", "heads", "mlp", "ov", "qk", "norm_gain", "ov_gl", "qk_gl")
+DEFAULT_CLASSES = ("heads", "mlp", "ov", "qk")  # the rest is asked for by name, or by "all"
+STREAM_CLASSES = ("stream", "stream_rotation", "norm_gain")
 GROUPS = ("embedding", "attention_qk", "attention_ov", "mlp", "norms")
 EXACT_DLOGP = 1e-10  # max |delta log p| of the moves in float64 (the census's forward)
 PROBE_TOKENS = 32  # the float64 check's window
 MAX_SWEEPS = 100
 GL_TOLERANCE = 1e-12  # L-BFGS: stop when the relative gradient (or the relative decrease) falls below it
 GL_MAX_ITERATIONS = 500
+GAIN_TOLERANCE = 1e-9  # norm_gain's sweeps stop when one removes less than this share of the distance
 
 
 def parse_classes(text: str | None) -> tuple[str, ...]:
-    """``--classes`` (comma-separated, any order) in the declared order; None: :data:`DEFAULT_CLASSES`."""
+    """``--classes`` (comma-separated, any order) in the declared order; None: :data:`DEFAULT_CLASSES`;
+    ``all``: :data:`ALIGN_CLASSES`, which :func:`align_whole` narrows to the architecture's own."""
     if text is None:
         return DEFAULT_CLASSES
+    if text.strip() == "all":
+        return ALIGN_CLASSES
     asked = {c.strip() for c in text.split(",") if c.strip()}
     unknown = sorted(asked - set(ALIGN_CLASSES))
     if unknown or not asked:
-        raise UserError(f"--classes {text!r}: choose among {', '.join(ALIGN_CLASSES)}")
+        raise UserError(f"--classes {text!r}: choose among {', '.join(ALIGN_CLASSES)}, or all")
     return tuple(c for c in ALIGN_CLASSES if c in asked)
 
 
@@ -173,10 +191,39 @@ def procrustes_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> li
     return moves
 
 
+def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: int) -> dict:
+    """``norm_gain``: the gain scales (:func:`~attnid.edits.alignment_classes.gain_scales`) and the asked
+    per-head and MLP classes solved again in turn (each its exact best given the others, so the distance
+    never rises) until a sweep removes less than :data:`GAIN_TOLERANCE` of it: a scale changes the readers'
+    columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point."""
+    hidden = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
+    previous, sweeps = distances(a, b)["total"], 0
+    for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
+        scale_junctions(b, gain_scales(a, b))
+        for name in hidden:
+            move_class(a, b, name, classes, seed)
+        now = distances(a, b)["total"]
+        if previous - now <= GAIN_TOLERANCE * previous:
+            break
+        previous = now
+    return {"sweeps": sweeps}
+
+
 def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple, seed: int) -> dict:
     """One class's move of ``b`` towards ``a`` (``b`` changed in place, or replaced: use the return)."""
     if name in ("heads", "mlp"):
         return match_permutations(a, b, name, classes, seed)
+    if name == "stream":
+        order = match_stream(a, b)
+        permute_stream(b, order)
+        return {"units_moved": sum(i != j for i, j in enumerate(order))}
+    if name == "stream_rotation":
+        rotation = stream_rotation_move(a, b, spec_of(a))
+        rotate_stream(b, rotation)
+        eye = torch.eye(rotation.shape[0], dtype=torch.float64)
+        return {"max_move_from_identity": float((rotation - eye).abs().max())}
+    if name == "norm_gain":
+        return descend_gains(a, b, classes, seed)
     circuit = name.removesuffix("_gl")
     detail: dict = {}
     if name.endswith("_gl"):
@@ -218,10 +265,27 @@ def check_same_architecture(a: Checkpoint, b: Checkpoint, wa: WholeCheckpoint, w
 
 
 def align_refusal(whole: WholeCheckpoint, classes: tuple) -> str | None:
-    """Why a class asked for is not a symmetry of this architecture, or None."""
-    if whole.shape.block == "parallel" and ("heads" in classes or "mlp" in classes):
-        return "class heads: a parallel block's shared norm is not aligned here"
+    """Why a class asked for is not a symmetry of this architecture (or not aligned here), or None."""
+    for name in classes:
+        if whole.shape.block == "parallel" and name in ("heads", "mlp", *STREAM_CLASSES):
+            return f"class {name}: a parallel block's shared norm is not aligned here"
+        if name == "stream_rotation" and whole.shape.tied:
+            return (
+                "class stream_rotation: a rotation of the residual stream needs lm_head untied from wte "
+                "(census class stream_rotation; a tied model keeps none when V > E)"
+            )
+        if name in ("stream_rotation", "norm_gain"):
+            zero = [n for n in all_junctions(whole) if bool((whole.params[n + ".weight"] == 0).any())]
+            if zero:
+                return f"class {name}: {zero[0]} has a zero gain, which no scale or rotation moves past"
     return None
+
+
+def classes_of(whole: WholeCheckpoint, classes: tuple) -> tuple:
+    """``classes``, or for ``all`` (:data:`ALIGN_CLASSES`) those this architecture has."""
+    if classes != ALIGN_CLASSES:
+        return classes
+    return tuple(c for c in classes if align_refusal(whole, (c,)) is None)
 
 
 def probe_tokens(whole: WholeCheckpoint, seed: int) -> torch.Tensor:
@@ -273,6 +337,7 @@ def align_whole(
     """``b`` moved class by class (declared order) to the point of its orbit nearest ``a``, and the report.
     Raises UserError naming the first class whose move changes ``b``'s float64 log-probabilities by more
     than :data:`EXACT_DLOGP`."""
+    classes = classes_of(b, classes)
     reason = align_refusal(b, classes)
     if reason is not None:
         raise UserError(reason)

@@ -18,6 +18,15 @@ Gemma), what each class acts on; the alignment is one function over it, not a co
   matrix ``C``).
 - ``ov_gl``, ``qk_gl``: the same pairs in GL(D) (with RoPE: the whole commutant, a rotation-scaling
   ``a I + b J`` per plane), by L-BFGS from the current point.
+- ``stream``: the residual stream's coordinates permuted (every norm commutes with a permutation): the
+  embeddings' and ``lm_head``'s columns, every reader's columns, every writer's rows, the norms' entries.
+  Matched on the stream-indexed parameters no hidden class moves (:func:`embedding_stream`).
+- ``stream_rotation``: ``x -> Q x`` (:func:`attnid.edits.orbit_moves.rotate_stream`; untied models, and
+  ``Q 1 = 1`` under LayerNorm), Procrustes on the same parameters in the frame where ``Q`` acts on each
+  by left multiplication (each reader through its norm's gain).
+- ``norm_gain``: per free norm and coordinate a scale ``s``: gain and bias over ``s``, the readers'
+  columns times ``s`` (:func:`attnid.edits.orbit_moves.scale_junctions`); each ``s`` the nearest point
+  of its own quartic (:func:`gain_scales`).
 
 Stacks are ``(G, D, n)`` per layer, every class's move a left multiplication of each group's stack.
 """
@@ -29,7 +38,8 @@ from dataclasses import dataclass
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from attnid.edits.whole_checkpoint import WholeCheckpoint
+from attnid.edits.orbit_moves import all_junctions, writer_names
+from attnid.edits.whole_checkpoint import LM_HEAD, WholeCheckpoint
 from attnid.theory import whole_model as theory
 
 FULL, PLANES = "orthogonal", "rope-planes"  # the form of a circuit's move
@@ -45,6 +55,7 @@ class AlignSpec:
     head_dim: int  # D
     rope: bool
     mlp_inputs: tuple[str, ...]  # ("fc",) or ("gate", "up")
+    layernorm: bool = False  # else RMSNorm: a stream rotation need not fix 1_E
 
     @property
     def per_group(self) -> int:
@@ -59,7 +70,10 @@ def spec_of(whole: WholeCheckpoint) -> AlignSpec:
     shape = whole.shape
     a = shape.attention
     inputs = ("gate", "up") if shape.mlp in theory.GATED_MLPS else ("fc",)
-    return AlignSpec(shape.n_layer, a.n_head, a.n_kv_head, a.head_dim, shape.positions == "rope", inputs)
+    return AlignSpec(
+        shape.n_layer, a.n_head, a.n_kv_head, a.head_dim, shape.positions == "rope", inputs,
+        shape.norm == "layernorm",
+    )  # fmt: skip
 
 
 def class_notes(spec: AlignSpec, classes: tuple) -> list[str]:
@@ -74,6 +88,10 @@ def class_notes(spec: AlignSpec, classes: tuple) -> list[str]:
         "qk": f"qk: {qk} (queries by M, the key by M^-T)",
         "ov_gl": f"ov_gl: GL({d}) per key/value group",
         "qk_gl": "qk_gl: the RoPE commutant per group" if spec.rope else f"qk_gl: GL({d}) per group",
+        "stream": "stream: permutations of the residual stream's coordinates",
+        "stream_rotation": "stream_rotation: a rotation of the residual stream"
+        + (" fixing 1 (LayerNorm)" if spec.layernorm else ""),
+        "norm_gain": "norm_gain: a scale per coordinate of every free norm (gain, bias / s; readers * s)",
     }
     return [notes[c] for c in classes]
 
@@ -270,3 +288,110 @@ def gl_start(spec: AlignSpec, circuit: str) -> torch.Tensor:
     if spec.form(circuit) == PLANES:
         return torch.cat([torch.ones(d // 2), torch.zeros(d // 2)]).double()
     return torch.eye(d, dtype=torch.float64).flatten()
+
+
+# --------------------------------------------------------------------------------------
+# the residual stream: its coordinates permuted, rotated, and the norms' gains
+# --------------------------------------------------------------------------------------
+
+
+def stream_axes(whole: WholeCheckpoint) -> dict[str, int]:
+    """Every parameter indexed by the residual stream, with that axis (0: rows, 1: columns)."""
+    p = whole.params
+    axes = {name: 1 for name in ("wte", "wpe", LM_HEAD) if name in p}
+    for norm, readers in all_junctions(whole).items():
+        axes |= {reader: 1 for reader in readers}
+        axes |= {norm + part: 0 for part in (".weight", ".bias") if norm + part in p}
+    return axes | {name: 0 for name in writer_names(whole)}
+
+
+def permute_stream(whole: WholeCheckpoint, order: list[int]) -> None:
+    """Residual coordinate ``i`` of the result is coordinate ``order[i]`` of ``whole`` (in place)."""
+    index = torch.tensor(order)
+    for name, axis in stream_axes(whole).items():
+        whole.params[name] = whole.params[name].index_select(axis, index).clone()
+
+
+def embedding_stream(whole: WholeCheckpoint, rotation_frame: bool) -> torch.Tensor:
+    """``(E, n)``: the stream-indexed parameters that no hidden class (heads, mlp, ov, qk) moves, one
+    column each: ``wte``, ``wpe`` and ``lm_head`` rows, every norm's gain and bias. In the rotation's frame
+    (``Q`` multiplies each column): ``lm_head`` rows times the final gain, each bias over its gain, no
+    gains (:func:`attnid.edits.orbit_moves.rotate_stream`)."""
+    p = whole.params
+    columns = [p[name].T for name in ("wte", "wpe") if name in p]
+    if LM_HEAD in p:
+        columns.append(p["ln_f.weight"][:, None] * p[LM_HEAD].T if rotation_frame else p[LM_HEAD].T)
+    for norm in all_junctions(whole):
+        gain, bias = p[norm + ".weight"], p.get(norm + ".bias")
+        if not rotation_frame:
+            columns.append(gain[:, None])
+        if bias is not None:
+            columns.append((bias / gain if rotation_frame else bias)[:, None])
+    return torch.cat(columns, dim=1)
+
+
+def match_stream(a: WholeCheckpoint, b: WholeCheckpoint) -> list[int]:
+    """``order``: residual coordinate ``i`` of the aligned ``b`` is its coordinate ``order[i]``."""
+    return assignment(embedding_stream(a, False) @ embedding_stream(b, False).T)
+
+
+def _complement_of_ones(n: int) -> torch.Tensor:
+    """``(n, n - 1)``: an orthonormal basis of the vectors orthogonal to ``1_n`` (a Householder's columns)."""
+    v = -torch.full((n,), n**-0.5, dtype=torch.float64)
+    v[-1] += 1.0
+    householder = torch.eye(n, dtype=torch.float64) - 2 * torch.outer(v, v) / (v @ v)
+    return householder[:, :-1]
+
+
+def stream_rotation_move(a: WholeCheckpoint, b: WholeCheckpoint, spec: AlignSpec) -> torch.Tensor:
+    """``Q`` orthogonal (fixing ``1_E`` under LayerNorm) maximising ``<S_A, Q S_B>`` for the
+    :func:`embedding_stream` in the rotation's frame: Procrustes (on ``1``'s complement under LayerNorm)."""
+    sa, sb = embedding_stream(a, True), embedding_stream(b, True)
+    if not spec.layernorm:
+        return best_move(sa @ sb.T, FULL)
+    basis = _complement_of_ones(sa.shape[0])
+    inner = best_move(basis.T @ sa @ sb.T @ basis, FULL)
+    ones = torch.full((sa.shape[0], 1), sa.shape[0] ** -0.5, dtype=torch.float64)
+    return basis @ inner @ basis.T + ones @ ones.T
+
+
+def gain_scales(a: WholeCheckpoint, b: WholeCheckpoint) -> dict[str, torch.Tensor]:
+    """Per free norm (its readers are not the tied embedding) the scales ``s`` ``(E,)`` that bring ``b``
+    nearest ``a`` when its gain and bias are divided by ``s`` and its readers' columns multiplied:
+    per coordinate ``f(s) = alpha / s^2 - 2 beta / s + gamma s^2 - 2 delta s`` (``alpha = g_B^2 + b_B^2``,
+    ``beta = g_A g_B + b_A b_B``, ``gamma = sum ||W_B[:, i]||^2``, ``delta = sum <W_A[:, i], W_B[:, i]>``),
+    whose stationary points are the real roots of ``gamma s^4 - delta s^3 + beta s - alpha``; the best of
+    them and ``s = 1`` (so the move never moves away)."""
+    pa, pb = a.params, b.params
+    scales = {}
+    for norm, readers in all_junctions(b).items():
+        if readers == ["wte"]:
+            continue  # a tied final norm: its reader is also the embedding (not a free norm)
+        parts = [norm + ".weight"] + ([norm + ".bias"] if norm + ".bias" in pb else [])
+        alpha = torch.stack([pb[n].square() for n in parts]).sum(0)
+        beta = torch.stack([pa[n] * pb[n] for n in parts]).sum(0)
+        gamma = torch.stack([pb[r].square().sum(0) for r in readers]).sum(0)
+        delta = torch.stack([(pa[r] * pb[r]).sum(0) for r in readers]).sum(0)
+        scales[norm] = _best_root(alpha, beta, gamma, delta)
+    return scales
+
+
+def _best_root(
+    alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor, delta: torch.Tensor
+) -> torch.Tensor:
+    """Per coordinate the ``s`` of :func:`gain_scales`: the companion matrices' real eigenvalues and 1."""
+    n = alpha.shape[0]
+    safe = torch.where(gamma > 0, gamma, torch.ones_like(gamma))
+    companion = torch.zeros(n, 4, 4, dtype=torch.float64)
+    companion[:, 1:, :3] = torch.eye(3, dtype=torch.float64)
+    companion[:, :, 3] = torch.stack([alpha / safe, -beta / safe, torch.zeros_like(alpha), delta / safe], -1)
+    roots = torch.linalg.eigvals(companion)  # s^4 - (delta/gamma) s^3 + (beta/gamma) s - alpha/gamma
+    real = roots.real.where(
+        roots.imag.abs() <= 1e-9 * roots.abs().clamp(min=1.0), torch.ones_like(roots.real)
+    )
+    real = real.where((real.abs() > 1e-12) & (gamma > 0)[:, None], torch.ones_like(real))
+    candidates = torch.cat([torch.ones(n, 1, dtype=torch.float64), real], dim=1)
+    columns = alpha[:, None], beta[:, None], gamma[:, None], delta[:, None]
+    value = columns[0] / candidates**2 - 2 * columns[1] / candidates + columns[2] * candidates**2
+    value = value - 2 * columns[3] * candidates
+    return candidates.gather(1, value.argmin(1, keepdim=True)).squeeze(1)

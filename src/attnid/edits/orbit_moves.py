@@ -6,7 +6,8 @@ leaves its function unchanged (exactly, up to round-off).
 
 - :func:`fuse_norms` (class ``norm_gain``): each norm's gain into the columns of its readers, gain 1; a
   LayerNorm bias into the readers' biases where every reader has one, else kept as ``beta / gamma``.
-- :func:`rotate_stream` (class ``stream_rotation``): ``x -> Q x``; writers ``Q W``, readers ``W Q^T``.
+- :func:`rotate_stream` (class ``stream_rotation``): ``x -> Q x``; writers ``Q W``, readers ``W Q^T``
+  (conjugated by the norm's gain where it is not 1).
 - :func:`move_value_output` (``attention_ov``): per key/value group ``W_V -> M W_V``, ``W_O^h -> W_O^h M^-1``.
 - :func:`move_query_key` (``attention_qk``): queries ``A W_Q^h``, keys ``A^-T W_K``; under RoPE ``A`` must
   commute with the rotations: a scaled rotation in every plane ``(p, p + D/2)``.
@@ -75,10 +76,6 @@ def fuse_norms(whole: WholeCheckpoint) -> WholeCheckpoint:
     return whole
 
 
-def norms_fused(whole: WholeCheckpoint) -> bool:
-    return all(bool((whole.params[norm + ".weight"] == 1).all()) for norm in all_junctions(whole))
-
-
 def writer_names(whole: WholeCheckpoint) -> list[str]:
     """What writes into the residual stream: embeddings (rows), ``W_O``, the MLP's down projection, their
     biases (columns)."""
@@ -90,11 +87,13 @@ def writer_names(whole: WholeCheckpoint) -> list[str]:
 
 
 def rotate_stream(whole: WholeCheckpoint, rotation: torch.Tensor) -> WholeCheckpoint:
-    """``x -> Q x`` on the residual stream of an untied model with fused norms: ``wte``, ``wpe`` rows times
-    ``Q^T``; ``W_O``, down projections and their biases ``Q W``; every reader ``W Q^T``; a kept LayerNorm
-    bias ``Q beta``. Exact for RMSNorm with any ``Q``, for LayerNorm with ``Q 1_E = 1_E``."""
-    if whole.shape.tied or not norms_fused(whole):
-        raise ValueError("rotate_stream needs an untied model with fused norms")
+    """``x -> Q x`` on the residual stream of an untied model (class ``stream_rotation``): ``wte``, ``wpe``
+    rows times ``Q^T``; ``W_O``, down projections and their biases ``Q W``; every norm keeps its gain
+    ``gamma``, its readers become ``W diag(gamma) Q^T diag(gamma)^-1`` and a LayerNorm bias
+    ``diag(gamma) Q diag(gamma)^-1 beta`` (with fused norms, ``gamma = 1``: ``W Q^T`` and ``Q beta``).
+    Exact for RMSNorm with any ``Q``, for LayerNorm with ``Q 1_E = 1_E``."""
+    if whole.shape.tied:
+        raise ValueError("rotate_stream needs an untied model")
     params = whole.params
     for name in ("wte", "wpe"):
         if name in params:
@@ -102,10 +101,14 @@ def rotate_stream(whole: WholeCheckpoint, rotation: torch.Tensor) -> WholeCheckp
     for name in writer_names(whole):
         params[name] = rotation @ params[name]
     for norm, readers in all_junctions(whole).items():
-        for reader in readers:
-            params[reader] = params[reader] @ rotation.T
-        if norm + ".bias" in params:
-            params[norm + ".bias"] = rotation @ params[norm + ".bias"]
+        gain = params[norm + ".weight"]
+        if bool((gain == 0).any()):
+            raise ValueError(f"{norm} has a zero gain: the stream cannot be rotated past it")
+        inverse = 1 / gain
+        for reader in readers:  # W diag(gamma) Q^T diag(gamma)^-1
+            params[reader] = params[reader] @ (gain[:, None] * rotation.T * inverse[None, :])
+        if norm + ".bias" in params:  # diag(gamma) Q diag(gamma)^-1 beta
+            params[norm + ".bias"] = gain * (rotation @ (inverse * params[norm + ".bias"]))
     return whole
 
 
