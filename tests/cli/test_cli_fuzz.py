@@ -383,6 +383,8 @@ CASES = [
     # align and compare
     ("align-out-is-an-input", "align {w}/ckpt.pt {w}/ckpt.pt --out {w}/ckpt.pt", INPUT),
     ("align-code-carrying", "align {w}/ckpt.pt {w}/evil.pt --out {w}/o.pt", "can run code"),
+    ("plant-out-is-an-input", "plant {w}/ckpt.pt --out {w}/ckpt.pt", INPUT),
+    ("plant-code-carrying", "plant {w}/evil.pt --out {w}/o.pt", "can run code"),
     ("compare-wrong-shape", "compare {w}/ckpt.pt {w}/wrong_shape.pt", "c_attn.weight has shape (20, 8)"),
     ("compare-classes-unknown", "compare {w}/ckpt.pt {w}/ckpt.pt --classes sideways", "--classes"),
     # barrier and its table

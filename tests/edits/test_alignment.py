@@ -93,6 +93,27 @@ def test_the_stream_classes_keep_the_function_and_align_idempotently(models) -> 
     assert "stream_rotation" not in every["classes"] and every["classes"][0] == "stream"
 
 
+def test_attnid_plant_moves_exactly_and_align_all_brings_it_back(models, capsys) -> None:
+    """``attnid plant``: g of every class (the stream's included), written as A is; ``attnid align --classes
+    all`` recovers it; a planted file never goes over its input."""
+    root = models["root"]
+    planted, aligned = root / "plant-cli.pt", root / "plant-cli-aligned.pt"
+    assert main(["plant", str(models["a"]), "--out", str(planted), "--seed", "11"]) == 0
+    out = capsys.readouterr().out
+    assert "stream, heads, mlp, ov, qk, norm_gain" in out and "wrote" in out  # tied: no stream rotation
+    a, b = _whole(models["a"]), _whole(planted)
+    assert distances(a, b)["total"] / norm_of(a) > 0.1
+    tokens = probe_tokens(a, 2)
+    assert (
+        float((exact_log_probs(a, tokens) - exact_log_probs(b, tokens)).abs().max()) <= 1e-5
+    )  # float64 file
+    assert main(["align", str(models["a"]), str(planted), "--classes", "all", "--out", str(aligned)]) == 0
+    assert distances(a, _whole(aligned))["total"] / norm_of(a) <= 1e-6
+    before = models["a"].read_bytes()
+    assert main(["plant", str(models["a"]), "--out", str(models["a"])]) == 2
+    assert models["a"].read_bytes() == before and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
 def test_every_class_removes_at_least_what_permutations_leave(models) -> None:
     a, b = _whole(models["a"]), _whole(models["other"])
     _, permutations = align_whole(a, b, ("heads", "mlp"))

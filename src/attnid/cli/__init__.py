@@ -64,6 +64,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "move B along its symmetry orbit (head/group and MLP permutations, per-group rotations; RoPE: per "
         "plane) to the point nearest A, exactly (nanoGPT, GPT-2, Llama-family); the distance left by class",
     ),
+    "plant": (
+        "attnid.cli.alignment",
+        "move a checkpoint by a seeded random element of every class of its symmetry orbit (exact), to check "
+        "attnid align against",
+    ),
     "compare": (
         "attnid.cli.alignment",
         "the distance between two checkpoints before and after each symmetry class of attnid align, and "

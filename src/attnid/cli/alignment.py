@@ -199,46 +199,131 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_align(args: argparse.Namespace) -> int:
+def _declare_like(rule: outputs.OutputRule, source: Path, out: Path) -> None:
+    """``out`` written as ``source`` is: a Hugging Face folder's files (nothing outside ``--out``), or a
+    nanoGPT file."""
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
-    from attnid.edits.alignment import EXACT_DLOGP, align_whole, probe_tokens, relative_move
-    from attnid.edits.checkpoints import HF_FOLDER, save_checkpoint, weight_format
+    from attnid.edits.checkpoints import HF_FOLDER, weight_format
+
+    if source.is_dir():
+        folder = rule.write_dir(out, "--out", HF_FOLDER)
+        for item in sorted(source.iterdir()):
+            if item.is_file():
+                rule.write(folder / item.name, weight_format(item.name))
+    else:
+        rule.write(out, outputs.TORCH_ARCHIVE, "--out")
+
+
+def _write_like(source: Checkpoint, moved: WholeCheckpoint, seed: int, out: Path, record: dict) -> float:
+    """``moved`` written in ``source``'s files and dtype to ``out``, after checking that the stored copy
+    keeps the float64 model's log-probabilities to :data:`AS_WRITTEN_DLOGP`; that change."""
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
+    from attnid.edits.alignment import probe_tokens
+    from attnid.edits.checkpoints import save_checkpoint
     from attnid.edits.quant_moves import exact_log_probs
     from attnid.edits.whole_checkpoint import checkpoint_copy, read_whole_checkpoint, write_whole_checkpoint
 
+    written = checkpoint_copy(source)
+    write_whole_checkpoint(written, moved)
+    stored = read_whole_checkpoint(written)
+    tokens = probe_tokens(moved, seed)
+    change = float((exact_log_probs(stored, tokens) - exact_log_probs(moved, tokens)).abs().max())
+    if not change <= AS_WRITTEN_DLOGP:
+        raise UserError(
+            f"the moved weights rounded to {stored_dtype_name(source)} change log p by {change:.3g} "
+            f"(> {AS_WRITTEN_DLOGP:g}); nothing written"
+        )
+    progress.stage(f"writing {out}")
+    save_checkpoint(written, out, record=record)
+    return change
+
+
+def run_align(args: argparse.Namespace) -> int:
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
+    from attnid.edits.alignment import EXACT_DLOGP, align_whole, relative_move
+
     rule = outputs.current()
     rule.read(args.a, args.b)
-    if args.b.is_dir():  # a Hugging Face folder: B's files, B's weights replaced, nothing outside --out
-        out = rule.write_dir(args.out, "--out", HF_FOLDER)
-        for item in sorted(args.b.iterdir()):
-            if item.is_file():
-                rule.write(out / item.name, weight_format(item.name))
-    else:
-        rule.write(args.out, outputs.TORCH_ARCHIVE, "--out")
+    _declare_like(rule, args.b, args.out)
     rule.write(args.json, ALIGN_REPORT, "--json")
     a, b, whole_a, moved, report = _aligned_pair(args)
     again, _ = align_whole(whole_a, moved, tuple(report["classes"]), args.seed)
     report["realign_relative_move"] = relative_move(moved, again)
-    written = checkpoint_copy(b)
-    write_whole_checkpoint(written, moved)
-    stored = read_whole_checkpoint(written)
-    tokens = probe_tokens(moved, args.seed)
-    change = float((exact_log_probs(stored, tokens) - exact_log_probs(moved, tokens)).abs().max())
-    report["as_written_max_abs_dlogp"] = change
-    if not change <= AS_WRITTEN_DLOGP:
-        raise UserError(
-            f"the aligned weights rounded to {stored_dtype_name(b)} change log p by {change:.3g} "
-            f"(> {AS_WRITTEN_DLOGP:g}); nothing written"
-        )
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    record = {"command": "align", **{k: report[k] for k in ("classes", "seed", "share_removed")}}
+    report["as_written_max_abs_dlogp"] = _write_like(b, moved, args.seed, args.out, record)
     report = {"command": "align", **report, "output": str(args.out)}
-    progress.stage(f"writing {args.out}")
-    record = {k: v for k, v in report.items() if k in ("command", "classes", "seed", "share_removed")}
-    save_checkpoint(written, args.out, record=record)
     lines = [*_alignment_lines(report), f"wrote {args.out}"]
     print("\n".join(lines))
     if args.json is not None:
         write_json_atomic(args.json, report, ALIGN_REPORT)
+    return 0
+
+
+def add_plant_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", type=Path, help="the model: nanoGPT ckpt.pt or a Hugging Face folder")
+    parser.add_argument("--out", type=Path, required=True, help="where g A goes (A's format)")
+    parser.add_argument("--seed", type=seed_number, default=0, help="seed of g and the probe (default 0)")
+    parser.add_argument(
+        "--gl",
+        action="store_true",
+        help="per-group moves in GL(D) (with RoPE: the commutant) instead of orthogonal ones; attnid align "
+        "then recovers g with ov_gl and qk_gl, and with the stream's classes only under --no-stream",
+    )
+    parser.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="leave out the residual stream's classes (its permutation, its rotation where lm_head is "
+        "untied, the norms' gain scales)",
+    )
+
+
+def run_plant(args: argparse.Namespace) -> int:
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
+    from attnid.edits.alignment import (
+        ALIGN_CLASSES,
+        EXACT_DLOGP,
+        align_refusal,
+        classes_of,
+        distances,
+        norm_of,
+        probe_tokens,
+    )
+
+    # lazy: torch, as above
+    from attnid.edits.checkpoints import load_checkpoint
+    from attnid.edits.planted import random_group_element
+    from attnid.edits.quant_moves import exact_log_probs
+    from attnid.edits.whole_checkpoint import WholeCheckpoint
+
+    rule = outputs.current()
+    rule.read(args.a)
+    _declare_like(rule, args.a, args.out)
+    check_load_memory(args.a)
+    progress.stage(f"reading {args.a}")
+    checkpoint = load_checkpoint(args.a)
+    whole = read_whole(checkpoint)
+    reason = align_refusal(whole, ("heads", "mlp") + (() if args.no_stream else ("stream", "norm_gain")))
+    if reason is not None:
+        raise UserError(reason)
+    progress.stage("planting")
+    copy = WholeCheckpoint(whole.shape, {k: v.clone() for k, v in whole.params.items()}, whole.gain_offset,
+                           whole.rope_base)  # fmt: skip
+    planted = random_group_element(copy, args.seed, args.gl, stream=not args.no_stream)
+    tokens = probe_tokens(whole, args.seed)
+    change = float((exact_log_probs(planted, tokens) - exact_log_probs(whole, tokens)).abs().max())
+    if not change <= EXACT_DLOGP:  # a defect of the moves, never of the input: said, nothing written
+        raise UserError(f"the planted element changes the float64 log-probabilities by {change:.3g}")
+    per_group = ("ov_gl", "qk_gl") if args.gl else ("ov", "qk")
+    stream = () if args.no_stream else ("stream", "stream_rotation", "norm_gain")
+    classes = [c for c in classes_of(whole, ALIGN_CLASSES) if c in ("heads", "mlp", *per_group, *stream)]
+    record = {"command": "plant", "seed": args.seed, "gl": args.gl, "classes": classes}
+    _write_like(checkpoint, planted, args.seed, args.out, record)
+    moved = distances(whole, planted)["total"] / norm_of(whole)
+    print(
+        f"planted g of {', '.join(classes)}{' (GL(D) per group)' if args.gl else ''}, seed {args.seed}: "
+        f"relative distance to A {moved:.4g}, float64 max |delta log p| {change:.3g}\nwrote {args.out}"
+    )
     return 0
 
 
