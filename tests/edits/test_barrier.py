@@ -22,7 +22,13 @@ from attnid.edits.checkpoints import load_checkpoint
 from attnid.edits.heldout import evaluate, load_for_eval
 from attnid.edits.whole_checkpoint import read_whole_checkpoint
 from attnid.measure.line import barrier_height, chord_gap
-from attnid.reports.alignment_table import TABLE_GROUPS, alignment_claim_values, write_alignment_tables
+from attnid.reports.alignment_table import (
+    TABLE_GROUPS,
+    alignment_claim_values,
+    planted_claim_values,
+    write_alignment_tables,
+)
+from attnid.reports.claims import PLANTED_CLAIMS, claims_table
 
 POINTS = 5
 
@@ -176,3 +182,36 @@ def test_a_barrier_is_unchanged_by_adding_a_line_to_the_loss(losses, offset, slo
     tilted = [loss + offset + slope * t for t, loss in zip(ts, losses)]
     assert barrier_height(ts, tilted) == pytest.approx(barrier_height(ts, losses), abs=1e-9)
     assert barrier_height(ts, losses) >= 0 and chord_gap(ts, losses)[0] == 0
+
+
+def test_a_planted_element_of_every_class_gives_two_passing_checks(tmp_path, capsys) -> None:
+    """The alignment stage's SmolLM2 step, on a tiny model: ``attnid plant`` (the stream's classes
+    included), ``attnid barrier --classes all``, and the two claims read from its report; without
+    ``--classes all`` the stream's classes are not moved back and the distance check fails."""
+    a = _save(tmp_path / "a.pt", 0)
+    assert main(["plant", str(a), "--out", str(tmp_path / "g.pt"), "--seed", "3"]) == 0
+    reports = {}
+    for name, extra in (("all", ["--classes", "all"]), ("default", [])):
+        path = tmp_path / f"{name}.json"
+        argv = [
+            "barrier",
+            str(a),
+            str(tmp_path / "g.pt"),
+            "--points",
+            "3",
+            "--sequences",
+            "2",
+            "--length",
+            "8",
+        ]
+        assert main([*argv, *extra, "--json", str(path)]) == 0
+        reports[name] = json.loads(path.read_text())
+    capsys.readouterr()
+    assert reports["all"]["levels"]["discrete"]["classes"] == ["stream", "heads", "mlp"]
+    slopes = pd.DataFrame(columns=["optimizer", "quantity", "slope", "dtype"])
+    claims = claims_table(pd.DataFrame(), slopes, planted=reports["all"])
+    rows = claims[claims["claim"].isin([claim for _, claim, _ in PLANTED_CLAIMS])]
+    assert list(rows["result"]) == ["pass", "pass"] and set(rows["kind"]) == {"check"}
+    distance, _ = planted_claim_values(reports["all"])["distance"]
+    assert distance == pytest.approx(reports["all"]["alignment"]["relative_distance_after"], rel=1e-9)
+    assert planted_claim_values(reports["default"])["distance"][0] > 1e-3  # the stream left as planted

@@ -319,6 +319,14 @@ def test_paper_config_plans_the_expected_jobs(tmp_path):
         counts["figure"] == 8
     )  # one per figure: the paper config has the studies, interventions, quantization, alignment
     assert counts["quant_study"] == len(paper["quantization"]["seeds"]) and counts["smollm2_study"] == 1
+    # the alignment stage's planted SmolLM2 element, whose report the tables read
+    assert counts["alignment_plant_smollm2"] == counts["alignment_planted_smollm2"] == 1
+    tables_job = re.search(r"rule tables:.*?(?=\n\n|\Z)", proc.stdout, re.S)
+    assert (
+        tables_job
+        and "--alignment-planted" in proc.stdout
+        and "alignment/planted/smollm2.json" in tables_job[0]
+    )
     # CUDA jobs ask for a GPU; every training job has its own log and benchmark
     case_jobs = re.findall(r"rule train_case:.*?(?=\n\n|\Z)", proc.stdout, re.S)
     assert case_jobs and all("gpu=1" in job for job in case_jobs)

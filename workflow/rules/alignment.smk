@@ -57,3 +57,46 @@ if ALIGNMENT_PAIRS:
             out_dir=lambda wildcards, output: os.path.dirname(output[0]),
         shell:
             "attnid alignment-table --json {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+# A planted element of every class of SmolLM2 (where the quantization section has `smollm2: true`), brought
+# back by `attnid barrier --classes all` (docs/design.md §18): its report gives claims.csv two checks.
+ALIGNMENT_PLANTED = (
+    [f"{RESULTS}/alignment/planted/smollm2.json"]
+    if ALIGNMENT_SECTION and QUANTIZATION and QUANTIZATION.get("smollm2")
+    else []
+)
+
+
+if ALIGNMENT_PLANTED:
+
+    rule alignment_plant_smollm2:
+        input:
+            model=rules.smollm2_folder.output,
+        output:
+            temp(directory(f"{RESULTS}/alignment/planted/smollm2_model")),
+        log:
+            f"{LOGS}/alignment/plant_smollm2.log",
+        benchmark:
+            f"{BENCHMARKS}/alignment/plant_smollm2.tsv"
+        conda:
+            ENV
+        shell:
+            "attnid plant {input.model:q} --out {output:q} --seed 7 > {log:q} 2>&1"
+
+    rule alignment_planted_smollm2:
+        input:
+            model=rules.smollm2_folder.output,
+            planted=rules.alignment_plant_smollm2.output,
+        output:
+            ALIGNMENT_PLANTED[0],
+        log:
+            f"{LOGS}/alignment/planted_smollm2.log",
+        benchmark:
+            f"{BENCHMARKS}/alignment/planted_smollm2.tsv"
+        conda:
+            ENV
+        threads: config["threads"]
+        shell:
+            "attnid barrier {input.model:q} {input.planted:q} --classes all --points 3 --sequences 2"
+            " --length 64 --threads {threads} --json {output:q} > {log:q} 2>&1"

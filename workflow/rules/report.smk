@@ -75,6 +75,7 @@ rule tables:
         quantization=QUANTIZATION_TABLE_FILES[:1],
         verdicts=INTERVENTION_TABLE_FILES[:1],
         alignment=ALIGNMENT_TABLE_FILES[:1],
+        planted=ALIGNMENT_PLANTED,
     output:
         TABLE_FILES,
     log:
@@ -93,7 +94,8 @@ rule tables:
         ),
         alignment=lambda wildcards, input: (
             f"--alignment {input.alignment[0]}" if input.alignment else ""
-        ),
+        )
+        + (f" --alignment-planted {input.planted[0]}" if input.planted else ""),
         out_dir=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "attnid tables --runs {params.runs} {params.sweep_runs} --census {input.census:q}"

@@ -62,6 +62,9 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", type=Path, help="one end of the line: nanoGPT ckpt.pt or a Hugging Face folder")
     parser.add_argument("b", type=Path, help="the other end, aligned to A at each level (A's format, shape)")
     parser.add_argument(
+        "--classes", default=None, help="the all level's classes, as attnid align's --classes"
+    )
+    parser.add_argument(
         "--points", type=int, default=11, help="values of t from 0 to 1, both included (default: %(default)s)"
     )
     parser.add_argument(
@@ -136,12 +139,13 @@ def run_barrier(args: argparse.Namespace) -> int:
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
     import torch
 
-    from attnid.edits.alignment import read_pair
+    from attnid.edits.alignment import parse_classes, read_pair
     from attnid.edits.barrier import barrier_report, check_points
     from attnid.edits.checkpoints import load_checkpoint
     from attnid.edits.heldout import heldout_batch
 
     check_points(args.points)
+    classes = parse_classes(args.classes)
     torch.set_num_threads(args.threads)
     rule = outputs.current()
     rule.read(args.a, args.b)
@@ -153,7 +157,7 @@ def run_barrier(args: argparse.Namespace) -> int:
     whole_a, whole_b = read_pair(a, b)
     batch, source = heldout_batch(b, args)
     progress.stage(f"the loss along A-B at {args.points} points, three alignment levels")
-    result = barrier_report(b, whole_a, whole_b, args.points, batch, args.seed)
+    result = barrier_report(b, whole_a, whole_b, args.points, batch, args.seed, classes)
     result["alignment"] = {"a": str(args.a), "b": str(args.b), **result["alignment"]}
     result["alignment"]["functional"]["tokens"] = source
     report = {"command": "barrier", "a": str(args.a), "b": str(args.b), "tokens": source, **result}

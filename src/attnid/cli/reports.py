@@ -143,6 +143,12 @@ def add_tables_arguments(parser: argparse.ArgumentParser) -> None:
         help="alignment.csv of attnid alignment-table: adds the alignment stage's claim to claims.csv",
     )
     parser.add_argument(
+        "--alignment-planted",
+        default=None,
+        metavar="JSON",
+        help="attnid barrier --json of a model and its planted element (attnid plant): adds its two checks",
+    )
+    parser.add_argument(
         "--nullity",
         default=None,
         metavar="CSV",
@@ -167,6 +173,7 @@ def run_tables(args: argparse.Namespace) -> int:
         quantization_seeds,
         args.verdicts,
         args.alignment,
+        args.alignment_planted,
         args.nullity,
     )
     with written_by("attnid train"):
@@ -185,6 +192,7 @@ def run_tables(args: argparse.Namespace) -> int:
             args.verdicts,
             nullity_csv=args.nullity,
             alignment_csv=args.alignment,
+            planted_json=args.alignment_planted,
         )
     for row in tables["claims"].itertuples():
         print(

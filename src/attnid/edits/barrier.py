@@ -1,9 +1,10 @@
 """``attnid barrier`` and the held-out side of ``attnid compare`` (docs/design.md §18): the loss along the
 straight line between two checkpoints, at three alignment levels, and the functional distance between them.
 
-- The levels (:data:`ALIGNMENT_LEVELS`): ``none`` (B as it is), ``discrete`` (B after the head and MLP
-  permutations alone, weight matching as Git Re-Basin does: the anchor) and ``all`` (B after every default
-  class of :func:`attnid.edits.alignment.align_whole`).
+- The levels (:func:`alignment_levels`): ``none`` (B as it is), ``discrete`` (B after the head and MLP
+  permutations alone, and the stream's where asked, weight matching as Git Re-Basin does: the anchor) and
+  ``all`` (B after the asked classes of :func:`attnid.edits.alignment.align_whole`, by default its default
+  ones; ``--classes``).
 - The line: ``theta(t) = (1 - t) theta_A + t theta_B`` for every parameter, norm gains and biases included
   (they interpolate as parameters like any other), computed in float64 in the census's names and written
   into a copy of B in B's stored dtype; its loss is the mean next-token cross-entropy on the held-out batch
@@ -36,7 +37,16 @@ from attnid.measure.line import barrier_height
 from attnid.measure.quantization import kl_per_token
 from attnid.model.gpt import model_from_checkpoint, strip_compiled_prefix
 
-ALIGNMENT_LEVELS = {"none": (), "discrete": ("heads", "mlp"), "all": DEFAULT_CLASSES}
+PERMUTATIONS = ("stream", "heads", "mlp")  # the discrete level: the permutations among the asked classes
+
+
+def alignment_levels(classes: tuple = DEFAULT_CLASSES) -> dict[str, tuple]:
+    """The levels of :func:`barrier_report` when its ``all`` level aligns ``classes``: the discrete level is
+    their permutations (Git Re-Basin's anchor; the head and MLP permutations at least)."""
+    discrete = tuple(c for c in PERMUTATIONS if c in classes or c in ("heads", "mlp"))
+    return {"none": (), "discrete": discrete, "all": classes}
+
+
 MIN_POINTS, MAX_POINTS = 2, 1001
 
 
@@ -128,8 +138,9 @@ def barrier_report(
     points: int,
     batch: torch.Tensor,
     seed: int = 0,
+    classes: tuple = DEFAULT_CLASSES,
 ) -> dict:
-    """The loss along the line A-B at each level of :data:`ALIGNMENT_LEVELS` and its barrier;
+    """The loss along the line A-B at each level of :func:`alignment_levels` and its barrier;
     ``alignment``: the report of the ``all`` level's alignment
     (:func:`~attnid.edits.alignment.align_whole`) with its functional distance (what ``attnid compare``
     reports)."""
@@ -140,11 +151,11 @@ def barrier_report(
     ends: dict[str, torch.Tensor] = {}
     last: dict[str, float] = {}  # each level's loss at t = 1
     alignment = None
-    for level, classes in ALIGNMENT_LEVELS.items():
-        moved, report = align_whole(a, b, classes, seed) if classes else (b, None)
+    for level, asked in alignment_levels(classes).items():
+        moved, report = align_whole(a, b, asked, seed) if asked else (b, None)
         losses, ends[level] = loss_line(evaluator, a, moved, ts, loss_a)
         levels[level] = {
-            "classes": list(classes),
+            "classes": [] if report is None else report["classes"],
             "loss": losses,
             "barrier": barrier_height(ts, losses),
             "distance": None if report is None else report["distance_after"],

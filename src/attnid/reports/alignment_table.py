@@ -32,6 +32,8 @@ ATTENTION = ("attention_qk", "attention_ov")
 ANCHOR_CLASS = "heads+mlp"  # the discrete level's alignment (Git Re-Basin's permutations alone)
 CONTINUOUS = ("ov", "qk", "ov_gl", "qk_gl")
 ALIGNMENT_EXACT_MAX = 1e-10  # the claim: every pair's moves change log p by at most this (float64)
+# the planted element's claims (docs/design.md §18): the relative distance left and the barrier after it
+PLANTED_DISTANCE_MAX, PLANTED_BARRIER_MAX = 1e-6, 1e-4
 BARRIER_KEYS = ("levels", "t", "alignment")
 
 
@@ -143,12 +145,7 @@ def gather_reports(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(rows, line)`` of every report (one per pair)."""
     rows, line = [], []
     for path in paths:
-        report = read_json(path, "barrier report")
-        missing = [key for key in BARRIER_KEYS if not isinstance(report, dict) or key not in report]
-        if missing or report.get("command") != "barrier":
-            raise UserError(
-                f"{path} is not a report of attnid barrier --json (no {', '.join(missing) or 'command'})"
-            )
+        report = read_barrier_report(path)
         mine, along = pair_rows(Path(path), report)
         rows += mine
         line += along
@@ -195,6 +192,34 @@ def alignment_claim_values(rows: pd.DataFrame) -> dict[str, tuple[float, str]]:
             f"largest max |delta log p| of the alignment's moves, float64 (the census's forward), "
             f"{len(pairs)} pairs",
         )
+    }
+
+
+def read_barrier_report(path: Path) -> dict:
+    """One ``attnid barrier --json`` report, or a UserError naming what it lacks."""
+    report = read_json(path, "barrier report")
+    missing = [key for key in BARRIER_KEYS if not isinstance(report, dict) or key not in report]
+    if missing or report.get("command") != "barrier":
+        raise UserError(
+            f"{path} is not a report of attnid barrier --json (no {', '.join(missing) or 'command'})"
+        )
+    return report
+
+
+def planted_claim_values(report: dict) -> dict[str, tuple[float, str]]:
+    """``{claim key: (measured, detail)}`` of the planted element's ``attnid barrier`` report, each number
+    recomputed from its fields: the relative distance left after its ``all`` level, and that level's
+    barrier along the line."""
+    alignment, level = report["alignment"], report["levels"]["all"]
+    left = math.sqrt(_squared(alignment["distance_after"], TABLE_GROUPS)) / alignment["norm_a"]
+    before = math.sqrt(_squared(alignment["distance_before"], TABLE_GROUPS)) / alignment["norm_a"]
+    classes = ", ".join(alignment["classes"])
+    return {
+        "distance": (left, f"relative distance {before:.3g} before ({classes}), float64"),
+        "barrier": (
+            barrier(report["t"], level["loss"]),
+            f"held-out loss at {len(report['t'])} points after every class; {report.get('tokens', '')}",
+        ),
     }
 
 

@@ -12,7 +12,13 @@ import math
 import pandas as pd
 
 from attnid.plan.interventions import AT_INIT_ARM, CALIBRATED_SUFFIX, GAUGE_ARM, arm_baseline
-from attnid.reports.alignment_table import ALIGNMENT_EXACT_MAX, alignment_claim_values
+from attnid.reports.alignment_table import (
+    ALIGNMENT_EXACT_MAX,
+    PLANTED_BARRIER_MAX,
+    PLANTED_DISTANCE_MAX,
+    alignment_claim_values,
+    planted_claim_values,
+)
 from attnid.reports.claim_kinds import verdict_claims, with_kinds
 from attnid.reports.quantization_table import QUANTIZATION_CLAIMS, claim_values
 from attnid.reports.round_off import UNIT_ROUND_OFF, dtypes_of
@@ -133,6 +139,16 @@ def _of_cases(done: pd.DataFrame, names: list[str]) -> pd.DataFrame:
     return done[done["case"].isin(names)] if not done.empty else done
 
 
+PLANTED_CLAIMS = (  # (key of planted_claim_values, claim, threshold)
+    ("distance", "alignment: a planted element of every class of SmolLM2 is recovered", PLANTED_DISTANCE_MAX),
+    (
+        "barrier",
+        "alignment: no loss barrier between SmolLM2 and its aligned planted element",
+        PLANTED_BARRIER_MAX,
+    ),
+)
+
+
 def claims_table(
     runs: pd.DataFrame,
     slopes: pd.DataFrame,
@@ -146,6 +162,7 @@ def claims_table(
     verdicts: pd.DataFrame | None = None,
     alignment: pd.DataFrame | None = None,
     nullity: pd.DataFrame | None = None,
+    planted: dict | None = None,
 ) -> pd.DataFrame:
     """Given ``attnid verify``'s nullity.csv (``nullity``), the theory claims T1-T6 first
     (:mod:`attnid.reports.theory_claims`); then each experimental claim with the number measured in this
@@ -180,6 +197,10 @@ def claims_table(
         measured, detail = alignment_claim_values(alignment)["exact"]
         claim = f"alignment: exact on every pair of seeds in float64 (|dlogp| < {ALIGNMENT_EXACT_MAX:g})"
         claims.append(_claim(claim, "alignment (ours)", measured, "<", ALIGNMENT_EXACT_MAX, detail))
+    if planted is not None:  # attnid barrier of SmolLM2 and a planted element (the alignment stage)
+        values = planted_claim_values(planted)
+        for key, claim, threshold in PLANTED_CLAIMS:
+            claims.append(_claim(claim, "alignment (ours)", values[key][0], "<", threshold, values[key][1]))
     return with_kinds(pd.DataFrame(claims))
 
 

@@ -25,6 +25,7 @@ from numpy.typing import ArrayLike
 from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic, write_text_atomic
 from attnid.plan.interventions import arm_name
+from attnid.reports.alignment_table import read_barrier_report
 from attnid.reports.claim_kinds import VERDICT_COLUMNS
 from attnid.reports.claims import claims_table
 from attnid.reports.latex import render_table
@@ -363,6 +364,7 @@ def write_tables(
     verdicts_csv: str | Path | None = None,
     nullity_csv: str | Path | None = None,
     alignment_csv: str | Path | None = None,
+    planted_json: str | Path | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Build every table from the run directories and write them under ``out_dir``.
 
@@ -373,7 +375,8 @@ def write_tables(
     checks of its protocol; ``quantization_csv`` (``attnid quantization-table``'s, with
     ``quantization_seeds.csv`` beside it) the quantization stage's claims; ``verdicts_csv``
     (interventions.csv) its verdicts, as findings; ``nullity_csv`` (verify's) T1-T6; ``alignment_csv``
-    (``attnid alignment-table``'s) the alignment stage's.
+    (``attnid alignment-table``'s) the alignment stage's; ``planted_json`` (``attnid barrier --json`` of
+    SmolLM2 and a planted element) its two checks.
     """
     run_dirs = find_run_dirs(runs_dir, runs)
     if not run_dirs:
@@ -409,6 +412,7 @@ def write_tables(
         verdicts=_read_optional(verdicts_csv, VERDICT_COLUMNS),
         alignment=_read_optional(alignment_csv, ALIGNMENT_COLUMNS),
         nullity=_read_optional(nullity_csv, NULLITY_COLUMNS),
+        planted=None if planted_json is None else read_barrier_report(Path(planted_json)),
     )
 
     out = Path(out_dir)
