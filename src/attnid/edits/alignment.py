@@ -72,6 +72,7 @@ MAX_SWEEPS = 100
 GL_TOLERANCE = 1e-12  # L-BFGS: stop when the relative gradient (or the relative decrease) falls below it
 GL_MAX_ITERATIONS = 500
 GAIN_TOLERANCE = 1e-9  # norm_gain's sweeps stop when one removes less than this share of the distance
+# before them (or of ||A||, where that is larger)
 
 
 def parse_classes(text: str | None) -> tuple[str, ...]:
@@ -198,12 +199,13 @@ def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: 
     columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point."""
     hidden = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
     previous, sweeps = distances(a, b)["total"], 0
+    floor = GAIN_TOLERANCE * max(previous, norm_of(a))  # not of the distance left: near 0 it never ends
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
         scale_junctions(b, gain_scales(a, b))
         for name in hidden:
             move_class(a, b, name, classes, seed)
         now = distances(a, b)["total"]
-        if previous - now <= GAIN_TOLERANCE * previous:
+        if previous - now <= floor:
             break
         previous = now
     return {"sweeps": sweeps}
