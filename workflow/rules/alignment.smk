@@ -88,6 +88,7 @@ if ALIGNMENT_PLANTED:
         input:
             model=rules.smollm2_folder.output,
             planted=rules.alignment_plant_smollm2.output,
+            text=rules.fetch_data.output,
         output:
             ALIGNMENT_PLANTED[0],
         log:
@@ -99,4 +100,4 @@ if ALIGNMENT_PLANTED:
         threads: config["threads"]
         shell:
             "attnid barrier {input.model:q} {input.planted:q} --classes all --points 3 --sequences 2"
-            " --length 64 --threads {threads} --json {output:q} > {log:q} 2>&1"
+            " --length 64 --text {input.text:q} --threads {threads} --json {output:q} > {log:q} 2>&1"
