@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from alignment_models import plant_orbit_element as _plant
 from alignment_models import save_model as _save
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from attnid.cli import main
 from attnid.edits.alignment import (
@@ -20,6 +23,7 @@ from attnid.edits.alignment import (
     norm_of,
     probe_tokens,
 )
+from attnid.edits.alignment_classes import best_scale
 from attnid.edits.checkpoints import load_checkpoint
 from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import read_whole_checkpoint
@@ -185,3 +189,31 @@ def test_a_move_that_changes_the_function_is_refused_naming_its_class(models, mo
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "class ov" in err
     assert not out.exists()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-3, 3), min_size=4, max_size=4),
+    st.lists(st.floats(-3, 3), min_size=4, max_size=4),
+)
+def test_a_gain_scale_is_the_best_on_a_fine_grid(gains, reader) -> None:
+    """``norm_gain``'s closed form (the quartic's real roots and 1) is never beaten by any scale of a fine
+    grid of both signs: per coordinate ``f(s) = ||g_A - g_B / s||^2 + ||W_A - s W_B||^2``. (With a zero
+    gain, or zero reader columns, of B, ``f`` has only an infimum, at 0 or at infinity: ``align`` refuses
+    a zero gain, and leaves such a coordinate at 1.)"""
+    assume(abs(gains[1]) > 1e-3 and reader[2] ** 2 + reader[3] ** 2 > 1e-6)
+    w_a = torch.tensor(reader[:2], dtype=torch.float64)[None, :].T  # two reader rows
+    w_b = torch.tensor(reader[2:], dtype=torch.float64)[None, :].T
+    g_a, g_b = torch.tensor([gains[0]], dtype=torch.float64), torch.tensor([gains[1]], dtype=torch.float64)
+    alpha, beta = g_b.square(), g_a * g_b
+    gamma, delta = w_b.square().sum(0), (w_a * w_b).sum(0)
+    best = float(best_scale(alpha, beta, gamma, delta)[0])
+
+    def f(s: torch.Tensor) -> torch.Tensor:  # (n,) scales -> (n,) values
+        return (g_a - g_b / s).square() + (w_a - s[None, :] * w_b).square().sum(0)
+
+    powers = 10 ** (torch.arange(-600, 601, dtype=torch.float64) / 200)
+    grid = torch.cat([powers, -powers])
+    value = float(f(torch.tensor([best], dtype=torch.float64))[0])
+    assert value <= float(f(grid).min()) + 1e-9 * (1 + value)
+    assert value <= float(f(torch.ones(1, dtype=torch.float64))[0]) + 1e-12

@@ -372,11 +372,11 @@ def gain_scales(a: WholeCheckpoint, b: WholeCheckpoint) -> dict[str, torch.Tenso
         beta = torch.stack([pa[n] * pb[n] for n in parts]).sum(0)
         gamma = torch.stack([pb[r].square().sum(0) for r in readers]).sum(0)
         delta = torch.stack([(pa[r] * pb[r]).sum(0) for r in readers]).sum(0)
-        scales[norm] = _best_root(alpha, beta, gamma, delta)
+        scales[norm] = best_scale(alpha, beta, gamma, delta)
     return scales
 
 
-def _best_root(
+def best_scale(
     alpha: torch.Tensor, beta: torch.Tensor, gamma: torch.Tensor, delta: torch.Tensor
 ) -> torch.Tensor:
     """Per coordinate the ``s`` of :func:`gain_scales`: the companion matrices' real eigenvalues and 1."""
