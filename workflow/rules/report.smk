@@ -8,9 +8,14 @@
 from attnid.reports.figures import registry
 from attnid.reports.report_pages import TABLE_PAGES, table_pages
 
-# The alignment stage's tables (alignment.smk), where it has pairs.
+# The alignment stage's tables (alignment.smk), where it has pairs, and its planted SmolLM2 report.
 ALIGNMENT_TABLE_FILES = (
     list(rules.alignment_table.output) if rules.has("alignment_table") else []
+)
+PLANTED_REPORTS = (
+    list(rules.alignment_planted_smollm2.output)
+    if rules.has("alignment_planted_smollm2")
+    else []
 )
 
 # The optional stages this config runs: a figure of a stage (its module's STAGE) is drawn only with it.
@@ -75,7 +80,7 @@ rule tables:
         quantization=QUANTIZATION_TABLE_FILES[:1],
         verdicts=INTERVENTION_TABLE_FILES[:1],
         alignment=ALIGNMENT_TABLE_FILES[:1],
-        planted=ALIGNMENT_PLANTED,
+        planted=PLANTED_REPORTS,
     output:
         TABLE_FILES,
     log:
