@@ -244,7 +244,7 @@ def test_any_planted_element_on_any_shape_is_recovered_exactly(
         in_domain=False,
     )
     a = WholeCheckpoint(shape, random_point(shape, torch.Generator().manual_seed(seed)))
-    b = WholeCheckpoint(shape, {k: v.clone() for k, v in a.params.items()})
+    b = a.clone()
     b = random_group_element(b, seed + 1, stream=stream)
     classes = tuple(c for c in classes_of(b, ALIGN_CLASSES) if not c.endswith("_gl")) if stream else None
     moved, report = align_whole(a, b, *([classes] if classes else []))

@@ -287,6 +287,7 @@ def run_plant(args: argparse.Namespace) -> int:
     from attnid.edits.alignment import (
         ALIGN_CLASSES,
         EXACT_DLOGP,
+        STREAM_CLASSES,
         align_refusal,
         classes_of,
         distances,
@@ -298,7 +299,6 @@ def run_plant(args: argparse.Namespace) -> int:
     from attnid.edits.checkpoints import load_checkpoint
     from attnid.edits.planted import random_group_element
     from attnid.edits.quant_moves import exact_log_probs
-    from attnid.edits.whole_checkpoint import WholeCheckpoint
 
     rule = outputs.current()
     rule.read(args.a)
@@ -311,15 +311,13 @@ def run_plant(args: argparse.Namespace) -> int:
     if reason is not None:
         raise UserError(reason)
     progress.stage("planting")
-    copy = WholeCheckpoint(whole.shape, {k: v.clone() for k, v in whole.params.items()}, whole.gain_offset,
-                           whole.rope_base)  # fmt: skip
-    planted = random_group_element(copy, args.seed, args.gl, stream=not args.no_stream)
+    planted = random_group_element(whole.clone(), args.seed, args.gl, stream=not args.no_stream)
     tokens = probe_tokens(whole, args.seed)
     change = float((exact_log_probs(planted, tokens) - exact_log_probs(whole, tokens)).abs().max())
     if not change <= EXACT_DLOGP:  # a defect of the moves, never of the input: said, nothing written
         raise UserError(f"the planted element changes the float64 log-probabilities by {change:.3g}")
     per_group = ("ov_gl", "qk_gl") if args.gl else ("ov", "qk")
-    stream = () if args.no_stream else ("stream", "stream_rotation", "norm_gain")
+    stream = () if args.no_stream else STREAM_CLASSES
     classes = [c for c in classes_of(whole, ALIGN_CLASSES) if c in ("heads", "mlp", *per_group, *stream)]
     record = {"command": "plant", "seed": args.seed, "gl": args.gl, "classes": classes}
     _write_like(checkpoint, planted, args.seed, args.out, record)

@@ -343,7 +343,7 @@ def align_whole(
     reason = align_refusal(b, classes)
     if reason is not None:
         raise UserError(reason)
-    moved = WholeCheckpoint(b.shape, {k: v.clone() for k, v in b.params.items()}, b.gain_offset, b.rope_base)
+    moved = b.clone()
     tokens = probe_tokens(b, seed)
     reference = exact_log_probs(b, tokens)
     before = distances(a, moved)

@@ -335,7 +335,7 @@ def match_stream(a: WholeCheckpoint, b: WholeCheckpoint) -> list[int]:
     return assignment(embedding_stream(a, False) @ embedding_stream(b, False).T)
 
 
-def _complement_of_ones(n: int) -> torch.Tensor:
+def complement_of_ones(n: int) -> torch.Tensor:
     """``(n, n - 1)``: an orthonormal basis of the vectors orthogonal to ``1_n`` (a Householder's columns)."""
     v = -torch.full((n,), n**-0.5, dtype=torch.float64)
     v[-1] += 1.0
@@ -349,7 +349,7 @@ def stream_rotation_move(a: WholeCheckpoint, b: WholeCheckpoint, spec: AlignSpec
     sa, sb = embedding_stream(a, True), embedding_stream(b, True)
     if not spec.layernorm:
         return best_move(sa @ sb.T, FULL)
-    basis = _complement_of_ones(sa.shape[0])
+    basis = complement_of_ones(sa.shape[0])
     inner = best_move(basis.T @ sa @ sb.T @ basis, FULL)
     ones = torch.full((sa.shape[0], 1), sa.shape[0] ** -0.5, dtype=torch.float64)
     return basis @ inner @ basis.T + ones @ ones.T

@@ -37,13 +37,11 @@ from attnid.measure.line import barrier_height
 from attnid.measure.quantization import kl_per_token
 from attnid.model.gpt import model_from_checkpoint, strip_compiled_prefix
 
-PERMUTATIONS = ("stream", "heads", "mlp")  # the discrete level: the permutations among the asked classes
-
 
 def alignment_levels(classes: tuple = DEFAULT_CLASSES) -> dict[str, tuple]:
     """The levels of :func:`barrier_report` when its ``all`` level aligns ``classes``: the discrete level is
     their permutations (Git Re-Basin's anchor; the head and MLP permutations at least)."""
-    discrete = tuple(c for c in PERMUTATIONS if c in classes or c in ("heads", "mlp"))
+    discrete = (("stream",) if "stream" in classes else ()) + ("heads", "mlp")
     return {"none": (), "discrete": discrete, "all": classes}
 
 

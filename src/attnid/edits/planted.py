@@ -12,6 +12,7 @@ import torch
 
 from attnid.edits.alignment_classes import (
     PLANES,
+    complement_of_ones,
     permute_heads,
     permute_mlp,
     permute_stream,
@@ -75,7 +76,7 @@ def plant_stream(whole: WholeCheckpoint, generator: torch.Generator) -> None:
         rotation = haar_orthogonal(e, generator)
         if whole.shape.norm == "layernorm":  # fix 1_E: a rotation of its complement
             ones = torch.full((e, 1), e**-0.5, dtype=torch.float64)
-            basis = torch.linalg.qr(torch.cat([ones, torch.eye(e, dtype=torch.float64)], 1))[0][:, 1:e]
+            basis = complement_of_ones(e)
             rotation = basis @ haar_orthogonal(e - 1, generator) @ basis.T + ones @ ones.T
         rotate_stream(whole, rotation)
     scales = {}

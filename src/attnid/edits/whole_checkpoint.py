@@ -76,6 +76,11 @@ class WholeCheckpoint:
     gain_offset: float = 0.0  # the stored norm weight is gain - gain_offset (Gemma's RMSNorm: 1)
     rope_base: float = 10_000.0
 
+    def clone(self) -> WholeCheckpoint:
+        """A copy whose parameters can be moved in place without touching this one's."""
+        params = {name: tensor.clone() for name, tensor in self.params.items()}
+        return WholeCheckpoint(self.shape, params, self.gain_offset, self.rope_base)
+
 
 def whole_model_shape_of(checkpoint: Checkpoint) -> theory.WholeModelShape:
     """The census's shape of a checkpoint, from its config (nanoGPT: ``model_args``; HF: ``config.json``)."""
