@@ -119,7 +119,7 @@ def test_the_default_stage_compares_every_arm_at_its_best_lr_on_its_own_model():
     assert len(planned.calibration_runs) == len(DEFAULT_ARMS) * len(lrs) * len(calibration["seeds"])
     assert {planned.runs[d].settings["lr"] for d in planned.calibration_runs} == lrs
     assert not set(calibration["seeds"]) & set(section["seeds"])
-    assert planned.one_job_per_arm
+    assert planned.one_job_per_arm and planned.lockstep
     # the float64 identity run stays in the default, with its own length
     (identity,) = planned.identity_runs
     assert planned.runs[identity].case == "adamw_projected"
@@ -409,6 +409,15 @@ BAD_SECTIONS = [
 ]
 
 
+def test_lockstep_needs_one_job_per_arm():
+    config = copy.deepcopy(DEFAULT)
+    config["interventions"]["one_job_per_arm"] = False
+    with pytest.raises(ConfigError, match="interventions/lockstep: .*needs one_job_per_arm: true"):
+        plan(config)
+    config["interventions"]["lockstep"] = False
+    assert not plan(config).lockstep
+
+
 @pytest.mark.parametrize("change, message", BAD_SECTIONS)
 def test_a_bad_interventions_section_is_one_problem(change, message):
     config = {**PLAIN, "interventions": {**PLAIN["interventions"], **change}}
@@ -478,6 +487,8 @@ def test_the_default_dag_trains_each_arm_s_seeds_in_one_job_after_its_calibratio
         assert jobs[run_dir]["max_iters"] == section["max_iters"]
     assert jobs[f"{out}/interventions/identity/seed0"]["dtype"] == "float64"
     per_arm = re.findall(r"attnid train-runs --configs .*? --outs (.*?) --data", proc.stdout)
+    commands = re.findall(r"attnid train-runs [^\n]*", proc.stdout)
+    assert len(commands) == len(per_arm) and all(" --lockstep " in command for command in commands)
     # per arm: its comparison seeds; per arm and lr of the grid: round 1's seeds; per arm and rank of
     # round 2: its seeds (the robustness variants' jobs are known only after the calibration)
     grid, refine = section["calibration"], section["calibration"]["refine"]

@@ -115,7 +115,10 @@ if not PLAN.one_job_per_arm:
 else:
 
     # interventions: one_job_per_arm: every seed of an arm (and lr) in one job, `attnid train-runs`, which pays
-    # the start-up once (docs/experiments.md, "Sizing the interventions").
+    # the start-up once (docs/experiments.md, "Sizing the interventions"); with lockstep, a job's runs train
+    # together, one stacked step of all at a time (docs/design.md §11.6).
+    LOCKSTEP = " --lockstep" if PLAN.lockstep else ""
+
     rule train_intervention_seeds:
         input:
             data=rules.prepare_data.output,
@@ -151,7 +154,8 @@ else:
             ],
         shell:
             "attnid train-runs --configs {input.specs:q} --outs {params.outs:q} --data {params.data_dir:q}"
-            " --threads {threads} --device {params.device} --restart-if-changed > {log:q} 2>&1"
+            " --threads {threads} --device {params.device} --restart-if-changed"
+            f"{LOCKSTEP} > {{log:q}} 2>&1"
 
     use rule train_intervention_seeds as train_calibration_seeds with:
         input:

@@ -108,6 +108,13 @@ def add_train_runs_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--restart-if-changed", action="store_true", default=None, help=help_text("restart_if_changed")
     )
+    parser.add_argument(
+        "--lockstep",
+        action="store_true",
+        help="train the runs that differ only in their seed together, one stacked step of all at a time "
+        "(--no-metrics runs of a case without orbit moves; the same runs to float rounding, faster for "
+        "small models: docs/design.md §11.6)",
+    )
 
 
 def run_train_runs(args: argparse.Namespace) -> int:
@@ -134,6 +141,11 @@ def run_train_runs(args: argparse.Namespace) -> int:
         cfg = resolve_config(read_config_file(config_file) | flags | {"out": out})
         declare_run_outputs(cfg, config_file, "--outs")
         runs.append(cfg)
+    if args.lockstep:
+        # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
+        from attnid.training.lockstep import train_together
+
+        return train_together(runs)
     for number, cfg in enumerate(runs, start=1):
         print(f"attnid train-runs: run {number}/{len(runs)}: {cfg.out}", file=sys.stderr, flush=True)
         status = train(cfg)

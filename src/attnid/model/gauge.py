@@ -188,13 +188,17 @@ class GaugeFixedQKV(nn.Module):
     def _group_rows(self, first_row: int, group: int) -> slice:
         return slice(first_row + group * self.head_dim, first_row + (group + 1) * self.head_dim)
 
-    def _group_pieces(self) -> list[list[tuple[str | None, torch.Tensor]]]:
+    def _group_pieces(
+        self, weight: torch.Tensor | None = None
+    ) -> list[list[tuple[str | None, torch.Tensor]]]:
         """Per key and value group (in row order), its ``(D, E)`` rows as ``(name, piece)`` left to right:
-        the free columns left of the window, the fixed block (name None), the free columns right of it."""
+        the free columns left of the window, the fixed block (name None), the free columns right of it; views
+        of ``weight`` (by default the module's own)."""
+        weight = self.weight if weight is None else weight
         pieces = []
         for kind, (first_row, starts) in self.windows.items():
             for group, start in enumerate(starts):
-                rows = self.weight[self._group_rows(first_row, group)]
+                rows = weight[self._group_rows(first_row, group)]
                 end = start + self.head_dim
                 pieces.append(
                     [
@@ -205,11 +209,24 @@ class GaugeFixedQKV(nn.Module):
                 )
         return pieces
 
-    def _free_views(self) -> dict[str, torch.Tensor]:
-        views = {"query_weight": self.weight[self.query_rows]}
-        for row in self._group_pieces():
+    def _free_views(self, weight: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        weight = self.weight if weight is None else weight
+        views = {"query_weight": weight[self.query_rows]}
+        for row in self._group_pieces(weight):
             views.update({name: piece for name, piece in row if name is not None and piece.shape[1] > 0})
         return views
+
+    def free_views_of(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each parameter's entries in another ``weight``-shaped tensor (its gradient, AdamW's moments of the
+        whole matrix: attnid.training.lockstep), as views, by parameter name."""
+        return self._free_views(weight)
+
+    def fixed_mask(self) -> torch.Tensor:
+        """``weight``'s shape, True at the entries of the fixed blocks."""
+        mask = torch.ones_like(self.weight, dtype=torch.bool)
+        for view in self._free_views(mask).values():
+            view.fill_(False)
+        return mask
 
     def fixed_blocks(self) -> list[torch.Tensor]:
         """The ``(D, D)`` fixed blocks, key groups then value groups (views of ``weight``)."""

@@ -121,7 +121,8 @@ IDENTITY_CASE, IDENTITY_DTYPE = "adamw_projected", "float64"
 IDENTITY_GRID_KEYS = ("seeds",)
 # Keys of the interventions section that are not settings of its runs (the rest are: stage_settings).
 STAGE_GRID_KEYS = (
-    "arms", "seeds", "verdict", "identity", "calibration", "plateau", "one_job_per_arm", "robustness"
+    "arms", "seeds", "verdict", "identity", "calibration", "plateau", "one_job_per_arm", "lockstep",
+    "robustness",
 )  # fmt: skip
 # The verdict rule's margin may be a rule instead of a number (docs/design.md §11.3): this fraction of the
 # baseline's mean final loss at its best lr on the calibration seeds, known before any comparison run ends.

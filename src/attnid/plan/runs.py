@@ -174,6 +174,7 @@ class Plan:
     calibration_seeds: list[int] = field(default_factory=list)
     calibration_arms: list[str] = field(default_factory=list)  # the arms the calibration trains on its grid
     one_job_per_arm: bool = False
+    lockstep: bool = False  # a job's runs trained together (attnid train-runs --lockstep)
     refine_runs: list[str] = field(default_factory=list)  # round 2 of the calibration (rounds.py)
     refine_seeds: list[int] = field(default_factory=list)
     # the robustness variants, and the runs they may need: each calibrated arm at each grid lr on the
@@ -332,6 +333,9 @@ def _plan_interventions(config: dict, result: Plan) -> None:
         return
     arms = intervention_arms(config)
     result.one_job_per_arm = bool(section.get("one_job_per_arm"))
+    result.lockstep = bool(section.get("lockstep"))
+    if result.lockstep and not result.one_job_per_arm:
+        raise ConfigError("interventions/lockstep", "trains a job's runs as one: needs one_job_per_arm: true")
     result.intervention_seeds = list(section["seeds"])
     result.calibration_seeds = list((section.get("calibration") or {}).get("seeds", []))
     for arm in arms:
