@@ -18,6 +18,7 @@ from attnid.cli import main
 from attnid.edits.alignment import (
     ALIGN_CLASSES,
     EXACT_DLOGP,
+    PER_HEAD_CLASSES,
     align_whole,
     distances,
     norm_of,
@@ -60,7 +61,9 @@ def test_planted_orbit_element_is_recovered(models, capsys) -> None:
     assert distances(a, aligned)["total"] / norm_of(a) <= 1e-6
     report = json.loads(report_path.read_text())
     assert report["command"] == "align"
-    assert [s["class"] for s in report["steps"]] == ["heads", "mlp", "ov", "qk"]
+    # no --classes: every class a tied nanoGPT model has (all but the stream rotation)
+    assert report["classes"] == [c for c in ALIGN_CLASSES if c != "stream_rotation"]
+    assert [s["class"] for s in report["steps"]] == report["classes"]
     assert report["relative_distance_after"] <= 1e-6
     assert report["share_removed"] == pytest.approx(1.0, abs=1e-9)
     assert report["identified_products"]["qk"] <= 1e-6 and report["identified_products"]["ov"] <= 1e-6
@@ -71,12 +74,12 @@ def test_planted_orbit_element_is_recovered(models, capsys) -> None:
 
 def test_alignment_is_exact_and_idempotent(models) -> None:
     a, b = _whole(models["a"]), _whole(models["other"])
-    aligned, report = align_whole(a, b)
+    aligned, report = align_whole(a, b, PER_HEAD_CLASSES)
     tokens = probe_tokens(b, 3)
     change = float((exact_log_probs(aligned, tokens) - exact_log_probs(b, tokens)).abs().max())
     assert change <= EXACT_DLOGP
     assert report["steps"][-1]["distance"]["total"] < report["distance_before"]["total"]
-    again, _ = align_whole(a, aligned)
+    again, _ = align_whole(a, aligned, PER_HEAD_CLASSES)
     assert distances(aligned, again)["total"] / norm_of(aligned) <= 1e-6
 
 
@@ -121,7 +124,8 @@ def test_attnid_plant_moves_exactly_and_align_all_brings_it_back(models, capsys)
 def test_every_class_removes_at_least_what_permutations_leave(models) -> None:
     a, b = _whole(models["a"]), _whole(models["other"])
     _, permutations = align_whole(a, b, ("heads", "mlp"))
-    _, every = align_whole(a, b)
+    _, every = align_whole(a, b)  # every class the architecture has
+    assert every["classes"] == [c for c in ALIGN_CLASSES if c != "stream_rotation"]
     assert every["distance_after"]["total"] <= permutations["distance_after"]["total"] + 1e-12
     totals = [every["distance_before"]["total"]] + [s["distance"]["total"] for s in every["steps"]]
     assert all(later <= earlier + 1e-12 for earlier, later in zip(totals, totals[1:]))
@@ -150,7 +154,7 @@ def test_unknown_class_is_refused(models, capsys) -> None:
 
 def test_gl_refinement_keeps_the_function_and_removes_more(models) -> None:
     a, b = _whole(models["a"]), _whole(models["other"])
-    _, orthogonal = align_whole(a, b)
+    _, orthogonal = align_whole(a, b, PER_HEAD_CLASSES)
     refined, report = align_whole(a, b, ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl"))
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
     assert report["distance_after"]["total"] <= orthogonal["distance_after"]["total"] + 1e-12

@@ -24,6 +24,7 @@ from attnid.cli import main
 from attnid.edits.alignment import (
     ALIGN_CLASSES,
     EXACT_DLOGP,
+    PER_HEAD_CLASSES,
     align_whole,
     classes_of,
     distances,
@@ -106,7 +107,9 @@ def test_a_planted_element_is_recovered_and_written_exactly(root, family, capsys
     assert distances(whole_a, whole_b)["total"] / norm_of(whole_a) > 0.1  # the plant moved it
     assert distances(whole_a, aligned)["total"] / norm_of(whole_a) <= 1e-6
     report = json.loads(report_path.read_text())
-    assert [s["class"] for s in report["steps"]] == ["heads", "mlp", "ov", "qk"]
+    # no --classes: every class the family has (a tied model: no stream rotation)
+    assert report["classes"] == list(classes_of(_whole(b), ALIGN_CLASSES)) and "stream" in report["classes"]
+    assert [s["class"] for s in report["steps"]] == report["classes"]
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP and report["realign_relative_move"] <= 1e-6
     assert report["identified_products"]["qk"] <= 1e-5 and report["identified_products"]["ov"] <= 1e-5
     # the folder as written: B's files (safetensors), B's function in the family's own float32 forward
@@ -170,10 +173,10 @@ def test_two_seeds_compare_exactly_and_idempotently(root, capsys) -> None:
     assert functional["kl_before"] > 1e-4 and functional["kl_change"] <= 1e-5 * functional["kl_before"]
     whole_a, whole_b = _whole(a), _whole(b)
     _, permutations = align_whole(whole_a, whole_b, ("heads", "mlp"))
-    moved, every = align_whole(whole_a, whole_b)
+    moved, every = align_whole(whole_a, whole_b, PER_HEAD_CLASSES)  # the GL(D) classes: not to 1e-6
     assert every["distance_after"]["total"] <= permutations["distance_after"]["total"] + 1e-12
     assert every["exact_max_abs_dlogp"] <= EXACT_DLOGP
-    again, _ = align_whole(whole_a, moved)
+    again, _ = align_whole(whole_a, moved, PER_HEAD_CLASSES)
     assert distances(moved, again)["total"] / norm_of(moved) <= 1e-6
 
 
@@ -246,8 +249,8 @@ def test_any_planted_element_on_any_shape_is_recovered_exactly(
     a = WholeCheckpoint(shape, random_point(shape, torch.Generator().manual_seed(seed)))
     b = a.clone()
     b = random_group_element(b, seed + 1, stream=stream)
-    classes = tuple(c for c in classes_of(b, ALIGN_CLASSES) if not c.endswith("_gl")) if stream else None
-    moved, report = align_whole(a, b, *([classes] if classes else []))
+    every = tuple(c for c in classes_of(b, ALIGN_CLASSES) if not c.endswith("_gl"))
+    moved, report = align_whole(a, b, every if stream else PER_HEAD_CLASSES)
     assert report["relative_distance_after"] <= 1e-9
     tokens = probe_tokens(b, 0)
     assert float((exact_log_probs(moved, tokens) - exact_log_probs(b, tokens)).abs().max()) <= EXACT_DLOGP

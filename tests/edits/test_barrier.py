@@ -186,12 +186,12 @@ def test_a_barrier_is_unchanged_by_adding_a_line_to_the_loss(losses, offset, slo
 
 def test_a_planted_element_of_every_class_gives_two_passing_checks(tmp_path, capsys) -> None:
     """The alignment stage's SmolLM2 step, on a tiny model: ``attnid plant`` (the stream's classes
-    included), ``attnid barrier --classes all``, and the two claims read from its report; without
-    ``--classes all`` the stream's classes are not moved back and the distance check fails."""
+    included), ``attnid barrier`` with its default classes (all), and the two claims read from its
+    report; with the per-head classes alone the stream's are not moved back and the distance check fails."""
     a = _save(tmp_path / "a.pt", 0)
     assert main(["plant", str(a), "--out", str(tmp_path / "g.pt"), "--seed", "3"]) == 0
     reports = {}
-    for name, extra in (("all", ["--classes", "all"]), ("default", [])):
+    for name, extra in (("all", []), ("per_head", ["--classes", "heads,mlp,ov,qk"])):
         path = tmp_path / f"{name}.json"
         argv = [
             "barrier",
@@ -208,10 +208,12 @@ def test_a_planted_element_of_every_class_gives_two_passing_checks(tmp_path, cap
         reports[name] = json.loads(path.read_text())
     capsys.readouterr()
     assert reports["all"]["levels"]["discrete"]["classes"] == ["stream", "heads", "mlp"]
+    assert reports["all"]["levels"]["all"]["classes"][:2] == ["stream", "heads"]
+    assert reports["per_head"]["levels"]["all"]["classes"] == ["heads", "mlp", "ov", "qk"]
     slopes = pd.DataFrame(columns=["optimizer", "quantity", "slope", "dtype"])
     claims = claims_table(pd.DataFrame(), slopes, planted=reports["all"])
     rows = claims[claims["claim"].isin([claim for _, claim, _ in PLANTED_CLAIMS])]
     assert list(rows["result"]) == ["pass", "pass"] and set(rows["kind"]) == {"check"}
     distance, _ = planted_claim_values(reports["all"])["distance"]
     assert distance == pytest.approx(reports["all"]["alignment"]["relative_distance_after"], rel=1e-9)
-    assert planted_claim_values(reports["default"])["distance"][0] > 1e-3  # the stream left as planted
+    assert planted_claim_values(reports["per_head"])["distance"][0] > 1e-3  # the stream left as planted

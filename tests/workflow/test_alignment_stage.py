@@ -158,3 +158,23 @@ def test_a_bad_pairs_from_is_one_config_error_naming_the_key(configs, overrides,
     with pytest.raises(ConfigError) as caught:
         _pairs(configs["config"], overrides)
     assert key in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_stage_aligns_the_per_head_classes_it_declares(configs, repo_root):
+    """The stage passes its section's classes (by default the per-head ones and the permutations), not
+    attnid barrier's default (every class: the stream's and GL(D) would near the stage's job-time target)."""
+    from attnid.edits.alignment import DEFAULT_CLASSES, PER_HEAD_CLASSES, parse_classes
+
+    for name in ("config", "smoke"):
+        config = copy.deepcopy(configs[name])
+        plan(config, {})
+        classes = config["alignment"]["classes"]
+        assert parse_classes(",".join(classes)) == PER_HEAD_CLASSES != parse_classes(None) == DEFAULT_CLASSES
+    config = copy.deepcopy(configs["config"])
+    plan(config, {"alignment": {"classes": ["stream", "heads"]}})
+    assert config["alignment"]["classes"] == ["stream", "heads"]
+    with pytest.raises(ConfigError) as caught:
+        plan(copy.deepcopy(configs["config"]), {"alignment": {"classes": ["sideways"]}})
+    assert "alignment/classes" in str(caught.value)
+    rule = (repo_root / "workflow" / "rules" / "alignment.smk").read_text()
+    assert '",".join(ALIGNMENT_SECTION.get("classes")' in rule and "--classes {params.classes}" in rule

@@ -35,8 +35,10 @@ if ALIGNMENT_PAIRS:
             data=lambda wildcards, input: os.path.dirname(input.meta),
             points=ALIGNMENT_SECTION.get("points"),
             sequences=ALIGNMENT_SECTION.get("sequences"),
+            classes=",".join(ALIGNMENT_SECTION.get("classes") or []),
         shell:
-            "attnid barrier {params.a:q} {params.b:q} --points {params.points} --sequences {params.sequences}"
+            "attnid barrier {params.a:q} {params.b:q} --classes {params.classes} --points {params.points}"
+            " --sequences {params.sequences}"
             " --data {params.data:q} --threads {threads} --json {output:q} > {log:q} 2>&1"
 
     rule alignment_table:

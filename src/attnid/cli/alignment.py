@@ -34,7 +34,7 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
         "--classes",
         default=None,
         help="comma-separated among stream, stream_rotation, heads, mlp, ov, qk, norm_gain, ov_gl, qk_gl "
-        "(made in that order; default: heads, mlp, ov, qk), or all: every class the architecture has",
+        "(made in that order), or all: every class the architecture has (default: all)",
     )
     parser.add_argument(
         "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"
@@ -62,7 +62,10 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", type=Path, help="one end of the line: nanoGPT ckpt.pt or a Hugging Face folder")
     parser.add_argument("b", type=Path, help="the other end, aligned to A at each level (A's format, shape)")
     parser.add_argument(
-        "--classes", default=None, help="the all level's classes, as attnid align's --classes"
+        "--classes",
+        default=None,
+        help="the all level's classes, as attnid align's --classes (default: all, every class the "
+        "architecture has)",
     )
     parser.add_argument(
         "--points", type=int, default=11, help="values of t from 0 to 1, both included (default: %(default)s)"

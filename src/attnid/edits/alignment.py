@@ -6,10 +6,11 @@ The classes, in their declared order (:data:`ALIGN_CLASSES`), each a move of
 once for every family by :mod:`attnid.edits.alignment_classes` (nanoGPT, GPT-2, Llama, Mistral, Qwen2,
 Gemma): ``heads`` (key/value groups with their query heads, and query heads within a group), ``mlp``
 (hidden units; gate and up rows with down columns for a gated MLP), ``ov`` (O(D) per key/value group),
-``qk`` (O(D) per group; with RoPE a rotation per plane, the orthogonal part of the RoPE commutant), and,
-only when named (or with ``all``): ``stream`` and ``stream_rotation`` first (the residual stream's
-coordinates permuted, rotated), ``norm_gain`` after ``qk`` (alternating with the per-head classes until
-a sweep removes nothing), ``ov_gl`` and ``qk_gl`` (GL(D); with RoPE the whole commutant) last.
+``qk`` (O(D) per group; with RoPE a rotation per plane, the orthogonal part of the RoPE commutant),
+``stream`` and ``stream_rotation`` first (the residual stream's coordinates permuted, rotated),
+``norm_gain`` after ``qk`` (alternating with the per-head classes until a sweep removes nothing), ``ov_gl``
+and ``qk_gl`` (GL(D); with RoPE the whole commutant) last. By default every class the architecture has
+(``all``); ``--classes`` names a subset.
 
 The permutations are solved by weight matching as Git Re-Basin does (Hungarian per layer,
 ``scipy.optimize.linear_sum_assignment``; coordinate descent over the layers in a seeded order until no
@@ -63,7 +64,8 @@ from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
 
 # the declared order (moves, report): the stream first, matched on what no hidden class moves
 ALIGN_CLASSES = ("stream", "stream_rotation", "heads", "mlp", "ov", "qk", "norm_gain", "ov_gl", "qk_gl")
-DEFAULT_CLASSES = ("heads", "mlp", "ov", "qk")  # the rest is asked for by name, or by "all"
+DEFAULT_CLASSES = ALIGN_CLASSES  # "all": every class the architecture has (docs/design.md §17)
+PER_HEAD_CLASSES = ("heads", "mlp", "ov", "qk")  # the alignment stage's (docs/design.md §18)
 STREAM_CLASSES = ("stream", "stream_rotation", "norm_gain")
 GROUPS = ("embedding", "attention_qk", "attention_ov", "mlp", "norms")
 EXACT_DLOGP = 1e-10  # max |delta log p| of the moves in float64 (the census's forward)
@@ -76,12 +78,10 @@ GAIN_TOLERANCE = 1e-9  # norm_gain's sweeps stop when one removes less than this
 
 
 def parse_classes(text: str | None) -> tuple[str, ...]:
-    """``--classes`` (comma-separated, any order) in the declared order; None: :data:`DEFAULT_CLASSES`;
-    ``all``: :data:`ALIGN_CLASSES`, which :func:`align_whole` narrows to the architecture's own."""
-    if text is None:
+    """``--classes`` (comma-separated, any order) in the declared order; None (the default) or ``all``:
+    :data:`ALIGN_CLASSES`, which :func:`align_whole` narrows to the architecture's own."""
+    if text is None or text.strip() == "all":
         return DEFAULT_CLASSES
-    if text.strip() == "all":
-        return ALIGN_CLASSES
     asked = {c.strip() for c in text.split(",") if c.strip()}
     unknown = sorted(asked - set(ALIGN_CLASSES))
     if unknown or not asked:

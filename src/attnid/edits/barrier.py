@@ -3,8 +3,8 @@ straight line between two checkpoints, at three alignment levels, and the functi
 
 - The levels (:func:`alignment_levels`): ``none`` (B as it is), ``discrete`` (B after the head and MLP
   permutations alone, and the stream's where asked, weight matching as Git Re-Basin does: the anchor) and
-  ``all`` (B after the asked classes of :func:`attnid.edits.alignment.align_whole`, by default its default
-  ones; ``--classes``).
+  ``all`` (B after the asked classes of :func:`attnid.edits.alignment.align_whole`, by default every class
+  the architecture has; ``--classes``).
 - The line: ``theta(t) = (1 - t) theta_A + t theta_B`` for every parameter, norm gains and biases included
   (they interpolate as parameters like any other), computed in float64 in the census's names and written
   into a copy of B in B's stored dtype; its loss is the mean next-token cross-entropy on the held-out batch
