@@ -281,7 +281,7 @@ def add_plant_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-stream",
         action="store_true",
         help="leave out the residual stream's classes (its permutation, its rotation where lm_head is "
-        "untied, the norms' gain scales)",
+        "untied, the norms' gain scales, of mixed signs)",
     )
 
 

@@ -38,6 +38,7 @@ from attnid.edits.alignment_classes import (
     best_move,
     class_notes,
     gain_scales,
+    gain_signs,
     gl_matrix,
     gl_sides,
     gl_start,
@@ -192,12 +193,9 @@ def procrustes_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> li
     return moves
 
 
-def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: int) -> dict:
-    """``norm_gain``: the gain scales (:func:`~attnid.edits.alignment_classes.gain_scales`) and the asked
-    per-head and MLP classes solved again in turn (each its exact best given the others, so the distance
-    never rises) until a sweep removes less than :data:`GAIN_TOLERANCE` of it: a scale changes the readers'
-    columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point."""
-    hidden = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
+def _alternate_gains(a: WholeCheckpoint, b: WholeCheckpoint, hidden: list, classes: tuple, seed: int) -> int:
+    """The gain scales and the ``hidden`` classes in turn, in place, until a sweep removes less than
+    :data:`GAIN_TOLERANCE` of the distance (or of ``||A||``); the sweeps."""
     previous, sweeps = distances(a, b)["total"], 0
     floor = GAIN_TOLERANCE * max(previous, norm_of(a))  # not of the distance left: near 0 it never ends
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
@@ -208,7 +206,35 @@ def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: 
         if previous - now <= floor:
             break
         previous = now
-    return {"sweeps": sweeps}
+    return sweeps
+
+
+def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: int) -> dict:
+    """``norm_gain``: the gain scales (:func:`~attnid.edits.alignment_classes.gain_scales`) and the asked
+    per-head and MLP classes solved again in turn (each its exact best given the others, so the distance
+    never rises) until a sweep removes less than :data:`GAIN_TOLERANCE` of it: a scale changes the readers'
+    columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point.
+
+    A negative scale (a gain's sign flipped, its readers' columns too) is where that descent stops short:
+    the per-head classes, solved before it, matched flipped columns. So where the gains and biases alone
+    ask for a flip (:func:`~attnid.edits.alignment_classes.gain_signs`), the flip is made on a copy, the
+    per-head classes solved again from it and the descent run there too; the nearer of the two is kept
+    (docs/design.md §17), so the distance never rises."""
+    hidden = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
+    signs = gain_signs(a, b)
+    flips = sum(int((s < 0).sum()) for s in signs.values())
+    flipped = None
+    if flips:
+        flipped = b.clone()
+        scale_junctions(flipped, signs)
+        for name in hidden:
+            move_class(a, flipped, name, classes, seed)
+        flipped_sweeps = _alternate_gains(a, flipped, hidden, classes, seed)
+    sweeps = _alternate_gains(a, b, hidden, classes, seed)
+    if flipped is not None and distances(a, flipped)["total"] < distances(a, b)["total"]:
+        b.params = flipped.params
+        return {"sweeps": flipped_sweeps, "sign_flips": flips}
+    return {"sweeps": sweeps, "sign_flips": 0}
 
 
 def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple, seed: int) -> dict:

@@ -26,7 +26,8 @@ Gemma), what each class acts on; the alignment is one function over it, not a co
   by left multiplication (each reader through its norm's gain).
 - ``norm_gain``: per free norm and coordinate a scale ``s``: gain and bias over ``s``, the readers'
   columns times ``s`` (:func:`attnid.edits.orbit_moves.scale_junctions`); each ``s`` the nearest point
-  of its own quartic (:func:`gain_scales`).
+  of its own quartic (:func:`gain_scales`), after a trial of the signs nearest on the gains and biases
+  alone (:func:`gain_signs`).
 
 Stacks are ``(G, D, n)`` per layer, every class's move a left multiplication of each group's stack.
 """
@@ -314,9 +315,11 @@ def permute_stream(whole: WholeCheckpoint, order: list[int]) -> None:
 
 def embedding_stream(whole: WholeCheckpoint, rotation_frame: bool) -> torch.Tensor:
     """``(E, n)``: the stream-indexed parameters that no hidden class (heads, mlp, ov, qk) moves, one
-    column each: ``wte``, ``wpe`` and ``lm_head`` rows, every norm's gain and bias. In the rotation's frame
-    (``Q`` multiplies each column): ``lm_head`` rows times the final gain, each bias over its gain, no
-    gains (:func:`attnid.edits.orbit_moves.rotate_stream`)."""
+    column each: ``wte``, ``wpe`` and ``lm_head`` rows, every norm's gain and bias, each coordinate's gain
+    and bias with the gain's sign taken out (``|g|``, ``b sign g``: a sign flip of ``norm_gain`` moves
+    neither, docs/design.md §17). In the rotation's frame (``Q`` multiplies each column): ``lm_head`` rows
+    times the final gain, each bias over its gain, no gains (:func:`attnid.edits.orbit_moves.rotate_stream`;
+    every ``norm_gain`` scale leaves these as they are)."""
     p = whole.params
     columns = [p[name].T for name in ("wte", "wpe") if name in p]
     if LM_HEAD in p:
@@ -324,9 +327,9 @@ def embedding_stream(whole: WholeCheckpoint, rotation_frame: bool) -> torch.Tens
     for norm in all_junctions(whole):
         gain, bias = p[norm + ".weight"], p.get(norm + ".bias")
         if not rotation_frame:
-            columns.append(gain[:, None])
+            columns.append(gain.abs()[:, None])
         if bias is not None:
-            columns.append((bias / gain if rotation_frame else bias)[:, None])
+            columns.append((bias / gain if rotation_frame else torch.where(gain < 0, -bias, bias))[:, None])
     return torch.cat(columns, dim=1)
 
 
@@ -374,6 +377,21 @@ def gain_scales(a: WholeCheckpoint, b: WholeCheckpoint) -> dict[str, torch.Tenso
         delta = torch.stack([(pa[r] * pb[r]).sum(0) for r in readers]).sum(0)
         scales[norm] = best_scale(alpha, beta, gamma, delta)
     return scales
+
+
+def gain_signs(a: WholeCheckpoint, b: WholeCheckpoint) -> dict[str, torch.Tensor]:
+    """Per free norm the signs ``s`` ``(E,)`` (``norm_gain`` restricted to ``s = +-1``) nearest over what no
+    hidden class moves, the gain and bias: ``s_i = -1`` where ``g_A g_B + b_A b_B < 0`` (their distance
+    ``alpha - 2 s beta + ||A_i||^2``), else 1."""
+    pa, pb = a.params, b.params
+    signs = {}
+    for norm, readers in all_junctions(b).items():
+        if readers == ["wte"]:
+            continue  # a tied final norm (not a free norm), as in gain_scales
+        parts = [norm + ".weight"] + ([norm + ".bias"] if norm + ".bias" in pb else [])
+        beta = torch.stack([pa[n] * pb[n] for n in parts]).sum(0)
+        signs[norm] = torch.where(beta < 0, -1.0, 1.0).to(torch.float64)
+    return signs
 
 
 def best_scale(

@@ -29,16 +29,23 @@ from attnid.edits.orbit_moves import (
 from attnid.edits.orthogonal import haar_orthogonal
 from attnid.edits.whole_checkpoint import WholeCheckpoint
 
+NEGATIVE_GAINS = 0.5  # the chance that a planted gain scale is negative (a sign flip with its readers')
+
 
 def random_group_element(
-    whole: WholeCheckpoint, seed: int, gl: bool = False, stream: bool = False
+    whole: WholeCheckpoint,
+    seed: int,
+    gl: bool = False,
+    stream: bool = False,
+    negative: float = NEGATIVE_GAINS,
 ) -> WholeCheckpoint:
     """``g`` times ``whole``, ``g`` a seeded random element of every class its architecture has (in place):
     key/value groups and query heads within them permuted, MLP hidden units permuted, per group an ``ov``
     and a ``qk`` move (orthogonal; with RoPE a rotation per plane; ``gl``: well-conditioned GL(D) and,
     with RoPE, a rotation-scaling per plane); ``stream``: also the residual stream's coordinates permuted,
-    rotated (untied models; fixing ``1`` under LayerNorm) and every free norm's gains scaled (positive
-    scales: a gain's sign flip is recovered only without the per-head classes, docs/design.md §17)."""
+    rotated (untied models; fixing ``1`` under LayerNorm) and every free norm's gains scaled (magnitudes
+    in ``[2^-1/2, 2^1/2]``, each sign negative with probability ``negative``: a flip is as exact a
+    symmetry as a positive scale, docs/design.md §17)."""
     generator = torch.Generator().manual_seed(seed)
     spec = spec_of(whole)
     g, per, d = spec.n_kv_head, spec.per_group, spec.head_dim
@@ -64,12 +71,15 @@ def random_group_element(
     for move, circuit in ((move_value_output, "ov"), (move_query_key, "qk")):
         whole = move(whole, [torch.stack([element(circuit) for _ in range(g)]) for _ in range(spec.n_layer)])
     if stream:
-        plant_stream(whole, generator)
+        plant_stream(whole, generator, negative)
     return whole
 
 
-def plant_stream(whole: WholeCheckpoint, generator: torch.Generator) -> None:
-    """The residual stream's classes, seeded: a permutation, a rotation (untied), gain scales (in place)."""
+def plant_stream(
+    whole: WholeCheckpoint, generator: torch.Generator, negative: float = NEGATIVE_GAINS
+) -> None:
+    """The residual stream's classes, seeded: a permutation, a rotation (untied), gain scales, each negative
+    with probability ``negative`` (in place)."""
     e = whole.params["wte"].shape[1]
     permute_stream(whole, torch.randperm(e, generator=generator).tolist())
     if not whole.shape.tied:
@@ -82,5 +92,7 @@ def plant_stream(whole: WholeCheckpoint, generator: torch.Generator) -> None:
     scales = {}
     for norm, readers in all_junctions(whole).items():
         if readers != ["wte"]:
-            scales[norm] = 2 ** (torch.rand(e, generator=generator, dtype=torch.float64) - 0.5)
+            size = 2 ** (torch.rand(e, generator=generator, dtype=torch.float64) - 0.5)
+            sign = torch.where(torch.rand(e, generator=generator, dtype=torch.float64) < negative, -1.0, 1.0)
+            scales[norm] = sign.to(torch.float64) * size
     scale_junctions(whole, scales)
