@@ -245,20 +245,69 @@ def _write_like(source: Checkpoint, moved: WholeCheckpoint, seed: int, out: Path
     return change
 
 
-def run_align(args: argparse.Namespace) -> int:
+def _read_released(path: Path) -> tuple[Checkpoint, WholeCheckpoint]:
+    """The checkpoint at ``path`` in float64 census names, its stored tensors let go once read (its config
+    and file lists kept): ``attnid align`` holds no more than two float64 models (docs/design.md §17)."""
     # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
-    from attnid.edits.alignment import EXACT_DLOGP, align_whole, relative_move
+    from attnid.edits.checkpoints import load_checkpoint
+
+    checkpoint = load_checkpoint(path)
+    whole = read_whole(checkpoint)
+    checkpoint.tensors = {}
+    checkpoint.payload = {k: v for k, v in checkpoint.payload.items() if k != "model"}  # nanoGPT's tensors
+    return checkpoint, whole
+
+
+def run_align(args: argparse.Namespace) -> int:
+    """B read, aligned in place, written; then the file as written read back and aligned again in place
+    (the idempotence check): A and one float64 B at a time, plus B's stored tensors while it is written."""
+    # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
+    from attnid.edits.alignment import (
+        EXACT_DLOGP,
+        align_whole,
+        check_same_architecture,
+        parse_classes,
+        probe_tokens,
+        stored_relative_move,
+    )
+    from attnid.edits.checkpoints import load_checkpoint, save_checkpoint
+    from attnid.edits.quant_moves import exact_log_probs
+    from attnid.edits.whole_checkpoint import read_whole_checkpoint, write_whole_checkpoint
 
     rule = outputs.current()
     rule.read(args.a, args.b)
     _declare_like(rule, args.b, args.out)
     rule.write(args.json, ALIGN_REPORT, "--json")
-    a, b, whole_a, moved, report = _aligned_pair(args)
-    again, _ = align_whole(whole_a, moved, tuple(report["classes"]), args.seed)
-    report["realign_relative_move"] = relative_move(moved, again)
+    classes = parse_classes(args.classes)
+    check_load_memory(args.a)
+    check_load_memory(args.b)
+    progress.stage(f"reading {args.a} and {args.b}")
+    a, whole_a = _read_released(args.a)
+    b, moved = _read_released(args.b)
+    check_same_architecture(a, b, whole_a, moved)
+    progress.stage("aligning")
+    moved, report = align_whole(whole_a, moved, classes, args.seed, in_place=True)
+    report = {"a": str(args.a), "b": str(args.b), **report}
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
+    tokens = probe_tokens(moved, args.seed)
+    exact = exact_log_probs(moved, tokens)
+    written = load_checkpoint(args.b)  # B's files and dtype again: its tensors were let go while aligning
+    write_whole_checkpoint(written, moved)
+    del moved  # the stored copy stands for it from here
+    stored = read_whole_checkpoint(written)
+    change = float((exact_log_probs(stored, tokens) - exact).abs().max())
+    if not change <= AS_WRITTEN_DLOGP:
+        raise UserError(
+            f"the moved weights rounded to {stored_dtype_name(written)} change log p by {change:.3g} "
+            f"(> {AS_WRITTEN_DLOGP:g}); nothing written"
+        )
+    report["as_written_max_abs_dlogp"] = change
     record = {"command": "align", **{k: report[k] for k in ("classes", "seed", "share_removed")}}
-    report["as_written_max_abs_dlogp"] = _write_like(b, moved, args.seed, args.out, record)
+    progress.stage(f"writing {args.out}")
+    save_checkpoint(written, args.out, record=record)
+    progress.stage("aligning the written copy again (idempotence)")
+    again, _ = align_whole(whole_a, stored, tuple(report["classes"]), args.seed, in_place=True)
+    report["realign_relative_move"] = stored_relative_move(written, again)
     report = {"command": "align", **report, "output": str(args.out)}
     lines = [*_alignment_lines(report), f"wrote {args.out}"]
     print("\n".join(lines))

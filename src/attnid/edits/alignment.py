@@ -61,7 +61,7 @@ from attnid.edits.orbit_moves import (
     scale_junctions,
 )
 from attnid.edits.quant_moves import exact_log_probs
-from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
+from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint, stored_params
 
 # the declared order (moves, report): the stream first, matched on what no hidden class moves
 ALIGN_CLASSES = ("stream", "stream_rotation", "heads", "mlp", "ov", "qk", "norm_gain", "ov_gl", "qk_gl")
@@ -360,18 +360,24 @@ def _product_totals(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
 
 
 def align_whole(
-    a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple = DEFAULT_CLASSES, seed: int = 0
+    a: WholeCheckpoint,
+    b: WholeCheckpoint,
+    classes: tuple = DEFAULT_CLASSES,
+    seed: int = 0,
+    in_place: bool = False,
 ) -> tuple[WholeCheckpoint, dict]:
     """``b`` moved class by class (declared order) to the point of its orbit nearest ``a``, and the report.
-    Raises UserError naming the first class whose move changes ``b``'s float64 log-probabilities by more
-    than :data:`EXACT_DLOGP`."""
+    ``in_place``: ``b`` itself is moved (and returned), not a copy: a whole float64 model less to hold
+    (``attnid align``, docs/design.md §17). Raises UserError naming the first class whose move changes
+    ``b``'s float64 log-probabilities by more than :data:`EXACT_DLOGP`."""
     classes = classes_of(b, classes)
     reason = align_refusal(b, classes)
     if reason is not None:
         raise UserError(reason)
-    moved = b.clone()
     tokens = probe_tokens(b, seed)
     reference = exact_log_probs(b, tokens)
+    norm_b, products_before = norm_of(b), _product_totals(a, b)  # before b moves, where it is moved
+    moved = b if in_place else b.clone()
     before = distances(a, moved)
     steps, previous, worst = [], before, 0.0
     for name in classes:
@@ -399,9 +405,9 @@ def align_whole(
         "seed": seed,
         "gl_tolerance": GL_TOLERANCE if any(c.endswith("_gl") for c in classes) else None,
         "norm_a": norm_a,
-        "norm_b": norm_of(b),
+        "norm_b": norm_b,
         "distance_before": before,
-        "products_before": _product_totals(a, b),
+        "products_before": products_before,
         "steps": steps,
         "distance_after": previous,
         "relative_distance_after": previous["total"] / norm_a if norm_a else 0.0,
@@ -425,3 +431,13 @@ def relative_move(first: WholeCheckpoint, second: WholeCheckpoint) -> float:
     """``||first - second|| / ||first||``: how far a second alignment moves an aligned model."""
     norm = norm_of(first)
     return distances(first, second)["total"] / norm if norm else 0.0
+
+
+def stored_relative_move(first: Checkpoint, second: WholeCheckpoint) -> float:
+    """:func:`relative_move` from the model ``first`` stores (read one parameter at a time, so that no
+    second float64 copy is held): how far a second alignment moves the aligned model as written."""
+    squares = norms = 0.0
+    for name, tensor in stored_params(first, second.shape):
+        squares += float((tensor - second.params[name]).square().sum())
+        norms += float(tensor.square().sum())
+    return math.sqrt(squares / norms) if norms else 0.0

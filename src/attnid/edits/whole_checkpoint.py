@@ -17,6 +17,7 @@ config says the model is untied (nanoGPT: ``model_args['tied']``; Hugging Face:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -145,22 +146,35 @@ def _stored_key(checkpoint: Checkpoint, key: str) -> str:
     return key
 
 
-def read_whole_checkpoint(checkpoint: Checkpoint) -> WholeCheckpoint:
-    """Every parameter of ``checkpoint`` as a float64 copy in the census's names and layout."""
-    shape = whole_model_shape_of(checkpoint)
-    params = {}
+def stored_params(
+    checkpoint: Checkpoint, shape: theory.WholeModelShape
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each census parameter of ``shape`` as a float64 copy of ``checkpoint``'s stored tensor, one at a
+    time (Gemma's gains with their offset added back)."""
+    gain_offset = _gain_offset(checkpoint)
     for name, part in stored_parts(checkpoint, shape).items():
         key = _stored_key(checkpoint, part.key)
         tensor = checkpoint.tensors.get(key)
         if tensor is None:
             raise UserError(f"{checkpoint.path} has no {part.key}, which its config says the model has")
-        matrix = tensor.detach().to(torch.float64)
+        matrix = tensor.detach()
         matrix = matrix.t() if part.transposed else matrix
-        params[name] = (matrix if part.rows is None else matrix[part.rows[0] : part.rows[1]]).clone()
-    gain_offset = 1.0 if checkpoint.payload.get("model_type") == "gemma" else 0.0
-    for name in params:
+        matrix = matrix if part.rows is None else matrix[part.rows[0] : part.rows[1]]
+        value = matrix.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
         if _is_norm_gain(name):
-            params[name] += gain_offset
+            value += gain_offset
+        yield name, value
+
+
+def _gain_offset(checkpoint: Checkpoint) -> float:
+    return 1.0 if checkpoint.payload.get("model_type") == "gemma" else 0.0
+
+
+def read_whole_checkpoint(checkpoint: Checkpoint) -> WholeCheckpoint:
+    """Every parameter of ``checkpoint`` as a float64 copy in the census's names and layout."""
+    shape = whole_model_shape_of(checkpoint)
+    params = dict(stored_params(checkpoint, shape))
+    gain_offset = _gain_offset(checkpoint)
     rope = checkpoint.payload.get("rope_parameters")
     base = checkpoint.payload.get("rope_theta") or (
         rope.get("rope_theta") if isinstance(rope, dict) else None
