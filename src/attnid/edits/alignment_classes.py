@@ -310,7 +310,7 @@ def permute_stream(whole: WholeCheckpoint, order: list[int]) -> None:
     """Residual coordinate ``i`` of the result is coordinate ``order[i]`` of ``whole`` (in place)."""
     index = torch.tensor(order)
     for name, axis in stream_axes(whole).items():
-        whole.params[name] = whole.params[name].index_select(axis, index).clone()
+        whole.params[name] = whole.params[name].index_select(axis, index)  # a new tensor: no clone
 
 
 def embedding_stream(whole: WholeCheckpoint, rotation_frame: bool) -> torch.Tensor:
