@@ -403,20 +403,24 @@ def test_experiments_interventions_table_is_the_kept_one():
 def test_the_robustness_numbers_are_the_kept_table():
     """Every number experiments.md and the README state about the robustness variants is read from the kept
     interventions_robustness.csv (issue 42: kept, not narrated), and that table is recomputed from its
-    per-seed values, interventions_robustness_seeds.csv."""
+    per-seed values, interventions_robustness_seeds.csv. An exact p of 20 seeds costs scipy about 8 s of CPU,
+    so estimate_paired runs for the rows whose own p the table states, the primary ones; the other rows' mean
+    and t-interval are estimate_paired's (the mean and t_interval of the sorted differences)."""
     table = pd.read_csv(FIGURES / "interventions_robustness.csv")
     seeds = pd.read_csv(FIGURES / "interventions_robustness_seeds.csv")
+    assert (table["role"] == "primary").any()
     for row in table.itertuples():
         values = seeds.loc[
             (seeds["variant"] == row.variant) & (seeds["comparison"] == row.comparison), "difference"
         ].to_numpy()
-        estimate = statistics.estimate_paired(values)
         assert len(values) == row.n and int((values > 0).sum()) == row.seeds_positive, row
-        assert (estimate.delta_mean, estimate.ci_low, estimate.ci_high) == pytest.approx(
-            (row.delta, row.ci_low, row.ci_high), abs=1e-12
-        ), row
         if row.role == "primary":  # tested alone at alpha: its own exact p
+            estimate = statistics.estimate_paired(values)
+            delta, interval = estimate.delta_mean, (estimate.ci_low, estimate.ci_high)
             assert estimate.p_value == pytest.approx(row.p, abs=1e-12), row
+        else:
+            delta, interval = float(np.mean(np.sort(values))), statistics.t_interval(np.sort(values))
+        assert (delta, *interval) == pytest.approx((row.delta, row.ci_low, row.ci_high), abs=1e-12), row
 
     experiments = (REPO / "docs" / "experiments.md").read_text()
     shown = {(m["variant"], m["comparison"]): m for m in ROBUSTNESS_ROW.finditer(experiments)}
