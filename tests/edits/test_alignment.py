@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from attnid.cli import main
 from attnid.edits.alignment import (
     ALIGN_CLASSES,
+    DEFAULT_CLASSES,
     EXACT_DLOGP,
     PER_HEAD_CLASSES,
     align_whole,
@@ -61,8 +62,8 @@ def test_planted_orbit_element_is_recovered(models, capsys) -> None:
     assert distances(a, aligned)["total"] / norm_of(a) <= 1e-6
     report = json.loads(report_path.read_text())
     assert report["command"] == "align"
-    # no --classes: every class a tied nanoGPT model has (all but the stream rotation)
-    assert report["classes"] == [c for c in ALIGN_CLASSES if c != "stream_rotation"]
+    # no --classes: every class a tied nanoGPT model has (but the stream rotation) but GL(D)
+    assert report["classes"] == [c for c in DEFAULT_CLASSES if c != "stream_rotation"]
     assert [s["class"] for s in report["steps"]] == report["classes"]
     assert report["relative_distance_after"] <= 1e-6
     assert report["share_removed"] == pytest.approx(1.0, abs=1e-9)
@@ -124,8 +125,8 @@ def test_attnid_plant_moves_exactly_and_align_all_brings_it_back(models, capsys)
 def test_every_class_removes_at_least_what_permutations_leave(models) -> None:
     a, b = _whole(models["a"]), _whole(models["other"])
     _, permutations = align_whole(a, b, ("heads", "mlp"))
-    _, every = align_whole(a, b)  # every class the architecture has
-    assert every["classes"] == [c for c in ALIGN_CLASSES if c != "stream_rotation"]
+    _, every = align_whole(a, b)  # every class the architecture has but GL(D)
+    assert every["classes"] == [c for c in DEFAULT_CLASSES if c != "stream_rotation"]
     assert every["distance_after"]["total"] <= permutations["distance_after"]["total"] + 1e-12
     totals = [every["distance_before"]["total"]] + [s["distance"]["total"] for s in every["steps"]]
     assert all(later <= earlier + 1e-12 for earlier, later in zip(totals, totals[1:]))

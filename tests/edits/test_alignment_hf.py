@@ -23,6 +23,7 @@ from variant_models import TINY_HF
 from attnid.cli import main
 from attnid.edits.alignment import (
     ALIGN_CLASSES,
+    DEFAULT_CLASSES,
     EXACT_DLOGP,
     PER_HEAD_CLASSES,
     align_whole,
@@ -107,8 +108,9 @@ def test_a_planted_element_is_recovered_and_written_exactly(root, family, capsys
     assert distances(whole_a, whole_b)["total"] / norm_of(whole_a) > 0.1  # the plant moved it
     assert distances(whole_a, aligned)["total"] / norm_of(whole_a) <= 1e-6
     report = json.loads(report_path.read_text())
-    # no --classes: every class the family has (a tied model: no stream rotation)
-    assert report["classes"] == list(classes_of(_whole(b), ALIGN_CLASSES)) and "stream" in report["classes"]
+    # no --classes: every class the family has (a tied model: no stream rotation) but GL(D)
+    assert report["classes"] == list(classes_of(_whole(b), DEFAULT_CLASSES)) and "stream" in report["classes"]
+    assert not any(c.endswith("_gl") for c in report["classes"])
     assert [s["class"] for s in report["steps"]] == report["classes"]
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP and report["realign_relative_move"] <= 1e-6
     assert report["identified_products"]["qk"] <= 1e-5 and report["identified_products"]["ov"] <= 1e-5

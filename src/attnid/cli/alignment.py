@@ -34,7 +34,8 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
         "--classes",
         default=None,
         help="comma-separated among stream, stream_rotation, heads, mlp, ov, qk, norm_gain, ov_gl, qk_gl "
-        "(made in that order), or all: every class the architecture has (default: all)",
+        "(made in that order), or all: every class the architecture has (default: all but ov_gl and qk_gl, "
+        "whose optimiser is slow and not idempotent on pairs that are not one orbit)",
     )
     parser.add_argument(
         "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"
@@ -64,8 +65,8 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--classes",
         default=None,
-        help="the all level's classes, as attnid align's --classes (default: all, every class the "
-        "architecture has)",
+        help="the all level's classes, as attnid align's --classes (default: every class the architecture "
+        "has but ov_gl and qk_gl)",
     )
     parser.add_argument(
         "--points", type=int, default=11, help="values of t from 0 to 1, both included (default: %(default)s)"
@@ -270,6 +271,7 @@ def run_align(args: argparse.Namespace) -> int:
         probe_tokens,
         stored_relative_move,
     )
+    # lazy: torch, as above
     from attnid.edits.checkpoints import load_checkpoint, save_checkpoint
     from attnid.edits.quant_moves import exact_log_probs
     from attnid.edits.whole_checkpoint import read_whole_checkpoint, write_whole_checkpoint
