@@ -271,6 +271,7 @@ def run_align(args: argparse.Namespace) -> int:
         probe_tokens,
         stored_relative_move,
     )
+
     # lazy: torch, as above
     from attnid.edits.checkpoints import load_checkpoint, save_checkpoint
     from attnid.edits.quant_moves import exact_log_probs

@@ -117,6 +117,33 @@ def split_windows(n_tokens: int, block_size: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def split_losses(
+    losses_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    data: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    device: torch.device,
+    autocast: Callable[[], AbstractContextManager],
+) -> list[float]:
+    """The mean next-token loss over a whole split (:func:`split_windows`: every predicted token counted
+    once, each with the context of its window), ``batch_size`` windows per forward pass, summed in float64
+    (docs/design.md §11.5: the interventions' primary metric, ``final_val_loss_full``), for each loss
+    ``losses_of(x, y)`` returns: one model's, or each of several stacked models' (the same windows)."""
+    starts = split_windows(len(data), block_size)
+    totals: list[float] = []
+    count = 0
+    for first in range(0, len(starts), batch_size):
+        chunk = starts[first : first + batch_size]
+        x, y = batch_from_starts(data, chunk, block_size, device)
+        with autocast():
+            losses = losses_of(x, y).double().tolist()
+        totals = totals or [0.0] * len(losses)
+        for i, value in enumerate(losses):
+            totals[i] += value * y.numel()  # the batch's mean over its tokens, back to a sum
+        count += y.numel()
+    return [total / count for total in totals]
+
+
 def split_loss(
     model: GPT,
     data: np.ndarray,
@@ -125,19 +152,11 @@ def split_loss(
     device: torch.device,
     autocast: Callable[[], AbstractContextManager],
 ) -> float:
-    """The mean next-token loss over a whole split (:func:`split_windows`: every predicted token counted
-    once, each with the context of its window), ``batch_size`` windows per forward pass, summed in float64
-    (docs/design.md §11.5: the interventions' primary metric, ``final_val_loss_full``)."""
+    """:func:`split_losses` of one model, in eval mode."""
     was_training = model.training
     model.eval()
-    starts = split_windows(len(data), block_size)
-    total, count = 0.0, 0
-    for first in range(0, len(starts), batch_size):
-        chunk = starts[first : first + batch_size]
-        x, y = batch_from_starts(data, chunk, block_size, device)
-        with autocast():
-            _, loss = model(x, y)
-        total += float(loss.double()) * y.numel()  # the batch's mean over its tokens, back to a sum
-        count += y.numel()
+    (loss,) = split_losses(
+        lambda x, y: model(x, y)[1].reshape(1), data, block_size, batch_size, device, autocast
+    )
     model.train(was_training)
-    return total / count
+    return loss

@@ -34,9 +34,9 @@ from attnid.common import progress
 from attnid.common.errors import UserError
 from attnid.model import stacked
 from attnid.model.gauge import GaugeFixedQKV
-from attnid.model.gpt import GPT
+from attnid.model.gpt import GPT, GPTConfig
 from attnid.training import gpu_slots, rundir
-from attnid.training.batches import batch_from_starts, split_windows
+from attnid.training.batches import batch_from_starts, split_losses
 from attnid.training.loop import get_lr
 from attnid.training.runtime import StopSignals, say
 from attnid.training.train import Run
@@ -80,15 +80,17 @@ def parameter_views(
 class StackedModel:
     """The stacked parameters as a case's optimizer factory reads a GPT (``optimizer_groups``)."""
 
-    def __init__(self, params: dict[str, torch.Tensor]):
-        self.params = params
+    def __init__(self, params: dict[str, torch.Tensor], config: GPTConfig):
+        self.params, self.config = params, config
 
     def optimizer_groups(self, weight_decay: float) -> list[dict]:
-        # GPT.optimizer_groups: matrices and embeddings decay, biases and gains not (by a run's own shape)
-        params = list(self.params.values())
+        # GPT.optimizer_groups' own groups (of a plain model of the runs' shape), each name's stacked tensor
+        with torch.device("meta"):
+            model = GPT(self.config)
+        names = {id(param): name for name, param in model.named_parameters()}
         return [
-            {"params": [p for p in params if p.dim() - 1 >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() - 1 < 2], "weight_decay": 0.0},
+            group | {"params": [self.params[names[id(param)]] for param in group["params"]]}
+            for group in model.optimizer_groups(weight_decay)
         ]
 
 
@@ -107,7 +109,7 @@ class Lockstep:
         }
         self.frozen = self._frozen_entries()
         # the case's own optimizer (its settings, its groups) over the stacked tensors
-        model = cast(GPT, StackedModel(self.params))
+        model = cast(GPT, StackedModel(self.params, self.config))
         self.optimizer = first.case.make_optimizer(model, first.cfg, first.device.type)
         self._read_optimizer_states()
         self.live = [run.status != "diverged" for run in runs]
@@ -200,27 +202,17 @@ class Lockstep:
                 out[i][split] = total / len(first.evaluator.starts[split])
         return out
 
-    @torch.no_grad()
     def full_split_losses(self) -> list[float]:
         """split_loss of every run on the whole val split (the same windows for all)."""
-        first, cfg = self.runs[0], self.cfg
-        data, size = first.splits["val"], len(self.runs)
-        starts = split_windows(len(data), cfg.block_size)
-        totals, count = [0.0] * size, 0
-        for begin in range(0, len(starts), cfg.batch_size):
-            x, y = batch_from_starts(
-                data, starts[begin : begin + cfg.batch_size], cfg.block_size, first.device
-            )
-            with self.autocast():
-                losses = stacked.losses(
-                    self.config, self.params, x.expand(size, -1, -1), y.expand(size, -1, -1)
-                )
-            for i, value in enumerate(losses.double().tolist()):
-                totals[i] += value * y.numel()  # the batch's mean over its tokens, back to a sum
-            count += y.numel()
-        return [total / count for total in totals]
+        first, cfg, size = self.runs[0], self.cfg, len(self.runs)
 
-    def evaluate(self, rows: list[dict], step: int, is_eval: bool, is_full: bool) -> None:
+        def losses_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return stacked.losses(self.config, self.params, x.expand(size, -1, -1), y.expand(size, -1, -1))
+
+        val = first.splits["val"]
+        return split_losses(losses_of, val, cfg.block_size, cfg.batch_size, first.device, self.autocast)
+
+    def evaluate(self, rows: list[dict], is_eval: bool, is_full: bool) -> None:
         if is_eval:
             for run, row, losses in zip(self.runs, rows, self.eval_losses(), strict=True):
                 row["eval_train_loss"], row["val_loss"] = losses["train"], losses["val"]
@@ -231,7 +223,7 @@ class Lockstep:
 
     def log_initial_state(self) -> None:
         rows: list[dict] = [{"step": 0, "rebalanced": 0} for _ in self.runs]
-        self.evaluate(rows, 0, True, self.runs[0].is_full_eval(0))
+        self.evaluate(rows, True, self.runs[0].is_full_eval(0))
         for run, row in zip(self.runs, rows, strict=True):
             run.finish_row(row)
 
@@ -315,7 +307,7 @@ class Lockstep:
             for i in range(len(self.runs))
         ]
         tails: list[dict] = [{} for _ in self.runs]
-        self.evaluate(tails, step, is_eval, is_full)
+        self.evaluate(tails, is_eval, is_full)
         for i, run in enumerate(self.runs):
             if self.live[i]:
                 run.finish_row(heads[i], None, tails[i])
@@ -387,10 +379,7 @@ def train_together(configs: list) -> int:
     for cfg in configs:
         run = Run(cfg)
         checkpoint = run.load_checkpoint()
-        if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
-            rundir.check_finished(checkpoint, run.ckpt_path)
-            rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
-            say(f"{run.ckpt_path} holds a finished run: rewrote metrics.csv and run.json from it")
+        if rundir.rewrite_if_finished(checkpoint, run.ckpt_path, run.out):
             continue
         run.build()
         why = why_not_lockstep(run)

@@ -400,3 +400,20 @@ def initial_imbalance_scale(info: dict, circuit: str) -> float | None:
         )
     scales = info["initial_imbalance_scale"]
     return None if scales is None else float(scales[circuit])
+
+
+def rewrite_if_finished(checkpoint: dict | None, ckpt_path: Path, out: Path) -> bool:
+    """Whether ``checkpoint`` holds a finished run; if so its metrics.csv and run.json are written again
+    from it in ``out`` (nothing is trained: ``attnid train`` and ``train-runs --lockstep`` alike)."""
+    # lazy: torch (runtime imports it), which the reports that read run directories do not need
+    from attnid.training.runtime import say
+
+    if checkpoint is None or checkpoint["attnid"].get("summary") is None:
+        return False
+    check_finished(checkpoint, ckpt_path)
+    say(
+        f"{ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
+        f"rewriting metrics.csv and run.json from it"
+    )
+    write_outputs(out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
+    return True

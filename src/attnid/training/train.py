@@ -372,13 +372,7 @@ def train(cfg: TrainConfig) -> int:
     run = Run(cfg)
     progress.stage(f"reading {run.ckpt_path}")
     checkpoint = run.load_checkpoint()
-    if checkpoint is not None and checkpoint["attnid"].get("summary") is not None:
-        rundir.check_finished(checkpoint, run.ckpt_path)
-        say(
-            f"{run.ckpt_path} holds a finished run ({checkpoint['attnid']['summary']['status']}); "
-            f"rewriting metrics.csv and run.json from it"
-        )
-        rundir.write_outputs(run.out, checkpoint["attnid"]["rows"], checkpoint["attnid"]["summary"])
+    if rundir.rewrite_if_finished(checkpoint, run.ckpt_path, run.out):
         return 0
     rundir.remove_outputs(run.out)
     progress.stage("building the model")
