@@ -18,12 +18,12 @@ from attnid.training.rundir import TIMING_COLUMNS
 TINY = "n_layer: 1\nn_head: 2\nn_embd: 16\nblock_size: 16\nbatch_size: 6\neval_iters: 2\nmetrics: false\n"
 
 
-def spec(tmp_path, case: str, seed: int, extra: str = "", steps: int = 30):
-    path = tmp_path / "specs" / f"{case}{extra.replace(' ', '').replace(':', '')}_seed{seed}.yaml"
+def spec(tmp_path, case: str, seed: int, extra: str = "", steps: int = 30, lr: float = 0.01):
+    path = tmp_path / "specs" / f"{case}{extra.replace(' ', '').replace(':', '')}_seed{seed}_lr{lr}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         f"case: {case}\nseed: {seed}\n{TINY}max_iters: {steps}\nwarmup_iters: 5\nlog_every: 5\n"
-        f"eval_every: 15\nfull_val_every: 10\nlr: 0.01\n{extra}\n"
+        f"eval_every: 15\nfull_val_every: 10\nlr: {lr}\n{extra}\n"
     )
     return path
 
@@ -63,6 +63,29 @@ def test_stacked_losses_are_each_models_own(variant):
         stacked.losses(GPTConfig(**{**config.__dict__, "dropout": 0.1}), params, idx, targets)
 
 
+def assert_same_runs(alone, together):
+    """Each lockstep run against the same spec trained alone: the same rows, losses, final whole-split loss
+    and summary to float rounding; the weights close."""
+    for a, b in zip(alone, together, strict=True):
+        first, second = rows(a), rows(b)
+        assert list(first.columns) == list(second.columns) and list(first["step"]) == list(second["step"])
+        # rounding differences grow with the steps (lr 0.01): close at the first rows, within 0.2 % at 30
+        pd.testing.assert_frame_equal(first.head(2), second.head(2), check_exact=False, rtol=1e-5, atol=1e-6)
+        losses = [c for c in first.columns if c != "grad_norm"]  # the gradient's norm is the most sensitive
+        pd.testing.assert_frame_equal(first[losses], second[losses], check_exact=False, rtol=2e-3, atol=1e-5)
+        pd.testing.assert_series_equal(first["grad_norm"], second["grad_norm"], check_exact=False, rtol=1e-2)
+        summary_a, summary_b = run_json(a), run_json(b)
+        assert summary_b["status"] == "completed" and summary_b["steps_completed"] == 30
+        assert summary_b["final_val_loss_full"] == pytest.approx(summary_a["final_val_loss_full"], rel=1e-3)
+        for key in ("gauge", "frozen_mlp_entries", "trained_attention_params", "n_params"):
+            assert summary_b[key] == summary_a[key]
+        model_a, model_b = (load_nanogpt_checkpoint(d / "ckpt.pt") for d in (a, b))
+        for (name, pa), (_, pb) in zip(
+            model_a.state_dict().items(), model_b.state_dict().items(), strict=True
+        ):
+            torch.testing.assert_close(pb, pa, rtol=2e-2, atol=2e-3, msg=name)
+
+
 @pytest.mark.parametrize(
     "case, extra",
     [
@@ -82,24 +105,7 @@ def test_lockstep_trains_the_runs_train_would(prepared_data_dir, tmp_path, case,
     together = [tmp_path / "together" / f"seed{seed}" for seed in (0, 1, 2)]
     assert train_runs(prepared_data_dir, specs, alone) == 0
     assert train_runs(prepared_data_dir, specs, together, "--lockstep") == 0
-    for a, b in zip(alone, together, strict=True):
-        first, second = rows(a), rows(b)
-        assert list(first.columns) == list(second.columns) and list(first["step"]) == list(second["step"])
-        # rounding differences grow with the steps (lr 0.01): close at the first rows, within 0.2 % at 30
-        pd.testing.assert_frame_equal(first.head(2), second.head(2), check_exact=False, rtol=1e-5, atol=1e-6)
-        losses = [c for c in first.columns if c != "grad_norm"]  # the gradient's norm is the most sensitive
-        pd.testing.assert_frame_equal(first[losses], second[losses], check_exact=False, rtol=2e-3, atol=1e-5)
-        pd.testing.assert_series_equal(first["grad_norm"], second["grad_norm"], check_exact=False, rtol=1e-2)
-        summary_a, summary_b = run_json(a), run_json(b)
-        assert summary_b["status"] == "completed" and summary_b["steps_completed"] == 30
-        assert summary_b["final_val_loss_full"] == pytest.approx(summary_a["final_val_loss_full"], rel=1e-3)
-        for key in ("gauge", "frozen_mlp_entries", "trained_attention_params", "n_params"):
-            assert summary_b[key] == summary_a[key]
-        model_a, model_b = (load_nanogpt_checkpoint(d / "ckpt.pt") for d in (a, b))
-        for (name, pa), (_, pb) in zip(
-            model_a.state_dict().items(), model_b.state_dict().items(), strict=True
-        ):
-            torch.testing.assert_close(pb, pa, rtol=2e-2, atol=2e-3, msg=name)
+    assert_same_runs(alone, together)
     if case == "adamw_gauge_fixed":
         ckpt = torch.load(together[0] / "ckpt.pt", weights_only=True)
         assert ckpt["optimizer"]["state"], "the moments of every trained piece are kept"
@@ -118,6 +124,37 @@ def test_lockstep_trains_the_runs_train_would(prepared_data_dir, tmp_path, case,
     before = (together[1] / "metrics.csv").read_text()
     assert train_runs(prepared_data_dir, specs, together) == 0
     assert (together[1] / "metrics.csv").read_text() == before
+
+
+@pytest.mark.parametrize(
+    "case, extra",
+    [("adamw_gauge_fixed", ""), ("adamw", "freeze_mlp: true"), ("sgd_momentum", ""), ("sgd_wd", "")],
+)
+def test_runs_at_their_own_lrs_train_as_one_group(prepared_data_dir, tmp_path, capsys, case, extra):
+    """Runs that differ in their lr (and seed) train as one group, each at its own lr (its rows' lr
+    column is its own schedule), each the run it is alone: in float64, where rounding cannot hide a wrong
+    step, every row to 1e-9 and every weight to 1e-7 (Adam's division magnifies the rounding of an entry's
+    nearly-zero gradient; a wrong lr would move the weights by about 1e-2)."""
+    lrs = (0.005, 0.01, 0.02)
+    extra += "\ndtype: float64"
+    specs = [spec(tmp_path, case, seed, extra, lr=lr) for seed, lr in zip((0, 1, 1), lrs, strict=True)]
+    alone = [tmp_path / "alone" / f"lr{lr}" for lr in lrs]
+    together = [tmp_path / "together" / f"lr{lr}" for lr in lrs]
+    assert train_runs(prepared_data_dir, specs, alone) == 0
+    capsys.readouterr()
+    assert train_runs(prepared_data_dir, specs, together, "--lockstep") == 0
+    assert "lockstep group 1/1: 3 runs" in capsys.readouterr().err
+    for lr, a, b in zip(lrs, alone, together, strict=True):
+        first, second = rows(a), rows(b)
+        pd.testing.assert_frame_equal(first, second, check_exact=False, rtol=1e-9, atol=1e-12)
+        # its own schedule: the schedule of lr 1, times its lr
+        pd.testing.assert_series_equal(second["lr"] / lr, rows(together[0])["lr"] / lrs[0], rtol=1e-12)
+        assert run_json(b)["config"]["lr"] == lr
+        model_a, model_b = (torch.load(d / "ckpt.pt", weights_only=True)["model"] for d in (a, b))
+        for name, weight in model_a.items():
+            torch.testing.assert_close(
+                model_b[name], weight, rtol=1e-7, atol=1e-10, msg=lambda m, name=name: f"{name}: {m}"
+            )
 
 
 def test_a_run_does_not_depend_on_the_runs_beside_it(prepared_data_dir, tmp_path):

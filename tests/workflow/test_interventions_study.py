@@ -418,6 +418,26 @@ def test_lockstep_needs_one_job_per_arm():
     assert not plan(config).lockstep
 
 
+@pytest.mark.parametrize(
+    "change, refusal",
+    [
+        ({"metrics": True}, "it measures rho, beta, tau, mu"),
+        ({"dropout": 0.1}, "--dropout is not 0"),
+        ({"compile": True}, "--compile is on"),
+    ],
+)
+def test_a_run_lockstep_cannot_train_is_a_config_error(change, refusal):
+    """Every run of a lockstep job is checked as `attnid train-runs --lockstep` checks it, at config time."""
+    config = copy.deepcopy(DEFAULT)
+    config["interventions"].update(change)
+    with pytest.raises(
+        ConfigError, match=rf"interventions/lockstep: run .* cannot train in lockstep: {refusal}"
+    ):
+        plan(config)
+    config["interventions"]["lockstep"] = False
+    assert plan(config).lockstep_runs() == []
+
+
 @pytest.mark.parametrize("change, message", BAD_SECTIONS)
 def test_a_bad_interventions_section_is_one_problem(change, message):
     config = {**PLAIN, "interventions": {**PLAIN["interventions"], **change}}
@@ -469,7 +489,8 @@ def test_a_run_that_attnid_train_refuses_is_a_config_error_naming_its_key():
 
 def test_the_default_dag_trains_each_arm_s_seeds_in_one_job_after_its_calibration(tmp_path):
     """Dry run of the default config: one `attnid train-runs` job per arm (its comparison seeds, at its best
-    lr: their specs are the calibration table's outputs) and per arm and lr of the calibration (its seeds);
+    lr: their specs are the calibration table's outputs) and one per round of the calibration (every arm's
+    runs of the round, each arm's a lockstep group across its lrs);
     the gather pairs exactly the arms' runs, with the rule's primary and margin rule; the identity run is
     float64."""
     copy_pipeline(tmp_path)
@@ -489,13 +510,15 @@ def test_the_default_dag_trains_each_arm_s_seeds_in_one_job_after_its_calibratio
     per_arm = re.findall(r"attnid train-runs --configs .*? --outs (.*?) --data", proc.stdout)
     commands = re.findall(r"attnid train-runs [^\n]*", proc.stdout)
     assert len(commands) == len(per_arm) and all(" --lockstep " in command for command in commands)
-    # per arm: its comparison seeds; per arm and lr of the grid: round 1's seeds; per arm and rank of
-    # round 2: its seeds (the robustness variants' jobs are known only after the calibration)
+    # per arm: its comparison seeds; round 1: every arm at every lr of the grid on its seeds; round 2:
+    # every arm at its top lrs on its seeds (the robustness variants' jobs are known only after the
+    # calibration)
     grid, refine = section["calibration"], section["calibration"]["refine"]
+    arms = len(grid["arms"])
     assert sorted(len(shlex_split(outs)) for outs in per_arm) == sorted(
         [len(section["seeds"])] * len(DEFAULT_ARMS)
-        + [len(grid["seeds"])] * len(DEFAULT_ARMS) * len(grid["lr_factors"])
-        + [len(refine["seeds"])] * len(DEFAULT_ARMS) * refine["top"]
+        + [len(grid["seeds"]) * arms * len(grid["lr_factors"])]
+        + [len(refine["seeds"]) * arms * refine["top"]]
     )
     for rank in range(1, refine["top"] + 1):  # each round-2 run waits for round 1's table to have its lr
         run_dir = f"{out}/calibration/adamw/top{rank}/seed{refine['seeds'][0]}"
@@ -588,6 +611,9 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
         "sweep": {},
         "interventions": {
             "max_iters": 6,
+            "one_job_per_arm": True,
+            "lockstep": True,  # the default's jobs: each calibration round one job, each arm one group
+            "metrics": False,
             "arms": [{"case": "adamw_gauge_fixed"}, {"case": "sgd_gauge_fixed"}],
             "seeds": [0, 1],
             "calibration": {
@@ -622,6 +648,10 @@ def test_the_calibration_end_to_end_at_toy_size(tmp_path, shakespeare_url):
         progress="the calibration at toy size",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # each round one job; in it each arm one lockstep group, its runs at their own lrs (round 1: 2 lrs)
+    for round_, runs in (("round1", 2), ("round2", 1)):
+        log = (tmp_path / f"results/tiny/logs/calibration/{round_}.log").read_text()
+        assert f"lockstep group 2/2: {runs} runs" in log and "group 3/" not in log, log[-2000:]
     tables = tmp_path / "results/tiny/tables"
     calibration = pd.read_csv(tables / "calibration.csv")
     first = calibration[calibration["round"] == 1]

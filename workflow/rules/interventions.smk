@@ -157,68 +157,110 @@ else:
             " --threads {threads} --device {params.device} --restart-if-changed"
             f"{LOCKSTEP} > {{log:q}} 2>&1"
 
-    use rule train_intervention_seeds as train_calibration_seeds with:
-        input:
-            data=rules.prepare_data.output,
-            specs=[
-                f"{SPECS}/calibration/{{arm}}/lr{{lr}}/seed{seed}.yaml"
-                for seed in PLAN.calibration_seeds
-            ],
-        output:
-            run_files(
-                [
-                    f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{seed}"
-                    for seed in PLAN.calibration_seeds
-                ]
-            ),
-        log:
-            f"{LOGS}/calibration/{{arm}}/lr{{lr}}.log",
-        benchmark:
-            f"{BENCHMARKS}/calibration/{{arm}}/lr{{lr}}.tsv"
-        wildcard_constraints:
-            arm=CALIBRATION_ARM_PATTERN,
-            lr=r"[0-9.e+-]+",
-        resources:
-            **train_resources(len(PLAN.calibration_seeds)),
-        params:
-            data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
-            device=config["device"],
-            outs=lambda wildcards: [
-                f"{RESULTS}/calibration/{wildcards.arm}/lr{wildcards.lr}/seed{seed}"
-                for seed in PLAN.calibration_seeds
-            ],
+    if PLAN.lockstep and PLAN.calibration_runs:
 
-    # round 2: an arm's k-th best lr of round 1 on the refine seeds, one job
-    use rule train_intervention_seeds as train_refine_seeds with:
-        input:
-            data=rules.prepare_data.output,
-            specs=[
-                f"{SPECS}/calibration/{{arm}}/top{{rank}}/seed{seed}.yaml"
-                for seed in PLAN.refine_seeds
-            ],
-        output:
-            run_files(
-                [
-                    f"{RESULTS}/calibration/{{arm}}/top{{rank}}/seed{seed}"
+        # each round of the calibration in one job: an arm's runs at every lr (round 1) or at its best two
+        # (round 2) train as one lockstep group, each at its own lr (docs/design.md §11.6)
+        use rule train_intervention_seeds as train_calibration_round1 with:
+            input:
+                data=rules.prepare_data.output,
+                specs=[PLAN.spec_file(run_dir) for run_dir in PLAN.calibration_runs],
+            output:
+                run_files(PLAN.calibration_runs),
+            log:
+                f"{LOGS}/calibration/round1.log",
+            benchmark:
+                f"{BENCHMARKS}/calibration/round1.tsv"
+            resources:
+                **train_resources(len(PLAN.calibration_runs)),
+            params:
+                data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+                device=config["device"],
+                outs=PLAN.calibration_runs,
+
+    if PLAN.lockstep and PLAN.refine_runs:
+
+        use rule train_intervention_seeds as train_calibration_round2 with:
+            input:
+                data=rules.prepare_data.output,
+                specs=[PLAN.spec_file(run_dir) for run_dir in PLAN.refine_runs],
+            output:
+                run_files(PLAN.refine_runs),
+            log:
+                f"{LOGS}/calibration/round2.log",
+            benchmark:
+                f"{BENCHMARKS}/calibration/round2.tsv"
+            resources:
+                **train_resources(len(PLAN.refine_runs)),
+            params:
+                data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+                device=config["device"],
+                outs=PLAN.refine_runs,
+
+    if not PLAN.lockstep:
+
+        use rule train_intervention_seeds as train_calibration_seeds with:
+            input:
+                data=rules.prepare_data.output,
+                specs=[
+                    f"{SPECS}/calibration/{{arm}}/lr{{lr}}/seed{seed}.yaml"
+                    for seed in PLAN.calibration_seeds
+                ],
+            output:
+                run_files(
+                    [
+                        f"{RESULTS}/calibration/{{arm}}/lr{{lr}}/seed{seed}"
+                        for seed in PLAN.calibration_seeds
+                    ]
+                ),
+            log:
+                f"{LOGS}/calibration/{{arm}}/lr{{lr}}.log",
+            benchmark:
+                f"{BENCHMARKS}/calibration/{{arm}}/lr{{lr}}.tsv"
+            wildcard_constraints:
+                arm=CALIBRATION_ARM_PATTERN,
+                lr=r"[0-9.e+-]+",
+            resources:
+                **train_resources(len(PLAN.calibration_seeds)),
+            params:
+                data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+                device=config["device"],
+                outs=lambda wildcards: [
+                    f"{RESULTS}/calibration/{wildcards.arm}/lr{wildcards.lr}/seed{seed}"
+                    for seed in PLAN.calibration_seeds
+                ],
+
+        # round 2: an arm's k-th best lr of round 1 on the refine seeds, one job
+        use rule train_intervention_seeds as train_refine_seeds with:
+            input:
+                data=rules.prepare_data.output,
+                specs=[
+                    f"{SPECS}/calibration/{{arm}}/top{{rank}}/seed{seed}.yaml"
                     for seed in PLAN.refine_seeds
-                ]
-            ),
-        log:
-            f"{LOGS}/calibration/{{arm}}/top{{rank}}.log",
-        benchmark:
-            f"{BENCHMARKS}/calibration/{{arm}}/top{{rank}}.tsv"
-        wildcard_constraints:
-            arm=CALIBRATION_ARM_PATTERN,
-            rank=r"\d+",
-        resources:
-            **train_resources(len(PLAN.refine_seeds)),
-        params:
-            data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
-            device=config["device"],
-            outs=lambda wildcards: [
-                f"{RESULTS}/calibration/{wildcards.arm}/top{wildcards.rank}/seed{seed}"
-                for seed in PLAN.refine_seeds
-            ],
+                ],
+            output:
+                run_files(
+                    [
+                        f"{RESULTS}/calibration/{{arm}}/top{{rank}}/seed{seed}"
+                        for seed in PLAN.refine_seeds
+                    ]
+                ),
+            log:
+                f"{LOGS}/calibration/{{arm}}/top{{rank}}.log",
+            benchmark:
+                f"{BENCHMARKS}/calibration/{{arm}}/top{{rank}}.tsv"
+            wildcard_constraints:
+                arm=CALIBRATION_ARM_PATTERN,
+                rank=r"\d+",
+            resources:
+                **train_resources(len(PLAN.refine_seeds)),
+            params:
+                data_dir=lambda wildcards, input: os.path.dirname(input.data[0]),
+                device=config["device"],
+                outs=lambda wildcards: [
+                    f"{RESULTS}/calibration/{wildcards.arm}/top{wildcards.rank}/seed{seed}"
+                    for seed in PLAN.refine_seeds
+                ],
 
     # a robustness variant's arm at a grid lr on the comparison seeds, one job
     use rule train_intervention_seeds as train_robustness_seeds with:

@@ -72,7 +72,7 @@ from attnid.plan.rounds import (
     robustness_dir,
 )
 from attnid.plan.studies import STUDY_CASE, study_points, study_run_settings
-from attnid.training.config import option_type, resolve_config, resume_free_keys
+from attnid.training.config import lockstep_refusal, option_type, resolve_config, resume_free_keys
 
 # Where a run's spec file lies, under the results folder: specs/<run directory>.yaml.
 SPECS_DIR = "specs"
@@ -187,6 +187,15 @@ class Plan:
     def trained(self) -> dict[str, RunSpec]:
         """The runs a training job makes (not the copies)."""
         return {run_dir: spec for run_dir, spec in self.runs.items() if spec.copied_from is None}
+
+    def lockstep_runs(self) -> list[str]:
+        """The runs that lockstep jobs train (none without ``lockstep``): the arms' comparison runs, the
+        calibration's two rounds and the robustness variants' runs; not the identity runs (their own jobs)."""
+        if not self.lockstep:
+            return []
+        arms = f"{self.results_dir}/interventions/"
+        compared = [d for d in self.trained() if d.startswith(arms) and d not in self.identity_runs]
+        return compared + self.calibration_runs + self.refine_runs + list(self.robustness)
 
     def copied(self) -> dict[str, str]:
         """{run directory: the run directory it is copied from}."""
@@ -406,13 +415,17 @@ def _plan_calibration(config: dict, result: Plan, arms: list[Arm]) -> None:
 
 def check_runs(result: Plan, device: str, threads: int) -> None:
     """Every trained run passes ``attnid train``'s own checks (resolve_config), as its job will run it."""
+    lockstep = set(result.lockstep_runs())
     for run_dir, spec in {**result.trained(), **result.robustness}.items():
         try:
-            resolve_config(
+            cfg = resolve_config(
                 {**spec.options(), "data": "data", "out": run_dir, "device": device, "threads": threads}
             )
         except UserError as err:
             raise ConfigError(spec.origin, f"{err} (run {run_dir})") from None
+        refusal = lockstep_refusal(cfg) if run_dir in lockstep else None
+        if refusal is not None:
+            raise ConfigError("interventions/lockstep", f"run {run_dir} cannot train in lockstep: {refusal}")
 
 
 def plan(config: dict, overrides: dict | None = None, checkout: str | os.PathLike | None = None) -> Plan:

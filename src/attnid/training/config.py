@@ -425,6 +425,23 @@ def _check_attention_shape(cfg: TrainConfig) -> None:
         cfg.head_dim = None
 
 
+def lockstep_refusal(cfg: TrainConfig) -> str | None:
+    """What in a run's settings keeps it from training in lockstep (attnid.training.lockstep), or None;
+    the pipeline's plan asks it of every run a lockstep job trains, before any job starts."""
+    case = cases.get_case(cfg.case)
+    if cfg.metrics:
+        return "it measures rho, beta, tau, mu (--metrics): lockstep trains with --no-metrics only"
+    if case.rebalances or case.projects_steps:
+        return f"case {case.name} moves the weights between steps"
+    if cfg.dropout:
+        return "--dropout is not 0"
+    if cfg.compile:
+        return "--compile is on"
+    if cfg.dtype == "fp16":
+        return "--dtype fp16 needs a gradient scaler per run"
+    return None
+
+
 def resolve_config(values: dict) -> TrainConfig:
     """Fill the derived defaults and check every value; raises UserError with one clear line."""
     cfg = TrainConfig(**{k: v for k, v in values.items() if v is not None})

@@ -37,28 +37,25 @@ from attnid.model.gauge import GaugeFixedQKV
 from attnid.model.gpt import GPT, GPTConfig
 from attnid.training import gpu_slots, rundir
 from attnid.training.batches import batch_from_starts, split_losses
+from attnid.training.config import lockstep_refusal
 from attnid.training.loop import get_lr
 from attnid.training.runtime import StopSignals, say
 from attnid.training.train import Run
 
-# The settings a run of a lockstep group may differ in from the others.
-FREE_SETTINGS = ("seed", "out")
+# The settings a run of a lockstep group may differ in from the others: its learning rate too, each run's
+# step scaled to its own (Lockstep.step_at_own_lrs).
+FREE_SETTINGS = ("seed", "out", "lr", "min_lr")
 
 
 def why_not_lockstep(run: Run) -> str | None:
-    """What keeps ``run`` from training in lockstep, or None."""
-    cfg, case = run.cfg, run.case
-    if cfg.metrics:
-        return "it measures rho, beta, tau, mu (--metrics): lockstep trains with --no-metrics only"
-    if case.rebalances or case.projects_steps:
-        return f"case {case.name} moves the weights between steps"
-    if cfg.dropout:
-        return "--dropout is not 0"
-    if run.compiled:
-        return "--compile is on"
-    if run.scaler.is_enabled():
-        return "--dtype fp16 needs a gradient scaler per run"
-    return None
+    """What keeps ``run`` from training in lockstep, or None: its settings (lockstep_refusal), and what they
+    resolve to on its device (compiling by default on CUDA, fp16's scaler)."""
+    refusal = lockstep_refusal(run.cfg)
+    if refusal is None and run.compiled:
+        refusal = "--compile is on"
+    if refusal is None and run.scaler.is_enabled():
+        refusal = "--dtype fp16 needs a gradient scaler per run"
+    return refusal
 
 
 def parameter_views(
@@ -231,13 +228,11 @@ class Lockstep:
 
     def train_step(self) -> None:
         cfg, runs = self.cfg, self.runs
-        lr = get_lr(self.step, cfg)
+        lrs = [get_lr(self.step, run.cfg) for run in runs]
         step = self.step + 1
         is_eval = step % cfg.eval_every == 0 or step == cfg.max_iters
         is_full = runs[0].is_full_eval(step)
         is_row = step % cfg.log_every == 0 or is_eval or is_full
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         x, y = _stack([run.batches.next() for run in runs])
         with self.autocast():
             loss = stacked.losses(self.config, self.params, x, y)  # (S,)
@@ -249,7 +244,12 @@ class Lockstep:
                     self.live[i] = False  # diverged: its record ends before this update
         loss.sum().backward()
         grad_norm = self.masked_clipped_gradients()
-        self.optimizer.step()
+        if len(set(lrs)) == 1:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lrs[0]
+            self.optimizer.step()
+        else:
+            self.step_at_own_lrs(lrs)
         self.optimizer.zero_grad(set_to_none=True)
         self.restore_frozen()
         self.step = step
@@ -257,7 +257,23 @@ class Lockstep:
             if self.live[i]:
                 run.step = step
         if is_row:
-            self.log_rows(step, lr, loss, grad_norm, is_eval, is_full)
+            self.log_rows(step, lrs, loss, grad_norm, is_eval, is_full)
+
+    @torch.no_grad()
+    def step_at_own_lrs(self, lrs: list[float]) -> None:
+        """One optimizer step in which run ``i`` moves at ``lrs[i]``: the step at the largest lr, each run's
+        move scaled by its lr over that one. Exact up to rounding for the cases that train in lockstep
+        (SGD, with momentum and weight decay, and AdamW): their move is ``lr`` times a direction (and a
+        decay) that the lr does not change, and their state (momentum, moments) does not depend on it."""
+        top = max(lrs)
+        for group in self.optimizer.param_groups:
+            group["lr"] = top
+        before = [param.detach().clone() for param in self.params.values()]
+        self.optimizer.step()
+        scale = torch.tensor(lrs, dtype=before[0].dtype, device=before[0].device) / top  # (S,)
+        for param, old in zip(self.params.values(), before, strict=True):
+            move = param.detach() - old
+            param.detach().copy_(old.add_(move.mul_(scale.view(-1, *([1] * (old.dim() - 1))))))
 
     def masked_clipped_gradients(self) -> torch.Tensor:
         """Zero the gradients at fixed and frozen entries, clip each run's by its own norm (as
@@ -289,7 +305,13 @@ class Lockstep:
         return bool(torch.isfinite(norms.square().sum()))
 
     def log_rows(
-        self, step: int, lr: float, loss: torch.Tensor, grad_norm: torch.Tensor, is_eval: bool, is_full: bool
+        self,
+        step: int,
+        lrs: list[float],
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        is_eval: bool,
+        is_full: bool,
     ) -> None:
         for i, run in enumerate(self.runs):
             if self.live[i] and not self.finite(i):
@@ -298,12 +320,12 @@ class Lockstep:
                     run.status, run.diverged_step, run.diverged_loss = "diverged", step, math.inf
                     run.step = step - 1
                     say(
-                        f"{run.out}: the update of step {step} at lr {lr:.4g} leaves non-finite weights: "
+                        f"{run.out}: the update of step {step} at lr {lrs[i]:.4g} leaves non-finite weights: "
                         "run diverged"
                     )
         losses, norms = loss.tolist(), grad_norm.tolist()
         heads = [
-            {"step": step, "lr": lr, "train_loss": losses[i], "grad_norm": norms[i], "rebalanced": 0}
+            {"step": step, "lr": lrs[i], "train_loss": losses[i], "grad_norm": norms[i], "rebalanced": 0}
             for i in range(len(self.runs))
         ]
         tails: list[dict] = [{} for _ in self.runs]
@@ -313,7 +335,7 @@ class Lockstep:
                 run.finish_row(heads[i], None, tails[i])
         live = [i for i, alive in enumerate(self.live) if alive]
         if live:
-            self.runs[live[0]].report_progress(losses[live[0]], lr)
+            self.runs[live[0]].report_progress(losses[live[0]], lrs[live[0]])
 
     def stop_if_requested(self, stop: StopSignals) -> int | None:
         """TrainingLoop.stop_if_requested for the group: the periodic checkpoint of every live run, or on a
