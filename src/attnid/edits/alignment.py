@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import torch
 
@@ -61,7 +62,7 @@ from attnid.edits.orbit_moves import (
     scale_junctions,
 )
 from attnid.edits.quant_moves import exact_log_probs
-from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint, stored_params
+from attnid.edits.whole_checkpoint import LM_HEAD, WholeCheckpoint, read_whole_checkpoint, stored_params
 
 # the declared order (moves, report): the stream first, matched on what no hidden class moves
 ALIGN_CLASSES = ("stream", "stream_rotation", "heads", "mlp", "ov", "qk", "norm_gain", "ov_gl", "qk_gl")
@@ -198,11 +199,12 @@ def procrustes_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> li
     return moves
 
 
-def _alternate_gains(a: WholeCheckpoint, b: WholeCheckpoint, hidden: list, classes: tuple, seed: int) -> int:
-    """The gain scales and the ``hidden`` classes in turn, in place, until a sweep removes less than
-    :data:`GAIN_TOLERANCE` of the distance (or of ``||A||``); the sweeps."""
+def _alternate_gains(
+    a: WholeCheckpoint, b: WholeCheckpoint, hidden: list, classes: tuple, seed: int, floor: float
+) -> int:
+    """The gain scales and the ``hidden`` classes in turn, in place, until a sweep removes no more than
+    ``floor`` of the distance; the sweeps."""
     previous, sweeps = distances(a, b)["total"], 0
-    floor = GAIN_TOLERANCE * max(previous, norm_of(a))  # not of the distance left: near 0 it never ends
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
         scale_junctions(b, gain_scales(a, b))
         for name in hidden:
@@ -214,32 +216,71 @@ def _alternate_gains(a: WholeCheckpoint, b: WholeCheckpoint, hidden: list, class
     return sweeps
 
 
+def gain_units(whole: WholeCheckpoint) -> list[tuple[dict[str, str], WholeCheckpoint]]:
+    """What ``norm_gain``'s descent moves, cut where it is independent: per layer its norms, attention and
+    MLP (every hidden class and every gain scale reads and moves one layer only), and an untied model's
+    final norm with ``lm_head`` (no hidden class moves them). Each unit is a one-layer (or no-layer) model
+    of ``whole``'s own tensors, not copies, named as layer 0, with its census name of each."""
+    shape = replace(whole.shape, n_layer=1, tied=True)  # tied: its ln_f is no free norm (held by no unit)
+    units = []
+    for layer in range(whole.shape.n_layer):
+        prefix = f"h{layer}."
+        names = {"h0." + n.removeprefix(prefix): n for n in whole.params if n.startswith(prefix)}
+        units.append(names)
+    shapes = [shape] * len(units)
+    if not whole.shape.tied:
+        units.append({n: n for n in whole.params if n.startswith("ln_f.") or n == LM_HEAD})
+        shapes.append(replace(whole.shape, n_layer=0))
+    return [
+        (
+            names,
+            WholeCheckpoint(
+                unit_shape, {n: whole.params[f] for n, f in names.items()}, whole.gain_offset, whole.rope_base
+            ),
+        )
+        for names, unit_shape in zip(units, shapes, strict=True)
+    ]
+
+
 def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: int) -> dict:
     """``norm_gain``: the gain scales (:func:`~attnid.edits.alignment_classes.gain_scales`) and the asked
     per-head and MLP classes solved again in turn (each its exact best given the others, so the distance
     never rises) until a sweep removes less than :data:`GAIN_TOLERANCE` of it: a scale changes the readers'
-    columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point.
+    columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point. Each
+    unit of :func:`gain_units` descends on its own (the distance is a sum over them), until its own sweep
+    removes less than that share of the whole distance before them (or of ``||A||``).
 
     A negative scale (a gain's sign flipped, its readers' columns too) is where that descent stops short:
     the per-head classes, solved before it, matched flipped columns. So where the gains and biases alone
-    ask for a flip (:func:`~attnid.edits.alignment_classes.gain_signs`), the flip is made on a copy, the
-    per-head classes solved again from it and the descent run there too; the nearer of the two is kept
-    (docs/design.md §17), so the distance never rises."""
-    hidden = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
-    signs = gain_signs(a, b)
-    flips = sum(int((s < 0).sum()) for s in signs.values())
-    flipped = None
-    if flips:
-        flipped = b.clone()
-        scale_junctions(flipped, signs)
-        for name in hidden:
-            move_class(a, flipped, name, classes, seed)
-        flipped_sweeps = _alternate_gains(a, flipped, hidden, classes, seed)
-    sweeps = _alternate_gains(a, b, hidden, classes, seed)
-    if flipped is not None and distances(a, flipped)["total"] < distances(a, b)["total"]:
-        b.params = flipped.params
-        return {"sweeps": flipped_sweeps, "sign_flips": flips}
-    return {"sweeps": sweeps, "sign_flips": 0}
+    ask for a flip (:func:`~attnid.edits.alignment_classes.gain_signs`), a unit is moved twice from the
+    same start: flipped, its per-head classes solved again and the descent run, then the plain descent;
+    the nearer of the two is kept (docs/design.md §17), so the distance never rises. Every move puts new
+    tensors in the unit's dict and changes none in place, so the start is kept exactly by holding its
+    tensors, one unit at a time: no second model."""
+    # of the whole distance (or of ||A||), not of what is left: near 0 that never ends
+    floor = GAIN_TOLERANCE * max(distances(a, b)["total"], norm_of(a))
+    every = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
+    sweeps = flips = 0
+    for (names, unit_a), (_, unit_b) in zip(gain_units(a), gain_units(b), strict=True):
+        hidden = every if unit_b.shape.n_layer else []
+        start = dict(unit_b.params)
+        signs = gain_signs(unit_a, unit_b)
+        unit_flips = sum(int((s < 0).sum()) for s in signs.values())
+        flipped: dict[str, torch.Tensor] = {}
+        if unit_flips:
+            scale_junctions(unit_b, signs)
+            for name in hidden:
+                move_class(unit_a, unit_b, name, classes, seed)
+            flipped_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor)
+            flipped, flipped_distance = unit_b.params, distances(unit_a, unit_b)["total"]
+            unit_b.params = dict(start)
+        unit_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor)
+        if flipped and flipped_distance < distances(unit_a, unit_b)["total"]:
+            unit_b.params, unit_sweeps = flipped, flipped_sweeps
+            flips += unit_flips
+        sweeps = max(sweeps, unit_sweeps)
+        b.params.update({names[n]: tensor for n, tensor in unit_b.params.items()})
+    return {"sweeps": sweeps, "sign_flips": flips}
 
 
 def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple, seed: int) -> dict:
