@@ -406,41 +406,60 @@ def _product_totals(a: WholeCheckpoint, b: WholeCheckpoint) -> dict:
     return {"qk": products["qk"], "ov": products["ov"]}
 
 
+def _checked_change(
+    moved: WholeCheckpoint, name: str, tokens: torch.Tensor, reference: torch.Tensor
+) -> float:
+    """The largest change of the float64 log-probabilities since ``reference`` after class ``name``'s move;
+    UserError where it exceeds :data:`EXACT_DLOGP`."""
+    change = float((exact_log_probs(moved, tokens) - reference).abs().max())
+    if not change <= EXACT_DLOGP:
+        raise UserError(
+            f"class {name}: the move changes the float64 log-probabilities by {change:.3g} "
+            f"(> {EXACT_DLOGP:g}); nothing written"
+        )
+    return change
+
+
 def align_whole(
     a: WholeCheckpoint,
     b: WholeCheckpoint,
     classes: tuple = DEFAULT_CLASSES,
     seed: int = 0,
     in_place: bool = False,
+    measure: bool = True,
 ) -> tuple[WholeCheckpoint, dict]:
     """``b`` moved class by class (declared order) to the point of its orbit nearest ``a``, and the report.
     ``in_place``: ``b`` itself is moved (and returned), not a copy: a whole float64 model less to hold
-    (``attnid align``, docs/design.md §17). Raises UserError naming the first class whose move changes
-    ``b``'s float64 log-probabilities by more than :data:`EXACT_DLOGP`."""
+    (``attnid align``, docs/design.md §17). ``measure`` False: the moves and their float64 check only, the
+    report their classes and ``exact_max_abs_dlogp`` (``attnid align``'s idempotence check, which keeps
+    only the model: no distances and no heads' products, each step's a product per head and layer).
+    Raises UserError naming the first class whose move changes ``b``'s float64 log-probabilities by more
+    than :data:`EXACT_DLOGP`."""
     classes = classes_of(b, classes)
     reason = align_refusal(b, classes)
     if reason is not None:
         raise UserError(reason)
     tokens = probe_tokens(b, seed)
     reference = exact_log_probs(b, tokens)
-    norm_b, products_before = norm_of(b), _product_totals(a, b)  # before b moves, where it is moved
     moved = b if in_place else b.clone()
+    if not measure:
+        worst = 0.0
+        for name in classes:
+            move_class(a, moved, name, classes, seed)
+            worst = max(worst, _checked_change(moved, name, tokens, reference))
+        return moved, {"classes": list(classes), "exact_max_abs_dlogp": worst}
+    norm_b, products_before = norm_of(b), _product_totals(a, b)  # before b moves, where it is moved
     before = distances(a, moved)
     steps, previous, worst = [], before, 0.0
     for name in classes:
         detail = move_class(a, moved, name, classes, seed)
-        change = float((exact_log_probs(moved, tokens) - reference).abs().max())
-        if not change <= EXACT_DLOGP:
-            raise UserError(
-                f"class {name}: the move changes the float64 log-probabilities by {change:.3g} "
-                f"(> {EXACT_DLOGP:g}); nothing written"
-            )
-        worst = max(worst, change)
+        worst = max(worst, _checked_change(moved, name, tokens, reference))
         after = distances(a, moved)
         removed = (
             (previous["total"] ** 2 - after["total"] ** 2) / before["total"] ** 2 if before["total"] else 0.0
         )
-        products = _product_totals(a, moved)
+        identified = product_distances(a, moved)
+        products = {"qk": identified["qk"], "ov": identified["ov"]}
         steps.append(
             {"class": name, "distance": after, "share_removed": removed, "products": products, **detail}
         )
@@ -459,7 +478,8 @@ def align_whole(
         "distance_after": previous,
         "relative_distance_after": previous["total"] / norm_a if norm_a else 0.0,
         "share_removed": 1 - previous["total"] ** 2 / total_before**2 if total_before else 0.0,
-        "identified_products": product_distances(a, moved),
+        # the last step's, not computed again (E x E per query head and layer, twice)
+        "identified_products": identified if classes else product_distances(a, moved),
         "exact_max_abs_dlogp": worst,
         "probe_tokens": int(tokens.shape[1]) - 1,
     }
