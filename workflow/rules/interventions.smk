@@ -171,6 +171,8 @@ else:
                 f"{LOGS}/calibration/round1.log",
             benchmark:
                 f"{BENCHMARKS}/calibration/round1.tsv"
+            # the build's longest chain (round 1, round 2, the per-arm jobs): started before the case runs
+            priority: 2
             resources:
                 **train_resources(len(PLAN.calibration_runs)),
             params:
@@ -190,6 +192,8 @@ else:
                 f"{LOGS}/calibration/round2.log",
             benchmark:
                 f"{BENCHMARKS}/calibration/round2.tsv"
+            # the build's longest chain (round 1, round 2, the per-arm jobs): started before the case runs
+            priority: 2
             resources:
                 **train_resources(len(PLAN.refine_runs)),
             params:

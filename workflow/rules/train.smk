@@ -50,8 +50,9 @@ rule train_case:
     wildcard_constraints:
         case="|".join(config["cases"]),
         seed=r"\d+",
-    # The case runs are the build's longest jobs: started first, they end before the short ones, which
-    # then fill both cores to the end (docs/experiments.md, "The default run, measured").
+    # The case runs are long jobs: started first (after the calibration's rounds, the head of the longest
+    # chain, priority 2 in interventions.smk), they end before the short ones, which then fill both cores
+    # to the end (docs/experiments.md, "The default run, measured").
     priority: 1
     conda:
         ENV
