@@ -25,14 +25,21 @@ from attnid.edits.alignment import (
     ALIGN_CLASSES,
     DEFAULT_CLASSES,
     EXACT_DLOGP,
+    GAIN_TOLERANCE,
     PER_HEAD_CLASSES,
+    _alternate_gains,
     align_whole,
     classes_of,
+    descend_gains,
     distances,
+    gain_units,
+    move_class,
     norm_of,
     probe_tokens,
 )
+from attnid.edits.alignment_classes import gain_signs
 from attnid.edits.checkpoints import load_checkpoint
+from attnid.edits.orbit_moves import scale_junctions
 from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import WholeCheckpoint, read_whole_checkpoint
 from attnid.theory.census import random_point
@@ -290,3 +297,70 @@ def test_negative_gain_scales_are_recovered_by_every_class(root, family, seed, n
     assert by_class["norm_gain"] <= by_class["qk"] + 1e-12  # the sign's trial kept only where nearer
     again, _ = align_whole(a, moved, ALIGN_CLASSES)
     assert distances(moved, again)["total"] / norm_of(moved) <= 1e-6
+
+
+def test_a_lost_sign_trial_is_undone_exactly_and_a_flipped_layer_is_recovered() -> None:
+    """``norm_gain``'s sign trial per unit (:func:`~attnid.edits.alignment.gain_units`) on a 3-layer model,
+    its per-head classes aligned: layer 0 equal to A (no flip asked), layer 1 a planted exact flip of mixed
+    signs (recovered), layer 2 ``ln_1``'s gain and bias negated and shrunk, its readers kept
+    (a flip is asked, and loses). The losing unit ends bit for bit where the plain descent alone takes a
+    clone of its start (the trial's tensors restored exactly); the distance never rises; the tensors no
+    unit holds are untouched (docs/design.md §17)."""
+    shape = whole_model_shape(
+        n_layer=3,
+        n_embd=12,
+        n_head=4,
+        n_kv_head=2,
+        head_dim=4,
+        vocab_size=17,
+        block_size=8,
+        norm="layernorm",
+        norm_bias=True,
+        qkv_bias=True,
+        mlp_hidden=10,
+        in_domain=False,
+    )
+    classes = (*PER_HEAD_CLASSES, "norm_gain")
+    a = WholeCheckpoint(shape, random_point(shape, torch.Generator().manual_seed(0)))
+    b = random_group_element(a.clone(), 1)
+    generator = torch.Generator().manual_seed(2)
+    signs = {
+        n: torch.where(torch.rand(12, generator=generator, dtype=torch.float64) < 0.5, -1.0, 1.0)
+        for n in ("h1.ln_1", "h1.ln_2")
+    }
+    scale_junctions(b, signs)
+    for part in ("weight", "bias"):
+        b.params[f"h2.ln_1.{part}"] = -0.05 * b.params[f"h2.ln_1.{part}"]
+    for name in PER_HEAD_CLASSES:
+        move_class(a, b, name, classes, 0)
+    start = b.clone()
+    asked = [
+        sum(int((s < 0).sum()) for s in gain_signs(ua, ub).values())
+        for (_, ua), (_, ub) in zip(gain_units(a), gain_units(start), strict=True)
+    ]
+    planted = sum(int((s < 0).sum()) for s in signs.values())
+    assert asked == [0, planted, 12] and planted > 0
+
+    report = descend_gains(a, b, classes, 0)
+    floor = GAIN_TOLERANCE * max(distances(a, start)["total"], norm_of(a))  # descend_gains' own
+    plain = gain_units(start.clone())  # each unit moved alone, its dict the result
+    for (_, unit_a), (_, unit_b) in zip(gain_units(a), plain, strict=True):
+        _alternate_gains(unit_a, unit_b, list(PER_HEAD_CLASSES), classes, 0, floor)
+    units = zip(gain_units(a), gain_units(start), gain_units(b), plain, strict=True)
+    after, norm = {}, norm_of(a)
+    for layer, ((names, ua), (_, us), (_, ub), (_, up)) in enumerate(units):
+        after[layer] = distances(ua, ub)["total"]
+        # per unit the distance never rises (but by rounding: layer 0 starts at A, ~1e-15 away)
+        assert after[layer] <= distances(ua, us)["total"] + 1e-12 * norm
+        if layer != 1:  # no trial, or a lost one undone: the plain descent's tensors exactly
+            assert all(torch.equal(ub.params[n], up.params[n]) for n in names)
+    # layer 1's trial and its plain descent both reach A (here the plain scales find -1 too), the kept one
+    # decided by rounding; layer 2's lost trial is never counted
+    assert report["sign_flips"] in (0, planted) and planted != 12
+    assert distances(a, b)["total"] <= distances(a, start)["total"]
+    assert after[0] <= 1e-12 * norm and after[1] <= 1e-9 * norm  # untouched; the planted signs undone
+    assert after[2] > 1e-3 * norm  # not a symmetry: what is left
+    held = {n for names, _ in gain_units(b) for n in names.values()}
+    assert held != set(b.params) and all(
+        torch.equal(b.params[n], start.params[n]) for n in b.params if n not in held
+    )
