@@ -425,9 +425,15 @@ def _check_attention_shape(cfg: TrainConfig) -> None:
         cfg.head_dim = None
 
 
-def lockstep_refusal(cfg: TrainConfig) -> str | None:
+def lockstep_refusal(
+    cfg: TrainConfig, compiled: bool | None = None, scaled: bool | None = None
+) -> str | None:
     """What in a run's settings keeps it from training in lockstep (attnid.training.lockstep), or None;
-    the pipeline's plan asks it of every run a lockstep job trains, before any job starts."""
+    the pipeline's plan asks it of every run a lockstep job trains, before any job starts. ``compiled`` and
+    ``scaled``: what a built run resolved (compiling by default on CUDA, fp16's gradient scaler); without
+    them, what the settings ask."""
+    compiled = bool(cfg.compile) if compiled is None else compiled
+    scaled = cfg.dtype == "fp16" if scaled is None else scaled
     case = cases.get_case(cfg.case)
     if cfg.metrics:
         return "it measures rho, beta, tau, mu (--metrics): lockstep trains with --no-metrics only"
@@ -435,9 +441,9 @@ def lockstep_refusal(cfg: TrainConfig) -> str | None:
         return f"case {case.name} moves the weights between steps"
     if cfg.dropout:
         return "--dropout is not 0"
-    if cfg.compile:
+    if compiled:
         return "--compile is on"
-    if cfg.dtype == "fp16":
+    if scaled:
         return "--dtype fp16 needs a gradient scaler per run"
     return None
 

@@ -48,14 +48,8 @@ FREE_SETTINGS = ("seed", "out", "lr", "min_lr")
 
 
 def why_not_lockstep(run: Run) -> str | None:
-    """What keeps ``run`` from training in lockstep, or None: its settings (lockstep_refusal), and what they
-    resolve to on its device (compiling by default on CUDA, fp16's scaler)."""
-    refusal = lockstep_refusal(run.cfg)
-    if refusal is None and run.compiled:
-        refusal = "--compile is on"
-    if refusal is None and run.scaler.is_enabled():
-        refusal = "--dtype fp16 needs a gradient scaler per run"
-    return refusal
+    """What keeps ``run`` from training in lockstep, or None: its settings as its device resolved them."""
+    return lockstep_refusal(run.cfg, compiled=run.compiled, scaled=run.scaler.is_enabled())
 
 
 def parameter_views(
