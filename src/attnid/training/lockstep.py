@@ -267,7 +267,7 @@ class Lockstep:
         scale = torch.tensor(lrs, dtype=before[0].dtype, device=before[0].device) / top  # (S,)
         for param, old in zip(self.params.values(), before, strict=True):
             move = param.detach() - old
-            param.detach().copy_(old.add_(move.mul_(scale.view(-1, *([1] * (old.dim() - 1))))))
+            param.detach().copy_(old.add_(move.mul_(per_run(scale, old))))
 
     def masked_clipped_gradients(self) -> torch.Tensor:
         """Zero the gradients at fixed and frozen entries, clip each run's by its own norm (as
@@ -283,7 +283,7 @@ class Lockstep:
         clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         coef = torch.clamp(clip / (total + 1e-6), max=1.0)
         for grad in grads:
-            grad.mul_(coef.view(-1, *([1] * (grad.dim() - 1))))
+            grad.mul_(per_run(coef, grad))
         return total
 
     @torch.no_grad()
@@ -373,6 +373,11 @@ class Lockstep:
         for run in self.runs:
             run.finish()
         return 0
+
+
+def per_run(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``values`` (S,), one per run, shaped to scale ``like`` (S, ...) run by run."""
+    return values.view(-1, *([1] * (like.dim() - 1)))
 
 
 def _stack(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
