@@ -62,7 +62,7 @@ def test_planted_orbit_element_is_recovered(models, capsys) -> None:
     assert distances(a, aligned)["total"] / norm_of(a) <= 1e-6
     report = json.loads(report_path.read_text())
     assert report["command"] == "align"
-    # no --classes: every class a tied nanoGPT model has (but the stream rotation) but GL(D)
+    # no --classes: every class a tied nanoGPT model has (but the stream rotation), GL(D) too
     assert report["classes"] == [c for c in DEFAULT_CLASSES if c != "stream_rotation"]
     assert [s["class"] for s in report["steps"]] == report["classes"]
     assert report["relative_distance_after"] <= 1e-6
@@ -125,7 +125,7 @@ def test_attnid_plant_moves_exactly_and_align_all_brings_it_back(models, capsys)
 def test_every_class_removes_at_least_what_permutations_leave(models) -> None:
     a, b = _whole(models["a"]), _whole(models["other"])
     _, permutations = align_whole(a, b, ("heads", "mlp"))
-    _, every = align_whole(a, b)  # every class the architecture has but GL(D)
+    _, every = align_whole(a, b)  # every class the architecture has
     assert every["classes"] == [c for c in DEFAULT_CLASSES if c != "stream_rotation"]
     assert every["distance_after"]["total"] <= permutations["distance_after"]["total"] + 1e-12
     totals = [every["distance_before"]["total"]] + [s["distance"]["total"] for s in every["steps"]]
@@ -159,7 +159,7 @@ def test_gl_refinement_keeps_the_function_and_removes_more(models) -> None:
     refined, report = align_whole(a, b, ("heads", "mlp", "ov", "qk", "ov_gl", "qk_gl"))
     assert report["exact_max_abs_dlogp"] <= EXACT_DLOGP
     assert report["distance_after"]["total"] <= orthogonal["distance_after"]["total"] + 1e-12
-    assert report["gl_tolerance"] is not None and report["steps"][-1]["lbfgs_max_iterations"] >= 1
+    assert report["gl_tolerance"] is not None and report["steps"][-1]["gl_max_iterations"] >= 1
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,9 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--classes",
         default=None,
-        help="comma-separated among stream, stream_rotation, heads, mlp, ov, qk, norm_gain, ov_gl, qk_gl "
-        "(made in that order), or all: every class the architecture has (default: all but ov_gl and qk_gl, "
-        "whose optimiser is slow and not idempotent on pairs that are not one orbit)",
+        help="comma-separated among stream, stream_rotation, heads, mlp, ov, qk, ov_gl, qk_gl, norm_gain "
+        "(made in that order), or all (the default): every class the architecture has; leave out ov_gl and "
+        "qk_gl for speed on two trained runs (their Newton solve: docs/design.md §17)",
     )
     parser.add_argument(
         "--seed", type=seed_number, default=0, help="seed of the layer order and the probe (default 0)"
@@ -66,7 +66,7 @@ def add_barrier_arguments(parser: argparse.ArgumentParser) -> None:
         "--classes",
         default=None,
         help="the all level's classes, as attnid align's --classes (default: every class the architecture "
-        "has but ov_gl and qk_gl)",
+        "has)",
     )
     parser.add_argument(
         "--points", type=int, default=11, help="values of t from 0 to 1, both included (default: %(default)s)"
@@ -326,8 +326,8 @@ def add_plant_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gl",
         action="store_true",
-        help="per-group moves in GL(D) (with RoPE: the commutant) instead of orthogonal ones; attnid align "
-        "then recovers g with ov_gl and qk_gl, and with the stream's classes only under --no-stream",
+        help="per-group moves in GL(D) (with RoPE: the commutant) instead of orthogonal ones, which attnid "
+        "align recovers with ov_gl and qk_gl (in its default classes)",
     )
     parser.add_argument(
         "--no-stream",

@@ -34,6 +34,7 @@ import torch
 
 from attnid.common.errors import UserError
 from attnid.edits.alignment_classes import (
+    FULL,
     AlignSpec,
     assignment,
     best_move,
@@ -54,6 +55,7 @@ from attnid.edits.alignment_classes import (
     stream_rotation_move,
 )
 from attnid.edits.checkpoint_types import Checkpoint
+from attnid.edits.gl_nearest import gl_nearest
 from attnid.edits.orbit_moves import (
     all_junctions,
     move_query_key,
@@ -65,20 +67,21 @@ from attnid.edits.quant_moves import exact_log_probs
 from attnid.edits.whole_checkpoint import LM_HEAD, WholeCheckpoint, read_whole_checkpoint, stored_params
 
 # the declared order (moves, report): the stream first, matched on what no hidden class moves
-ALIGN_CLASSES = ("stream", "stream_rotation", "heads", "mlp", "ov", "qk", "norm_gain", "ov_gl", "qk_gl")
-# no --classes: every class the architecture has but GL(D), whose optimiser is neither closed-form nor
-# idempotent to 1e-6 on pairs that are not one orbit (docs/design.md §17); --classes all adds them
-DEFAULT_CLASSES = tuple(c for c in ALIGN_CLASSES if not c.endswith("_gl"))
+ALIGN_CLASSES = ("stream", "stream_rotation", "heads", "mlp", "ov", "qk", "ov_gl", "qk_gl", "norm_gain")
+# no --classes: every class the architecture has (GL(D) too: its cost on two seeds, docs/design.md §17)
+DEFAULT_CLASSES = ALIGN_CLASSES
 PER_HEAD_CLASSES = ("heads", "mlp", "ov", "qk")  # the alignment stage's (docs/design.md §18)
+PER_LAYER_CLASSES = (*PER_HEAD_CLASSES, "ov_gl", "qk_gl")  # each reads and moves one layer only
 STREAM_CLASSES = ("stream", "stream_rotation", "norm_gain")
 GROUPS = ("embedding", "attention_qk", "attention_ov", "mlp", "norms")
 EXACT_DLOGP = 1e-10  # max |delta log p| of the moves in float64 (the census's forward)
 PROBE_TOKENS = 32  # the float64 check's window
 MAX_SWEEPS = 100
-GL_TOLERANCE = 1e-12  # L-BFGS: stop when the relative gradient (or the relative decrease) falls below it
+GL_TOLERANCE = 1e-12  # GL(D): a step moving M by less (relative); the commutant's L-BFGS: its gtol and ftol
 GL_MAX_ITERATIONS = 500
-GAIN_TOLERANCE = 1e-9  # norm_gain's sweeps stop when one removes less than this share of the distance
-# before them (or of ||A||, where that is larger)
+GL_FIRST_SWEEP_TOLERANCE = 1e-4  # GL(D) in norm_gain's first sweep; then GL_SWEEP_SHARE of the last move
+GL_SWEEP_SHARE = 1e-2
+GAIN_TOLERANCE = 1e-10  # norm_gain's sweeps stop when one moves B by less than this share of ||A||
 
 
 def parse_classes(text: str | None) -> tuple[str, ...]:
@@ -158,14 +161,19 @@ def _gl_objective(x, pair: tuple, scale: float, spec: AlignSpec, circuit: str):
     return float(value.detach()), variables.grad.numpy()
 
 
-def gl_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> tuple[list[torch.Tensor], int]:
+def gl_moves(
+    a: WholeCheckpoint, b: WholeCheckpoint, circuit: str, tolerance: float = 0.0
+) -> tuple[list[torch.Tensor], int]:
     """Per layer ``(G, D, D)``: ``M`` in GL(D) (with RoPE on ``qk``: in the commutant) minimising
-    ``||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2`` per key/value group, by L-BFGS (scipy) from the identity
-    (the current point: the Procrustes one after ``ov``/``qk``), tolerance :data:`GL_TOLERANCE` on the
+    ``||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2`` per key/value group from the identity (the current point:
+    the Procrustes one after ``ov``/``qk``). GL(D): Gauss-Newton, then Newton
+    (:func:`~attnid.edits.gl_nearest.gl_nearest`), until a step moves ``M`` by less than ``tolerance``
+    (default :data:`GL_TOLERANCE`); the commutant's ``D`` variables: L-BFGS (scipy), that tolerance on the
     objective relative to ``||A||^2``. Returns the moves and the most iterations a group took."""
     # lazy: scipy.optimize's minimize is only needed here
     from scipy.optimize import minimize
 
+    tolerance = tolerance or GL_TOLERANCE
     spec = spec_of(a)
     moves, worst = [], 0
     for layer in range(spec.n_layer):
@@ -173,6 +181,11 @@ def gl_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> tuple[list
         layer_moves = []
         for group in range(spec.n_kv_head):
             pair = (a1[group], b1[group], a2[group], b2[group])
+            if spec.form(circuit) == FULL:
+                move, iterations = gl_nearest(pair, tolerance, GL_MAX_ITERATIONS)
+                worst = max(worst, iterations)
+                layer_moves.append(move)
+                continue
             scale = float(a1[group].square().sum() + a2[group].square().sum()) or 1.0
             result = minimize(
                 _gl_objective,
@@ -180,7 +193,7 @@ def gl_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> tuple[list
                 args=(pair, scale, spec, circuit),
                 jac=True,
                 method="L-BFGS-B",
-                options={"gtol": GL_TOLERANCE, "ftol": GL_TOLERANCE, "maxiter": GL_MAX_ITERATIONS},
+                options={"gtol": tolerance, "ftol": tolerance, "maxiter": GL_MAX_ITERATIONS},
             )
             worst = max(worst, int(result.nit))
             layer_moves.append(gl_matrix(torch.tensor(result.x, dtype=torch.float64), spec, circuit))
@@ -200,19 +213,33 @@ def procrustes_moves(a: WholeCheckpoint, b: WholeCheckpoint, circuit: str) -> li
 
 
 def _alternate_gains(
-    a: WholeCheckpoint, b: WholeCheckpoint, hidden: list, classes: tuple, seed: int, floor: float
+    a: WholeCheckpoint,
+    b: WholeCheckpoint,
+    hidden: list,
+    classes: tuple,
+    seed: int,
+    floor: float,
+    gains: bool = True,
 ) -> int:
-    """The gain scales and the ``hidden`` classes in turn, in place, until a sweep removes no more than
-    ``floor`` of the distance; the sweeps."""
-    previous, sweeps = distances(a, b)["total"], 0
+    """The gain scales (``gains``) and the ``hidden`` classes in turn, in place, until a sweep moves ``b``
+    by no more than ``floor`` (Frobenius): not until it removes little, which a move of the square root of
+    that size still does (a second alignment would then move on); the sweeps. GL(D) is solved to a
+    tolerance that follows the sweeps' moves (:data:`GL_SWEEP_SHARE` of the last one, relative to what
+    ``floor`` is a share of), down to :data:`GL_TOLERANCE`: an early sweep's exact GL(D) point would be moved
+    by the next sweep anyway, and the last sweeps, which move ``b`` by almost nothing, solve it exactly."""
+    sweeps, tolerance = 0, GL_FIRST_SWEEP_TOLERANCE
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
-        scale_junctions(b, gain_scales(a, b))
+        start = dict(b.params)  # every move replaces tensors: holding them holds the sweep's start
+        if gains:
+            scale_junctions(b, gain_scales(a, b))
         for name in hidden:
-            move_class(a, b, name, classes, seed)
-        now = distances(a, b)["total"]
-        if previous - now <= floor:
+            move_class(a, b, name, classes, seed, tolerance)
+        moved = math.sqrt(
+            sum(float((b.params[n] - t).square().sum()) for n, t in start.items() if b.params[n] is not t)
+        )
+        if moved <= floor and tolerance <= GL_TOLERANCE:
             break
-        previous = now
+        tolerance = max(GL_TOLERANCE, min(tolerance, GL_SWEEP_SHARE * moved * GAIN_TOLERANCE / floor))
     return sweeps
 
 
@@ -242,13 +269,16 @@ def gain_units(whole: WholeCheckpoint) -> list[tuple[dict[str, str], WholeCheckp
     ]
 
 
-def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: int) -> dict:
+def descend_gains(
+    a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: int, gains: bool = True
+) -> dict:
     """``norm_gain``: the gain scales (:func:`~attnid.edits.alignment_classes.gain_scales`) and the asked
-    per-head and MLP classes solved again in turn (each its exact best given the others, so the distance
-    never rises) until a sweep removes less than :data:`GAIN_TOLERANCE` of it: a scale changes the readers'
-    columns that the heads' matching and Procrustes read, so one pass alone is not a fixed point. Each
-    unit of :func:`gain_units` descends on its own (the distance is a sum over them), until its own sweep
-    removes less than that share of the whole distance before them (or of ``||A||``).
+    per-layer classes (heads, MLP, orthogonal and GL(D)) solved again in turn (each its best given the
+    others, so the distance never rises) until a sweep moves B by less than :data:`GAIN_TOLERANCE` of
+    ``||A||``: a scale changes the readers' columns that the heads' matching, Procrustes and GL(D) read, so
+    one pass alone is not a fixed point. Each unit of :func:`gain_units` descends on its own (the distance
+    is a sum over them). ``gains`` False: the per-layer classes alone, no scale and no sign trial (after
+    GL(D) where ``norm_gain`` is not asked: :func:`solve_class`).
 
     A negative scale (a gain's sign flipped, its readers' columns too) is where that descent stops short:
     the per-head classes, solved before it, matched flipped columns. So where the gains and biases alone
@@ -257,14 +287,15 @@ def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: 
     the nearer of the two is kept (docs/design.md §17), so the distance never rises. Every move puts new
     tensors in the unit's dict and changes none in place, so the start is kept exactly by holding its
     tensors, one unit at a time: no second model."""
-    # of the whole distance (or of ||A||), not of what is left: near 0 that never ends
-    floor = GAIN_TOLERANCE * max(distances(a, b)["total"], norm_of(a))
-    every = [c for c in ("heads", "mlp", "ov", "qk") if c in classes]
+    floor = GAIN_TOLERANCE * norm_of(a)  # of ||A||, not of what is left: near 0 that never ends
+    every = [c for c in PER_LAYER_CLASSES if c in classes]
     sweeps = flips = 0
     for (names, unit_a), (_, unit_b) in zip(gain_units(a), gain_units(b), strict=True):
         hidden = every if unit_b.shape.n_layer else []
+        if not (gains or hidden):
+            continue
         start = dict(unit_b.params)
-        signs = gain_signs(unit_a, unit_b)
+        signs = gain_signs(unit_a, unit_b) if gains else {}
         unit_flips = sum(int((s < 0).sum()) for s in signs.values())
         flipped: dict[str, torch.Tensor] = {}
         if unit_flips:
@@ -274,7 +305,7 @@ def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: 
             flipped_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor)
             flipped, flipped_distance = unit_b.params, distances(unit_a, unit_b)["total"]
             unit_b.params = dict(start)
-        unit_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor)
+        unit_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor, gains)
         if flipped and flipped_distance < distances(unit_a, unit_b)["total"]:
             unit_b.params, unit_sweeps = flipped, flipped_sweeps
             flips += unit_flips
@@ -283,12 +314,20 @@ def descend_gains(a: WholeCheckpoint, b: WholeCheckpoint, classes: tuple, seed: 
     return {"sweeps": sweeps, "sign_flips": flips}
 
 
-def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple, seed: int) -> dict:
-    """One class's move of ``b`` towards ``a`` (``b`` changed in place, or replaced: use the return)."""
+def move_class(
+    a: WholeCheckpoint,
+    b: WholeCheckpoint,
+    name: str,
+    classes: tuple,
+    seed: int,
+    gl_tolerance: float = GL_TOLERANCE,
+) -> dict:
+    """One class's move of ``b`` towards ``a`` (``b`` changed in place, or replaced: use the return);
+    GL(D) solved to ``gl_tolerance``."""
     if name in ("heads", "mlp"):
         return match_permutations(a, b, name, classes, seed)
     if name == "stream":
-        order = match_stream(a, b)
+        order = match_stream(a, b, "norm_gain" in classes)
         permute_stream(b, order)
         return {"units_moved": sum(i != j for i, j in enumerate(order))}
     if name == "stream_rotation":
@@ -301,14 +340,27 @@ def move_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple
     circuit = name.removesuffix("_gl")
     detail: dict = {}
     if name.endswith("_gl"):
-        moves, iterations = gl_moves(a, b, circuit)
-        detail["lbfgs_max_iterations"] = iterations
+        moves, iterations = gl_moves(a, b, circuit, gl_tolerance)
+        detail["gl_max_iterations"] = iterations
     else:
         moves = procrustes_moves(a, b, circuit)
     moved = (move_value_output if circuit == "ov" else move_query_key)(b, moves)
     b.params = moved.params
     eye = torch.eye(moves[0].shape[-1], dtype=torch.float64)
-    return {**detail, "max_move_from_identity": max(float((m - eye).abs().max()) for m in moves)}
+    detail["max_move_from_identity"] = max(float((m - eye).abs().max()) for m in moves)
+    return detail
+
+
+def solve_class(a: WholeCheckpoint, b: WholeCheckpoint, name: str, classes: tuple, seed: int) -> dict:
+    """:func:`move_class` in :func:`align_whole`'s order. After the last GL(D) class, when ``norm_gain``
+    (whose descent does it) is not asked: the heads' matching and Procrustes read what GL(D) moved, so the
+    per-layer classes are solved again in turn until a sweep moves B by less than :data:`GAIN_TOLERANCE`
+    of ``||A||`` (a second alignment starts where the first stopped)."""
+    detail = move_class(a, b, name, classes, seed)
+    last_gl = next((c for c in reversed(classes) if c.endswith("_gl")), None)
+    if name == last_gl and "norm_gain" not in classes:
+        detail["sweeps"] = descend_gains(a, b, classes, seed, gains=False)["sweeps"]
+    return detail
 
 
 # --------------------------------------------------------------------------------------
@@ -445,14 +497,14 @@ def align_whole(
     if not measure:
         worst = 0.0
         for name in classes:
-            move_class(a, moved, name, classes, seed)
+            solve_class(a, moved, name, classes, seed)
             worst = max(worst, _checked_change(moved, name, tokens, reference))
         return moved, {"classes": list(classes), "exact_max_abs_dlogp": worst}
     norm_b, products_before = norm_of(b), _product_totals(a, b)  # before b moves, where it is moved
     before = distances(a, moved)
     steps, previous, worst = [], before, 0.0
     for name in classes:
-        detail = move_class(a, moved, name, classes, seed)
+        detail = solve_class(a, moved, name, classes, seed)
         worst = max(worst, _checked_change(moved, name, tokens, reference))
         after = distances(a, moved)
         removed = (

@@ -333,9 +333,11 @@ def embedding_stream(whole: WholeCheckpoint, rotation_frame: bool) -> torch.Tens
     return torch.cat(columns, dim=1)
 
 
-def match_stream(a: WholeCheckpoint, b: WholeCheckpoint) -> list[int]:
-    """``order``: residual coordinate ``i`` of the aligned ``b`` is its coordinate ``order[i]``."""
-    return assignment(embedding_stream(a, False) @ embedding_stream(b, False).T)
+def match_stream(a: WholeCheckpoint, b: WholeCheckpoint, gains_move: bool) -> list[int]:
+    """``order``: residual coordinate ``i`` of the aligned ``b`` is its coordinate ``order[i]``. Where
+    ``norm_gain`` moves too (``gains_move``), matched in the rotation's frame, which no gain scale moves:
+    the gains that it leaves would otherwise ask a second alignment for another order."""
+    return assignment(embedding_stream(a, gains_move) @ embedding_stream(b, gains_move).T)
 
 
 def complement_of_ones(n: int) -> torch.Tensor:

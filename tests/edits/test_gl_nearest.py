@@ -1,0 +1,93 @@
+"""The GL(D) orbit's nearest point (attnid.edits.gl_nearest, docs/design.md §17): the gradient is the
+objective's, the Sylvester step solves its equation, a planted ``M`` is found to rounding, and on a pair
+that is not one orbit the result is stationary and never worse than the start."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnid.edits.gl_nearest import gl_nearest, gradient, newton_step, objective, sylvester_step
+
+
+def _random(generator: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+
+def _planted(d: int, n1: int, n2: int, seed: int) -> tuple[tuple, torch.Tensor]:
+    """``A`` and ``B = (M^-1 A_1, M^T A_2)`` for a well-conditioned ``M``: ``B``'s nearest point is ``A``."""
+    g = torch.Generator().manual_seed(seed)
+    a1, a2 = _random(g, d, n1), _random(g, d, n2)
+    u, _ = torch.linalg.qr(_random(g, d, d))
+    v, _ = torch.linalg.qr(_random(g, d, d))
+    m = u @ torch.diag(2 ** (torch.rand(d, generator=g, dtype=torch.float64) - 0.5)) @ v.T
+    return (a1, torch.linalg.solve(m, a1), a2, m.T @ a2), m
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_the_gradient_is_the_objectives(d, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pair = (_random(g, d, 7), _random(g, d, 7), _random(g, d, 5), _random(g, d, 5))
+    m = torch.eye(d, dtype=torch.float64) + 0.2 * _random(g, d, d)
+    x = m.clone().requires_grad_()
+    n = torch.linalg.inv(x).T
+    ((pair[0] - x @ pair[1]).square().sum() + (pair[2] - n @ pair[3]).square().sum()).backward()
+    assert x.grad is not None
+    assert torch.allclose(gradient(m, pair)[0], x.grad, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_the_sylvester_step_solves_its_equation(d, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    eye = torch.eye(d, dtype=torch.float64)
+    p, k, l_ = (x @ x.T + 0.1 * eye for x in (_random(g, d, d) for _ in range(3)))
+    c = _random(g, d, d)
+    x = sylvester_step(p, k, l_, c)
+    assert torch.allclose(x @ p + l_ @ x @ k, c, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize(("d", "seed"), [(4, 0), (8, 1), (16, 2)])
+def test_a_planted_element_is_found_to_rounding(d, seed) -> None:
+    pair, m = _planted(d, 3 * d, 2 * d, seed)
+    found, iterations = gl_nearest(pair, 1e-12, 500)
+    assert iterations < 20  # Gauss-Newton's own: the residual is zero there
+    assert objective(found, pair) <= 1e-20 * float(pair[0].square().sum() + pair[2].square().sum())
+    assert torch.allclose(found, m, rtol=1e-9, atol=1e-9)
+    moved = (pair[0], found @ pair[1], pair[2], torch.linalg.inv(found).T @ pair[3])
+    again, _ = gl_nearest(moved, 1e-12, 500)
+    assert torch.allclose(again, torch.eye(d, dtype=torch.float64), atol=1e-9)  # idempotent
+
+
+@pytest.mark.parametrize(("d", "seed"), [(3, 0), (6, 1), (12, 2)])
+def test_an_unrelated_pair_ends_stationary_and_never_worse(d, seed) -> None:
+    """Two unrelated pairs (a large residual: Gauss-Newton alone converges slowly, Newton's step ends it):
+    the gradient vanishes to rounding, the objective is below the start's, and a second solve from the
+    result stays there."""
+    g = torch.Generator().manual_seed(seed)
+    pair = (_random(g, d, 3 * d), _random(g, d, 3 * d), _random(g, d, 2 * d), _random(g, d, 2 * d))
+    eye = torch.eye(d, dtype=torch.float64)
+    found, iterations = gl_nearest(pair, 1e-12, 500)
+    assert iterations < 500
+    assert objective(found, pair) < objective(eye, pair)
+    scale = float(pair[0].square().sum() + pair[2].square().sum())
+    assert float(gradient(found, pair)[0].norm()) <= 1e-9 * scale
+    moved = (pair[0], found @ pair[1], pair[2], torch.linalg.inv(found).T @ pair[3])
+    again, _ = gl_nearest(moved, 1e-12, 500)
+    assert float((again - eye).norm()) <= 1e-8
+
+
+def test_newton_refuses_an_indefinite_hessian() -> None:
+    """Far from the minimum the residual's curvature can make the Hessian indefinite: no Newton step there
+    (Gauss-Newton's is taken)."""
+    g = torch.Generator().manual_seed(3)
+    pair = (_random(g, 2, 2), _random(g, 2, 2), 10 * _random(g, 2, 2), 0.01 * _random(g, 2, 2))
+    found = []
+    for scale in (0.05, 0.2, 1.0, 5.0):
+        m = scale * torch.eye(2, dtype=torch.float64)
+        grad = gradient(m, pair)[0]
+        found.append(newton_step(m, pair, grad, pair[1] @ pair[1].T) is None)
+    assert any(found) and not all(found)
