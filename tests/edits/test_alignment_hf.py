@@ -298,7 +298,8 @@ def test_any_planted_element_on_any_shape_is_recovered_exactly(
     b = random_group_element(b, seed + 1, gl=gl, stream=stream)
     per_head = (*PER_HEAD_CLASSES, "ov_gl", "qk_gl") if gl else PER_HEAD_CLASSES
     moved, report = align_whole(a, b, classes_of(b, ALIGN_CLASSES) if stream else per_head)
-    assert report["relative_distance_after"] <= 1e-9
+    # the joint descent stops at a sweep moving B by GAIN_TOLERANCE of the norm: a few times that is left
+    assert report["relative_distance_after"] <= 10 * GAIN_TOLERANCE
     tokens = probe_tokens(b, 0)
     assert float((exact_log_probs(moved, tokens) - exact_log_probs(b, tokens)).abs().max()) <= EXACT_DLOGP
 

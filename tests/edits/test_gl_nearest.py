@@ -9,7 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnid.edits.gl_nearest import gl_nearest, gradient, newton_step, objective, sylvester_step
+from attnid.edits.gl_nearest import (
+    gl_nearest,
+    gradient,
+    half_hessian_times,
+    newton_step,
+    objective,
+    sylvester_solver,
+)
 
 
 def _random(generator: torch.Generator, *shape: int) -> torch.Tensor:
@@ -39,6 +46,35 @@ def test_the_gradient_is_the_objectives(d, seed) -> None:
     assert torch.allclose(gradient(m, pair)[0], x.grad, rtol=1e-9, atol=1e-9)
 
 
+def _objective_of(pair: tuple, d: int):
+    def f(x: torch.Tensor) -> torch.Tensor:
+        m = x.reshape(d, d)
+        return (pair[0] - m @ pair[1]).square().sum() + (
+            pair[2] - torch.linalg.inv(m).T @ pair[3]
+        ).square().sum()
+
+    return f
+
+
+def _at(m: torch.Tensor, pair: tuple) -> tuple:
+    """``P``, ``N``, ``U``, ``W_2`` of the Hessian product at ``M``."""
+    _, n, u = gradient(m, pair)
+    return pair[1] @ pair[1].T, n, u, u @ (pair[2] - u).T @ n
+
+
+@settings(max_examples=25, deadline=None)
+@given(d=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_the_hessian_product_is_half_the_objectives_hessian(d, seed) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pair = (_random(g, d, 6), _random(g, d, 6), _random(g, d, 4), _random(g, d, 4))
+    m = torch.eye(d, dtype=torch.float64) + 0.3 * _random(g, d, d)
+    hessian = torch.autograd.functional.hessian(_objective_of(pair, d), m.flatten())
+    x = _random(g, d, d)
+    assert torch.allclose(
+        half_hessian_times(x, *_at(m, pair)).flatten(), hessian @ x.flatten() / 2, atol=1e-8
+    )
+
+
 @settings(max_examples=25, deadline=None)
 @given(d=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_the_sylvester_step_solves_its_equation(d, seed) -> None:
@@ -46,7 +82,7 @@ def test_the_sylvester_step_solves_its_equation(d, seed) -> None:
     eye = torch.eye(d, dtype=torch.float64)
     p, k, l_ = (x @ x.T + 0.1 * eye for x in (_random(g, d, d) for _ in range(3)))
     c = _random(g, d, d)
-    x = sylvester_step(p, k, l_, c)
+    x = sylvester_solver(p, k, l_)(c)
     assert torch.allclose(x @ p + l_ @ x @ k, c, rtol=1e-8, atol=1e-8)
 
 
@@ -80,14 +116,23 @@ def test_an_unrelated_pair_ends_stationary_and_never_worse(d, seed) -> None:
     assert float((again - eye).norm()) <= 1e-8
 
 
-def test_newton_refuses_an_indefinite_hessian() -> None:
-    """Far from the minimum the residual's curvature can make the Hessian indefinite: no Newton step there
-    (Gauss-Newton's is taken)."""
+def test_the_newton_step_is_a_descent_direction_where_the_hessian_is_indefinite() -> None:
+    """Far from the minimum the residual's curvature can make the Hessian indefinite: conjugate gradients
+    stop at the negative curvature (Steihaug), and the step still goes downhill; where the Hessian is
+    positive definite, it is Newton's step."""
     g = torch.Generator().manual_seed(3)
     pair = (_random(g, 2, 2), _random(g, 2, 2), 10 * _random(g, 2, 2), 0.01 * _random(g, 2, 2))
-    found = []
+    definite = []
     for scale in (0.05, 0.2, 1.0, 5.0):
         m = scale * torch.eye(2, dtype=torch.float64)
         grad = gradient(m, pair)[0]
-        found.append(newton_step(m, pair, grad, pair[1] @ pair[1].T) is None)
-    assert any(found) and not all(found)
+        p, n, u, w2 = _at(m, pair)
+        step = newton_step(-grad / 2, p, n, u, w2, sylvester_solver(p, n.T @ n, u @ u.T))
+        assert float((grad * step).sum()) < 0
+        hessian = torch.autograd.functional.hessian(_objective_of(pair, 2), m.flatten())
+        if bool((torch.linalg.eigvalsh(hessian) > 0).all()):
+            definite.append(True)
+            assert torch.allclose(step.flatten(), -torch.linalg.solve(hessian, grad.flatten()), atol=1e-8)
+        else:
+            definite.append(False)
+    assert any(definite) and not all(definite)

@@ -81,7 +81,7 @@ GL_TOLERANCE = 1e-12  # GL(D): a step moving M by less (relative); the commutant
 GL_MAX_ITERATIONS = 500
 GL_FIRST_SWEEP_TOLERANCE = 1e-4  # GL(D) in norm_gain's first sweep; then GL_SWEEP_SHARE of the last move
 GL_SWEEP_SHARE = 1e-2
-GAIN_TOLERANCE = 1e-10  # norm_gain's sweeps stop when one moves B by less than this share of ||A||
+GAIN_TOLERANCE = 1e-8  # norm_gain's sweeps stop when one moves B by less than this share of ||A||
 
 
 def parse_classes(text: str | None) -> tuple[str, ...]:
@@ -226,7 +226,8 @@ def _alternate_gains(
     that size still does (a second alignment would then move on); the sweeps. GL(D) is solved to a
     tolerance that follows the sweeps' moves (:data:`GL_SWEEP_SHARE` of the last one, relative to what
     ``floor`` is a share of), down to :data:`GL_TOLERANCE`: an early sweep's exact GL(D) point would be moved
-    by the next sweep anyway, and the last sweeps, which move ``b`` by almost nothing, solve it exactly."""
+    by the next sweep anyway, and the last sweep, which moves ``b`` by less than ``floor``, solves it to a
+    hundredth of that."""
     sweeps, tolerance = 0, GL_FIRST_SWEEP_TOLERANCE
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
         start = dict(b.params)  # every move replaces tensors: holding them holds the sweep's start
@@ -237,7 +238,7 @@ def _alternate_gains(
         moved = math.sqrt(
             sum(float((b.params[n] - t).square().sum()) for n, t in start.items() if b.params[n] is not t)
         )
-        if moved <= floor and tolerance <= GL_TOLERANCE:
+        if moved <= floor:
             break
         tolerance = max(GL_TOLERANCE, min(tolerance, GL_SWEEP_SHARE * moved * GAIN_TOLERANCE / floor))
     return sweeps
@@ -284,9 +285,11 @@ def descend_gains(
     the per-head classes, solved before it, matched flipped columns. So where the gains and biases alone
     ask for a flip (:func:`~attnid.edits.alignment_classes.gain_signs`), a unit is moved twice from the
     same start: flipped, its per-head classes solved again and the descent run, then the plain descent;
-    the nearer of the two is kept (docs/design.md §17), so the distance never rises. Every move puts new
-    tensors in the unit's dict and changes none in place, so the start is kept exactly by holding its
-    tensors, one unit at a time: no second model."""
+    the nearer of the two is kept (docs/design.md §17), so the distance never rises. The two are compared
+    without GL(D), whose Newton solve on the losing branch, far from any orbit point, would cost most of
+    the alignment; the kept one then descends with it. Every move puts new tensors in the unit's dict and
+    changes none in place, so the start is kept exactly by holding its tensors, one unit at a time: no
+    second model."""
     floor = GAIN_TOLERANCE * norm_of(a)  # of ||A||, not of what is left: near 0 that never ends
     every = [c for c in PER_LAYER_CLASSES if c in classes]
     sweeps = flips = 0
@@ -298,17 +301,20 @@ def descend_gains(
         signs = gain_signs(unit_a, unit_b) if gains else {}
         unit_flips = sum(int((s < 0).sum()) for s in signs.values())
         flipped: dict[str, torch.Tensor] = {}
+        trial = [c for c in hidden if not c.endswith("_gl")] if unit_flips else hidden
         if unit_flips:
             scale_junctions(unit_b, signs)
-            for name in hidden:
+            for name in trial:
                 move_class(unit_a, unit_b, name, classes, seed)
-            flipped_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor)
+            flipped_sweeps = _alternate_gains(unit_a, unit_b, trial, classes, seed, floor)
             flipped, flipped_distance = unit_b.params, distances(unit_a, unit_b)["total"]
             unit_b.params = dict(start)
-        unit_sweeps = _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor, gains)
+        unit_sweeps = _alternate_gains(unit_a, unit_b, trial, classes, seed, floor, gains)
         if flipped and flipped_distance < distances(unit_a, unit_b)["total"]:
             unit_b.params, unit_sweeps = flipped, flipped_sweeps
             flips += unit_flips
+        if trial != hidden:  # the kept branch, on with GL(D)
+            unit_sweeps += _alternate_gains(unit_a, unit_b, hidden, classes, seed, floor, gains)
         sweeps = max(sweeps, unit_sweeps)
         b.params.update({names[n]: tensor for n, tensor in unit_b.params.items()})
     return {"sweeps": sweeps, "sign_flips": flips}
