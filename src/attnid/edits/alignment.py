@@ -223,23 +223,32 @@ def _alternate_gains(
 ) -> int:
     """The gain scales (``gains``) and the ``hidden`` classes in turn, in place, until a sweep moves ``b``
     by no more than ``floor`` (Frobenius): not until it removes little, which a move of the square root of
-    that size still does (a second alignment would then move on); the sweeps. GL(D) is solved to a
+    that size still does (a second alignment would then move on), in a sweep of every class; the sweeps.
+    A permutation class that changed nothing in a sweep is left out of the next ones until a sweep moves
+    ``b`` by less than ``floor``; then a sweep of every class decides. GL(D) is solved to a
     tolerance that follows the sweeps' moves (:data:`GL_SWEEP_SHARE` of the last one, relative to what
     ``floor`` is a share of), down to :data:`GL_TOLERANCE`: an early sweep's exact GL(D) point would be moved
     by the next sweep anyway, and the last sweep, which moves ``b`` by less than ``floor``, solves it to a
     hundredth of that."""
-    sweeps, tolerance = 0, GL_FIRST_SWEEP_TOLERANCE
+    sweeps, tolerance, resting = 0, GL_FIRST_SWEEP_TOLERANCE, set()
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
         start = dict(b.params)  # every move replaces tensors: holding them holds the sweep's start
+        every_class, now_resting = not resting, set()
         if gains:
             scale_junctions(b, gain_scales(a, b))
         for name in hidden:
-            move_class(a, b, name, classes, seed, tolerance)
+            if name not in resting:
+                detail = move_class(a, b, name, classes, seed, tolerance)
+                if name in ("heads", "mlp") and not detail["units_moved"]:
+                    now_resting.add(name)
         moved = math.sqrt(
             sum(float((b.params[n] - t).square().sum()) for n, t in start.items() if b.params[n] is not t)
         )
-        if moved <= floor:
+        if moved <= floor and every_class:
             break
+        # a permutation that found nothing to change rests until the sweeps stop moving, and then one sweep of
+        # every class checks the end (its Hungarian matchings are most of a sweep's cost on a large model)
+        resting = set() if moved <= floor else resting | now_resting
         tolerance = max(GL_TOLERANCE, min(tolerance, GL_SWEEP_SHARE * moved * GAIN_TOLERANCE / floor))
     return sweeps
 
