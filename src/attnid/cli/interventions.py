@@ -20,6 +20,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import write_csv_atomic
 from attnid.plan.interventions import CALIBRATED_SUFFIX, FIXING_EFFECT
 from attnid.plan.runs import SPEC_FILE, read_pending_spec
+from attnid.reports.statistics import ALPHA
 
 
 def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,9 +64,8 @@ def add_interventions_table_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_verdict_arguments(parser: argparse.ArgumentParser) -> None:
     """The verdict rule's flags (docs/design.md §11.3): a pipeline config fixes these before any run."""
-    # lazy: pandas and scipy, which only these commands' --help loads (for the defaults), not the others'
+    # lazy: pandas, which only these commands' --help loads (for the defaults), not the others'
     from attnid.reports.interventions_table import INTERACTION
-    from attnid.reports.statistics import ALPHA
 
     parser.add_argument(
         "--alpha", type=float, default=ALPHA, help="family-wise level of the verdicts (default: %(default)s)"

@@ -55,6 +55,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from attnid.common.errors import UserError
+from attnid.model.gauge_fit import check_gauge_layout
 from attnid.model.layout import (
     attention_blocks,
     attention_tensors,
@@ -71,21 +72,6 @@ from attnid.theory.shape import LayerShape
 GAUGED_FACTOR = {"qk": "b", "ov": "a"}
 # Offset that gives the draw of the frozen MLP entries its own seed, apart from the init's and the batches'
 FROZEN_SEED_OFFSET = 15_485_863
-
-
-def check_gauge_layout(layout: LayerShape) -> None:
-    """One line for an attention shape this gauge does not fit."""
-    if layout.rope:
-        raise UserError(
-            "the gauge-fixed parametrisation does not support --rope: the RoPE query-key orbit is the "
-            "rotations' commutant, which cannot move a D x D block of W_K to c I "
-            "(docs/design.md §14)"
-        )
-    if layout.head_dim > layout.n_embd:
-        raise UserError(
-            f"the gauge-fixed parametrisation needs head_dim <= n_embd for a D x D block of W_K and W_V, got "
-            f"D = {layout.head_dim} > E = {layout.n_embd}"
-        )
 
 
 def fixed_entries_per_layer(layout: LayerShape) -> int:

@@ -25,6 +25,7 @@ from attnid.common.errors import UserError
 from attnid.common.files import read_yaml
 from attnid.common.limits import SEED_MAXIMUM, THREADS_MAXIMUM
 from attnid.measure.options import METRICS_DEVICES
+from attnid.model.gauge_fit import check_gauge_layout
 from attnid.model.options import GAUGE_POINT, INITIAL_POINTS, INITIAL_VALUES, REBALANCE_TARGETS
 from attnid.theory.shape import LayerShape
 from attnid.training import cases
@@ -474,11 +475,6 @@ def resolve_config(values: dict) -> TrainConfig:
     if cfg.initial_point is None:
         cfg.initial_point = GAUGE_POINT if case.gauge_fixed else INITIAL_VALUES
     if case.gauge_fixed or cfg.initial_point == GAUGE_POINT:
-        # torch-using modules: imported here, not at the top, so that `attnid train --help` (whose flags
-        # are TrainConfig's fields) answers without importing torch
-        # lazy: torch, which --help must not import (tests/cli/test_cli_help.py)
-        from attnid.model.gauge import check_gauge_layout
-
         check_gauge_layout(cfg.attention)
     if cfg.arm is not None and not ARM_NAME.fullmatch(cfg.arm):
         raise UserError(

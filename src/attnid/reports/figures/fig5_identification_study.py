@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from attnid.common.errors import UserError
+from attnid.plan.studies import STUDIES
 from attnid.reports.figures.inputs import Drawing, Sources
 from attnid.reports.figures.style import (
     BAND_ALPHA,
@@ -21,7 +22,6 @@ from attnid.reports.figures.style import (
     pyplot,
     styled,
 )
-from attnid.reports.studies import STUDIES, head_sweep
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -65,6 +65,9 @@ def draw(sources: Sources) -> Drawing:
 def _study_series(heads: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The head sweep (the points at the most common embedding, by identified fraction) and the
     labelled extra points (the matched single head, at its own embedding)."""
+
+    # lazy: scipy (reports.studies' statistics), which reading the figure registry (each workflow parse) skips
+    from attnid.reports.studies import head_sweep
 
     if heads is None or heads.empty:
         return pd.DataFrame(), pd.DataFrame()
