@@ -462,8 +462,9 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "eval_every": 2,
             "warmup_iters": 1,
         },  # the default's points
-        # the default's arms, protocol and per-arm jobs, at toy length: the calibration on one seed over three
-        # lrs, the whole val split every 2 steps (the plateau check's last quarter is steps 6 to 8)
+        # the default's arms, protocol and per-arm jobs, at toy length: the calibration's round 1 on one seed
+        # over three lrs, its round 2 (the top 2) on one more, the whole val split every 2 steps (the plateau
+        # check's last quarter is steps 6 to 8)
         "interventions": {
             "seeds": [0],
             "max_iters": 8,
@@ -471,7 +472,7 @@ def test_smoke_and_default_builds_share_no_output(smoke_dir, shakespeare_url, tm
             "log_every": 2,
             "eval_every": 8,
             "full_val_every": 2,
-            "calibration": {"lr_factors": [0.5, 1, 2], "seeds": [100]},
+            "calibration": {"lr_factors": [0.5, 1, 2], "seeds": [100], "refine": {"top": 2, "seeds": [101]}},
             "identity": {"max_iters": 4, "warmup_iters": 1, "eval_every": 2, "log_every": 2},
         },
         "edits": {"seeds": [0], "max_iters": 6},  # the section's own length (the default's 500) wins
