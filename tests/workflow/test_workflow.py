@@ -363,6 +363,22 @@ def test_the_workflow_imports_only_the_plan():
     assert others <= {"os", "re", "shlex", "shutil", "sys", "threading", "snakemake"}, others
 
 
+# What parsing the workflow must not load: a cluster job parses it twice (the SLURM job step, then the srun
+# step that runs the job), and each of these would add a second or two of CPU to every parse.
+HEAVY_AT_PARSE = {"torch", "scipy.stats", "matplotlib"}
+
+
+def test_parsing_the_workflow_loads_no_heavy_library(tmp_path):
+    """A dry run with Python's import log on (PYTHONPROFILEIMPORTTIME): every module the parse loads."""
+    proc = run_snakemake(copy_pipeline(tmp_path), "-n", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = {
+        line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert {"snakemake", "attnid.plan"} <= loaded  # the log is there
+    assert not loaded & HEAVY_AT_PARSE, sorted(loaded & HEAVY_AT_PARSE)
+
+
 def _enums(node) -> list[list]:
     if isinstance(node, dict):
         return ([node["enum"]] if "enum" in node else []) + [
