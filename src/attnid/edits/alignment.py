@@ -230,7 +230,8 @@ def _alternate_gains(
     ``floor`` is a share of), down to :data:`GL_TOLERANCE`: an early sweep's exact GL(D) point would be moved
     by the next sweep anyway, and the last sweep, which moves ``b`` by less than ``floor``, solves it to a
     hundredth of that."""
-    sweeps, tolerance, resting = 0, GL_FIRST_SWEEP_TOLERANCE, set()
+    sweeps, tolerance = 0, GL_FIRST_SWEEP_TOLERANCE
+    resting: set[str] = set()
     for sweeps in range(1, MAX_SWEEPS + 1):  # noqa: B007 (the count is reported)
         start = dict(b.params)  # every move replaces tensors: holding them holds the sweep's start
         every_class, now_resting = not resting, set()
