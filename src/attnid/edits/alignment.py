@@ -7,10 +7,10 @@ once for every family by :mod:`attnid.edits.alignment_classes` (nanoGPT, GPT-2, 
 Gemma): ``heads`` (key/value groups with their query heads, and query heads within a group), ``mlp``
 (hidden units; gate and up rows with down columns for a gated MLP), ``ov`` (O(D) per key/value group),
 ``qk`` (O(D) per group; with RoPE a rotation per plane, the orthogonal part of the RoPE commutant),
-``stream`` and ``stream_rotation`` first (the residual stream's coordinates permuted, rotated),
-``norm_gain`` after ``qk`` (alternating with the per-head classes until a sweep removes nothing), ``ov_gl``
-and ``qk_gl`` (GL(D); with RoPE the whole commutant) last. By default every class the architecture has
-(``all``); ``--classes`` names a subset.
+``stream`` and ``stream_rotation`` first (the residual stream's coordinates permuted, rotated), ``ov_gl``
+and ``qk_gl`` after ``qk`` (GL(D); with RoPE the whole commutant), ``norm_gain`` last (alternating with
+every per-layer class until a sweep moves B by almost nothing). By default every class the architecture
+has (``all``); ``--classes`` names a subset.
 
 The permutations are solved by weight matching as Git Re-Basin does (Hungarian per layer,
 ``scipy.optimize.linear_sum_assignment``; coordinate descent over the layers in a seeded order until no
@@ -19,7 +19,8 @@ nearest point's (the nuclear norm of the cross matrix; per RoPE plane its closed
 and the per-group moves are solved together (nested for grouped heads: query heads within each pair of
 groups, then the groups). The orthogonal parts are Procrustes, closed form; the
 ``ov_gl`` and ``qk_gl`` classes take the pairs on from there in GL(D) (``W_O -> W_O M^-1``,
-``W_K -> M^-T W_K``), by L-BFGS with a declared tolerance. Every class's move is checked in float64 by
+``W_K -> M^-T W_K``), by Gauss-Newton and Newton (:mod:`attnid.edits.gl_nearest`; the commutant's few
+variables by L-BFGS) to a declared tolerance. Every class's move is checked in float64 by
 the census's own forward before the next one (:func:`attnid.edits.quant_moves.exact_log_probs`); a class
 that changes the log-probabilities by more than :data:`EXACT_DLOGP` is refused by name.
 """
@@ -162,18 +163,17 @@ def _gl_objective(x, pair: tuple, scale: float, spec: AlignSpec, circuit: str):
 
 
 def gl_moves(
-    a: WholeCheckpoint, b: WholeCheckpoint, circuit: str, tolerance: float = 0.0
+    a: WholeCheckpoint, b: WholeCheckpoint, circuit: str, tolerance: float = GL_TOLERANCE
 ) -> tuple[list[torch.Tensor], int]:
     """Per layer ``(G, D, D)``: ``M`` in GL(D) (with RoPE on ``qk``: in the commutant) minimising
     ``||A_1 - M B_1||^2 + ||A_2 - M^-T B_2||^2`` per key/value group from the identity (the current point:
     the Procrustes one after ``ov``/``qk``). GL(D): Gauss-Newton, then Newton
-    (:func:`~attnid.edits.gl_nearest.gl_nearest`), until a step moves ``M`` by less than ``tolerance``
-    (default :data:`GL_TOLERANCE`); the commutant's ``D`` variables: L-BFGS (scipy), that tolerance on the
+    (:func:`~attnid.edits.gl_nearest.gl_nearest`), until a step moves ``M`` by less than ``tolerance``;
+    the commutant's ``D`` variables: L-BFGS (scipy), that tolerance on the
     objective relative to ``||A||^2``. Returns the moves and the most iterations a group took."""
     # lazy: scipy.optimize's minimize is only needed here
     from scipy.optimize import minimize
 
-    tolerance = tolerance or GL_TOLERANCE
     spec = spec_of(a)
     moves, worst = [], 0
     for layer in range(spec.n_layer):

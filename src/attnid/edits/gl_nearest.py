@@ -45,12 +45,14 @@ def objective(m: torch.Tensor, pair: tuple) -> float:
     return float((a1 - m @ b1).square().sum() + (a2 - n @ b2).square().sum())
 
 
-def gradient(m: torch.Tensor, pair: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``f``'s gradient at ``M``, ``N = M^-T`` and ``U = N B_2``."""
+def gradient(m: Tensor, pair: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``f``'s gradient at ``M``, ``-2 R_1 B_1^T + 2 W_2``; ``N = M^-T``, ``U = N B_2`` and
+    ``W_2 = U R_2^T N`` (the Hessian product's)."""
     a1, b1, a2, b2 = pair
     n = torch.linalg.inv(m).T
     u = n @ b2
-    return -2 * (a1 - m @ b1) @ b1.T + 2 * n @ b2 @ (a2 - u).T @ n, n, u
+    w2 = u @ (a2 - u).T @ n
+    return -2 * (a1 - m @ b1) @ b1.T + 2 * w2, n, u, w2
 
 
 def sylvester_solver(p: torch.Tensor, k: torch.Tensor, lhs: torch.Tensor) -> Callable[[Tensor], Tensor]:
@@ -106,19 +108,20 @@ def gl_nearest(pair: tuple, tolerance: float, max_iterations: int) -> tuple[Tens
     the one before, Newton's, by conjugate gradients preconditioned by Gauss-Newton (two seeds, whose
     residual's curvature counts: tens of steps, not the hundreds Gauss-Newton or L-BFGS take). Each step
     then a backtracking line search."""
-    a1, b1, a2, b2 = pair
+    b1 = pair[1]
     d = b1.shape[0]
     eye = torch.eye(d, dtype=torch.float64)
     m = eye.clone()
     p = b1 @ b1.T
     # a floor under the model's curvature: a head whose B_1 or B_2 has lost rank still gets a finite step
-    ridge = 1e-12 * float(p.trace()) / d
+    ridge = 1e-12 * float(p.trace()) / d * eye
+    p_floored = p + ridge
     value, iterations, previous, newton = objective(m, pair), 0, math.inf, False
     for iterations in range(1, max_iterations + 1):  # noqa: B007 (the count is reported)
-        grad, n, u = gradient(m, pair)
-        gauss_newton = sylvester_solver(p + ridge * eye, n.T @ n, u @ u.T + ridge * eye)
+        grad, n, u, w2 = gradient(m, pair)
+        gauss_newton = sylvester_solver(p_floored, n.T @ n, u @ u.T + ridge)
         if newton:
-            step = newton_step(-grad / 2, p, n, u, u @ (a2 - u).T @ n, gauss_newton)
+            step = newton_step(-grad / 2, p, n, u, w2, gauss_newton)
         else:
             step = gauss_newton(-grad / 2)
         slope = float((grad * step).sum())  # < 0: a descent direction
