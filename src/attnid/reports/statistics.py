@@ -35,13 +35,15 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Final, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-# scipy is imported in the functions that use it: the workflow's parse loads this module (the figure
-# registry's modules import it), and so does every cluster job's parse, which needs none of scipy
+# scipy is imported at first use (_scipy_stats, and brentq's one import): the workflow's parse loads this
+# module (the figure registry's modules import it), and so does every cluster job's parse, which needs none
+# of scipy
 
 CONFIDENCE_LEVEL = 0.95
 # Percentile, not scipy's default BCa: BCa's acceleration is a jackknife over the sample, which at 3-10
@@ -85,6 +87,14 @@ NO_LABEL = (N_TOO_SMALL, NOT_IN_FAMILY)
 # ---------------------------------------------------------------------------- paired seeds
 
 
+def _scipy_stats() -> ModuleType:
+    """``scipy.stats``, imported where a function first needs it (the note above)."""
+    # lazy: scipy, a second of imports that the workflow's parse skips
+    from scipy import stats
+
+    return stats
+
+
 def paired_differences(
     arm: Mapping[int, float], baseline: Mapping[int, float]
 ) -> tuple[list[int], np.ndarray]:
@@ -117,9 +127,7 @@ def mean_confidence_interval(values: ArrayLike, confidence: float = CONFIDENCE_L
     less than its level at few values (§11.3): the verdict rule shows it only from
     :data:`BOOTSTRAP_MIN_SEEDS` seeds on."""
     sample = _as_sample(values, MIN_PAIRED_SEEDS)
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     result = stats.bootstrap(
         (sample,),
         _mean,
@@ -141,9 +149,7 @@ def t_interval(values: ArrayLike, confidence: float = CONFIDENCE_LEVEL) -> tuple
     sample = _as_sample(values, MIN_PAIRED_SEEDS)
     mean = float(np.mean(sample))
     sem = float(np.std(sample, ddof=1)) / math.sqrt(sample.size)
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     half = float(stats.t.ppf(0.5 + confidence / 2, sample.size - 1)) * sem
     return mean - half, mean + half
 
@@ -157,9 +163,7 @@ def sign_flip_p_value(differences: ArrayLike) -> float:
     is the share of sign vectors whose ``|mean|`` is at least the observed one."""
     sample = _as_sample(differences, MIN_PAIRED_SEEDS)
     exact = sample.size <= EXACT_SIGN_FLIP_SEEDS
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     result = stats.permutation_test(
         (sample,),
         _mean,
@@ -215,9 +219,7 @@ def t_test_power(effect_over_sd: float, n_seeds: int, level: float) -> float:
     lower tail ``P(T < -c)`` is taken as ``P(-T > c)``, ``-T`` noncentral t with ``-noncentrality``: scipy's
     ``nct.cdf`` far in the lower tail returns NaN (e.g. 16 seeds, a family of 12, effect 2 sd)."""
     df = n_seeds - 1
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     critical = float(stats.t.ppf(1 - level / 2, df))
     noncentrality = effect_over_sd * math.sqrt(n_seeds)
     return float(stats.nct.sf(critical, df, noncentrality) + stats.nct.sf(critical, df, -noncentrality))
@@ -420,9 +422,7 @@ class VerdictRule:
         if estimate.sd == 0:
             return 0.0 if abs(mean) < margin else 1.0
         se = estimate.sd / math.sqrt(n)
-        # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-        from scipy import stats
-
+        stats = _scipy_stats()
         above = float(stats.t.cdf((mean - margin) / se, n - 1))  # H0: mean >= delta
         below = float(stats.t.sf((mean + margin) / se, n - 1))  # H0: mean <= -delta
         return max(above, below)
@@ -469,18 +469,14 @@ def rank_correlation(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman's ``r_s`` of the finite pairs (``scipy.stats.spearmanr``: Pearson's correlation of the
     average-tie ranks). NaN below :data:`MIN_CORRELATION_POINTS` pairs or when either side is constant."""
     x, y = _finite_pairs(x, y)
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     return float(stats.spearmanr(x, y).statistic) if _rankable(x, y) else math.nan
 
 
 def _spearman_along(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     """``r_s`` of ``x`` and each slice of ``y`` along ``axis`` at once (the same number as spearmanr: Pearson
     of the average-tie ranks, scipy's rankdata and pearsonr), for scipy's vectorized resampling."""
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     rank_x = np.broadcast_to(stats.rankdata(x, axis=-1), np.shape(y))
     return stats.pearsonr(rank_x, stats.rankdata(y, axis=axis), axis=axis).statistic
 
@@ -500,9 +496,7 @@ def rank_correlation_p_value(x: ArrayLike, y: ArrayLike) -> float:
         # which misses ties of an observed r_s of 0 computed as +-1e-17)
         return np.round(_spearman_along(x, ordering, axis=axis), 12)
 
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     result = stats.permutation_test(
         (y,),
         statistic,
@@ -534,9 +528,7 @@ def rank_correlation_ci_over_seeds(x: ArrayLike, per_seed: ArrayLike) -> tuple[f
         means = np.stack([np.mean(point, axis=axis) for point in points], axis=-1)  # (..., n_points)
         return _spearman_along(x, means, axis=-1)
 
-    # lazy: scipy, a second of imports that the workflow's parse skips (note at the top)
-    from scipy import stats
-
+    stats = _scipy_stats()
     result = stats.bootstrap(
         tuple(per_seed),
         statistic,
